@@ -1,0 +1,138 @@
+//! The channel layer: a [`Channel`] moves tensor bytes; the handshake picks one per device
+//! kind, and each pipe opens a [`ChannelSession`] of it.
+//!
+//! Contract (enforced by the conformance suite, `ferry-conformance`):
+//! - `encode` then the peer's `decode` gives a tensor with the same metadata and bytes.
+//! - `decode` validates every descriptor against the bytes really present and returns a
+//!   typed error for anything inconsistent; it never panics or reads out of bounds.
+//! - A channel offers itself only where it can work ([`Channel::offer`]).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::dtype::DeviceKind;
+use crate::error::ChannelError;
+use crate::frame::OutFrame;
+use crate::meta::TensorMeta;
+use crate::tensor::{ALIGN, Tensor};
+use crate::transport::ConnInfo;
+use crate::wire::{ChannelOffer, InlineRef, Location};
+
+/// A way to move tensor bytes, registered in an [`crate::Endpoint`].
+pub trait Channel: Send + Sync + 'static {
+    /// Its name on the wire (`"inline"`, `"shm"`).
+    fn name(&self) -> &'static str;
+    /// The device kinds it carries.
+    fn devices(&self) -> &'static [DeviceKind];
+    /// Whether it can work on this machine at all.
+    fn viability(&self) -> Result<(), ChannelError> {
+        Ok(())
+    }
+    /// Client side: the offer to make over `conn`, or `None` where it cannot work over it.
+    fn offer(&self, conn: &ConnInfo) -> Option<ChannelOffer>;
+    /// Server side: whether it can serve a client that made `offer` over `conn`.
+    fn accepts(&self, offer: &ChannelOffer, conn: &ConnInfo) -> bool;
+    /// Opens a session for one pipe.
+    fn open(&self, conn: &ConnInfo) -> Result<Arc<dyn ChannelSession>, ChannelError>;
+}
+
+/// One pipe's use of a channel.
+#[async_trait]
+pub trait ChannelSession: Send + Sync + 'static {
+    /// The channel's name.
+    fn name(&self) -> &'static str;
+    /// Prepares `tensor` for sending in the message being built in `out` and returns its
+    /// location. May wait (e.g. for pool space).
+    async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError>;
+    /// Rebuilds tensor `index` of a received message. Validates everything.
+    fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError>;
+    /// Handles a CONTROL frame body from the peer's session.
+    fn control(&self, body: serde_json::Value) -> Result<(), ChannelError> {
+        let _ = body;
+        Err(ChannelError::BadDescriptor { channel: self.name(), reason: "this channel takes no control messages".into() })
+    }
+}
+
+/// The message frame being built: payload parts and descriptors to send.
+#[derive(Debug, Default)]
+pub struct Outgoing {
+    frame: OutFrame,
+    len: u64,
+}
+
+impl Outgoing {
+    /// Appends `bytes` to the payload at the next [`ALIGN`]-aligned offset (no copy).
+    pub fn push_payload(&mut self, bytes: Bytes) -> InlineRef {
+        static PAD: [u8; ALIGN] = [0; ALIGN];
+        let pad = (ALIGN as u64 - self.len % ALIGN as u64) % ALIGN as u64;
+        if pad != 0 {
+            self.frame.payload.push(Bytes::from_static(&PAD[..pad as usize]));
+            self.len += pad;
+        }
+        let r = InlineRef { offset: self.len, len: bytes.len() as u64 };
+        self.len += r.len;
+        if !bytes.is_empty() {
+            self.frame.payload.push(bytes);
+        }
+        r
+    }
+
+    /// Attaches a file descriptor to the frame; returns its index in the frame.
+    #[cfg(unix)]
+    pub fn attach_fd(&mut self, fd: std::os::fd::OwnedFd) -> usize {
+        self.frame.fds.push(fd);
+        self.frame.fds.len() - 1
+    }
+
+    /// Payload bytes so far.
+    pub fn payload_len(&self) -> u64 {
+        self.len
+    }
+
+    /// Finishes with the JSON header.
+    pub fn finish(mut self, header: Vec<u8>) -> OutFrame {
+        self.frame.header = header;
+        self.frame
+    }
+}
+
+/// A received message frame's payload and descriptors, for [`ChannelSession::decode`].
+#[derive(Debug)]
+pub struct Incoming {
+    payload: Bytes,
+    #[cfg(unix)]
+    fds: Vec<Option<std::os::fd::OwnedFd>>,
+}
+
+impl Incoming {
+    /// Wraps a received frame's parts.
+    pub fn new(payload: Bytes, #[cfg(unix)] fds: Vec<std::os::fd::OwnedFd>) -> Self {
+        Incoming {
+            payload,
+            #[cfg(unix)]
+            fds: fds.into_iter().map(Some).collect(),
+        }
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// Takes descriptor `index` (each can be taken once).
+    #[cfg(unix)]
+    pub fn take_fd(&mut self, index: usize) -> Option<std::os::fd::OwnedFd> {
+        self.fds.get_mut(index).and_then(Option::take)
+    }
+
+    /// The payload range `r`, checked against the payload length.
+    pub fn slice(&self, r: InlineRef) -> Option<Bytes> {
+        let end = r.offset.checked_add(r.len)?;
+        if end > self.payload.len() as u64 {
+            return None;
+        }
+        Some(self.payload.slice(r.offset as usize..end as usize))
+    }
+}

@@ -1,0 +1,325 @@
+//! [`Endpoint`] (the compiled-in transports and channels plus options) and
+//! [`PipeListener`]: where pipes come from. See [`crate::Pipe`] for what they do.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::channel::Channel;
+use crate::error::{PipeError, ProtocolError, TransportError};
+use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
+use crate::handshake::{client_hello, server_choose};
+use crate::pipe::{Pipe, PipeInfo};
+use crate::transport::{Address, Connection, Listener, Split, Transport};
+use crate::wire::{Hello, Limits, PROTOCOL_VERSION, Refusal, Welcome};
+
+/// Default time a handshake may take.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Options shared by every pipe an endpoint makes.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) transports: Vec<Arc<dyn Transport>>,
+    pub(crate) channels: Vec<Arc<dyn Channel>>,
+    pub(crate) limits: Limits,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) version: u16,
+    pub(crate) token: Option<String>,
+    pub(crate) require_token: Option<String>,
+    pub(crate) recv_queue: usize,
+}
+
+/// Builds an [`Endpoint`]: `Endpoint::builder().transport(..).channel(..).build()`.
+#[must_use]
+pub struct EndpointBuilder {
+    cfg: Config,
+}
+
+impl Default for EndpointBuilder {
+    fn default() -> Self {
+        EndpointBuilder {
+            cfg: Config {
+                transports: Vec::new(),
+                channels: Vec::new(),
+                limits: Limits::default(),
+                handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+                version: PROTOCOL_VERSION,
+                token: None,
+                require_token: None,
+                recv_queue: 16,
+            },
+        }
+    }
+}
+
+impl EndpointBuilder {
+    /// Adds a transport (one per address scheme; a later one replaces an earlier one).
+    pub fn transport(mut self, t: Arc<dyn Transport>) -> Self {
+        self.cfg.transports.retain(|x| x.scheme() != t.scheme());
+        self.cfg.transports.push(t);
+        self
+    }
+
+    /// Adds a channel. Add them in priority order, fastest first.
+    pub fn channel(mut self, c: Arc<dyn Channel>) -> Self {
+        self.cfg.channels.retain(|x| x.name() != c.name());
+        self.cfg.channels.push(c);
+        self
+    }
+
+    /// Receive limits (defaults: see [`Limits`]).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.cfg.limits = limits;
+        self
+    }
+
+    /// How long a handshake may take (default 10 s).
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.cfg.handshake_timeout = d;
+        self
+    }
+
+    /// Client: the bearer token to present.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.cfg.token = Some(token.into());
+        self
+    }
+
+    /// Server: refuse clients that do not present this token.
+    pub fn require_token(mut self, token: impl Into<String>) -> Self {
+        self.cfg.require_token = Some(token.into());
+        self
+    }
+
+    /// How many received messages may wait for [`Pipe::recv`] before the pipe stops reading
+    /// from the connection (default 16).
+    pub fn recv_queue(mut self, n: usize) -> Self {
+        self.cfg.recv_queue = n.max(1);
+        self
+    }
+
+    /// Speak another protocol version (for testing refusals).
+    #[doc(hidden)]
+    pub fn protocol_version(mut self, v: u16) -> Self {
+        self.cfg.version = v;
+        self
+    }
+
+    /// The endpoint.
+    pub fn build(self) -> Endpoint {
+        Endpoint { cfg: Arc::new(self.cfg) }
+    }
+}
+
+/// The compiled-in transports and channels, and the options every pipe gets. Cheap to clone.
+#[derive(Clone)]
+pub struct Endpoint {
+    cfg: Arc<Config>,
+}
+
+impl Endpoint {
+    /// A builder with no transports and no channels.
+    pub fn builder() -> EndpointBuilder {
+        EndpointBuilder::default()
+    }
+
+    /// Names of the registered channels, in priority order.
+    pub fn channel_names(&self) -> Vec<&'static str> {
+        self.cfg.channels.iter().map(|c| c.name()).collect()
+    }
+
+    /// Schemes of the registered transports.
+    pub fn schemes(&self) -> Vec<&'static str> {
+        self.cfg.transports.iter().map(|t| t.scheme()).collect()
+    }
+
+    fn transport_for(&self, addr: &Address) -> Result<&Arc<dyn Transport>, PipeError> {
+        self.cfg.transports.iter().find(|t| t.scheme() == addr.scheme()).ok_or_else(|| {
+            PipeError::Transport(TransportError::BadAddress {
+                addr: addr.to_string(),
+                reason: format!("no transport for scheme {:?} is compiled in (have: {})", addr.scheme(), self.schemes().join(", "))
+                    .into(),
+            })
+        })
+    }
+
+    /// Listens on `addr` (e.g. `unix:my-service`). Handshakes run in the background;
+    /// [`PipeListener::accept`] returns finished pipes.
+    pub async fn listen(&self, addr: &str) -> Result<PipeListener, PipeError> {
+        let addr: Address = addr.parse()?;
+        let t = self.transport_for(&addr)?;
+        t.viability()?;
+        let listener = t.listen(&addr).await?;
+        let local = listener.local_addr();
+        let (tx, rx) = mpsc::channel(64);
+        let cfg = self.cfg.clone();
+        let task = tokio::spawn(accept_loop(listener, cfg, tx));
+        Ok(PipeListener { rx, task, addr: local })
+    }
+
+    /// Connects to `addr` and runs the handshake.
+    pub async fn connect(&self, addr: &str) -> Result<Pipe, PipeError> {
+        let addr: Address = addr.parse()?;
+        let t = self.transport_for(&addr)?;
+        t.viability()?;
+        let timeout = self.cfg.handshake_timeout;
+        let fut = async {
+            let conn = t.connect(&addr).await?;
+            client_handshake(conn, self.cfg.clone()).await
+        };
+        tokio::time::timeout(timeout, fut).await.map_err(|_| PipeError::Timeout(timeout, "handshake"))?
+    }
+}
+
+/// Accepts pipes. Dropping it stops listening and aborts handshakes in progress.
+pub struct PipeListener {
+    rx: mpsc::Receiver<Result<Pipe, PipeError>>,
+    task: tokio::task::JoinHandle<()>,
+    addr: Address,
+}
+
+impl PipeListener {
+    /// The next pipe. A connection whose handshake failed or was refused is reported as an
+    /// `Err` (the listener keeps going: call `accept` again); [`PipeError::Closed`] means
+    /// the listener itself has stopped.
+    pub async fn accept(&mut self) -> Result<Pipe, PipeError> {
+        self.rx.recv().await.unwrap_or(Err(PipeError::Closed))
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> &Address {
+        &self.addr
+    }
+}
+
+impl Drop for PipeListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(mut listener: Box<dyn Listener>, cfg: Arc<Config>, tx: mpsc::Sender<Result<Pipe, PipeError>>) {
+    let mut handshakes = JoinSet::new();
+    loop {
+        tokio::select! {
+            conn = listener.accept() => match conn {
+                Ok(conn) => {
+                    let cfg = cfg.clone();
+                    let timeout = cfg.handshake_timeout;
+                    handshakes.spawn(async move {
+                        tokio::time::timeout(timeout, server_handshake(conn, cfg))
+                            .await
+                            .unwrap_or(Err(PipeError::Timeout(timeout, "handshake")))
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    if tx.send(Err(e.into())).await.is_err() {
+                        return;
+                    }
+                    // Back off a little: persistent errors (EMFILE) must not spin.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
+                let r = done.unwrap_or_else(|e| Err(PipeError::ApiMisuse(format!("handshake task failed: {e}").into())));
+                if tx.send(r).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInfo, FrameReader, FrameWriter) {
+    let info = conn.info().clone();
+    let Split { read, write, fds } = conn.split();
+    (info, FrameReader::new(read, fds.clone(), cfg.limits), FrameWriter::new(write, fds))
+}
+
+async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
+    let (info, mut reader, mut writer) = halves(conn, &cfg);
+    let hello = client_hello(&cfg.channels, &info, cfg.version, cfg.token.clone());
+    writer.write_preamble(cfg.version).await?;
+    writer.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await?;
+    reader.read_preamble().await?;
+    let frame = reader.read_frame().await?;
+    let welcome: Welcome = match frame.kind {
+        FrameKind::Welcome => frame.parse()?,
+        FrameKind::Refuse => {
+            let r: Refusal = frame.parse()?;
+            tracing::warn!(addr = %info.addr, "server refused the handshake: {r}");
+            return Err(PipeError::Refused(r));
+        }
+        _ => return Err(ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected WELCOME or REFUSE" }.into()),
+    };
+    let mut sessions = BTreeMap::new();
+    for (kind, name) in &welcome.channels {
+        let Some(c) = cfg.channels.iter().find(|c| c.name() == name && hello.channels.iter().any(|o| &o.name == name)) else {
+            return Err(ProtocolError::BadHeader(format!("server chose channel {name:?}, which this client did not offer")).into());
+        };
+        sessions.insert(*kind, c.open(&info)?);
+    }
+    tracing::debug!(addr = %info.addr, channels = ?welcome.channels, "connected");
+    let pipe_info = PipeInfo { conn: info, channels: welcome.channels, peer_agent: welcome.agent, is_server: false };
+    Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg))
+}
+
+async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
+    let (info, mut reader, mut writer) = halves(conn, &cfg);
+    writer.write_preamble(cfg.version).await?;
+    reader.read_preamble().await?;
+    let frame = reader.read_frame().await?;
+    if frame.kind != FrameKind::Hello {
+        return Err(ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected HELLO" }.into());
+    }
+    let decision = match frame.parse::<Hello>() {
+        Err(e) => Err((Refusal::Malformed { detail: e.to_string() }, None)),
+        Ok(hello) => {
+            let token_ok = match &cfg.require_token {
+                None => true,
+                Some(want) => hello.token.as_deref().is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes())),
+            };
+            if !token_ok {
+                Err((Refusal::BadToken, Some(hello)))
+            } else {
+                server_choose(&cfg.channels, &hello, &info, cfg.version, cfg.limits)
+                    .map(|w| (w, hello.clone()))
+                    .map_err(|r| (r, Some(hello)))
+            }
+        }
+    };
+    match decision {
+        Err((refusal, hello)) => {
+            let agent = hello.map(|h| h.agent).unwrap_or_default();
+            tracing::warn!(addr = %info.addr, peer = %agent, "refusing handshake: {refusal}");
+            writer.write_frame(FrameKind::Refuse, OutFrame::json(&refusal)).await?;
+            writer.shutdown().await;
+            Err(PipeError::Refused(refusal))
+        }
+        Ok((welcome, hello)) => {
+            let mut sessions = BTreeMap::new();
+            for (kind, name) in &welcome.channels {
+                if let Some(c) = cfg.channels.iter().find(|c| c.name() == name) {
+                    sessions.insert(*kind, c.open(&info)?);
+                }
+            }
+            writer.write_frame(FrameKind::Welcome, OutFrame::json(&welcome)).await?;
+            tracing::debug!(addr = %info.addr, peer = %hello.agent, channels = ?welcome.channels, "accepted");
+            let pipe_info = PipeInfo { conn: info, channels: welcome.channels, peer_agent: hello.agent, is_server: true };
+            // The client announces no limits; assume it accepts what this side accepts.
+            Ok(Pipe::start(reader, writer, sessions, pipe_info, cfg.limits, &cfg))
+        }
+    }
+}
+
+/// Compares without an early exit (the length is not secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

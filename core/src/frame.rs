@@ -1,0 +1,362 @@
+//! The frame format (see `docs/PROTOCOL.md`): an 8-byte preamble once per direction, then
+//! frames of a 16-byte little-endian prefix, a JSON header and a payload.
+//!
+//! [`FramePrefix`] and the preamble functions are sans-IO; [`FrameReader`] and
+//! [`FrameWriter`] drive them over a connection's byte streams.
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+
+use crate::error::{LimitError, PipeError, ProtocolError};
+use crate::tensor::AlignedBuf;
+use crate::transport::FdQueueRef as FdQueue;
+use crate::wire::Limits;
+
+/// The first six bytes each side sends: `89 46 45 52 52 59` ("\x89FERRY"). The first byte
+/// is not ASCII, so it can never be `{` or `[` (plain JSON-RPC) or any text protocol.
+pub const MAGIC: [u8; 6] = [0x89, b'F', b'E', b'R', b'R', b'Y'];
+/// Length of the preamble: the magic plus a u16 little-endian protocol version.
+pub const PREAMBLE_LEN: usize = 8;
+/// Length of a frame prefix.
+pub const PREFIX_LEN: usize = 16;
+
+/// Frames whose header and payload together are smaller than this are written with one
+/// system call.
+const COALESCE: usize = 64 * 1024;
+/// Read buffer size.
+const READ_BUF: usize = 64 * 1024;
+
+/// The preamble for `version`.
+pub fn preamble(version: u16) -> [u8; PREAMBLE_LEN] {
+    let v = version.to_le_bytes();
+    [MAGIC[0], MAGIC[1], MAGIC[2], MAGIC[3], MAGIC[4], MAGIC[5], v[0], v[1]]
+}
+
+/// Checks a received preamble and returns the peer's protocol version.
+pub fn parse_preamble(b: &[u8; PREAMBLE_LEN]) -> Result<u16, ProtocolError> {
+    if b[..6] != MAGIC {
+        let hint = match b[0] {
+            b'{' | b'[' => " (this looks like plain JSON-RPC, which this listener does not serve)",
+            b'G' | b'P' | b'H' => " (this looks like HTTP)",
+            _ => "",
+        };
+        return Err(ProtocolError::BadMagic { got: b.to_vec(), hint });
+    }
+    Ok(u16::from_le_bytes([b[6], b[7]]))
+}
+
+/// Frame kinds (the prefix's first byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Client -> server, first frame: [`crate::wire::Hello`].
+    Hello = 1,
+    /// Server -> client: [`crate::wire::Welcome`].
+    Welcome = 2,
+    /// Server -> client: [`crate::wire::Refusal`], then close.
+    Refuse = 3,
+    /// A message: [`crate::wire::MessageHeader`] plus payload.
+    Message = 4,
+    /// Channel control: [`crate::wire::ControlHeader`].
+    Control = 5,
+    /// The sender closes: [`crate::wire::Close`].
+    Close = 6,
+}
+
+impl FrameKind {
+    /// The kind for a byte, if known.
+    pub fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            1 => FrameKind::Hello,
+            2 => FrameKind::Welcome,
+            3 => FrameKind::Refuse,
+            4 => FrameKind::Message,
+            5 => FrameKind::Control,
+            6 => FrameKind::Close,
+            _ => return None,
+        })
+    }
+}
+
+/// The 16-byte frame prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FramePrefix {
+    /// Frame kind byte.
+    pub kind: u8,
+    /// Reserved, must be 0.
+    pub flags: u8,
+    /// Number of file descriptors that travel with this frame.
+    pub fds: u16,
+    /// Length of the JSON header.
+    pub header_len: u32,
+    /// Length of the payload.
+    pub payload_len: u64,
+}
+
+impl FramePrefix {
+    /// Little-endian encoding.
+    pub fn encode(&self) -> [u8; PREFIX_LEN] {
+        let mut b = [0u8; PREFIX_LEN];
+        b[0] = self.kind;
+        b[1] = self.flags;
+        b[2..4].copy_from_slice(&self.fds.to_le_bytes());
+        b[4..8].copy_from_slice(&self.header_len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        b
+    }
+
+    /// Decoding (never fails; see [`FramePrefix::check`]).
+    pub fn decode(b: &[u8; PREFIX_LEN]) -> Self {
+        FramePrefix {
+            kind: b[0],
+            flags: b[1],
+            fds: u16::from_le_bytes([b[2], b[3]]),
+            header_len: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            payload_len: u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
+        }
+    }
+
+    /// Checks kind, flags and sizes against `limits`.
+    pub fn check(&self, limits: &Limits) -> Result<FrameKind, PipeError> {
+        let kind = FrameKind::from_u8(self.kind)
+            .ok_or(ProtocolError::UnexpectedFrame { kind: self.kind, context: "unknown kind" })?;
+        if self.flags != 0 {
+            return Err(ProtocolError::BadFlags(self.flags).into());
+        }
+        let over = |limit, what, value: u64, max: u64| {
+            PipeError::Limit(LimitError { limit, what, value, max, side: " on the receiving side".into() })
+        };
+        if self.header_len > limits.max_header_bytes {
+            return Err(over("max_header_bytes", "frame header length", self.header_len.into(), limits.max_header_bytes.into()));
+        }
+        if self.payload_len > limits.max_payload_bytes {
+            return Err(over("max_payload_bytes", "frame payload length", self.payload_len, limits.max_payload_bytes));
+        }
+        if self.fds > limits.max_fds {
+            return Err(over("max_fds", "file descriptors in one frame", self.fds.into(), limits.max_fds.into()));
+        }
+        Ok(kind)
+    }
+}
+
+/// One received frame.
+#[derive(Debug)]
+pub struct Frame {
+    /// Its kind.
+    pub kind: FrameKind,
+    /// The JSON header bytes.
+    pub header: Vec<u8>,
+    /// The payload, in [`crate::ALIGN`]-aligned memory.
+    pub payload: Bytes,
+    /// File descriptors that came with it (unix only).
+    #[cfg(unix)]
+    pub fds: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Frame {
+    /// Parses the header as `T`.
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ProtocolError> {
+        serde_json::from_slice(&self.header).map_err(|e| ProtocolError::BadHeader(e.to_string()))
+    }
+}
+
+/// Reads frames from a connection's read half.
+pub struct FrameReader {
+    inner: BufReader<Box<dyn AsyncRead + Send + Unpin>>,
+    fds: Option<FdQueue>,
+    limits: Limits,
+}
+
+impl FrameReader {
+    /// Wraps a read half. `fds` is the connection's descriptor queue, if it passes fds.
+    pub fn new(read: Box<dyn AsyncRead + Send + Unpin>, fds: Option<FdQueue>, limits: Limits) -> Self {
+        FrameReader { inner: BufReader::with_capacity(READ_BUF, read), fds, limits }
+    }
+
+    /// Reads and checks the peer's preamble; returns its version.
+    pub async fn read_preamble(&mut self) -> Result<u16, PipeError> {
+        let mut b = [0u8; PREAMBLE_LEN];
+        self.inner.read_exact(&mut b).await?;
+        Ok(parse_preamble(&b)?)
+    }
+
+    /// Reads one whole frame. End of stream, at a frame boundary or inside a frame, is
+    /// [`PipeError::Closed`]; a frame over the limits is refused before its body is read.
+    pub async fn read_frame(&mut self) -> Result<Frame, PipeError> {
+        let mut p = [0u8; PREFIX_LEN];
+        self.inner.read_exact(&mut p).await?;
+        let prefix = FramePrefix::decode(&p);
+        let kind = prefix.check(&self.limits)?;
+        #[cfg(unix)]
+        let fds = self.take_fds(prefix.fds)?;
+        #[cfg(not(unix))]
+        if prefix.fds != 0 {
+            return Err(ProtocolError::Fds("this transport cannot carry file descriptors".into()).into());
+        }
+        let mut header = vec![0u8; prefix.header_len as usize];
+        self.inner.read_exact(&mut header).await?;
+        let len = usize::try_from(prefix.payload_len).map_err(|_| {
+            PipeError::Limit(LimitError {
+                limit: "max_payload_bytes",
+                what: "frame payload length",
+                value: prefix.payload_len,
+                max: usize::MAX as u64,
+                side: " (address space)".into(),
+            })
+        })?;
+        let payload = if len == 0 {
+            Bytes::new()
+        } else {
+            let mut buf = AlignedBuf::zeroed(len);
+            self.inner.read_exact(buf.as_mut()).await?;
+            buf.into_bytes()
+        };
+        Ok(Frame {
+            kind,
+            header,
+            payload,
+            #[cfg(unix)]
+            fds,
+        })
+    }
+
+    #[cfg(unix)]
+    fn take_fds(&mut self, n: u16) -> Result<Vec<std::os::fd::OwnedFd>, PipeError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let Some(q) = &self.fds else {
+            return Err(ProtocolError::Fds(format!("frame announces {n} descriptors but this transport cannot carry them")).into());
+        };
+        let got = q.take(n as usize);
+        if got.len() != n as usize {
+            return Err(ProtocolError::Fds(format!("frame announces {n} descriptors, {} arrived", got.len())).into());
+        }
+        Ok(got)
+    }
+}
+
+/// A frame to write: kind, JSON header and payload parts (written in order, no copy for
+/// large parts).
+#[derive(Debug, Default)]
+pub struct OutFrame {
+    /// The JSON header.
+    pub header: Vec<u8>,
+    /// Payload parts, concatenated on the wire.
+    pub payload: Vec<Bytes>,
+    /// File descriptors to attach (unix only).
+    #[cfg(unix)]
+    pub fds: Vec<std::os::fd::OwnedFd>,
+}
+
+impl OutFrame {
+    /// A frame with a JSON header and no payload.
+    pub fn json<T: serde::Serialize>(value: &T) -> Self {
+        OutFrame { header: serde_json::to_vec(value).unwrap_or_default(), ..Default::default() }
+    }
+
+    /// Total payload length.
+    pub fn payload_len(&self) -> u64 {
+        self.payload.iter().map(|p| p.len() as u64).sum()
+    }
+}
+
+/// Writes frames to a connection's write half.
+pub struct FrameWriter {
+    inner: Box<dyn AsyncWrite + Send + Unpin>,
+    fds: Option<FdQueue>,
+    scratch: Vec<u8>,
+}
+
+impl FrameWriter {
+    /// Wraps a write half. `fds` is the connection's descriptor queue, if it passes fds.
+    pub fn new(write: Box<dyn AsyncWrite + Send + Unpin>, fds: Option<FdQueue>) -> Self {
+        FrameWriter { inner: write, fds, scratch: Vec::new() }
+    }
+
+    /// Writes the preamble.
+    pub async fn write_preamble(&mut self, version: u16) -> Result<(), PipeError> {
+        self.inner.write_all(&preamble(version)).await?;
+        self.inner.flush().await?;
+        Ok(())
+    }
+
+    /// Writes one frame. Small frames go out in one write.
+    pub async fn write_frame(&mut self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
+        let header_len = u32::try_from(frame.header.len())
+            .map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
+        #[cfg(unix)]
+        let nfds = frame.fds.len();
+        #[cfg(not(unix))]
+        let nfds = 0usize;
+        let prefix = FramePrefix {
+            kind: kind as u8,
+            flags: 0,
+            fds: u16::try_from(nfds).map_err(|_| PipeError::ApiMisuse("more than 65535 fds in one frame".into()))?,
+            header_len,
+            payload_len: frame.payload_len(),
+        };
+        #[cfg(unix)]
+        if !frame.fds.is_empty() {
+            let Some(q) = &self.fds else {
+                return Err(PipeError::ApiMisuse("this transport cannot carry file descriptors".into()));
+            };
+            q.attach(frame.fds);
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&prefix.encode());
+        self.scratch.extend_from_slice(&frame.header);
+        let small = prefix.payload_len as usize + self.scratch.len() <= COALESCE;
+        if small {
+            for p in &frame.payload {
+                self.scratch.extend_from_slice(p);
+            }
+            self.inner.write_all(&self.scratch).await?;
+        } else {
+            self.inner.write_all(&self.scratch).await?;
+            for p in &frame.payload {
+                self.inner.write_all(p).await?;
+            }
+        }
+        self.inner.flush().await?;
+        Ok(())
+    }
+
+    /// Shuts the write half down (the peer sees end of stream).
+    pub async fn shutdown(&mut self) {
+        let _ = self.inner.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_round_trip() {
+        let p = FramePrefix { kind: 4, flags: 0, fds: 2, header_len: 77, payload_len: 1 << 40 };
+        assert_eq!(FramePrefix::decode(&p.encode()), p);
+        assert_eq!(p.encode()[..4], [4, 0, 2, 0]);
+    }
+
+    #[test]
+    fn prefix_checks() {
+        let l = Limits::default();
+        let ok = FramePrefix { kind: 4, flags: 0, fds: 0, header_len: 10, payload_len: 10 };
+        assert_eq!(ok.check(&l).unwrap(), FrameKind::Message);
+        assert!(matches!(FramePrefix { kind: 0, ..ok }.check(&l), Err(PipeError::Protocol(_))));
+        assert!(matches!(FramePrefix { flags: 1, ..ok }.check(&l), Err(PipeError::Protocol(_))));
+        let big = FramePrefix { header_len: u32::MAX, ..ok }.check(&l);
+        let Err(PipeError::Limit(e)) = big else { panic!("{big:?}") };
+        assert_eq!(e.limit, "max_header_bytes");
+        assert!(e.to_string().contains("Limits::max_header_bytes"), "{e}");
+    }
+
+    #[test]
+    fn preamble_rules() {
+        assert_eq!(parse_preamble(&preamble(7)).unwrap(), 7);
+        let e = parse_preamble(b"{\"jsonrp").unwrap_err();
+        assert!(e.to_string().contains("JSON-RPC"), "{e}");
+        assert!(MAGIC[0] != b'{' && MAGIC[0] != b'[');
+    }
+}

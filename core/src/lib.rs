@@ -1,0 +1,51 @@
+//! ferry-core: the ground every ferry backend stands on.
+//!
+//! - Tensor types: [`DType`], [`Device`], [`TensorMeta`] (checked size arithmetic),
+//!   [`Tensor`] and [`TensorMut`], [`Message`].
+//! - The wire: the [`frame`] format (documented in `docs/PROTOCOL.md`), the handshake
+//!   types in [`wire`] and their JSON Schemas ([`schema`]).
+//! - The traits backends implement: [`Transport`] / [`Listener`] / [`Connection`] (move
+//!   bytes), [`Channel`] / [`ChannelSession`] (move tensor bytes), [`TensorCodec`] (named
+//!   tensor maps to bytes), with the [`InlineChannel`], [`RawCodec`] and
+//!   [`SafetensorsCodec`].
+//! - [`Endpoint`] and [`Pipe`]: negotiate a connection and send / receive messages.
+//!
+//! What it does not do: no OS-specific code (sockets and shared memory live in the backend
+//! crates). Pipes run on a tokio runtime, which the caller provides.
+//!
+//! Entry point: `Endpoint::builder().transport(..).channel(..).build()`, then
+//! [`Endpoint::listen`] / [`Endpoint::connect`]. The `ferry` facade crate builds an
+//! endpoint with every compiled-in backend.
+//!
+//! # Feature flags
+//! None.
+#![forbid(unsafe_code)]
+
+pub mod channel;
+pub mod codec;
+pub mod dtype;
+pub mod endpoint;
+pub mod error;
+pub mod frame;
+pub mod handshake;
+pub mod inline;
+pub mod message;
+pub mod meta;
+pub mod pipe;
+pub mod schema;
+pub mod tensor;
+pub mod transport;
+pub mod wire;
+
+pub use channel::{Channel, ChannelSession, Incoming, Outgoing};
+pub use codec::{RawCodec, SafetensorsCodec, TensorCodec};
+pub use dtype::{DType, Device, DeviceKind, Element};
+pub use endpoint::{Endpoint, EndpointBuilder, PipeListener};
+pub use error::{ChannelError, CodecError, LimitError, MetaError, PipeError, ProtocolError, TransportError, ViewError};
+pub use inline::InlineChannel;
+pub use message::Message;
+pub use meta::{MAX_DIMS, TensorMeta};
+pub use pipe::{Pipe, PipeInfo};
+pub use tensor::{ALIGN, AlignedBuf, Storage, Tensor, TensorMut};
+pub use transport::{Address, ConnInfo, Connection, FdQueue, Listener, Split, Transport};
+pub use wire::{Limits, PROTOCOL_VERSION, Refusal};

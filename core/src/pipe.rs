@@ -1,0 +1,318 @@
+//! [`Pipe`]: one negotiated connection. `send(Message)` / `recv() -> Message`, ordered, with
+//! any number of tensors per message and any number of messages in flight.
+//!
+//! A background task reads frames, decodes messages (validating every descriptor) and
+//! handles channel control frames. When the peer goes away or breaks the protocol, every
+//! pending and later operation fails: `recv` returns the error once, then
+//! [`PipeError::Closed`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{Mutex, mpsc, watch};
+
+use crate::channel::{ChannelSession, Incoming, Outgoing};
+use crate::dtype::DeviceKind;
+use crate::endpoint::Config;
+use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
+use crate::frame::{Frame, FrameKind, FrameReader, FrameWriter, OutFrame};
+use crate::message::Message;
+use crate::tensor::Tensor;
+use crate::transport::ConnInfo;
+use crate::wire::{Close, ControlHeader, Limits, MessageHeader, TensorDesc};
+
+/// What was negotiated for a pipe.
+#[derive(Debug, Clone)]
+pub struct PipeInfo {
+    /// The connection.
+    pub conn: ConnInfo,
+    /// The channel chosen for each device kind.
+    pub channels: BTreeMap<DeviceKind, String>,
+    /// The peer's agent string.
+    pub peer_agent: String,
+    /// True on the accepting side.
+    pub is_server: bool,
+}
+
+struct Shared {
+    writer: Mutex<FrameWriter>,
+    sessions: BTreeMap<DeviceKind, Arc<dyn ChannelSession>>,
+    peer_limits: Limits,
+    limits: Limits,
+    closed_tx: watch::Sender<bool>,
+    error: StdMutex<Option<PipeError>>,
+}
+
+/// One negotiated connection. `send` and `recv` take `&self`: share a pipe between tasks
+/// with an `Arc` (concurrent sends are serialised; each message goes out whole).
+pub struct Pipe {
+    shared: Arc<Shared>,
+    rx: Mutex<mpsc::Receiver<Result<Message, PipeError>>>,
+    reader: tokio::task::JoinHandle<()>,
+    info: PipeInfo,
+}
+
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    header: &'a serde_json::Value,
+    tensors: &'a [TensorDesc],
+}
+
+impl Pipe {
+    pub(crate) fn start(
+        reader: FrameReader,
+        writer: FrameWriter,
+        sessions: BTreeMap<DeviceKind, Arc<dyn ChannelSession>>,
+        info: PipeInfo,
+        peer_limits: Limits,
+        cfg: &Config,
+    ) -> Pipe {
+        let (closed_tx, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            writer: Mutex::new(writer),
+            sessions,
+            peer_limits,
+            limits: cfg.limits,
+            closed_tx,
+            error: StdMutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel(cfg.recv_queue);
+        let task = tokio::spawn(read_loop(reader, shared.clone(), tx));
+        Pipe { shared, rx: Mutex::new(rx), reader: task, info }
+    }
+
+    /// What was negotiated.
+    pub fn info(&self) -> &PipeInfo {
+        &self.info
+    }
+
+    /// The channel carrying CPU tensors (`"inline"`, `"shm"`).
+    pub fn channel(&self) -> &str {
+        self.info.channels.get(&DeviceKind::Cpu).map(String::as_str).unwrap_or("")
+    }
+
+    /// The transport's name (`"unix"`).
+    pub fn transport(&self) -> &'static str {
+        self.info.conn.transport
+    }
+
+    /// True once the pipe is closed (by either side or by an error).
+    pub fn is_closed(&self) -> bool {
+        *self.shared.closed_tx.borrow()
+    }
+
+    /// Sends a message. Returns once it is handed to the transport.
+    pub async fn send(&self, msg: Message) -> Result<(), PipeError> {
+        if self.is_closed() {
+            return Err(self.shared.closed_error());
+        }
+        let limits = &self.shared.peer_limits;
+        if msg.tensors.len() as u64 > u64::from(limits.max_tensors) {
+            return Err(peer_limit("max_tensors", "tensors in the message", msg.tensors.len() as u64, limits.max_tensors.into()));
+        }
+        let mut out = Outgoing::default();
+        let mut descs = Vec::with_capacity(msg.tensors.len());
+        for t in &msg.tensors {
+            let session = self.session_for(t)?;
+            let loc = session.encode(t, &mut out).await?;
+            descs.push(TensorDesc { meta: t.meta().clone(), data: loc });
+        }
+        let header = serde_json::to_vec(&HeaderRef { header: &msg.header, tensors: &descs })
+            .map_err(|e| PipeError::ApiMisuse(format!("header does not serialize: {e}").into()))?;
+        if header.len() as u64 > u64::from(limits.max_header_bytes) {
+            return Err(peer_limit("max_header_bytes", "message header length", header.len() as u64, limits.max_header_bytes.into()));
+        }
+        if out.payload_len() > limits.max_payload_bytes {
+            return Err(peer_limit("max_payload_bytes", "message payload length", out.payload_len(), limits.max_payload_bytes));
+        }
+        self.write(FrameKind::Message, out.finish(header)).await
+    }
+
+    /// Receives the next message, in the order the peer sent them.
+    pub async fn recv(&self) -> Result<Message, PipeError> {
+        let mut rx = self.rx.lock().await;
+        match rx.recv().await {
+            Some(r) => r,
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    /// Receives with a time limit.
+    pub async fn recv_timeout(&self, d: Duration) -> Result<Message, PipeError> {
+        tokio::time::timeout(d, self.recv()).await.map_err(|_| PipeError::Timeout(d, "recv"))?
+    }
+
+    /// Closes the pipe: tells the peer (a CLOSE frame) and shuts the connection down.
+    pub async fn close(&self) {
+        if !self.is_closed() {
+            let bye = Close { code: "normal".into(), message: String::new() };
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.write(FrameKind::Close, OutFrame::json(&bye))).await;
+        }
+        self.shared.mark_closed(PipeError::Closed);
+        let mut w = self.shared.writer.lock().await;
+        w.shutdown().await;
+    }
+
+    fn session_for(&self, t: &Tensor) -> Result<&Arc<dyn ChannelSession>, PipeError> {
+        let kind = t.device().kind();
+        self.shared.sessions.get(&kind).ok_or_else(|| {
+            PipeError::Channel(ChannelError::Unsupported {
+                channel: "none",
+                reason: format!("no channel was negotiated for {kind:?} tensors on this pipe"),
+            })
+        })
+    }
+
+    async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
+        self.shared.write(kind, frame).await
+    }
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.shared.mark_closed(PipeError::Closed);
+    }
+}
+
+impl std::fmt::Debug for Pipe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipe").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> PipeError {
+    PipeError::Limit(LimitError { limit, what, value, max, side: " (the peer's limit, announced in the handshake)".into() })
+}
+
+impl Shared {
+    fn closed_error(&self) -> PipeError {
+        match &*self.error.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(e @ PipeError::ClosedByPeer(_)) => e.clone(),
+            _ => PipeError::Closed,
+        }
+    }
+
+    fn mark_closed(&self, e: PipeError) {
+        let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        self.closed_tx.send_replace(true);
+    }
+
+    async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
+        let mut closed = self.closed_tx.subscribe();
+        if *closed.borrow() {
+            return Err(self.closed_error());
+        }
+        let r = tokio::select! {
+            r = async { self.writer.lock().await.write_frame(kind, frame).await } => r,
+            _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
+        };
+        if let Err(e) = &r
+            && e.is_closed()
+        {
+            self.mark_closed(e.clone());
+        }
+        r
+    }
+
+    /// The peer broke the protocol: say why (best effort) and close.
+    async fn fail(&self, e: &PipeError) {
+        let code = match e {
+            PipeError::Limit(_) => "limit",
+            _ => "protocol_error",
+        };
+        let bye = Close { code: code.into(), message: e.to_string() };
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let mut w = self.writer.lock().await;
+            let _ = w.write_frame(FrameKind::Close, OutFrame::json(&bye)).await;
+            w.shutdown().await;
+        })
+        .await;
+    }
+}
+
+async fn read_loop(mut reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sender<Result<Message, PipeError>>) {
+    loop {
+        let result = match reader.read_frame().await {
+            Err(e) => Err(e),
+            Ok(frame) => handle_frame(&shared, frame),
+        };
+        match result {
+            Ok(Some(msg)) => {
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let peer_fault = !matches!(e, PipeError::Closed | PipeError::ClosedByPeer(_) | PipeError::Transport(_));
+                if peer_fault {
+                    tracing::warn!(error = %e, "closing pipe: peer sent bad data");
+                    shared.fail(&e).await;
+                }
+                shared.mark_closed(e.clone());
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
+    match frame.kind {
+        FrameKind::Message => decode_message(shared, frame).map(Some),
+        FrameKind::Control => {
+            let c: ControlHeader = frame.parse()?;
+            let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
+                ProtocolError::BadHeader(format!("control frame for channel {:?}, which this pipe does not use", c.channel))
+            })?;
+            session.control(c.body)?;
+            Ok(None)
+        }
+        FrameKind::Close => {
+            let c: Close = frame.parse().unwrap_or(Close { code: "normal".into(), message: String::new() });
+            if c.code == "normal" {
+                Err(PipeError::Closed)
+            } else {
+                Err(PipeError::ClosedByPeer(format!("{}: {}", c.code, c.message)))
+            }
+        }
+        k => Err(ProtocolError::UnexpectedFrame { kind: k as u8, context: "after the handshake" }.into()),
+    }
+}
+
+fn decode_message(shared: &Shared, frame: Frame) -> Result<Message, PipeError> {
+    let h: MessageHeader = frame.parse()?;
+    if h.tensors.len() as u64 > u64::from(shared.limits.max_tensors) {
+        return Err(PipeError::Limit(LimitError {
+            limit: "max_tensors",
+            what: "tensors in a received message",
+            value: h.tensors.len() as u64,
+            max: shared.limits.max_tensors.into(),
+            side: " on the receiving side".into(),
+        }));
+    }
+    let mut incoming = Incoming::new(
+        frame.payload,
+        #[cfg(unix)]
+        frame.fds,
+    );
+    let mut tensors = Vec::with_capacity(h.tensors.len());
+    for (index, d) in h.tensors.into_iter().enumerate() {
+        let kind = d.meta.device.kind();
+        let session = shared.sessions.get(&kind).ok_or_else(|| ProtocolError::BadTensor {
+            index,
+            reason: format!("no channel was negotiated for {kind:?} tensors"),
+        })?;
+        let t = session
+            .decode(d.meta, &d.data, &mut incoming)
+            .map_err(|e| ProtocolError::BadTensor { index, reason: e.to_string() })?;
+        tensors.push(t);
+    }
+    Ok(Message { header: h.header, tensors })
+}

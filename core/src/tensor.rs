@@ -1,0 +1,269 @@
+//! [`Tensor`] (metadata + storage), [`TensorMut`] (a writable tensor being filled) and
+//! [`AlignedBuf`] (64-byte aligned host memory).
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::dtype::{DType, Device, Element};
+use crate::error::{MetaError, ViewError};
+use crate::meta::TensorMeta;
+
+/// Alignment of every buffer ferry allocates, and of every tensor inside an inline frame.
+pub const ALIGN: usize = 64;
+
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Chunk([u8; ALIGN]);
+
+/// Zero-initialised host memory aligned to [`ALIGN`] bytes. Large buffers come from the
+/// allocator's zeroed path, so untouched pages cost nothing.
+pub struct AlignedBuf {
+    chunks: Vec<Chunk>,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Self {
+        let n = len.div_ceil(ALIGN);
+        AlignedBuf { chunks: bytemuck::allocation::zeroed_vec(n), len }
+    }
+
+    /// A buffer holding a copy of `src`.
+    pub fn copy_from(src: &[u8]) -> Self {
+        let mut b = Self::zeroed(src.len());
+        b.as_mut().copy_from_slice(src);
+        b
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Turns the buffer into immutable, cheaply clonable [`Bytes`] (no copy).
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice::<Chunk, u8>(&self.chunks)[..self.len]
+    }
+}
+
+impl AsMut<[u8]> for AlignedBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut::<Chunk, u8>(&mut self.chunks)[..self.len]
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+    }
+}
+
+/// Where a tensor's bytes are.
+///
+/// Host bytes are a [`Bytes`]: owned memory, a slice of a received frame, or (with the
+/// shm channel) a lease on another process's shared memory whose owner is told when the
+/// last clone is dropped. Device memory will get its own variant.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Storage {
+    /// Bytes in host memory.
+    Host(Bytes),
+}
+
+/// A tensor: metadata plus storage, validated against each other on construction.
+#[derive(Clone)]
+pub struct Tensor {
+    meta: TensorMeta,
+    storage: Storage,
+}
+
+impl Tensor {
+    /// A tensor over `bytes`, after checking that `meta` describes exactly these bytes.
+    pub fn new(meta: TensorMeta, bytes: Bytes) -> Result<Self, MetaError> {
+        meta.validate(bytes.len() as u64)?;
+        Ok(Tensor { meta, storage: Storage::Host(bytes) })
+    }
+
+    /// A contiguous CPU tensor holding a copy of `data` (in aligned memory).
+    pub fn from_slice<T: Element>(shape: impl Into<Vec<u64>>, data: &[T]) -> Result<Self, MetaError> {
+        let meta = TensorMeta::new(T::DTYPE, shape);
+        Tensor::new(meta, AlignedBuf::copy_from(bytemuck::cast_slice(data)).into_bytes())
+    }
+
+    /// A zero-filled contiguous tensor of `meta`.
+    pub fn zeros(meta: TensorMeta) -> Result<Self, MetaError> {
+        Ok(TensorMut::zeros(meta)?.freeze())
+    }
+
+    /// The metadata.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.meta.dtype
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[u64] {
+        &self.meta.shape
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.meta.device
+    }
+
+    /// The storage.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The raw bytes of a host tensor (for strided tensors, the whole span).
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Host(b) => b,
+        }
+    }
+
+    /// The host bytes as a cheap clone of the underlying [`Bytes`].
+    pub fn bytes(&self) -> Bytes {
+        match &self.storage {
+            Storage::Host(b) => b.clone(),
+        }
+    }
+
+    /// Length of the storage in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.as_bytes().len()
+    }
+
+    /// A typed view of a contiguous host tensor. Checks dtype and alignment.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T], ViewError> {
+        if self.meta.dtype != T::DTYPE {
+            return Err(ViewError::DType { requested: T::DTYPE, actual: self.meta.dtype });
+        }
+        if !self.meta.is_contiguous() {
+            return Err(ViewError::NotContiguous);
+        }
+        if self.meta.device != Device::Cpu {
+            return Err(ViewError::NotHost(self.meta.device));
+        }
+        bytemuck::try_cast_slice(self.as_bytes())
+            .map_err(|_| ViewError::Misaligned { align: std::mem::align_of::<T>() })
+    }
+
+    /// A copy of this tensor in fresh [`ALIGN`]-aligned memory.
+    pub fn to_aligned(&self) -> Tensor {
+        Tensor {
+            meta: self.meta.clone(),
+            storage: Storage::Host(AlignedBuf::copy_from(self.as_bytes()).into_bytes()),
+        }
+    }
+
+    /// Splits into metadata and storage.
+    pub fn into_parts(self) -> (TensorMeta, Storage) {
+        (self.meta, self.storage)
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &self.meta.dtype)
+            .field("shape", &self.meta.shape)
+            .field("strides", &self.meta.strides)
+            .field("device", &self.meta.device)
+            .field("nbytes", &self.nbytes())
+            .finish()
+    }
+}
+
+impl PartialEq for Tensor {
+    /// Same metadata and same bytes.
+    fn eq(&self, other: &Self) -> bool {
+        self.meta == other.meta && self.as_bytes() == other.as_bytes()
+    }
+}
+
+/// A writable, contiguous host tensor being filled; [`TensorMut::freeze`] makes it a
+/// [`Tensor`] without copying.
+pub struct TensorMut {
+    meta: TensorMeta,
+    buf: AlignedBuf,
+}
+
+impl TensorMut {
+    /// A zero-filled tensor of `meta` (which must be contiguous and on the CPU).
+    pub fn zeros(meta: TensorMeta) -> Result<Self, MetaError> {
+        let len = meta.byte_span()?;
+        let len = usize::try_from(len).map_err(|_| MetaError::Overflow)?;
+        let meta = TensorMeta { strides: None, device: Device::Cpu, ..meta };
+        Ok(TensorMut { meta, buf: AlignedBuf::zeroed(len) })
+    }
+
+    /// The metadata.
+    pub fn meta(&self) -> &TensorMeta {
+        &self.meta
+    }
+
+    /// The bytes, writable.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+
+    /// A typed writable view.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], ViewError> {
+        if self.meta.dtype != T::DTYPE {
+            return Err(ViewError::DType { requested: T::DTYPE, actual: self.meta.dtype });
+        }
+        bytemuck::try_cast_slice_mut(self.buf.as_mut())
+            .map_err(|_| ViewError::Misaligned { align: std::mem::align_of::<T>() })
+    }
+
+    /// Freezes into an immutable [`Tensor`] (no copy).
+    pub fn freeze(self) -> Tensor {
+        Tensor { meta: self.meta, storage: Storage::Host(self.buf.into_bytes()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_views() {
+        let t = Tensor::from_slice(vec![2, 2], &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+        assert!(matches!(t.as_slice::<i32>(), Err(ViewError::DType { .. })));
+        assert_eq!(t.as_bytes().as_ptr() as usize % ALIGN, 0);
+        // A misaligned slice of the same bytes.
+        let b = t.bytes().slice(1..5);
+        let odd = Tensor::new(TensorMeta::new(DType::F32, vec![1]), b).unwrap();
+        assert_eq!(odd.as_slice::<f32>(), Err(ViewError::Misaligned { align: 4 }));
+        assert!(odd.to_aligned().as_slice::<f32>().is_ok());
+    }
+
+    #[test]
+    fn mutable_fill() {
+        let mut m = TensorMut::zeros(TensorMeta::new(DType::I64, vec![3])).unwrap();
+        m.as_mut_slice::<i64>().unwrap().copy_from_slice(&[-1, 0, i64::MAX]);
+        let t = m.freeze();
+        assert_eq!(t.as_slice::<i64>().unwrap(), &[-1, 0, i64::MAX]);
+        assert!(Tensor::new(TensorMeta::new(DType::U8, vec![3]), Bytes::from_static(b"ab")).is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! The transport layer: [`Transport`] makes [`Listener`]s and [`Connection`]s, which carry
+//! bytes (and, on unix, file descriptors) between two processes.
+//!
+//! Contract (enforced by the conformance suite, `ferry-conformance`):
+//! - A connection is a reliable, ordered byte stream in each direction.
+//! - End of stream or a dead peer shows as EOF / `BrokenPipe` promptly (well within a second).
+//! - If [`ConnInfo::fd_passing`] is true, descriptors given to [`FdQueue::attach`] arrive at the
+//!   peer's [`FdQueue`] no later than the first byte written after the attach.
+//! - A listener accepts only peers it is configured to trust (by default: the same user).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::error::TransportError;
+
+/// An address: a scheme and the rest, e.g. `unix:ferry-demo`, `unix:/run/ferry.sock`,
+/// `quic://host:4433`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Address {
+    scheme: String,
+    rest: String,
+}
+
+impl Address {
+    /// A new address.
+    pub fn new(scheme: impl Into<String>, rest: impl Into<String>) -> Self {
+        Address { scheme: scheme.into(), rest: rest.into() }
+    }
+
+    /// The scheme (`unix`, `quic`).
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    /// Everything after `scheme:` (for `quic://h:p`, `//h:p`).
+    pub fn rest(&self) -> &str {
+        &self.rest
+    }
+}
+
+impl FromStr for Address {
+    type Err = TransportError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            Some((scheme, rest))
+                if !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-') =>
+            {
+                if rest.is_empty() {
+                    return Err(TransportError::BadAddress { addr: s.into(), reason: "nothing after the scheme".into() });
+                }
+                Ok(Address::new(scheme, rest))
+            }
+            _ => Err(TransportError::BadAddress {
+                addr: s.into(),
+                reason: "expected SCHEME:REST, e.g. unix:my-service or unix:/path/to.sock".into(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.scheme, self.rest)
+    }
+}
+
+/// What is known about a connection and its peer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// Transport name (`"unix"`).
+    pub transport: &'static str,
+    /// The address connected to or accepted on.
+    pub addr: String,
+    /// Peer process id, where the OS reports it.
+    pub peer_pid: Option<u32>,
+    /// Peer user id, where the OS reports it.
+    pub peer_uid: Option<u32>,
+    /// True when the connection can carry file descriptors.
+    pub fd_passing: bool,
+    /// True when the peer is on the same host (so host-local channels may work).
+    pub same_host: bool,
+}
+
+/// File descriptors travelling with a connection (unix). The transport's write half sends
+/// what was attached with the next bytes it writes; its read half queues what arrives.
+#[derive(Default)]
+pub struct FdQueue {
+    #[cfg(unix)]
+    incoming: Mutex<VecDeque<std::os::fd::OwnedFd>>,
+    #[cfg(unix)]
+    outgoing: Mutex<Vec<std::os::fd::OwnedFd>>,
+    #[cfg(not(unix))]
+    _never: Mutex<VecDeque<()>>,
+}
+
+impl fmt::Debug for FdQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FdQueue")
+    }
+}
+
+#[cfg(unix)]
+impl FdQueue {
+    /// A new shared queue.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Takes up to `n` received descriptors, oldest first.
+    pub fn take(&self, n: usize) -> Vec<std::os::fd::OwnedFd> {
+        let mut q = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        let n = n.min(q.len());
+        q.drain(..n).collect()
+    }
+
+    /// Transport side: queues received descriptors.
+    pub fn push_received(&self, fds: impl IntoIterator<Item = std::os::fd::OwnedFd>) {
+        self.incoming.lock().unwrap_or_else(|e| e.into_inner()).extend(fds);
+    }
+
+    /// Attaches descriptors to the next bytes written.
+    pub fn attach(&self, fds: Vec<std::os::fd::OwnedFd>) {
+        self.outgoing.lock().unwrap_or_else(|e| e.into_inner()).extend(fds);
+    }
+
+    /// Transport side: takes the descriptors to send with the next write.
+    pub fn take_outgoing(&self) -> Vec<std::os::fd::OwnedFd> {
+        std::mem::take(&mut *self.outgoing.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Transport side: puts back descriptors a write did not send (it sent no byte).
+    pub fn restore_outgoing(&self, mut fds: Vec<std::os::fd::OwnedFd>) {
+        let mut q = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
+        fds.append(&mut q);
+        *q = fds;
+    }
+}
+
+/// Shared handle to a connection's descriptor queue.
+pub type FdQueueRef = Arc<FdQueue>;
+
+/// The two halves of a connection.
+pub struct Split {
+    /// Bytes from the peer.
+    pub read: Box<dyn AsyncRead + Send + Unpin>,
+    /// Bytes to the peer.
+    pub write: Box<dyn AsyncWrite + Send + Unpin>,
+    /// Descriptor queue, when the connection passes file descriptors.
+    pub fds: Option<FdQueueRef>,
+}
+
+/// One established connection.
+pub trait Connection: Send + 'static {
+    /// What is known about it.
+    fn info(&self) -> &ConnInfo;
+    /// Splits into read and write halves (which may be used from different tasks).
+    fn split(self: Box<Self>) -> Split;
+}
+
+/// Accepts connections.
+#[async_trait]
+pub trait Listener: Send + 'static {
+    /// The next trusted connection. Untrusted peers are refused and logged, not returned.
+    async fn accept(&mut self) -> Result<Box<dyn Connection>, TransportError>;
+    /// The address it listens on.
+    fn local_addr(&self) -> Address;
+}
+
+/// Moves bytes between processes; chosen by the address scheme.
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// The address scheme it serves (`"unix"`).
+    fn scheme(&self) -> &'static str;
+    /// Whether it can work on this machine.
+    fn viability(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+    /// Listens on `addr`.
+    async fn listen(&self, addr: &Address) -> Result<Box<dyn Listener>, TransportError>;
+    /// Connects to `addr`.
+    async fn connect(&self, addr: &Address) -> Result<Box<dyn Connection>, TransportError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        let a: Address = "unix:/tmp/x.sock".parse().unwrap();
+        assert_eq!((a.scheme(), a.rest()), ("unix", "/tmp/x.sock"));
+        assert_eq!(a.to_string(), "unix:/tmp/x.sock");
+        let q: Address = "quic://h:1".parse().unwrap();
+        assert_eq!(q.rest(), "//h:1");
+        for bad in ["", "noscheme", ":x", "unix:", "a b:c"] {
+            assert!(bad.parse::<Address>().is_err(), "{bad}");
+        }
+    }
+}

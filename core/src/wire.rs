@@ -1,0 +1,190 @@
+//! Serializable wire types: the JSON parts of frames. These are the IPC contract; their JSON
+//! Schemas are generated into `core/schemas/` (see [`crate::schema`]) and documented in
+//! `docs/PROTOCOL.md`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DeviceKind;
+use crate::meta::TensorMeta;
+
+/// The protocol name carried in [`Hello`].
+pub const PROTOCOL: &str = "ferry";
+/// The protocol version this build speaks (in the preamble, [`Hello`] and [`Welcome`]).
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// The client's first frame (kind HELLO).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Hello {
+    /// Always `"ferry"`.
+    pub protocol: String,
+    /// The protocol version the client speaks.
+    pub version: u16,
+    /// The channels the client can use, in its order of preference.
+    pub channels: Vec<ChannelOffer>,
+    /// An optional bearer token (checked by transports that require one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Free text naming the client implementation, e.g. `"ferry-rust/0.1.0"`.
+    #[serde(default)]
+    pub agent: String,
+}
+
+/// One channel a client offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ChannelOffer {
+    /// Channel name, e.g. `"inline"` or `"shm"`.
+    pub name: String,
+    /// Device kinds the channel can carry.
+    pub devices: Vec<DeviceKind>,
+    /// Where the channel can work (e.g. boot id and namespaces for shm). The server
+    /// compares it with its own; an empty map means "anywhere".
+    #[serde(default)]
+    pub domain: BTreeMap<String, String>,
+}
+
+/// The server's answer when it accepts (kind WELCOME). Its choice is authoritative.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Welcome {
+    /// The protocol version the server speaks (equal to the client's).
+    pub version: u16,
+    /// The channel chosen for each device kind. `cpu` is always present.
+    pub channels: BTreeMap<DeviceKind, String>,
+    /// The server's receive limits; a client should not send more.
+    pub limits: Limits,
+    /// Free text naming the server implementation.
+    #[serde(default)]
+    pub agent: String,
+}
+
+/// The server's answer when it refuses (kind REFUSE); the connection closes after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Refusal {
+    /// Client and server speak different protocol versions.
+    VersionMismatch {
+        /// The server's version.
+        server: u16,
+        /// The client's version.
+        client: u16,
+    },
+    /// No channel offered by the client can carry CPU tensors to this server.
+    NoCommonChannel {
+        /// What the client offered.
+        offered: Vec<String>,
+        /// What the server supports.
+        supported: Vec<String>,
+    },
+    /// The bearer token is missing or wrong.
+    BadToken,
+    /// The HELLO frame could not be understood.
+    Malformed {
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::VersionMismatch { server, client } => write!(
+                f,
+                "protocol version mismatch: server speaks {server}, client speaks {client}"
+            ),
+            Refusal::NoCommonChannel { offered, supported } => write!(
+                f,
+                "no common channel for cpu tensors: client offered [{}], server supports [{}]",
+                offered.join(", "),
+                supported.join(", ")
+            ),
+            Refusal::BadToken => f.write_str("missing or wrong bearer token"),
+            Refusal::Malformed { detail } => write!(f, "malformed hello: {detail}"),
+        }
+    }
+}
+
+/// Receive limits. Each side enforces its own on everything it receives; the server also
+/// announces its limits in [`Welcome`] so that a client fails early instead of being cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
+pub struct Limits {
+    /// Largest JSON header of one frame, in bytes (default 16 MiB).
+    pub max_header_bytes: u32,
+    /// Largest payload of one frame, in bytes (default 4 GiB).
+    pub max_payload_bytes: u64,
+    /// Most tensors in one message (default 65,536).
+    pub max_tensors: u32,
+    /// Most file descriptors attached to one frame (default 64).
+    pub max_fds: u16,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: 16 << 20,
+            max_payload_bytes: 4 << 30,
+            max_tensors: 65_536,
+            max_fds: 64,
+        }
+    }
+}
+
+/// The JSON header of a MESSAGE frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MessageHeader {
+    /// The application's JSON value.
+    pub header: serde_json::Value,
+    /// One descriptor per tensor, in order.
+    #[serde(default)]
+    pub tensors: Vec<TensorDesc>,
+}
+
+/// Describes one tensor of a message: what it is and where its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TensorDesc {
+    /// dtype, shape, strides, device.
+    pub meta: TensorMeta,
+    /// Where the bytes are; the variant names the channel.
+    pub data: Location,
+}
+
+/// Where a tensor's bytes are. Externally tagged by channel name: `{"inline": {...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Location {
+    /// In this frame's payload.
+    Inline(InlineRef),
+}
+
+/// A byte range of the frame payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InlineRef {
+    /// Offset from the start of the payload (a multiple of 64 when written by ferry).
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// The JSON header of a CONTROL frame: a message from one channel session to its peer
+/// (e.g. shm lease releases).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ControlHeader {
+    /// The channel the message is for.
+    pub channel: String,
+    /// Channel-specific body.
+    pub body: serde_json::Value,
+}
+
+/// The JSON header of a CLOSE frame: the sender is closing and says why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Close {
+    /// Why: `"normal"`, `"protocol_error"`, `"limit"`, or `"shutdown"`.
+    pub code: String,
+    /// Human-readable detail.
+    #[serde(default)]
+    pub message: String,
+}
