@@ -1,0 +1,206 @@
+//! ferry-pipe: the local-socket [`Transport`] (scheme `unix`).
+//!
+//! - `unix:NAME` is a socket in Linux's abstract namespace (no file, nothing to clean up,
+//!   even after SIGKILL); on other unixes a file in the temp directory; on Windows a named
+//!   pipe. `unix:/path/to.sock` (or any name with a `/`) is a socket file, created with mode
+//!   0600 and removed when the listener is dropped.
+//! - Peer credentials: by default both sides check that the peer runs as the same user
+//!   (abstract sockets have no file permissions); [`PipeTransport::allow_any_user`] lifts it.
+//! - On unix, connections carry file descriptors (SCM_RIGHTS) through the connection's
+//!   [`FdQueue`](ferry_core::FdQueue): the shm channel passes its memfd segments this way.
+//!
+//! It does no framing of its own: ferry-core's frame format runs on top. Entry point:
+//! [`PipeTransport::new`], registered in an [`ferry_core::Endpoint`].
+//!
+//! # Feature flags
+//! None.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ferry_core::{Address, Connection, Listener, Transport, TransportError};
+use interprocess::local_socket::tokio::{Listener as IpcListener, Stream as IpcStream, prelude::*};
+use interprocess::local_socket::{GenericFilePath, GenericNamespaced, ListenerOptions, Name};
+
+#[cfg(unix)]
+mod unix;
+
+/// The local-socket transport.
+#[derive(Debug, Clone, Default)]
+pub struct PipeTransport {
+    allow_any_user: bool,
+}
+
+impl PipeTransport {
+    /// A transport that only talks to peers of the same user.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Accept (and connect to) peers of any user. Off by default.
+    pub fn allow_any_user(mut self, yes: bool) -> Self {
+        self.allow_any_user = yes;
+        self
+    }
+}
+
+/// How an address names a socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketName {
+    /// An abstract / namespaced name.
+    Namespaced(String),
+    /// A filesystem path.
+    Path(String),
+}
+
+impl SocketName {
+    /// Parses the part after `unix:`.
+    pub fn parse(addr: &Address) -> Result<Self, TransportError> {
+        let rest = addr.rest();
+        let bad = |reason: &'static str| TransportError::BadAddress { addr: addr.to_string(), reason: reason.into() };
+        if rest.contains('\0') {
+            return Err(bad("socket names cannot contain NUL"));
+        }
+        if rest.contains('/') || rest.contains('\\') {
+            if rest.len() > 107 {
+                return Err(bad("socket paths are limited to 107 bytes"));
+            }
+            Ok(SocketName::Path(rest.to_string()))
+        } else {
+            if rest.len() > 100 {
+                return Err(bad("socket names are limited to 100 bytes"));
+            }
+            Ok(SocketName::Namespaced(rest.to_string()))
+        }
+    }
+
+    fn to_name(&self) -> std::io::Result<Name<'_>> {
+        match self {
+            SocketName::Namespaced(n) => n.as_str().to_ns_name::<GenericNamespaced>(),
+            SocketName::Path(p) => p.as_str().to_fs_name::<GenericFilePath>(),
+        }
+    }
+}
+
+fn io_err(addr: &Address, e: std::io::Error) -> TransportError {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        AddrInUse => TransportError::BadAddress { addr: addr.to_string(), reason: "address already in use".into() },
+        NotFound | ConnectionRefused => TransportError::BadAddress {
+            addr: addr.to_string(),
+            reason: format!("nothing is listening there ({e})").into(),
+        },
+        _ => TransportError::Io(Arc::new(e)),
+    }
+}
+
+#[async_trait]
+impl Transport for PipeTransport {
+    fn scheme(&self) -> &'static str {
+        "unix"
+    }
+
+    async fn listen(&self, addr: &Address) -> Result<Box<dyn Listener>, TransportError> {
+        let name = SocketName::parse(addr)?;
+        let opts = ListenerOptions::new().name(name.to_name().map_err(|e| io_err(addr, e))?);
+        #[cfg(unix)]
+        let opts = {
+            use interprocess::os::unix::local_socket::ListenerOptionsExt;
+            if self.allow_any_user { opts } else { opts.mode(0o600) }
+        };
+        let inner = opts.create_tokio().map_err(|e| io_err(addr, e))?;
+        tracing::debug!(%addr, "listening");
+        Ok(Box::new(PipeListener { inner, addr: addr.clone(), allow_any_user: self.allow_any_user }))
+    }
+
+    async fn connect(&self, addr: &Address) -> Result<Box<dyn Connection>, TransportError> {
+        let name = SocketName::parse(addr)?;
+        let stream = IpcStream::connect(name.to_name().map_err(|e| io_err(addr, e))?).await.map_err(|e| io_err(addr, e))?;
+        let conn = PipeConnection::new(stream, addr, self.allow_any_user)?;
+        Ok(Box::new(conn))
+    }
+}
+
+struct PipeListener {
+    inner: IpcListener,
+    addr: Address,
+    allow_any_user: bool,
+}
+
+#[async_trait]
+impl Listener for PipeListener {
+    async fn accept(&mut self) -> Result<Box<dyn Connection>, TransportError> {
+        loop {
+            let stream = self.inner.accept().await.map_err(|e| io_err(&self.addr, e))?;
+            match PipeConnection::new(stream, &self.addr, self.allow_any_user) {
+                Ok(c) => return Ok(Box::new(c)),
+                Err(TransportError::PeerRefused(why)) => {
+                    tracing::warn!(addr = %self.addr, "refused a peer: {why}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> Address {
+        self.addr.clone()
+    }
+}
+
+#[cfg(unix)]
+use unix::PipeConnection;
+
+#[cfg(windows)]
+use windows::PipeConnection;
+
+#[cfg(windows)]
+mod windows {
+    use super::*;
+    use ferry_core::{ConnInfo, Split};
+
+    /// A named-pipe connection (no descriptor passing).
+    pub(crate) struct PipeConnection {
+        stream: IpcStream,
+        info: ConnInfo,
+    }
+
+    impl PipeConnection {
+        pub(crate) fn new(stream: IpcStream, addr: &Address, _allow_any_user: bool) -> Result<Self, TransportError> {
+            let info = ConnInfo {
+                transport: "unix",
+                addr: addr.to_string(),
+                peer_pid: None,
+                peer_uid: None,
+                fd_passing: false,
+                same_host: true,
+            };
+            Ok(PipeConnection { stream, info })
+        }
+    }
+
+    impl Connection for PipeConnection {
+        fn info(&self) -> &ConnInfo {
+            &self.info
+        }
+        fn split(self: Box<Self>) -> Split {
+            let (r, w) = self.stream.split();
+            Split { read: Box::new(r), write: Box::new(w), fds: None }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let n = |s: &str| SocketName::parse(&s.parse().unwrap());
+        assert_eq!(n("unix:svc").unwrap(), SocketName::Namespaced("svc".into()));
+        assert_eq!(n("unix:/run/x.sock").unwrap(), SocketName::Path("/run/x.sock".into()));
+        assert_eq!(n("unix:./x.sock").unwrap(), SocketName::Path("./x.sock".into()));
+        assert!(n(&format!("unix:{}", "a".repeat(101))).is_err());
+        assert!(n("unix:a\0b").is_err());
+    }
+}

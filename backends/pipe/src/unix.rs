@@ -1,0 +1,220 @@
+//! Unix sockets: peer credentials and descriptor passing (SCM_RIGHTS with rustix on the
+//! tokio socket).
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use ferry_core::{Address, ConnInfo, Connection, FdQueue, Split, TransportError};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
+};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::UnixStream;
+
+use super::IpcStream;
+
+/// Most descriptors one `recvmsg` can return (Linux `SCM_MAX_FD`).
+const MAX_FDS_PER_RECV: usize = 253;
+
+/// A unix-socket connection.
+pub(crate) struct PipeConnection {
+    stream: Arc<UnixStream>,
+    info: ConnInfo,
+}
+
+impl PipeConnection {
+    pub(crate) fn new(stream: IpcStream, addr: &Address, allow_any_user: bool) -> Result<Self, TransportError> {
+        let stream: UnixStream = match stream {
+            IpcStream::UdSocket(s) => s.into(),
+        };
+        let cred = stream.peer_cred().map_err(|e| TransportError::Io(Arc::new(e)))?;
+        let me = rustix::process::geteuid().as_raw();
+        if !allow_any_user && cred.uid() != me {
+            return Err(TransportError::PeerRefused(format!(
+                "peer runs as uid {} (pid {:?}), this process as uid {me}; only the same user may connect \
+                 (PipeTransport::allow_any_user lifts this)",
+                cred.uid(),
+                cred.pid()
+            )));
+        }
+        let info = ConnInfo {
+            transport: "unix",
+            addr: addr.to_string(),
+            peer_pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+            peer_uid: Some(cred.uid()),
+            fd_passing: true,
+            same_host: true,
+        };
+        Ok(PipeConnection { stream: Arc::new(stream), info })
+    }
+}
+
+impl Connection for PipeConnection {
+    fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    fn split(self: Box<Self>) -> Split {
+        let fds = FdQueue::new();
+        Split {
+            read: Box::new(ReadHalf { stream: self.stream.clone(), fds: fds.clone() }),
+            write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
+            fds: Some(fds),
+        }
+    }
+}
+
+struct ReadHalf {
+    stream: Arc<UnixStream>,
+    fds: Arc<FdQueue>,
+}
+
+fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Result<usize> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_RECV))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(stream, &mut [IoSliceMut::new(dst)], &mut cmsg, RecvFlags::CMSG_CLOEXEC)?;
+    for msg in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = msg {
+            fds.push_received(received);
+        }
+    }
+    if r.flags.contains(ReturnFlags::CTRUNC) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "peer sent more file descriptors than fit in one message"));
+    }
+    Ok(r.bytes)
+}
+
+impl AsyncRead for ReadHalf {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            ready!(this.stream.poll_read_ready(cx))?;
+            let dst = buf.initialize_unfilled();
+            match this.stream.try_io(Interest::READABLE, || recv_with_fds(&this.stream, dst, &this.fds)) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+struct WriteHalf {
+    stream: Arc<UnixStream>,
+    fds: Arc<FdQueue>,
+}
+
+fn send_with_fds(stream: &UnixStream, src: &[u8], fds: &[std::os::fd::OwnedFd]) -> io::Result<usize> {
+    use std::os::fd::AsFd;
+    if fds.is_empty() {
+        return Ok(rustix::net::send(stream, src, SendFlags::NOSIGNAL)?);
+    }
+    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+    let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    if !cmsg.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many file descriptors for one message"));
+    }
+    Ok(rustix::net::sendmsg(stream, &[IoSlice::new(src)], &mut cmsg, SendFlags::NOSIGNAL)?)
+}
+
+impl AsyncWrite for WriteHalf {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, src: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        loop {
+            ready!(this.stream.poll_write_ready(cx))?;
+            let fds = this.fds.take_outgoing();
+            match this.stream.try_io(Interest::WRITABLE, || send_with_fds(&this.stream, src, &fds)) {
+                // The kernel now holds the descriptors; ours are closed as `fds` drops.
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    this.fds.restore_outgoing(fds);
+                    continue;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Write) {
+            Ok(()) | Err(rustix::io::Errno::NOTCONN) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(e.into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Seek, Write};
+
+    use ferry_core::Transport;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::PipeTransport;
+
+    fn memfd_with(content: &[u8]) -> std::os::fd::OwnedFd {
+        let fd = rustix::fs::memfd_create("ferry-pipe-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let mut f = std::fs::File::from(fd);
+        f.write_all(content).unwrap();
+        f.into()
+    }
+
+    #[tokio::test]
+    async fn passes_descriptors_with_bytes() {
+        let addr: ferry_core::Address = format!("unix:ferry-pipe-fds-{}", std::process::id()).parse().unwrap();
+        let t = PipeTransport::new();
+        let mut l = t.listen(&addr).await.unwrap();
+        let server = tokio::spawn(async move {
+            let c = l.accept().await.unwrap();
+            assert!(c.info().fd_passing);
+            assert_eq!(c.info().peer_pid, Some(std::process::id()));
+            let mut s = c.split();
+            let mut b = [0u8; 5];
+            s.read.read_exact(&mut b).await.unwrap();
+            assert_eq!(&b, b"hello");
+            let fds = s.fds.unwrap().take(2);
+            assert_eq!(fds.len(), 2);
+            let mut texts = Vec::new();
+            for fd in fds {
+                let mut f = std::fs::File::from(fd);
+                f.rewind().unwrap();
+                let mut t = String::new();
+                f.read_to_string(&mut t).unwrap();
+                texts.push(t);
+            }
+            texts
+        });
+        let c = t.connect(&addr).await.unwrap();
+        let mut s = c.split();
+        s.fds.as_ref().unwrap().attach(vec![memfd_with(b"one"), memfd_with(b"two")]);
+        s.write.write_all(b"hello").await.unwrap();
+        let texts = tokio::time::timeout(std::time::Duration::from_secs(10), server).await.unwrap().unwrap();
+        assert_eq!(texts, ["one", "two"]);
+    }
+
+    #[tokio::test]
+    async fn path_sockets_are_private_and_removed() {
+        let dir = std::env::temp_dir().join(format!("ferry-pipe-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let addr: ferry_core::Address = format!("unix:{}", path.display()).parse().unwrap();
+        let l = PipeTransport::new().listen(&addr).await.unwrap();
+        let mode = std::fs::metadata(&path).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions())).unwrap();
+        assert_eq!(mode & 0o077, 0, "socket file mode {mode:o}");
+        drop(l);
+        assert!(!path.exists(), "socket file left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

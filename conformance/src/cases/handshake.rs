@@ -1,0 +1,149 @@
+//! Handshake cases: the negotiated channel, refusals on both sides, limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::wire::ChannelOffer;
+use ferry_core::{
+    Channel, ChannelError, ChannelSession, ConnInfo, DType, DeviceKind, Limits, Message, PipeError, Refusal,
+};
+use serde_json::json;
+
+use super::util::{fail, pattern};
+use crate::peer::RawConn;
+use crate::{Fixture, Outcome, ensure, run_async};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// The handshake picks the fixture's channel, on both sides.
+pub fn negotiates_expected_channel<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("negotiate");
+        let ep = fx.endpoint().build();
+        let mut l = ep.listen(&addr).await.map_err(fail("listen"))?;
+        let c = ep.connect(&addr).await.map_err(fail("connect"))?;
+        let s = l.accept().await.map_err(fail("accept"))?;
+        ensure!(c.channel() == fx.expected_channel(), "client got {:?}", c.channel());
+        ensure!(s.channel() == fx.expected_channel(), "server got {:?}", s.channel());
+        ensure!(s.info().is_server && !c.info().is_server, "roles wrong");
+        Ok(())
+    })
+}
+
+/// A client speaking protocol version 99 is refused, and both sides say why.
+pub fn version_mismatch<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("version");
+        let mut l = fx.endpoint().build().listen(&addr).await.map_err(fail("listen"))?;
+        let r = fx.endpoint().protocol_version(99).build().connect(&addr).await;
+        let want = Refusal::VersionMismatch { server: ferry_core::PROTOCOL_VERSION, client: 99 };
+        ensure!(matches!(&r, Err(PipeError::Refused(x)) if *x == want), "client got {r:?}");
+        let s = l.accept().await;
+        ensure!(matches!(&s, Err(PipeError::Refused(x)) if *x == want), "server got {s:?}");
+        let text = r.err().map(|e| e.to_string()).unwrap_or_default();
+        ensure!(text.contains("server speaks") && text.contains("99"), "unclear message: {text}");
+        Ok(())
+    })
+}
+
+/// A channel only the client has.
+struct Unshared;
+
+impl Channel for Unshared {
+    fn name(&self) -> &'static str {
+        "conformance-unshared"
+    }
+    fn devices(&self) -> &'static [DeviceKind] {
+        &[DeviceKind::Cpu]
+    }
+    fn offer(&self, _: &ConnInfo) -> Option<ChannelOffer> {
+        Some(ChannelOffer { name: self.name().into(), devices: vec![DeviceKind::Cpu], domain: Default::default() })
+    }
+    fn accepts(&self, _: &ChannelOffer, _: &ConnInfo) -> bool {
+        true
+    }
+    fn open(&self, _: &ConnInfo) -> Result<Arc<dyn ChannelSession>, ChannelError> {
+        Err(ChannelError::NotViable("test channel".into()))
+    }
+}
+
+/// A client whose only channel the server lacks is refused on both sides.
+pub fn no_common_channel<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("no-common");
+        let mut l = fx.endpoint().build().listen(&addr).await.map_err(fail("listen"))?;
+        let client = ferry_core::Endpoint::builder().transport(fx.transport()).channel(Arc::new(Unshared)).build();
+        let r = client.connect(&addr).await;
+        ensure!(matches!(&r, Err(PipeError::Refused(Refusal::NoCommonChannel { .. }))), "client got {r:?}");
+        let s = l.accept().await;
+        ensure!(matches!(&s, Err(PipeError::Refused(Refusal::NoCommonChannel { .. }))), "server got {s:?}");
+        let text = r.err().map(|e| e.to_string()).unwrap_or_default();
+        ensure!(text.contains("conformance-unshared"), "message does not name the offer: {text}");
+        Ok(())
+    })
+}
+
+/// A server that requires a token refuses a missing or wrong one and accepts the right one.
+pub fn bad_token<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("token");
+        let mut l = fx.endpoint().require_token("s3cret").build().listen(&addr).await.map_err(fail("listen"))?;
+        for token in [None, Some("s3creT"), Some("")] {
+            let mut b = fx.endpoint();
+            if let Some(t) = token {
+                b = b.token(t);
+            }
+            let r = b.build().connect(&addr).await;
+            ensure!(matches!(r, Err(PipeError::Refused(Refusal::BadToken))), "token {token:?}: client got {r:?}");
+            let s = l.accept().await;
+            ensure!(matches!(s, Err(PipeError::Refused(Refusal::BadToken))), "token {token:?}: server got {s:?}");
+        }
+        let c = fx.endpoint().token("s3cret").build().connect(&addr).await.map_err(fail("right token"))?;
+        let s = l.accept().await.map_err(fail("accept"))?;
+        c.send(Message::new(json!("in"))).await.map_err(fail("send"))?;
+        ensure!(s.recv_timeout(Duration::from_secs(10)).await.is_ok(), "no message after auth");
+        Ok(())
+    })
+}
+
+/// A message over the server's announced limit fails on the client before it is sent,
+/// naming the limit; the pipe stays usable.
+pub fn send_over_peer_limit<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("peer-limit");
+        let limits = Limits { max_payload_bytes: 1 << 20, max_tensors: 8, ..Limits::default() };
+        let mut l = fx.endpoint().limits(limits).build().listen(&addr).await.map_err(fail("listen"))?;
+        let c = fx.endpoint().build().connect(&addr).await.map_err(fail("connect"))?;
+        let s = l.accept().await.map_err(fail("accept"))?;
+        let big = Message::with_tensors(json!(1), vec![pattern(DType::U8, &[2 << 20], 1)]);
+        let r = c.send(big).await;
+        ensure!(matches!(&r, Err(PipeError::Limit(e)) if e.limit == "max_payload_bytes"), "big send gave {r:?}");
+        let text = r.err().map(|e| e.to_string()).unwrap_or_default();
+        ensure!(text.contains("max_payload_bytes") && text.contains("raise it"), "unclear message: {text}");
+        let many = Message::with_tensors(json!(2), (0..9).map(|i| pattern(DType::U8, &[1], i)).collect());
+        let r = c.send(many).await;
+        ensure!(matches!(&r, Err(PipeError::Limit(e)) if e.limit == "max_tensors"), "many-tensor send gave {r:?}");
+        c.send(Message::new(json!("small"))).await.map_err(fail("small send"))?;
+        let m = s.recv_timeout(Duration::from_secs(10)).await.map_err(fail("recv"))?;
+        ensure!(m.header == json!("small"), "pipe not usable after a refused send");
+        Ok(())
+    })
+}
+
+/// A client that connects and says nothing is dropped after the handshake timeout, and
+/// does not stall other clients meanwhile.
+pub fn silent_client_times_out<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("silent");
+        let ep = fx.endpoint().handshake_timeout(Duration::from_millis(500)).build();
+        let mut l = ep.listen(&addr).await.map_err(fail("listen"))?;
+        let _silent = RawConn::connect(fx, &addr).await?;
+        let c = fx.endpoint().build().connect(&addr).await.map_err(fail("second client"))?;
+        let first = l.accept().await;
+        ensure!(first.is_ok(), "the good client should be accepted first, got {first:?}");
+        let second = l.accept().await;
+        ensure!(matches!(second, Err(PipeError::Timeout(..))), "silent client gave {second:?}");
+        drop(c);
+        Ok(())
+    })
+}
