@@ -31,6 +31,7 @@ pub use libtest_mimic::Failed;
 
 pub mod cases;
 pub mod peer;
+pub mod util;
 
 /// What a backend provides to the suite.
 pub trait Fixture: Default + Send + Sync + 'static {

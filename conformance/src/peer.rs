@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferry_core::frame::{FrameKind, FramePrefix, FrameReader, preamble};
 use ferry_core::wire::{ChannelOffer, Close, Hello, PROTOCOL, Welcome};
-use ferry_core::{Address, DeviceKind, Limits, PROTOCOL_VERSION, Pipe, PipeError};
+use ferry_core::{Address, Limits, PROTOCOL_VERSION, Pipe, PipeError};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
@@ -266,13 +266,21 @@ impl RawConn {
 
     /// Runs the client handshake by hand, offering `inline`.
     pub async fn handshake(&mut self) -> Result<Welcome, Failed> {
+        self.handshake_with(serde_json::json!([{"name": "inline", "devices": ["cpu"]}])).await
+    }
+
+    /// Runs the client handshake by hand with a raw JSON list of channel offers.
+    pub async fn handshake_with(&mut self, offers: serde_json::Value) -> Result<Welcome, Failed> {
+        let channels: Vec<ChannelOffer> =
+            serde_json::from_value(offers).map_err(|e| format!("test offers do not parse: {e}"))?;
         self.write_raw(&preamble(PROTOCOL_VERSION)).await?;
         let hello = Hello {
             protocol: PROTOCOL.into(),
             version: PROTOCOL_VERSION,
-            channels: vec![ChannelOffer { name: "inline".into(), devices: vec![DeviceKind::Cpu], domain: Default::default() }],
+            channels,
             token: None,
             agent: "ferry-conformance-raw".into(),
+            limits: None,
         };
         let h = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
         self.write_frame(FrameKind::Hello as u8, &h, &[]).await?;

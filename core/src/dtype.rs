@@ -197,6 +197,9 @@ pub enum DeviceKind {
     Cpu,
     /// CUDA device memory.
     Cuda,
+    /// A kind this build does not know (offered by a newer peer); never chosen.
+    #[serde(other)]
+    Other,
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::channel::Channel;
+use crate::dtype::DeviceKind;
 use crate::error::{PipeError, ProtocolError, TransportError};
 use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
 use crate::handshake::{client_hello, server_choose};
@@ -242,7 +243,7 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
 
 async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
     let (info, mut reader, mut writer) = halves(conn, &cfg);
-    let hello = client_hello(&cfg.channels, &info, cfg.version, cfg.token.clone());
+    let hello = client_hello(&cfg.channels, &info, cfg.version, cfg.token.clone(), cfg.limits);
     writer.write_preamble(cfg.version).await?;
     writer.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await?;
     reader.read_preamble().await?;
@@ -256,10 +257,25 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         }
         _ => return Err(ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected WELCOME or REFUSE" }.into()),
     };
+    if welcome.version != cfg.version {
+        return Err(ProtocolError::BadHeader(format!(
+            "server welcomed protocol version {}, this client speaks {}",
+            welcome.version, cfg.version
+        ))
+        .into());
+    }
+    if !welcome.channels.contains_key(&DeviceKind::Cpu) {
+        return Err(ProtocolError::BadHeader("server chose no channel for cpu tensors".into()).into());
+    }
     let mut sessions = BTreeMap::new();
     for (kind, name) in &welcome.channels {
-        let Some(c) = cfg.channels.iter().find(|c| c.name() == name && hello.channels.iter().any(|o| &o.name == name)) else {
-            return Err(ProtocolError::BadHeader(format!("server chose channel {name:?}, which this client did not offer")).into());
+        let offered = hello.channels.iter().any(|o| &o.name == name && o.devices.contains(kind));
+        let Some(c) = cfg.channels.iter().find(|c| c.name() == name && c.devices().contains(kind)).filter(|_| offered)
+        else {
+            return Err(ProtocolError::BadHeader(format!(
+                "server chose channel {name:?} for {kind:?} tensors, which this client did not offer"
+            ))
+            .into());
         };
         sessions.insert(*kind, c.open(&info)?);
     }
@@ -270,14 +286,21 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
 
 async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
     let (info, mut reader, mut writer) = halves(conn, &cfg);
+    // Read first: a peer that is not ferry (plain JSON-RPC, HTTP) gets no binary reply.
+    let peer_version = reader.read_preamble().await?;
     writer.write_preamble(cfg.version).await?;
-    reader.read_preamble().await?;
     let frame = reader.read_frame().await?;
     if frame.kind != FrameKind::Hello {
         return Err(ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected HELLO" }.into());
     }
     let decision = match frame.parse::<Hello>() {
         Err(e) => Err((Refusal::Malformed { detail: e.to_string() }, None)),
+        Ok(hello) if hello.version != peer_version => Err((
+            Refusal::Malformed {
+                detail: format!("preamble says version {peer_version}, HELLO says {}", hello.version),
+            },
+            Some(hello),
+        )),
         Ok(hello) => {
             let token_ok = match &cfg.require_token {
                 None => true,
@@ -301,6 +324,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             Err(PipeError::Refused(refusal))
         }
         Ok((welcome, hello)) => {
+            let hello: Hello = hello;
             let mut sessions = BTreeMap::new();
             for (kind, name) in &welcome.channels {
                 if let Some(c) = cfg.channels.iter().find(|c| c.name() == name) {
@@ -310,8 +334,9 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             writer.write_frame(FrameKind::Welcome, OutFrame::json(&welcome)).await?;
             tracing::debug!(addr = %info.addr, peer = %hello.agent, channels = ?welcome.channels, "accepted");
             let pipe_info = PipeInfo { conn: info, channels: welcome.channels, peer_agent: hello.agent, is_server: true };
-            // The client announces no limits; assume it accepts what this side accepts.
-            Ok(Pipe::start(reader, writer, sessions, pipe_info, cfg.limits, &cfg))
+            // A client that announces no limits accepts what this side accepts.
+            let peer_limits = hello.limits.unwrap_or(cfg.limits);
+            Ok(Pipe::start(reader, writer, sessions, pipe_info, peer_limits, &cfg))
         }
     }
 }

@@ -232,6 +232,12 @@ impl FrameReader {
         if got.len() != n as usize {
             return Err(ProtocolError::Fds(format!("frame announces {n} descriptors, {} arrived", got.len())).into());
         }
+        // Descriptors arrive with the first byte of their frame, so read-ahead may hold a
+        // few frames' worth; far more than that were never announced.
+        let pending = q.pending();
+        if pending > 4 * usize::from(self.limits.max_fds) {
+            return Err(ProtocolError::Fds(format!("{pending} descriptors arrived that no frame announced")).into());
+        }
         Ok(got)
     }
 }
@@ -282,7 +288,7 @@ impl FrameWriter {
     }
 
     /// Writes one frame. Small frames go out in one write.
-    pub async fn write_frame(&mut self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
+    pub async fn write_frame(&mut self, kind: FrameKind, mut frame: OutFrame) -> Result<(), PipeError> {
         let header_len = u32::try_from(frame.header.len())
             .map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
         #[cfg(unix)]
@@ -301,8 +307,20 @@ impl FrameWriter {
             let Some(q) = &self.fds else {
                 return Err(PipeError::ApiMisuse("this transport cannot carry file descriptors".into()));
             };
-            q.attach(frame.fds);
+            q.attach(std::mem::take(&mut frame.fds));
         }
+        let r = self.write_parts(prefix, &frame).await;
+        #[cfg(unix)]
+        if r.is_err()
+            && let Some(q) = &self.fds
+        {
+            // Do not let descriptors of a failed frame ride along with a later one.
+            drop(q.take_outgoing());
+        }
+        r
+    }
+
+    async fn write_parts(&mut self, prefix: FramePrefix, frame: &OutFrame) -> Result<(), PipeError> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&prefix.encode());
         self.scratch.extend_from_slice(&frame.header);

@@ -16,13 +16,20 @@ pub fn agent() -> String {
 
 /// Builds the client's HELLO: every viable channel that can work over `conn`, in priority
 /// order.
-pub fn client_hello(channels: &[Arc<dyn Channel>], conn: &ConnInfo, version: u16, token: Option<String>) -> Hello {
+pub fn client_hello(
+    channels: &[Arc<dyn Channel>],
+    conn: &ConnInfo,
+    version: u16,
+    token: Option<String>,
+    limits: Limits,
+) -> Hello {
     Hello {
         protocol: PROTOCOL.into(),
         version,
         channels: channels.iter().filter(|c| c.viability().is_ok()).filter_map(|c| c.offer(conn)).collect(),
         token,
         agent: agent(),
+        limits: Some(limits),
     }
 }
 
@@ -46,7 +53,9 @@ pub fn server_choose(
         let pick = channels
             .iter()
             .filter(|c| c.devices().contains(&kind) && c.viability().is_ok())
-            .find(|c| hello.channels.iter().any(|o| o.name == c.name() && o.devices.contains(&kind) && c.accepts(o, conn)));
+            .find(|c| {
+            hello.channels.iter().any(|o| o.name == c.name() && o.devices.contains(&kind) && c.accepts(o, conn))
+        });
         if let Some(c) = pick {
             chosen.insert(kind, c.name().to_string());
         }
@@ -69,7 +78,7 @@ mod tests {
     fn negotiation() {
         let chans: Vec<Arc<dyn Channel>> = vec![Arc::new(InlineChannel)];
         let conn = ConnInfo::default();
-        let hello = client_hello(&chans, &conn, 1, None);
+        let hello = client_hello(&chans, &conn, 1, None, Limits::default());
         let w = server_choose(&chans, &hello, &conn, 1, Limits::default()).unwrap();
         assert_eq!(w.channels[&DeviceKind::Cpu], "inline");
         assert!(!w.channels.contains_key(&DeviceKind::Cuda));

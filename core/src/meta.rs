@@ -103,11 +103,14 @@ impl TensorMeta {
     }
 
     /// Checks this description against `available` bytes of storage: dims, overflow,
-    /// strides, and length. A contiguous tensor must match exactly; a strided one must fit.
+    /// strides, and length. A contiguous tensor (no strides, or row-major strides) must
+    /// match exactly; another strided one must fit.
     /// Returns the byte span on success.
     pub fn validate(&self, available: u64) -> Result<u64, MetaError> {
         let span = self.byte_span()?;
-        let fits = if self.strides.is_some() { span <= available } else { span == available };
+        // Row-major strides are the same tensor as no strides: exact match. Other strided
+        // tensors (views) must fit.
+        let fits = if self.is_contiguous() { span == available } else { span <= available };
         if !fits {
             return Err(MetaError::LengthMismatch { expected: span, actual: available });
         }
@@ -148,6 +151,9 @@ mod tests {
         assert!(!m.is_contiguous());
         assert!(TensorMeta::new(DType::F32, vec![2, 3]).with_strides(vec![3, 1]).is_contiguous());
         assert_eq!(m.validate(16), Err(MetaError::LengthMismatch { expected: 24, actual: 16 }));
+        // Row-major strides must match exactly, like no strides (else typed views overrun).
+        let rm = TensorMeta::new(DType::F32, vec![2]).with_strides(vec![1]);
+        assert_eq!(rm.validate(16), Err(MetaError::LengthMismatch { expected: 8, actual: 16 }));
         assert!(matches!(
             TensorMeta::new(DType::U8, vec![2]).with_strides(vec![-1]).validate(2),
             Err(MetaError::NegativeStride { dim: 0, stride: -1 })

@@ -275,7 +275,7 @@ fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeEr
             Ok(None)
         }
         FrameKind::Close => {
-            let c: Close = frame.parse().unwrap_or(Close { code: "normal".into(), message: String::new() });
+            let c: Close = frame.parse().unwrap_or_else(|e| Close { code: "unreadable".into(), message: e.to_string() });
             if c.code == "normal" {
                 Err(PipeError::Closed)
             } else {

@@ -118,6 +118,11 @@ impl FdQueue {
         q.drain(..n).collect()
     }
 
+    /// Received descriptors not yet taken.
+    pub fn pending(&self) -> usize {
+        self.incoming.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Transport side: queues received descriptors.
     pub fn push_received(&self, fds: impl IntoIterator<Item = std::os::fd::OwnedFd>) {
         self.incoming.lock().unwrap_or_else(|e| e.into_inner()).extend(fds);
@@ -176,6 +181,10 @@ pub trait Listener: Send + 'static {
 pub trait Transport: Send + Sync + 'static {
     /// The address scheme it serves (`"unix"`).
     fn scheme(&self) -> &'static str;
+    /// The backend's name (`"pipe"`), for reports; the scheme by default.
+    fn name(&self) -> &'static str {
+        self.scheme()
+    }
     /// Whether it can work on this machine.
     fn viability(&self) -> Result<(), TransportError> {
         Ok(())

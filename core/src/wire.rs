@@ -31,6 +31,10 @@ pub struct Hello {
     /// Free text naming the client implementation, e.g. `"ferry-rust/0.1.0"`.
     #[serde(default)]
     pub agent: String,
+    /// The client's receive limits; the server does not send more. Absent: the server
+    /// assumes its own limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
 }
 
 /// One channel a client offers.
@@ -85,6 +89,9 @@ pub enum Refusal {
         /// What is wrong.
         detail: String,
     },
+    /// A reason this build does not know (from a newer peer).
+    #[serde(other)]
+    Unknown,
 }
 
 impl fmt::Display for Refusal {
@@ -102,6 +109,7 @@ impl fmt::Display for Refusal {
             ),
             Refusal::BadToken => f.write_str("missing or wrong bearer token"),
             Refusal::Malformed { detail } => write!(f, "malformed hello: {detail}"),
+            Refusal::Unknown => f.write_str("refused for a reason this version of ferry does not know"),
         }
     }
 }
@@ -182,7 +190,7 @@ pub struct ControlHeader {
 /// The JSON header of a CLOSE frame: the sender is closing and says why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Close {
-    /// Why: `"normal"`, `"protocol_error"`, `"limit"`, or `"shutdown"`.
+    /// Why: `"normal"`, `"protocol_error"` or `"limit"`.
     pub code: String,
     /// Human-readable detail.
     #[serde(default)]

@@ -101,6 +101,10 @@ impl Transport for PipeTransport {
         "unix"
     }
 
+    fn name(&self) -> &'static str {
+        "pipe"
+    }
+
     async fn listen(&self, addr: &Address) -> Result<Box<dyn Listener>, TransportError> {
         let name = SocketName::parse(addr)?;
         let opts = ListenerOptions::new().name(name.to_name().map_err(|e| io_err(addr, e))?);

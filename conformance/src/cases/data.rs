@@ -7,7 +7,7 @@ use bytes::Bytes;
 use ferry_core::{DType, Message, PipeError, Tensor, TensorMeta};
 use serde_json::json;
 
-use super::util::{RECV, compare, echo_pipe, fail, pattern, round_trip};
+use crate::util::{RECV, compare, echo_pipe, fail, pattern, round_trip};
 use crate::{Fixture, Outcome, Peers, ensure, run_async};
 
 const LIMIT: Duration = Duration::from_secs(240);

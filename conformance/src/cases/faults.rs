@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use ferry_core::{Message, PipeError};
 use serde_json::json;
 
-use super::util::fail;
+use crate::util::fail;
 use crate::peer::{self, role};
 use crate::{Fixture, Outcome, Peers, ensure, run_async};
 

@@ -9,7 +9,7 @@ use ferry_core::{
 };
 use serde_json::json;
 
-use super::util::{fail, pattern};
+use crate::util::{fail, pattern};
 use crate::peer::RawConn;
 use crate::{Fixture, Outcome, ensure, run_async};
 
@@ -144,6 +144,42 @@ pub fn silent_client_times_out<F: Fixture>(fx: &F) -> Outcome {
         let second = l.accept().await;
         ensure!(matches!(second, Err(PipeError::Timeout(..))), "silent client gave {second:?}");
         drop(c);
+        Ok(())
+    })
+}
+
+/// A client announcing small receive limits never gets more from the server: the server's
+/// send fails early, naming the limit.
+pub fn server_respects_client_limits<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("client-limit");
+        let mut l = fx.endpoint().build().listen(&addr).await.map_err(fail("listen"))?;
+        let limits = Limits { max_payload_bytes: 4096, ..Limits::default() };
+        let c = fx.endpoint().limits(limits).build().connect(&addr).await.map_err(fail("connect"))?;
+        let s = l.accept().await.map_err(fail("accept"))?;
+        let r = s.send(Message::with_tensors(json!(1), vec![pattern(DType::U8, &[8192], 1)])).await;
+        ensure!(matches!(&r, Err(PipeError::Limit(e)) if e.limit == "max_payload_bytes"), "server send gave {r:?}");
+        s.send(Message::with_tensors(json!(2), vec![pattern(DType::U8, &[100], 2)])).await.map_err(fail("small"))?;
+        let m = c.recv_timeout(Duration::from_secs(10)).await.map_err(fail("recv"))?;
+        ensure!(m.header == json!(2), "wrong message");
+        Ok(())
+    })
+}
+
+/// Offers a newer peer might make (an unknown device kind, an unknown channel) are
+/// ignored, not refused.
+pub fn unknown_offers_are_ignored<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("unknown-offers");
+        let mut l = fx.endpoint().build().listen(&addr).await.map_err(fail("listen"))?;
+        let mut raw = RawConn::connect(fx, &addr).await?;
+        let offers = json!([
+            {"name": "teleport", "devices": ["quantum"], "domain": {"galaxy": "m31"}},
+            {"name": "inline", "devices": ["cpu", "quantum"]}
+        ]);
+        let w = raw.handshake_with(offers).await?;
+        ensure!(w.channels.get(&DeviceKind::Cpu).map(String::as_str) == Some("inline"), "welcome {w:?}");
+        ensure!(l.accept().await.is_ok(), "server side failed");
         Ok(())
     })
 }

@@ -12,7 +12,7 @@ pub mod data;
 pub mod faults;
 pub mod handshake;
 pub mod malformed;
-pub mod util;
+
 
 /// A case ready to run against a fixture.
 pub type Case<F> = Box<dyn Fn(&F) -> Outcome + Send + Sync>;
@@ -67,5 +67,7 @@ pub fn all<F: Fixture>() -> Vec<(String, Case<F>)> {
     one(&mut v, "handshake::bad_token", handshake::bad_token::<F>);
     one(&mut v, "handshake::send_over_peer_limit", handshake::send_over_peer_limit::<F>);
     one(&mut v, "handshake::silent_client_times_out", handshake::silent_client_times_out::<F>);
+    one(&mut v, "handshake::server_respects_client_limits", handshake::server_respects_client_limits::<F>);
+    one(&mut v, "handshake::unknown_offers_are_ignored", handshake::unknown_offers_are_ignored::<F>);
     v
 }

@@ -1,0 +1,317 @@
+//! `ferry bench`: the experiment of the well-known "sharing tensors between processes" blog
+//! post. A tensor (default f32 [1920,1080,3], 24.9 MB) is sent to a second process and
+//! back, over every compiled-in transport and channel, beside a 64-byte message round trip
+//! on the same connection and a plain memcpy of the same bytes, all measured in one run.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferry_core::{Channel, DType, Endpoint, Message, Pipe, PipeError, Tensor, TensorMeta, TensorMut, Transport};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Shape of the big tensor.
+    pub shape: Vec<u64>,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Round trips of the big tensor.
+    pub iters: usize,
+    /// Round trips of the 64-byte message.
+    pub small_iters: usize,
+    /// Untimed round trips before each measurement.
+    pub warmup: usize,
+    /// Only these backends (transport names) or channels; all when empty.
+    pub only: Vec<String>,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            shape: vec![1920, 1080, 3],
+            dtype: DType::F32,
+            iters: 50,
+            small_iters: 2000,
+            warmup: 5,
+            only: Vec::new(),
+            progress: true,
+        }
+    }
+}
+
+/// One measured row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Transport backend (`pipe`), or `local` for the memcpy baseline.
+    pub backend: String,
+    /// Channel (`inline`), or `memcpy`.
+    pub channel: String,
+    /// What was measured: `rtt-64B`, `rtt-tensor`, `memcpy`.
+    pub case: String,
+    /// The tensor, e.g. `f32[1920,1080,3]`.
+    pub tensor: String,
+    /// Bytes of tensor data per one-way trip.
+    pub bytes: u64,
+    /// Timed iterations.
+    pub iters: usize,
+    /// Median time per iteration, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// Fastest iteration, microseconds.
+    pub min_us: f64,
+    /// Data moved per second at the median: 2 x bytes for a round trip, bytes for memcpy.
+    pub gbps: f64,
+}
+
+/// Percentiles of a set of samples.
+fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
+    samples.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let pick = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        us(samples[i.min(samples.len() - 1)])
+    };
+    if samples.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    (pick(0.5), pick(0.99), us(samples[0]))
+}
+
+fn row(backend: &str, channel: &str, case: &str, tensor: String, bytes: u64, factor: f64, samples: Vec<Duration>) -> Row {
+    let iters = samples.len();
+    let (p50, p99, min) = stats(samples);
+    let gbps = if p50 > 0.0 { factor * bytes as f64 / (p50 * 1e-6) / 1e9 } else { 0.0 };
+    Row {
+        backend: backend.into(),
+        channel: channel.into(),
+        case: case.into(),
+        tensor,
+        bytes,
+        iters,
+        p50_us: p50,
+        p99_us: p99,
+        min_us: min,
+        gbps,
+    }
+}
+
+/// A tensor of `meta` filled with a cheap pattern.
+pub fn filled(meta: TensorMeta) -> anyhow::Result<Tensor> {
+    let mut t = TensorMut::zeros(meta)?;
+    for (i, chunk) in t.as_bytes_mut().chunks_mut(8).enumerate() {
+        let b = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+    if t.meta().dtype == DType::Bool {
+        t.as_bytes_mut().iter_mut().for_each(|b| *b &= 1);
+    }
+    Ok(t.freeze())
+}
+
+/// The echo peer the benchmark starts in a second process (`ferry __echo ADDR`): serves
+/// every pipe, echoing each message, until stdin closes.
+pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
+    let mut listener = crate::endpoint().build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    std::thread::spawn(|| {
+        let mut b = [0u8; 1];
+        let _ = std::io::stdin().read(&mut b);
+        std::process::exit(0);
+    });
+    loop {
+        match listener.accept().await {
+            Ok(p) => {
+                tokio::spawn(async move {
+                    while let Ok(m) = p.recv().await {
+                        if p.send(m).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            Err(PipeError::Closed) => return Ok(()),
+            Err(e) => eprintln!("ferry echo peer: {e}"),
+        }
+    }
+}
+
+struct PeerProcess(Child);
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_peer(exe: &Path, addr: &str) -> anyhow::Result<PeerProcess> {
+    let mut child = Command::new(exe)
+        .args(["__echo", addr])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting the peer process {}", exe.display()))?;
+    let out = child.stdout.take().context("peer stdout")?;
+    let peer = PeerProcess(child);
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        bail!("peer process did not start (said {line:?})");
+    }
+    Ok(peer)
+}
+
+async fn time_round_trips(pipe: &Pipe, msg: &Message, n: usize, bar: &ProgressBar) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        pipe.send(msg.clone()).await?;
+        let back = pipe.recv().await?;
+        samples.push(start.elapsed());
+        drop(back);
+        bar.inc(1);
+    }
+    Ok(samples)
+}
+
+fn address_for(t: &dyn Transport, tag: &str) -> Option<String> {
+    match t.scheme() {
+        "unix" => Some(format!("unix:ferry-bench-{}-{tag}", std::process::id())),
+        _ => None,
+    }
+}
+
+fn memcpy_row(tensor: &Tensor, label: &str, iters: usize, bar: &ProgressBar) -> Row {
+    let src = tensor.as_bytes();
+    let mut dst = vec![0u8; src.len()];
+    dst.copy_from_slice(src); // fault the pages in
+    let mut samples = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(src));
+        std::hint::black_box(&mut dst);
+        samples.push(start.elapsed());
+        bar.inc(1);
+    }
+    row("local", "memcpy", "memcpy", label.into(), src.len() as u64, 1.0, samples)
+}
+
+/// Runs the benchmark. `exe` is the `ferry` binary (started as the peer); `on_row` sees
+/// each row as soon as it is measured.
+pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) -> anyhow::Result<Vec<Row>> {
+    let meta = TensorMeta::new(opts.dtype, opts.shape.clone());
+    let nbytes = meta.byte_span().context("tensor shape")?;
+    let label = format!("{}[{}]", opts.dtype, opts.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
+    let big = Message::with_tensors(serde_json::json!({"bench": "tensor"}), vec![filled(meta)?]);
+    let small = Message::with_tensors(serde_json::json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
+
+    let pairs: Vec<(Arc<dyn Transport>, Arc<dyn Channel>)> = crate::transports()
+        .into_iter()
+        .flat_map(|t| crate::channels().into_iter().map(move |c| (t.clone(), c)))
+        .filter(|(t, c)| opts.only.is_empty() || opts.only.iter().any(|o| o == t.name() || o == c.name()))
+        .collect();
+    if pairs.is_empty() {
+        bail!("no compiled-in backend matches {:?}", opts.only);
+    }
+    let per_pair = (opts.small_iters + opts.iters + 2 * opts.warmup) as u64;
+    let bar = if opts.progress {
+        let b = ProgressBar::new(per_pair * pairs.len() as u64 + opts.iters as u64);
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {msg:28} [{bar:30}] {pos}/{len} ({eta})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+
+    let mut rows = Vec::new();
+    bar.set_message("memcpy baseline");
+    let r = memcpy_row(&big.tensors[0], &label, opts.iters, &bar);
+    on_row(&r);
+    rows.push(r);
+
+    let exe = exe.to_path_buf();
+    for (i, (t, c)) in pairs.iter().enumerate() {
+        let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
+        bar.set_message(format!("{} / {}", t.name(), c.name()));
+        let _peer = start_peer(&exe, &addr)?;
+        let client = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
+        let pipe = match client.connect(&addr).await {
+            Ok(p) => p,
+            Err(PipeError::Refused(r)) => {
+                bar.println(format!("skipping {} / {}: {r}", t.name(), c.name()));
+                continue;
+            }
+            Err(e) => return Err(e).context(format!("connecting over {} / {}", t.name(), c.name())),
+        };
+        // Correctness first: one checked round trip.
+        pipe.send(big.clone()).await?;
+        let back = pipe.recv().await?;
+        if back.tensors != big.tensors {
+            bail!("{} / {}: the tensor came back different", t.name(), c.name());
+        }
+        time_round_trips(&pipe, &small, opts.warmup, &bar).await?;
+        let s = time_round_trips(&pipe, &small, opts.small_iters, &bar).await?;
+        let r = row(t.name(), pipe.channel(), "rtt-64B", "u8[64]".into(), 64, 2.0, s);
+        on_row(&r);
+        rows.push(r);
+        time_round_trips(&pipe, &big, opts.warmup, &bar).await?;
+        let s = time_round_trips(&pipe, &big, opts.iters, &bar).await?;
+        let r = row(t.name(), pipe.channel(), "rtt-tensor", label.clone(), nbytes, 2.0, s);
+        on_row(&r);
+        rows.push(r);
+        pipe.close().await;
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+/// Formats rows as an aligned table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<8} {:<8} {:<11} {:<20} {:>11} {:>6} {:>11} {:>11} {:>8}\n",
+        "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s"
+    );
+    for r in rows {
+        out += &format!(
+            "{:<8} {:<8} {:<11} {:<20} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2}\n",
+            r.backend, r.channel, r.case, r.tensor, r.bytes, r.iters, r.p50_us, r.p99_us, r.gbps
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let s: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        let (p50, p99, min) = stats(s);
+        assert!((p50 - 50.0).abs() <= 1.0, "{p50}");
+        assert!((p99 - 99.0).abs() <= 1.0, "{p99}");
+        assert_eq!(min, 1.0);
+        assert_eq!(stats(vec![]), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn table_has_every_row() {
+        let r = row("pipe", "inline", "rtt-64B", "u8[64]".into(), 64, 2.0, vec![Duration::from_micros(10); 3]);
+        let t = table(&[r.clone(), r]);
+        assert_eq!(t.lines().count(), 3);
+        assert!(t.contains("rtt-64B"));
+    }
+}

@@ -1,0 +1,64 @@
+//! ferry moves tensors between processes as fast as the hardware allows.
+//!
+//! This facade re-exports [`ferry_core`] and every backend compiled in, and builds an
+//! [`Endpoint`] that holds them all ([`endpoint`]). Two peers then negotiate the fastest
+//! channel they share.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ferry::PipeError> {
+//! use ferry::{Message, Tensor};
+//! let ep = ferry::endpoint().build();
+//! let mut listener = ep.listen("unix:my-service").await?;
+//! let client = ep.connect("unix:my-service").await?;
+//! let server = listener.accept().await?;
+//! let t = Tensor::from_slice(vec![2, 2], &[1.0f32, 2.0, 3.0, 4.0])?;
+//! client.send(Message::with_tensors(serde_json::json!({"op": "store"}), vec![t])).await?;
+//! let msg = server.recv().await?;
+//! assert_eq!(msg.tensors[0].as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+//! # Ok(()) }
+//! ```
+//!
+//! What it does not do: it starts no runtime of its own (use tokio), and it never
+//! deserialises code or pickles.
+//!
+//! # Feature flags
+//! - `pipe` (default): local sockets ([`ferry_pipe`]), scheme `unix:`.
+//!
+//! The inline channel (tensor bytes inside the frame) is always present.
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod bench;
+
+pub use ferry_core::*;
+#[cfg(feature = "pipe")]
+pub use ferry_pipe;
+
+use std::sync::Arc;
+
+/// The compiled-in transports.
+pub fn transports() -> Vec<Arc<dyn Transport>> {
+    #[allow(unused_mut)]
+    let mut v: Vec<Arc<dyn Transport>> = Vec::new();
+    #[cfg(feature = "pipe")]
+    v.push(Arc::new(ferry_pipe::PipeTransport::new()));
+    v
+}
+
+/// The compiled-in channels, fastest first. The inline channel is always last.
+pub fn channels() -> Vec<Arc<dyn Channel>> {
+    vec![Arc::new(InlineChannel)]
+}
+
+/// An endpoint builder with every compiled-in transport and channel, channels in priority
+/// order (fastest first). Add options, then `.build()`.
+pub fn endpoint() -> EndpointBuilder {
+    let mut b = Endpoint::builder();
+    for t in transports() {
+        b = b.transport(t);
+    }
+    for c in channels() {
+        b = b.channel(c);
+    }
+    b
+}

@@ -1,0 +1,432 @@
+//! `cargo xtask conformance [--backend NAME].. [--require NAME].. [--release]`.
+//!
+//! For each backend `B` (every directory in `backends/` with a `Cargo.toml`, or those
+//! named), runs `cargo test -p ferry-B --test conformance` with
+//! `FERRY_CONFORMANCE_REPORT=<repo>/target/conformance/B.json`. The test binary (the
+//! conformance crate's libtest-mimic `main`) writes that report itself:
+//!
+//! ```json
+//! {"backend": "pipe", "viable": true, "reason": null,
+//!  "cases": [{"name": "every_dtype::threads", "outcome": "pass", "detail": null, "ms": 12}]}
+//! ```
+//!
+//! `outcome` is `"pass"`, `"fail"` or `"ignored"`; `reason` says why a backend is not
+//! viable; `detail` carries a failure message. Then it prints one table (a row per case, a
+//! column per backend), writes the merged result to `target/conformance.json` and fails if
+//! any case failed, any test command failed, or a `--require`d backend ignored a case or is
+//! not viable. The table works on [`Column`]s (a name plus a [`Report`]), so the SDK suites
+//! can be added as more columns.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use xshell::{Shell, cmd};
+
+use crate::flags::Flags;
+
+/// The environment variable that tells the conformance test binary where to write its report.
+pub const REPORT_ENV: &str = "FERRY_CONFORMANCE_REPORT";
+
+/// `cargo xtask conformance`.
+#[derive(Default)]
+pub struct Conformance {
+    /// Backends to run (directory names under `backends/`); empty means all.
+    pub backends: Vec<String>,
+    /// Backends that must be viable and run every case (an ignored case fails).
+    pub require: Vec<String>,
+    /// Build and run the suites with `--release`.
+    pub release: bool,
+}
+
+impl Conformance {
+    /// Parses `[--backend NAME].. [--require NAME].. [--release]`.
+    pub fn parse(mut flags: Flags) -> anyhow::Result<Conformance> {
+        let backends = flags.values("--backend")?;
+        let require = flags.values("--require")?;
+        let release = flags.flag("--release");
+        flags.finish("conformance")?;
+        Ok(Conformance { backends, require, release })
+    }
+
+    /// Runs each backend's suite, prints the table and writes `target/conformance.json`.
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let root = sh.current_dir();
+        let known: Vec<String> = crate::tidy::backend_dirs(&root)?
+            .iter()
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        for name in self.backends.iter().chain(&self.require) {
+            if !known.contains(name) {
+                bail!("unknown backend `{name}`: the backends are {}", list_or_none(&known));
+            }
+        }
+        let mut backends = if self.backends.is_empty() { known.clone() } else { self.backends.clone() };
+        // A required backend always runs, even when --backend names others only.
+        backends.extend(self.require.iter().cloned());
+        let mut seen = HashSet::new();
+        backends.retain(|b| seen.insert(b.clone()));
+        if backends.is_empty() {
+            eprintln!("conformance: note: no backends found in backends/");
+        }
+
+        let report_dir = root.join("target").join("conformance");
+        std::fs::create_dir_all(&report_dir).with_context(|| format!("creating {}", report_dir.display()))?;
+        let mut failures = Vec::new();
+        let mut columns = Vec::new();
+        for backend in &backends {
+            let (column, problems) = run_backend(sh, &report_dir, backend, self.release);
+            columns.push(column);
+            failures.extend(problems);
+        }
+
+        println!("\n{}", render_table(&columns));
+        print!("{}", render_details(&columns));
+        failures.extend(case_failures(&columns));
+        for name in &self.require {
+            if let Some(column) = columns.iter().find(|c| &c.name == name) {
+                failures.extend(requirement_failures(column));
+            }
+        }
+
+        let merged = merged_json(&columns, &failures);
+        let merged_path = root.join("target").join("conformance.json");
+        let text = serde_json::to_string_pretty(&merged)? + "\n";
+        std::fs::write(&merged_path, text).with_context(|| format!("writing {}", merged_path.display()))?;
+        eprintln!("conformance: wrote target/conformance.json");
+
+        if !failures.is_empty() {
+            bail!("conformance failed:\n  {}", failures.join("\n  "));
+        }
+        Ok(())
+    }
+}
+
+/// Runs one backend's suite; returns its column and the problems with running it.
+fn run_backend(sh: &Shell, report_dir: &Path, backend: &str, release: bool) -> (Column, Vec<String>) {
+    let report_path: PathBuf = report_dir.join(format!("{backend}.json"));
+    // A report left from an earlier run must not pass for this run's.
+    let _ = std::fs::remove_file(&report_path);
+    let package = format!("ferry-{backend}");
+    let release = release.then_some("--release");
+    let command = format!("cargo test -p {package} --test conformance{}", release.map_or("", |_| " --release"));
+    let status =
+        cmd!(sh, "cargo test -p {package} --test conformance {release...}").env(REPORT_ENV, &report_path).run();
+
+    let mut problems = Vec::new();
+    if let Err(err) = &status {
+        problems.push(format!("backend {backend}: `{command}` failed: {err}"));
+    }
+    let report = match std::fs::read_to_string(&report_path) {
+        Ok(text) => Report::parse(&text).with_context(|| format!("reading {}", report_path.display())),
+        Err(_) if status.is_err() => Err(anyhow::anyhow!(
+            "no report: the conformance test binary failed to build or run (see the cargo output above)"
+        )),
+        Err(_) => Err(anyhow::anyhow!(
+            "no report: `{command}` passed but wrote nothing to ${REPORT_ENV} \
+             (does tests/conformance.rs call `ferry_conformance::main`?)"
+        )),
+    };
+    let report = match report {
+        Ok(report) => {
+            if report.backend != backend {
+                problems.push(format!("backend {backend}: its report names backend `{}`", report.backend));
+            }
+            report
+        }
+        Err(err) => {
+            problems.push(format!("backend {backend}: {err:#}"));
+            Report::broken(backend, format!("{err:#}"))
+        }
+    };
+    (Column { name: backend.to_owned(), report }, problems)
+}
+
+/// One column of the table: a backend (later also an SDK) and its report.
+pub struct Column {
+    /// Column header: the backend or SDK name.
+    pub name: String,
+    /// The suite's results.
+    pub report: Report,
+}
+
+/// The result of one suite run, as written by the conformance test binary.
+#[derive(Debug, PartialEq)]
+pub struct Report {
+    /// The backend (or SDK) that ran.
+    pub backend: String,
+    /// Whether the backend can work on this machine; if not, every case is ignored.
+    pub viable: bool,
+    /// Why the backend is not viable (or why there is no report).
+    pub reason: Option<String>,
+    /// Every case, in the order the suite lists them.
+    pub cases: Vec<CaseResult>,
+}
+
+/// The result of one case.
+#[derive(Debug, PartialEq)]
+pub struct CaseResult {
+    /// `module::case`, e.g. `every_dtype::threads`.
+    pub name: String,
+    /// Pass, fail or ignored.
+    pub outcome: Outcome,
+    /// The failure message, if any.
+    pub detail: Option<String>,
+    /// Wall time in milliseconds, if reported.
+    pub ms: Option<u64>,
+}
+
+/// How one case ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It ran and passed.
+    Pass,
+    /// It ran and failed.
+    Fail,
+    /// It did not run (the backend is not viable here, or the case was skipped).
+    Ignored,
+}
+
+impl Outcome {
+    /// The report's spelling.
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Pass => "pass",
+            Outcome::Fail => "fail",
+            Outcome::Ignored => "ignored",
+        }
+    }
+
+    /// The table's spelling: failures stand out.
+    fn cell(self) -> &'static str {
+        match self {
+            Outcome::Pass => "pass",
+            Outcome::Fail => "FAIL",
+            Outcome::Ignored => "ignored",
+        }
+    }
+}
+
+impl Report {
+    /// Parses a report (the format is in the module docs).
+    pub fn parse(text: &str) -> anyhow::Result<Report> {
+        let v: Value = serde_json::from_str(text).context("the report is not valid JSON")?;
+        let backend = v["backend"].as_str().context("the report has no string `backend`")?.to_owned();
+        let viable = v["viable"].as_bool().context("the report has no boolean `viable`")?;
+        let reason = v["reason"].as_str().map(str::to_owned);
+        let mut cases = Vec::new();
+        for (i, case) in v["cases"].as_array().context("the report has no array `cases`")?.iter().enumerate() {
+            let name = case["name"].as_str().with_context(|| format!("case {i} has no string `name`"))?.to_owned();
+            let outcome = match case["outcome"].as_str() {
+                Some("pass") => Outcome::Pass,
+                Some("fail") => Outcome::Fail,
+                Some("ignored") => Outcome::Ignored,
+                other => bail!("case `{name}` has outcome {other:?}; expected \"pass\", \"fail\" or \"ignored\""),
+            };
+            let detail = case["detail"].as_str().map(str::to_owned);
+            let ms = case["ms"].as_u64().or_else(|| case["ms"].as_f64().map(|ms| ms.max(0.0).round() as u64));
+            cases.push(CaseResult { name, outcome, detail, ms });
+        }
+        Ok(Report { backend, viable, reason, cases })
+    }
+
+    /// The stand-in for a backend whose suite produced no usable report.
+    pub fn broken(backend: &str, reason: String) -> Report {
+        Report { backend: backend.to_owned(), viable: false, reason: Some(reason), cases: Vec::new() }
+    }
+
+    /// The report in its JSON format.
+    pub fn to_json(&self) -> Value {
+        let cases: Vec<Value> = self
+            .cases
+            .iter()
+            .map(|c| json!({"name": c.name, "outcome": c.outcome.as_str(), "detail": c.detail, "ms": c.ms}))
+            .collect();
+        json!({"backend": self.backend, "viable": self.viable, "reason": self.reason, "cases": cases})
+    }
+
+    /// Names of the cases with `outcome`.
+    fn names(&self, outcome: Outcome) -> Vec<&str> {
+        self.cases.iter().filter(|c| c.outcome == outcome).map(|c| c.name.as_str()).collect()
+    }
+
+    /// The outcome of case `name`, if the report lists it.
+    fn outcome(&self, name: &str) -> Option<Outcome> {
+        self.cases.iter().find(|c| c.name == name).map(|c| c.outcome)
+    }
+}
+
+/// The table: a row per case (union over columns, in order of first appearance), a column
+/// per [`Column`], cells `pass` / `FAIL` / `ignored` (`-` where a column lacks the case),
+/// and a totals line.
+pub fn render_table(columns: &[Column]) -> String {
+    let mut seen = HashSet::new();
+    let rows: Vec<&str> = columns
+        .iter()
+        .flat_map(|c| c.report.cases.iter().map(|case| case.name.as_str()))
+        .filter(|name| seen.insert(*name))
+        .collect();
+    let totals: Vec<String> = columns
+        .iter()
+        .map(|c| {
+            let r = &c.report;
+            let n = |o| r.names(o).len();
+            format!("{}/{}/{}", n(Outcome::Pass), n(Outcome::Fail), n(Outcome::Ignored))
+        })
+        .collect();
+    let totals_label = "total (pass/FAIL/ignored)";
+    let first = rows.iter().map(|r| r.len()).chain(["case".len(), totals_label.len()]).max().unwrap_or(0);
+    let widths: Vec<usize> =
+        columns.iter().zip(&totals).map(|(c, t)| c.name.len().max("ignored".len()).max(t.len())).collect();
+
+    let mut out = String::new();
+    let mut line = |label: &str, cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = format!("{label:<first$}");
+        for (cell, width) in cells.zip(&widths) {
+            l.push_str(&format!("  {cell:<width$}"));
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line("case", &mut columns.iter().map(|c| c.name.as_str()));
+    let rule_len = first + widths.iter().map(|w| w + 2).sum::<usize>();
+    let rule = "-".repeat(rule_len);
+    line(&rule, &mut std::iter::empty());
+    for row in &rows {
+        line(row, &mut columns.iter().map(|c| c.report.outcome(row).map_or("-", Outcome::cell)));
+    }
+    line(&rule, &mut std::iter::empty());
+    line(totals_label, &mut totals.iter().map(String::as_str));
+    out
+}
+
+/// Why each non-viable column was skipped, and the message of each failed case.
+pub fn render_details(columns: &[Column]) -> String {
+    let mut out = String::new();
+    for column in columns {
+        let r = &column.report;
+        if !r.viable {
+            out.push_str(&format!(
+                "{}: not viable: {}\n",
+                column.name,
+                r.reason.as_deref().unwrap_or("no reason given")
+            ));
+        }
+        for case in r.cases.iter().filter(|c| c.outcome == Outcome::Fail) {
+            let detail = case.detail.as_deref().unwrap_or("(no detail)").trim_end().replace('\n', "\n    ");
+            out.push_str(&format!("FAIL {} {}:\n    {detail}\n", column.name, case.name));
+        }
+    }
+    out
+}
+
+/// One message per column with failed cases.
+fn case_failures(columns: &[Column]) -> Vec<String> {
+    columns
+        .iter()
+        .filter_map(|c| {
+            let failed = c.report.names(Outcome::Fail);
+            (!failed.is_empty()).then(|| format!("{}: {} case(s) failed: {}", c.name, failed.len(), failed.join(", ")))
+        })
+        .collect()
+}
+
+/// What keeps a `--require`d column from counting as a full run.
+fn requirement_failures(column: &Column) -> Vec<String> {
+    let r = &column.report;
+    let mut failures = Vec::new();
+    if !r.viable {
+        let reason = r.reason.as_deref().unwrap_or("no reason given");
+        failures.push(format!("required backend {} is not viable: {reason}", column.name));
+    }
+    let ignored = r.names(Outcome::Ignored);
+    if !ignored.is_empty() {
+        failures.push(format!(
+            "required backend {} ignored {} case(s): {}",
+            column.name,
+            ignored.len(),
+            ignored.join(", ")
+        ));
+    }
+    if r.viable && r.cases.is_empty() {
+        failures.push(format!("required backend {} ran no cases", column.name));
+    }
+    failures
+}
+
+/// `{"backends": {B: report}, "ok": bool, "failures": [..]}`.
+fn merged_json(columns: &[Column], failures: &[String]) -> Value {
+    let backends: serde_json::Map<String, Value> =
+        columns.iter().map(|c| (c.name.clone(), c.report.to_json())).collect();
+    json!({"backends": backends, "ok": failures.is_empty(), "failures": failures})
+}
+
+/// `a, b, c`, or `(none)`.
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() { "(none)".to_owned() } else { names.join(", ") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PIPE: &str = r#"{"backend":"pipe","viable":true,"reason":null,"cases":[
+        {"name":"every_dtype::threads","outcome":"pass","detail":null,"ms":12},
+        {"name":"limits::too_big","outcome":"fail","detail":"expected TooLarge\ngot Ok","ms":3},
+        {"name":"crash::peer_killed","outcome":"ignored","detail":null,"ms":0}]}"#;
+    const CUDA: &str = r#"{"backend":"cuda-ipc","viable":false,"reason":"no CUDA driver","cases":[
+        {"name":"every_dtype::threads","outcome":"ignored","detail":null,"ms":0},
+        {"name":"cuda::events","outcome":"ignored","detail":null,"ms":0}]}"#;
+
+    fn columns() -> Vec<Column> {
+        vec![
+            Column { name: "pipe".into(), report: Report::parse(PIPE).unwrap() },
+            Column { name: "cuda-ipc".into(), report: Report::parse(CUDA).unwrap() },
+        ]
+    }
+
+    #[test]
+    fn parses_and_round_trips_reports() {
+        let r = Report::parse(PIPE).unwrap();
+        assert_eq!(r.backend, "pipe");
+        assert!(r.viable);
+        assert_eq!(r.cases.len(), 3);
+        assert_eq!(r.cases[1].outcome, Outcome::Fail);
+        assert_eq!(r.cases[1].ms, Some(3));
+        assert_eq!(Report::parse(&r.to_json().to_string()).unwrap(), r);
+        assert!(Report::parse(r#"{"backend":"x","viable":true,"cases":[{"name":"a","outcome":"ok"}]}"#).is_err());
+        assert!(Report::parse("not json").is_err());
+    }
+
+    #[test]
+    fn renders_the_table() {
+        let expected = "\
+case                       pipe     cuda-ipc
+--------------------------------------------
+every_dtype::threads       pass     ignored
+limits::too_big            FAIL     -
+crash::peer_killed         ignored  -
+cuda::events               -        ignored
+--------------------------------------------
+total (pass/FAIL/ignored)  1/1/1    0/0/2
+";
+        assert_eq!(render_table(&columns()), expected);
+        let details = render_details(&columns());
+        assert!(details.contains("FAIL pipe limits::too_big:\n    expected TooLarge\n    got Ok\n"), "{details}");
+        assert!(details.contains("cuda-ipc: not viable: no CUDA driver"), "{details}");
+    }
+
+    #[test]
+    fn failures_and_requirements() {
+        let cols = columns();
+        assert_eq!(case_failures(&cols), ["pipe: 1 case(s) failed: limits::too_big"]);
+        assert_eq!(requirement_failures(&cols[0]), ["required backend pipe ignored 1 case(s): crash::peer_killed"]);
+        let cuda = requirement_failures(&cols[1]);
+        assert_eq!(cuda[0], "required backend cuda-ipc is not viable: no CUDA driver");
+        assert_eq!(cuda.len(), 2);
+        let merged = merged_json(&cols, &["x".into()]);
+        assert_eq!(merged["backends"]["cuda-ipc"]["reason"], "no CUDA driver");
+        assert_eq!(merged["ok"], false);
+    }
+}

@@ -1,0 +1,92 @@
+//! `cargo xtask`: ferry's build tasks, written in Rust so they run the same everywhere.
+//!
+//! Run `cargo xtask help` for the list. Each subcommand is a struct in its own module with
+//! `fn run(self, sh: &Shell) -> anyhow::Result<()>`; arguments are parsed by hand (see
+//! [`flags`]) to keep this crate's dependencies few.
+//!
+//! - [`codegen`]: writes (or with `--check`, verifies) every generated, checked-in file.
+//! - [`tidy`]: repository rules that the compiler cannot check (also run as `#[test]`s).
+//! - [`conformance`]: runs every backend's conformance suite and prints one table.
+//! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
+#![forbid(unsafe_code)]
+
+mod ci;
+mod codegen;
+mod conformance;
+mod flags;
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use xshell::Shell;
+
+use crate::flags::Flags;
+
+/// Usage text printed by `cargo xtask help`, with no arguments, or on an unknown subcommand.
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  codegen [--check]        write core/schemas/*.json (and later the SDKs); with --check,
+                           fail if any checked-in generated file is stale
+  tidy                     repository rules: unsafe allow-list, backend conformance tests,
+                           conformance case registry
+  conformance [--backend NAME].. [--require NAME].. [--release]
+                           run `cargo test -p ferry-NAME --test conformance` for each backend
+                           (default: every directory in backends/), print a pass/FAIL/ignored
+                           table and write target/conformance.json; a --require'd backend
+                           fails on any ignored case or if it is not viable
+  ci                       fmt, clippy, tests, codegen --check, tidy, docs, conformance and
+                           the facade's feature checks, stopping at the first failure
+  help                     print this text
+";
+
+fn main() -> ExitCode {
+    match try_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses the command line and runs one subcommand from the repository root.
+fn try_main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let command = args.next();
+    let flags = Flags::new(args.collect());
+    if flags.wants_help() {
+        print!("{USAGE}");
+        return Ok(());
+    }
+
+    let sh = Shell::new()?;
+    sh.change_dir(project_root());
+    match command.as_deref() {
+        Some("codegen") => codegen::Codegen::parse(flags)?.run(&sh),
+        Some("tidy") => tidy::Tidy::parse(flags)?.run(&sh),
+        Some("conformance") => conformance::Conformance::parse(flags)?.run(&sh),
+        Some("ci") => ci::Ci::parse(flags)?.run(&sh),
+        None | Some("help" | "-h" | "--help") => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => {
+            eprint!("{USAGE}");
+            anyhow::bail!("unknown command `{other}`")
+        }
+    }
+}
+
+/// The repository root: the parent of this crate's directory.
+pub fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask/ lives directly in the repository root").to_path_buf()
+}
+
+/// `path` relative to `root` (when it is inside), with `/` separators, for messages.
+pub fn relative(root: &Path, path: &Path) -> String {
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
+}
