@@ -197,15 +197,14 @@ pub fn main<F: Fixture>() -> ExitCode {
             libtest_mimic::Trial::test(name, move || {
                 let start = Instant::now();
                 let fx = F::default();
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&fx)))
-                    .unwrap_or_else(|p| {
-                        let msg = p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panic".into());
-                        Err(Failed::from(format!("panicked: {msg}")))
-                    });
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&fx))).unwrap_or_else(|p| {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panic".into());
+                    Err(Failed::from(format!("panicked: {msg}")))
+                });
                 records.lock().unwrap_or_else(|e| e.into_inner()).push(Record {
                     name: trial_name,
                     outcome: if r.is_ok() { "pass" } else { "fail" },

@@ -81,7 +81,9 @@ async fn run_role<F: Fixture>(fx: &F, role: &str, addr: &str, ready: Ready) -> R
                 {"meta": {"dtype": "u8", "shape": [1 << 20]}, "data": {"inline": {"offset": 0, "len": 1 << 20}}}
             ]});
             let header = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
-            raw.write_prefix(FrameKind::Message as u8, 0, 0, header.len() as u32, 1 << 20).await.map_err(|e| format!("{e:?}"))?;
+            raw.write_prefix(FrameKind::Message as u8, 0, 0, header.len() as u32, 1 << 20)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
             raw.write_raw(&header).await.map_err(|e| format!("{e:?}"))?;
             raw.write_raw(&vec![7u8; 1 << 19]).await.map_err(|e| format!("{e:?}"))?;
             ready.signal();
@@ -252,7 +254,14 @@ impl RawConn {
     }
 
     /// Writes a frame prefix with any values.
-    pub async fn write_prefix(&mut self, kind: u8, flags: u8, fds: u16, header_len: u32, payload_len: u64) -> Result<(), Failed> {
+    pub async fn write_prefix(
+        &mut self,
+        kind: u8,
+        flags: u8,
+        fds: u16,
+        header_len: u32,
+        payload_len: u64,
+    ) -> Result<(), Failed> {
         let p = FramePrefix { kind, flags, fds, header_len, payload_len };
         self.write_raw(&p.encode()).await
     }

@@ -51,7 +51,10 @@ pub trait ChannelSession: Send + Sync + 'static {
     /// Handles a CONTROL frame body from the peer's session.
     fn control(&self, body: serde_json::Value) -> Result<(), ChannelError> {
         let _ = body;
-        Err(ChannelError::BadDescriptor { channel: self.name(), reason: "this channel takes no control messages".into() })
+        Err(ChannelError::BadDescriptor {
+            channel: self.name(),
+            reason: "this channel takes no control messages".into(),
+        })
     }
 }
 

@@ -50,7 +50,11 @@ fn malformed(codec: &'static str, reason: impl Into<String>) -> CodecError {
 
 fn host_only(codec: &'static str, name: &str, t: &Tensor) -> Result<(), CodecError> {
     if t.device() != Device::Cpu {
-        return Err(CodecError::Unsupported { codec, name: name.into(), reason: format!("tensor is on {}", t.device()) });
+        return Err(CodecError::Unsupported {
+            codec,
+            name: name.into(),
+            reason: format!("tensor is on {}", t.device()),
+        });
     }
     Ok(())
 }
@@ -69,7 +73,8 @@ impl TensorCodec for RawCodec {
             entries.push(RawEntry { name: name.clone(), meta: t.meta().clone(), offset: off, len: t.nbytes() as u64 });
             off += t.nbytes() as u64;
         }
-        let mut header = serde_json::to_vec(&RawHeader { tensors: entries }).map_err(|e| malformed("raw", e.to_string()))?;
+        let mut header =
+            serde_json::to_vec(&RawHeader { tensors: entries }).map_err(|e| malformed("raw", e.to_string()))?;
         // 8 + header is padded to a multiple of ALIGN so the data starts aligned.
         let padded = (8 + header.len()).next_multiple_of(ALIGN) - 8;
         header.resize(padded, b' ');
@@ -88,7 +93,9 @@ impl TensorCodec for RawCodec {
     fn decode(&self, src: Bytes) -> Result<Vec<(String, Tensor)>, CodecError> {
         let n = src.get(..8).ok_or_else(|| malformed("raw", "shorter than 8 bytes"))?;
         let hlen = u64::from_le_bytes(n.try_into().unwrap_or_default());
-        let data_start = 8u64.checked_add(hlen).filter(|&e| e <= src.len() as u64)
+        let data_start = 8u64
+            .checked_add(hlen)
+            .filter(|&e| e <= src.len() as u64)
             .ok_or_else(|| malformed("raw", format!("header length {hlen} exceeds the {} bytes present", src.len())))?;
         let header: RawHeader = serde_json::from_slice(&src[8..data_start as usize])
             .map_err(|e| malformed("raw", format!("header: {e}")))?;
@@ -187,10 +194,19 @@ impl TensorCodec for SafetensorsCodec {
         for (name, t) in tensors {
             host_only("safetensors", name, t)?;
             if !t.meta().is_contiguous() {
-                return Err(CodecError::Unsupported { codec: "safetensors", name: name.clone(), reason: "tensor is strided".into() });
+                return Err(CodecError::Unsupported {
+                    codec: "safetensors",
+                    name: name.clone(),
+                    reason: "tensor is strided".into(),
+                });
             }
-            let shape = t.shape().iter().map(|&d| usize::try_from(d)).collect::<Result<Vec<_>, _>>()
-                .map_err(|_| CodecError::Unsupported { codec: "safetensors", name: name.clone(), reason: "dimension over usize".into() })?;
+            let shape = t.shape().iter().map(|&d| usize::try_from(d)).collect::<Result<Vec<_>, _>>().map_err(|_| {
+                CodecError::Unsupported {
+                    codec: "safetensors",
+                    name: name.clone(),
+                    reason: "dimension over usize".into(),
+                }
+            })?;
             views.push((name.as_str(), OwnedView { tensor: t, shape }));
         }
         let bytes = safetensors::serialize(views.iter().map(|(n, v)| (*n, v)), None)

@@ -96,10 +96,11 @@ impl fmt::Display for DType {
 impl FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype {s:?} (expected one of bool, u8, i8, u16, i16, u32, i32, u64, i64, f16, bf16, f32, f64)"))
+        DType::ALL.into_iter().find(|d| d.name() == s).ok_or_else(|| {
+            format!(
+                "unknown dtype {s:?} (expected one of bool, u8, i8, u16, i16, u32, i32, u64, i64, f16, bf16, f32, f64)"
+            )
+        })
     }
 }
 

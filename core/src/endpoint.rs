@@ -141,8 +141,12 @@ impl Endpoint {
         self.cfg.transports.iter().find(|t| t.scheme() == addr.scheme()).ok_or_else(|| {
             PipeError::Transport(TransportError::BadAddress {
                 addr: addr.to_string(),
-                reason: format!("no transport for scheme {:?} is compiled in (have: {})", addr.scheme(), self.schemes().join(", "))
-                    .into(),
+                reason: format!(
+                    "no transport for scheme {:?} is compiled in (have: {})",
+                    addr.scheme(),
+                    self.schemes().join(", ")
+                )
+                .into(),
             })
         })
     }
@@ -255,7 +259,13 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             tracing::warn!(addr = %info.addr, "server refused the handshake: {r}");
             return Err(PipeError::Refused(r));
         }
-        _ => return Err(ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected WELCOME or REFUSE" }.into()),
+        _ => {
+            return Err(ProtocolError::UnexpectedFrame {
+                kind: frame.kind as u8,
+                context: "expected WELCOME or REFUSE",
+            }
+            .into());
+        }
     };
     if welcome.version != cfg.version {
         return Err(ProtocolError::BadHeader(format!(
@@ -333,7 +343,8 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             }
             writer.write_frame(FrameKind::Welcome, OutFrame::json(&welcome)).await?;
             tracing::debug!(addr = %info.addr, peer = %hello.agent, channels = ?welcome.channels, "accepted");
-            let pipe_info = PipeInfo { conn: info, channels: welcome.channels, peer_agent: hello.agent, is_server: true };
+            let pipe_info =
+                PipeInfo { conn: info, channels: welcome.channels, peer_agent: hello.agent, is_server: true };
             // A client that announces no limits accepts what this side accepts.
             let peer_limits = hello.limits.unwrap_or(cfg.limits);
             Ok(Pipe::start(reader, writer, sessions, pipe_info, peer_limits, &cfg))

@@ -108,7 +108,9 @@ pub enum CodecError {
 
 /// A limit was exceeded. The message names the limit and how to raise it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what} is {value}, over the limit {limit} = {max}; raise it with Limits::{limit} (EndpointBuilder::limits){side}")]
+#[error(
+    "{what} is {value}, over the limit {limit} = {max}; raise it with Limits::{limit} (EndpointBuilder::limits){side}"
+)]
 pub struct LimitError {
     /// The field of [`crate::Limits`] that was exceeded.
     pub limit: &'static str,

@@ -127,7 +127,12 @@ impl FramePrefix {
             PipeError::Limit(LimitError { limit, what, value, max, side: " on the receiving side".into() })
         };
         if self.header_len > limits.max_header_bytes {
-            return Err(over("max_header_bytes", "frame header length", self.header_len.into(), limits.max_header_bytes.into()));
+            return Err(over(
+                "max_header_bytes",
+                "frame header length",
+                self.header_len.into(),
+                limits.max_header_bytes.into(),
+            ));
         }
         if self.payload_len > limits.max_payload_bytes {
             return Err(over("max_payload_bytes", "frame payload length", self.payload_len, limits.max_payload_bytes));
@@ -226,7 +231,10 @@ impl FrameReader {
             return Ok(Vec::new());
         }
         let Some(q) = &self.fds else {
-            return Err(ProtocolError::Fds(format!("frame announces {n} descriptors but this transport cannot carry them")).into());
+            return Err(ProtocolError::Fds(format!(
+                "frame announces {n} descriptors but this transport cannot carry them"
+            ))
+            .into());
         };
         let got = q.take(n as usize);
         if got.len() != n as usize {
@@ -289,8 +297,8 @@ impl FrameWriter {
 
     /// Writes one frame. Small frames go out in one write.
     pub async fn write_frame(&mut self, kind: FrameKind, mut frame: OutFrame) -> Result<(), PipeError> {
-        let header_len = u32::try_from(frame.header.len())
-            .map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
+        let header_len =
+            u32::try_from(frame.header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
         #[cfg(unix)]
         let nfds = frame.fds.len();
         #[cfg(not(unix))]

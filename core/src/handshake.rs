@@ -50,10 +50,7 @@ pub fn server_choose(
     }
     let mut chosen = BTreeMap::new();
     for kind in [DeviceKind::Cpu, DeviceKind::Cuda] {
-        let pick = channels
-            .iter()
-            .filter(|c| c.devices().contains(&kind) && c.viability().is_ok())
-            .find(|c| {
+        let pick = channels.iter().filter(|c| c.devices().contains(&kind) && c.viability().is_ok()).find(|c| {
             hello.channels.iter().any(|o| o.name == c.name() && o.devices.contains(&kind) && c.accepts(o, conn))
         });
         if let Some(c) = pick {

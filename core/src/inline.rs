@@ -47,7 +47,10 @@ impl ChannelSession for InlineSession {
 
     async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError> {
         if tensor.device() != Device::Cpu {
-            return Err(ChannelError::Unsupported { channel: "inline", reason: format!("tensor is on {}", tensor.device()) });
+            return Err(ChannelError::Unsupported {
+                channel: "inline",
+                reason: format!("tensor is on {}", tensor.device()),
+            });
         }
         let Storage::Host(bytes) = tensor.storage();
         Ok(Location::Inline(out.push_payload(bytes.clone())))
@@ -56,7 +59,10 @@ impl ChannelSession for InlineSession {
     fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
         let Location::Inline(r) = loc;
         if meta.device != Device::Cpu {
-            return Err(ChannelError::BadDescriptor { channel: "inline", reason: format!("inline tensor claims device {}", meta.device) });
+            return Err(ChannelError::BadDescriptor {
+                channel: "inline",
+                reason: format!("inline tensor claims device {}", meta.device),
+            });
         }
         let bytes = incoming.slice(*r).ok_or_else(|| ChannelError::BadDescriptor {
             channel: "inline",

@@ -137,10 +137,7 @@ mod tests {
         assert_eq!(TensorMeta::new(DType::F64, vec![]).byte_span().unwrap(), 8);
         assert_eq!(TensorMeta::new(DType::F64, vec![4, 0, 2]).byte_span().unwrap(), 0);
         assert!(m.validate(1920 * 1080 * 3 * 4).is_ok());
-        assert_eq!(
-            m.validate(5),
-            Err(MetaError::LengthMismatch { expected: 1920 * 1080 * 3 * 4, actual: 5 })
-        );
+        assert_eq!(m.validate(5), Err(MetaError::LengthMismatch { expected: 1920 * 1080 * 3 * 4, actual: 5 }));
     }
 
     #[test]

@@ -110,7 +110,12 @@ impl Pipe {
         }
         let limits = &self.shared.peer_limits;
         if msg.tensors.len() as u64 > u64::from(limits.max_tensors) {
-            return Err(peer_limit("max_tensors", "tensors in the message", msg.tensors.len() as u64, limits.max_tensors.into()));
+            return Err(peer_limit(
+                "max_tensors",
+                "tensors in the message",
+                msg.tensors.len() as u64,
+                limits.max_tensors.into(),
+            ));
         }
         let mut out = Outgoing::default();
         let mut descs = Vec::with_capacity(msg.tensors.len());
@@ -122,10 +127,20 @@ impl Pipe {
         let header = serde_json::to_vec(&HeaderRef { header: &msg.header, tensors: &descs })
             .map_err(|e| PipeError::ApiMisuse(format!("header does not serialize: {e}").into()))?;
         if header.len() as u64 > u64::from(limits.max_header_bytes) {
-            return Err(peer_limit("max_header_bytes", "message header length", header.len() as u64, limits.max_header_bytes.into()));
+            return Err(peer_limit(
+                "max_header_bytes",
+                "message header length",
+                header.len() as u64,
+                limits.max_header_bytes.into(),
+            ));
         }
         if out.payload_len() > limits.max_payload_bytes {
-            return Err(peer_limit("max_payload_bytes", "message payload length", out.payload_len(), limits.max_payload_bytes));
+            return Err(peer_limit(
+                "max_payload_bytes",
+                "message payload length",
+                out.payload_len(),
+                limits.max_payload_bytes,
+            ));
         }
         self.write(FrameKind::Message, out.finish(header)).await
     }
@@ -148,7 +163,8 @@ impl Pipe {
     pub async fn close(&self) {
         if !self.is_closed() {
             let bye = Close { code: "normal".into(), message: String::new() };
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.write(FrameKind::Close, OutFrame::json(&bye))).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), self.write(FrameKind::Close, OutFrame::json(&bye))).await;
         }
         self.shared.mark_closed(PipeError::Closed);
         let mut w = self.shared.writer.lock().await;
@@ -184,7 +200,13 @@ impl std::fmt::Debug for Pipe {
 }
 
 fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> PipeError {
-    PipeError::Limit(LimitError { limit, what, value, max, side: " (the peer's limit, announced in the handshake)".into() })
+    PipeError::Limit(LimitError {
+        limit,
+        what,
+        value,
+        max,
+        side: " (the peer's limit, announced in the handshake)".into(),
+    })
 }
 
 impl Shared {
@@ -269,13 +291,17 @@ fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeEr
         FrameKind::Control => {
             let c: ControlHeader = frame.parse()?;
             let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
-                ProtocolError::BadHeader(format!("control frame for channel {:?}, which this pipe does not use", c.channel))
+                ProtocolError::BadHeader(format!(
+                    "control frame for channel {:?}, which this pipe does not use",
+                    c.channel
+                ))
             })?;
             session.control(c.body)?;
             Ok(None)
         }
         FrameKind::Close => {
-            let c: Close = frame.parse().unwrap_or_else(|e| Close { code: "unreadable".into(), message: e.to_string() });
+            let c: Close =
+                frame.parse().unwrap_or_else(|e| Close { code: "unreadable".into(), message: e.to_string() });
             if c.code == "normal" {
                 Err(PipeError::Closed)
             } else {

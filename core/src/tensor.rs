@@ -169,10 +169,7 @@ impl Tensor {
 
     /// A copy of this tensor in fresh [`ALIGN`]-aligned memory.
     pub fn to_aligned(&self) -> Tensor {
-        Tensor {
-            meta: self.meta.clone(),
-            storage: Storage::Host(AlignedBuf::copy_from(self.as_bytes()).into_bytes()),
-        }
+        Tensor { meta: self.meta.clone(), storage: Storage::Host(AlignedBuf::copy_from(self.as_bytes()).into_bytes()) }
     }
 
     /// Splits into metadata and storage.

@@ -48,10 +48,14 @@ impl FromStr for Address {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once(':') {
             Some((scheme, rest))
-                if !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-') =>
+                if !scheme.is_empty()
+                    && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-') =>
             {
                 if rest.is_empty() {
-                    return Err(TransportError::BadAddress { addr: s.into(), reason: "nothing after the scheme".into() });
+                    return Err(TransportError::BadAddress {
+                        addr: s.into(),
+                        reason: "nothing after the scheme".into(),
+                    });
                 }
                 Ok(Address::new(scheme, rest))
             }

@@ -97,10 +97,9 @@ pub enum Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::VersionMismatch { server, client } => write!(
-                f,
-                "protocol version mismatch: server speaks {server}, client speaks {client}"
-            ),
+            Refusal::VersionMismatch { server, client } => {
+                write!(f, "protocol version mismatch: server speaks {server}, client speaks {client}")
+            }
             Refusal::NoCommonChannel { offered, supported } => write!(
                 f,
                 "no common channel for cpu tensors: client offered [{}], server supports [{}]",
@@ -131,12 +130,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_header_bytes: 16 << 20,
-            max_payload_bytes: 4 << 30,
-            max_tensors: 65_536,
-            max_fds: 64,
-        }
+        Limits { max_header_bytes: 16 << 20, max_payload_bytes: 4 << 30, max_tensors: 65_536, max_fds: 64 }
     }
 }
 

@@ -1,5 +1,5 @@
 //! `ferry bench`: the experiment of the well-known "sharing tensors between processes" blog
-//! post. A tensor (default f32 [1920,1080,3], 24.9 MB) is sent to a second process and
+//! post. A tensor (default f32 `[1920,1080,3]`, 24.9 MB) is sent to a second process and
 //! back, over every compiled-in transport and channel, beside a 64-byte message round trip
 //! on the same connection and a plain memcpy of the same bytes, all measured in one run.
 
@@ -86,7 +86,15 @@ fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
     (pick(0.5), pick(0.99), us(samples[0]))
 }
 
-fn row(backend: &str, channel: &str, case: &str, tensor: String, bytes: u64, factor: f64, samples: Vec<Duration>) -> Row {
+fn row(
+    backend: &str,
+    channel: &str,
+    case: &str,
+    tensor: String,
+    bytes: u64,
+    factor: f64,
+    samples: Vec<Duration>,
+) -> Row {
     let iters = samples.len();
     let (p50, p99, min) = stats(samples);
     let gbps = if p50 > 0.0 { factor * bytes as f64 / (p50 * 1e-6) / 1e9 } else { 0.0 };
@@ -214,7 +222,8 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     let nbytes = meta.byte_span().context("tensor shape")?;
     let label = format!("{}[{}]", opts.dtype, opts.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
     let big = Message::with_tensors(serde_json::json!({"bench": "tensor"}), vec![filled(meta)?]);
-    let small = Message::with_tensors(serde_json::json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
+    let small =
+        Message::with_tensors(serde_json::json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
 
     let pairs: Vec<(Arc<dyn Transport>, Arc<dyn Channel>)> = crate::transports()
         .into_iter()

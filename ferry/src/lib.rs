@@ -1,7 +1,7 @@
 //! ferry moves tensors between processes as fast as the hardware allows.
 //!
 //! This facade re-exports [`ferry_core`] and every backend compiled in, and builds an
-//! [`Endpoint`] that holds them all ([`endpoint`]). Two peers then negotiate the fastest
+//! [`Endpoint`] that holds them all ([`endpoint()`]). Two peers then negotiate the fastest
 //! channel they share.
 //!
 //! ```no_run
@@ -37,8 +37,8 @@ pub use ferry_pipe;
 use std::sync::Arc;
 
 /// The compiled-in transports.
+#[allow(unused_mut, clippy::vec_init_then_push)] // the pushes depend on features
 pub fn transports() -> Vec<Arc<dyn Transport>> {
-    #[allow(unused_mut)]
     let mut v: Vec<Arc<dyn Transport>> = Vec::new();
     #[cfg(feature = "pipe")]
     v.push(Arc::new(ferry_pipe::PipeTransport::new()));

@@ -101,7 +101,14 @@ fn main() -> ExitCode {
             Cmd::Info => {
                 let ep = ferry::endpoint().build();
                 println!("ferry {} (protocol version {})", env!("CARGO_PKG_VERSION"), ferry::PROTOCOL_VERSION);
-                println!("transports: {}", ferry::transports().iter().map(|t| format!("{} ({}:)", t.name(), t.scheme())).collect::<Vec<_>>().join(", "));
+                println!(
+                    "transports: {}",
+                    ferry::transports()
+                        .iter()
+                        .map(|t| format!("{} ({}:)", t.name(), t.scheme()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
                 println!("channels (priority order): {}", ep.channel_names().join(", "));
                 Ok(())
             }

@@ -120,7 +120,8 @@ impl Transport for PipeTransport {
 
     async fn connect(&self, addr: &Address) -> Result<Box<dyn Connection>, TransportError> {
         let name = SocketName::parse(addr)?;
-        let stream = IpcStream::connect(name.to_name().map_err(|e| io_err(addr, e))?).await.map_err(|e| io_err(addr, e))?;
+        let stream =
+            IpcStream::connect(name.to_name().map_err(|e| io_err(addr, e))?).await.map_err(|e| io_err(addr, e))?;
         let conn = PipeConnection::new(stream, addr, self.allow_any_user)?;
         Ok(Box::new(conn))
     }

@@ -83,7 +83,10 @@ fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Resu
         }
     }
     if r.flags.contains(ReturnFlags::CTRUNC) {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "peer sent more file descriptors than fit in one message"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "peer sent more file descriptors than fit in one message",
+        ));
     }
     Ok(r.bytes)
 }

@@ -52,8 +52,9 @@ pub fn strided<F: Fixture>(fx: &F, mode: Peers) -> Outcome {
         let base = pattern(DType::F32, &[6], 9);
         let transposed = Tensor::new(TensorMeta::new(DType::F32, vec![3, 2]).with_strides(vec![1, 3]), base.bytes())
             .map_err(|e| format!("{e}"))?;
-        let broadcast = Tensor::new(TensorMeta::new(DType::U16, vec![4, 5]).with_strides(vec![0, 1]), Bytes::from(vec![1u8; 10]))
-            .map_err(|e| format!("{e}"))?;
+        let broadcast =
+            Tensor::new(TensorMeta::new(DType::U16, vec![4, 5]).with_strides(vec![0, 1]), Bytes::from(vec![1u8; 10]))
+                .map_err(|e| format!("{e}"))?;
         round_trip(&pipe, Message::with_tensors(json!("strided"), vec![transposed, broadcast])).await
     })
 }
@@ -64,9 +65,9 @@ pub fn payload_sizes<F: Fixture>(fx: &F, mode: Peers) -> Outcome {
         let (_peer, pipe) = echo_pipe(fx, mode, "sizes").await?;
         for (i, n) in [0u64, 1, 63, 64, 65, 4095, 4096, 65_537, 1 << 20, 16 << 20, 256 << 20].into_iter().enumerate() {
             let t = pattern(DType::U8, &[n], i as u64 + 100);
-            round_trip(&pipe, Message::with_tensors(json!({"bytes": n}), vec![t])).await.map_err(|e| {
-                crate::Failed::from(format!("{n} bytes: {}", e.message().unwrap_or_default()))
-            })?;
+            round_trip(&pipe, Message::with_tensors(json!({"bytes": n}), vec![t]))
+                .await
+                .map_err(|e| crate::Failed::from(format!("{n} bytes: {}", e.message().unwrap_or_default())))?;
         }
         Ok(())
     })

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use ferry_core::{Message, PipeError};
 use serde_json::json;
 
-use crate::util::fail;
 use crate::peer::{self, role};
+use crate::util::fail;
 use crate::{Fixture, Outcome, Peers, ensure, run_async};
 
 const LIMIT: Duration = Duration::from_secs(60);

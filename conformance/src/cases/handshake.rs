@@ -9,8 +9,8 @@ use ferry_core::{
 };
 use serde_json::json;
 
-use crate::util::{fail, pattern};
 use crate::peer::RawConn;
+use crate::util::{fail, pattern};
 use crate::{Fixture, Outcome, ensure, run_async};
 
 const LIMIT: Duration = Duration::from_secs(60);

@@ -8,8 +8,8 @@ use ferry_core::{Limits, PipeError, ProtocolError};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::util::fail;
 use crate::peer::RawConn;
+use crate::util::fail;
 use crate::{Fixture, Outcome, ensure, run_async};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -109,8 +109,15 @@ pub fn header_over_limit<F: Fixture>(fx: &F) -> Outcome {
 /// A payload length over the receiver's limit is refused before it is read.
 pub fn payload_over_limit<F: Fixture>(fx: &F) -> Outcome {
     let limits = Limits { max_payload_bytes: 1 << 20, ..Limits::default() };
-    let h = serde_json::to_vec(&one_tensor(json!({"dtype": "u8", "shape": [1u64 << 40]}), 0, 1 << 40)).unwrap_or_default();
-    let p = FramePrefix { kind: FrameKind::Message as u8, flags: 0, fds: 0, header_len: h.len() as u32, payload_len: 1 << 40 };
+    let h =
+        serde_json::to_vec(&one_tensor(json!({"dtype": "u8", "shape": [1u64 << 40]}), 0, 1 << 40)).unwrap_or_default();
+    let p = FramePrefix {
+        kind: FrameKind::Message as u8,
+        flags: 0,
+        fds: 0,
+        header_len: h.len() as u32,
+        payload_len: 1 << 40,
+    };
     let mut bytes = p.encode().to_vec();
     bytes.extend_from_slice(&h);
     bad_input(fx, "payload-limit", limits, bytes, false, Want::Limit("max_payload_bytes"))
@@ -184,7 +191,14 @@ pub fn truncated_frame<F: Fixture>(fx: &F) -> Outcome {
 
 /// A HELLO after the handshake.
 pub fn second_hello<F: Fixture>(fx: &F) -> Outcome {
-    bad_input(fx, "hello-again", Limits::default(), frame(FrameKind::Hello as u8, 0, 0, b"{}", &[]), false, Want::Protocol)
+    bad_input(
+        fx,
+        "hello-again",
+        Limits::default(),
+        frame(FrameKind::Hello as u8, 0, 0, b"{}", &[]),
+        false,
+        Want::Protocol,
+    )
 }
 
 /// Garbage instead of the preamble: the server's `accept` reports it and drops the

@@ -13,7 +13,6 @@ pub mod faults;
 pub mod handshake;
 pub mod malformed;
 
-
 /// A case ready to run against a fixture.
 pub type Case<F> = Box<dyn Fn(&F) -> Outcome + Send + Sync>;
 
