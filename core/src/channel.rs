@@ -16,9 +16,55 @@ use crate::dtype::DeviceKind;
 use crate::error::ChannelError;
 use crate::frame::OutFrame;
 use crate::meta::TensorMeta;
+use crate::tensor::TensorMut;
 use crate::tensor::{ALIGN, Tensor};
 use crate::transport::ConnInfo;
 use crate::wire::{ChannelOffer, InlineRef, Location};
+
+/// A CONTROL frame a session wants sent to its peer session.
+#[derive(Debug)]
+pub struct ControlOut {
+    /// The sending channel's name.
+    pub channel: &'static str,
+    /// Channel-specific body.
+    pub body: serde_json::Value,
+    /// Descriptors to attach (unix).
+    #[cfg(unix)]
+    pub fds: Vec<std::os::fd::OwnedFd>,
+}
+
+/// Sends CONTROL frames on behalf of a session; they go out in order, after any frame
+/// already being written. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ControlSender {
+    tx: tokio::sync::mpsc::UnboundedSender<ControlOut>,
+}
+
+impl ControlSender {
+    /// A sender and the receiving end the pipe drains.
+    pub fn channel() -> (ControlSender, tokio::sync::mpsc::UnboundedReceiver<ControlOut>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (ControlSender { tx }, rx)
+    }
+
+    /// Queues a CONTROL frame. Fails once the pipe is gone.
+    pub fn send(&self, msg: ControlOut) -> Result<(), ChannelError> {
+        self.tx.send(msg).map_err(|_| ChannelError::Closed)
+    }
+}
+
+/// What a session gets from the pipe it serves.
+#[derive(Debug, Clone)]
+pub struct SessionCtx {
+    /// The connection.
+    pub conn: ConnInfo,
+    /// Sends CONTROL frames to the peer's session.
+    pub control: ControlSender,
+    /// Becomes `true` when the pipe closes (for waits that must end then).
+    pub closed: tokio::sync::watch::Receiver<bool>,
+    /// True on the accepting side.
+    pub is_server: bool,
+}
 
 /// A way to move tensor bytes, registered in an [`crate::Endpoint`].
 pub trait Channel: Send + Sync + 'static {
@@ -35,7 +81,7 @@ pub trait Channel: Send + Sync + 'static {
     /// Server side: whether it can serve a client that made `offer` over `conn`.
     fn accepts(&self, offer: &ChannelOffer, conn: &ConnInfo) -> bool;
     /// Opens a session for one pipe.
-    fn open(&self, conn: &ConnInfo) -> Result<Arc<dyn ChannelSession>, ChannelError>;
+    fn open(&self, ctx: SessionCtx) -> Result<Arc<dyn ChannelSession>, ChannelError>;
 }
 
 /// One pipe's use of a channel.
@@ -48,9 +94,16 @@ pub trait ChannelSession: Send + Sync + 'static {
     async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError>;
     /// Rebuilds tensor `index` of a received message. Validates everything.
     fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError>;
-    /// Handles a CONTROL frame body from the peer's session.
-    fn control(&self, body: serde_json::Value) -> Result<(), ChannelError> {
-        let _ = body;
+    /// A writable tensor in the channel's own memory (e.g. the shm pool), so that sending it
+    /// costs no copy. `None`: the channel has no memory of its own (ordinary heap memory
+    /// will do).
+    async fn alloc(&self, meta: &TensorMeta) -> Result<Option<TensorMut>, ChannelError> {
+        let _ = meta;
+        Ok(None)
+    }
+    /// Handles a CONTROL frame (body and attached descriptors) from the peer's session.
+    fn control(&self, body: serde_json::Value, incoming: &mut Incoming) -> Result<(), ChannelError> {
+        let _ = (body, incoming);
         Err(ChannelError::BadDescriptor {
             channel: self.name(),
             reason: "this channel takes no control messages".into(),

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::channel::Channel;
+use crate::channel::{Channel, ControlOut, ControlSender, SessionCtx};
 use crate::dtype::DeviceKind;
 use crate::error::{PipeError, ProtocolError, TransportError};
 use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
@@ -277,6 +277,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     if !welcome.channels.contains_key(&DeviceKind::Cpu) {
         return Err(ProtocolError::BadHeader("server chose no channel for cpu tensors".into()).into());
     }
+    let (ctx, closed_tx, control_rx) = session_ctx(&info, false);
     let mut sessions = BTreeMap::new();
     for (kind, name) in &welcome.channels {
         let offered = hello.channels.iter().any(|o| &o.name == name && o.devices.contains(kind));
@@ -287,11 +288,11 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             ))
             .into());
         };
-        sessions.insert(*kind, c.open(&info)?);
+        sessions.insert(*kind, c.open(ctx.clone())?);
     }
     tracing::debug!(addr = %info.addr, channels = ?welcome.channels, "connected");
     let pipe_info = PipeInfo { conn: info, channels: welcome.channels, peer_agent: welcome.agent, is_server: false };
-    Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg))
+    Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, control_rx))
 }
 
 async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
@@ -335,10 +336,11 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         }
         Ok((welcome, hello)) => {
             let hello: Hello = hello;
+            let (ctx, closed_tx, control_rx) = session_ctx(&info, true);
             let mut sessions = BTreeMap::new();
             for (kind, name) in &welcome.channels {
                 if let Some(c) = cfg.channels.iter().find(|c| c.name() == name) {
-                    sessions.insert(*kind, c.open(&info)?);
+                    sessions.insert(*kind, c.open(ctx.clone())?);
                 }
             }
             writer.write_frame(FrameKind::Welcome, OutFrame::json(&welcome)).await?;
@@ -347,9 +349,17 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
                 PipeInfo { conn: info, channels: welcome.channels, peer_agent: hello.agent, is_server: true };
             // A client that announces no limits accepts what this side accepts.
             let peer_limits = hello.limits.unwrap_or(cfg.limits);
-            Ok(Pipe::start(reader, writer, sessions, pipe_info, peer_limits, &cfg))
+            Ok(Pipe::start(reader, writer, sessions, pipe_info, peer_limits, &cfg, closed_tx, control_rx))
         }
     }
+}
+
+type CtxParts = (SessionCtx, watch::Sender<bool>, mpsc::UnboundedReceiver<ControlOut>);
+
+fn session_ctx(info: &crate::transport::ConnInfo, is_server: bool) -> CtxParts {
+    let (control, control_rx) = ControlSender::channel();
+    let (closed_tx, closed) = watch::channel(false);
+    (SessionCtx { conn: info.clone(), control, closed, is_server }, closed_tx, control_rx)
 }
 
 /// Compares without an early exit (the length is not secret).

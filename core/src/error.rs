@@ -234,6 +234,12 @@ pub enum ChannelError {
     /// A limit was exceeded.
     #[error(transparent)]
     Limit(#[from] LimitError),
+    /// The pipe the session serves is closed.
+    #[error("pipe closed")]
+    Closed,
+    /// Waiting for channel resources (e.g. pool space) took too long.
+    #[error("timed out after {0:?}: {1}")]
+    Timeout(std::time::Duration, String),
     /// Backend-specific detail.
     #[error(transparent)]
     Backend(Arc<dyn std::error::Error + Send + Sync>),

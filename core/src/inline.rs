@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::channel::{Channel, ChannelSession, Incoming, Outgoing};
+use crate::channel::{Channel, ChannelSession, Incoming, Outgoing, SessionCtx};
 use crate::dtype::{Device, DeviceKind};
 use crate::error::ChannelError;
 use crate::meta::TensorMeta;
@@ -30,7 +30,7 @@ impl Channel for InlineChannel {
     fn accepts(&self, offer: &ChannelOffer, _: &ConnInfo) -> bool {
         offer.name == "inline"
     }
-    fn open(&self, _: &ConnInfo) -> Result<Arc<dyn ChannelSession>, ChannelError> {
+    fn open(&self, _: SessionCtx) -> Result<Arc<dyn ChannelSession>, ChannelError> {
         Ok(Arc::new(InlineSession))
     }
 }
@@ -57,22 +57,29 @@ impl ChannelSession for InlineSession {
     }
 
     fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
-        let Location::Inline(r) = loc;
-        if meta.device != Device::Cpu {
-            return Err(ChannelError::BadDescriptor {
-                channel: "inline",
-                reason: format!("inline tensor claims device {}", meta.device),
-            });
-        }
-        let bytes = incoming.slice(*r).ok_or_else(|| ChannelError::BadDescriptor {
-            channel: "inline",
-            reason: format!(
-                "range offset {} + len {} is outside the payload of {} bytes",
-                r.offset,
-                r.len,
-                incoming.payload().len()
-            ),
-        })?;
-        Ok(Tensor::new(meta, bytes)?)
+        decode_inline(meta, loc, incoming)
     }
+}
+
+/// Decodes an inline tensor (shared with channels that send small tensors inline).
+pub fn decode_inline(meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
+    let Location::Inline(r) = loc else {
+        return Err(ChannelError::BadDescriptor { channel: "inline", reason: format!("unexpected location {loc:?}") });
+    };
+    if meta.device != Device::Cpu {
+        return Err(ChannelError::BadDescriptor {
+            channel: "inline",
+            reason: format!("inline tensor claims device {}", meta.device),
+        });
+    }
+    let bytes = incoming.slice(*r).ok_or_else(|| ChannelError::BadDescriptor {
+        channel: "inline",
+        reason: format!(
+            "range offset {} + len {} is outside the payload of {} bytes",
+            r.offset,
+            r.len,
+            incoming.payload().len()
+        ),
+    })?;
+    Ok(Tensor::new(meta, bytes)?)
 }

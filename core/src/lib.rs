@@ -37,7 +37,7 @@ pub mod tensor;
 pub mod transport;
 pub mod wire;
 
-pub use channel::{Channel, ChannelSession, Incoming, Outgoing};
+pub use channel::{Channel, ChannelSession, ControlOut, ControlSender, Incoming, Outgoing, SessionCtx};
 pub use codec::{RawCodec, SafetensorsCodec, TensorCodec};
 pub use dtype::{DType, Device, DeviceKind, Element};
 pub use endpoint::{Endpoint, EndpointBuilder, PipeListener};
@@ -46,6 +46,6 @@ pub use inline::InlineChannel;
 pub use message::Message;
 pub use meta::{MAX_DIMS, TensorMeta};
 pub use pipe::{Pipe, PipeInfo};
-pub use tensor::{ALIGN, AlignedBuf, Storage, Tensor, TensorMut};
+pub use tensor::{ALIGN, AlignedBuf, Storage, Tensor, TensorMut, WritableStorage};
 pub use transport::{Address, ConnInfo, Connection, FdQueue, Listener, Split, Transport};
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};

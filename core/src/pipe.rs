@@ -13,13 +13,14 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{Mutex, mpsc, watch};
 
-use crate::channel::{ChannelSession, Incoming, Outgoing};
+use crate::channel::{ChannelSession, ControlOut, Incoming, Outgoing};
 use crate::dtype::DeviceKind;
 use crate::endpoint::Config;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
 use crate::frame::{Frame, FrameKind, FrameReader, FrameWriter, OutFrame};
 use crate::message::Message;
-use crate::tensor::Tensor;
+use crate::meta::TensorMeta;
+use crate::tensor::{Tensor, TensorMut};
 use crate::transport::ConnInfo;
 use crate::wire::{Close, ControlHeader, Limits, MessageHeader, TensorDesc};
 
@@ -51,6 +52,7 @@ pub struct Pipe {
     shared: Arc<Shared>,
     rx: Mutex<mpsc::Receiver<Result<Message, PipeError>>>,
     reader: tokio::task::JoinHandle<()>,
+    control: tokio::task::JoinHandle<()>,
     info: PipeInfo,
 }
 
@@ -61,6 +63,7 @@ struct HeaderRef<'a> {
 }
 
 impl Pipe {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         reader: FrameReader,
         writer: FrameWriter,
@@ -68,8 +71,9 @@ impl Pipe {
         info: PipeInfo,
         peer_limits: Limits,
         cfg: &Config,
+        closed_tx: watch::Sender<bool>,
+        control_rx: mpsc::UnboundedReceiver<ControlOut>,
     ) -> Pipe {
-        let (closed_tx, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             writer: Mutex::new(writer),
             sessions,
@@ -80,7 +84,8 @@ impl Pipe {
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);
         let task = tokio::spawn(read_loop(reader, shared.clone(), tx));
-        Pipe { shared, rx: Mutex::new(rx), reader: task, info }
+        let control = tokio::spawn(control_loop(control_rx, shared.clone()));
+        Pipe { shared, rx: Mutex::new(rx), reader: task, control, info }
     }
 
     /// What was negotiated.
@@ -145,6 +150,19 @@ impl Pipe {
         self.write(FrameKind::Message, out.finish(header)).await
     }
 
+    /// A writable tensor for `meta`, in the negotiated channel's own memory where it has
+    /// some (the shm pool: sending it then costs no copy), else on the heap. Fill it, then
+    /// `freeze()` it and send it.
+    pub async fn alloc(&self, meta: TensorMeta) -> Result<TensorMut, PipeError> {
+        let kind = meta.device.kind();
+        if let Some(session) = self.shared.sessions.get(&kind)
+            && let Some(t) = session.alloc(&meta).await?
+        {
+            return Ok(t);
+        }
+        Ok(TensorMut::zeros(meta)?)
+    }
+
     /// Receives the next message, in the order the peer sent them.
     pub async fn recv(&self) -> Result<Message, PipeError> {
         let mut rx = self.rx.lock().await;
@@ -189,6 +207,7 @@ impl Pipe {
 impl Drop for Pipe {
     fn drop(&mut self) {
         self.reader.abort();
+        self.control.abort();
         self.shared.mark_closed(PipeError::Closed);
     }
 }
@@ -285,6 +304,22 @@ async fn read_loop(mut reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sende
     }
 }
 
+async fn control_loop(mut rx: mpsc::UnboundedReceiver<ControlOut>, shared: Arc<Shared>) {
+    while let Some(c) = rx.recv().await {
+        let header =
+            serde_json::to_vec(&ControlHeader { channel: c.channel.to_string(), body: c.body }).unwrap_or_default();
+        let frame = OutFrame {
+            header,
+            payload: Vec::new(),
+            #[cfg(unix)]
+            fds: c.fds,
+        };
+        if shared.write(FrameKind::Control, frame).await.is_err() {
+            return;
+        }
+    }
+}
+
 fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
     match frame.kind {
         FrameKind::Message => decode_message(shared, frame).map(Some),
@@ -296,7 +331,12 @@ fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeEr
                     c.channel
                 ))
             })?;
-            session.control(c.body)?;
+            let mut incoming = Incoming::new(
+                frame.payload,
+                #[cfg(unix)]
+                frame.fds,
+            );
+            session.control(c.body, &mut incoming)?;
             Ok(None)
         }
         FrameKind::Close => {

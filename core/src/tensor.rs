@@ -197,11 +197,25 @@ impl PartialEq for Tensor {
     }
 }
 
+/// Writable memory a [`TensorMut`] can live in: heap ([`AlignedBuf`]) or a channel's own
+/// memory (a slot of the shm pool).
+pub trait WritableStorage: AsRef<[u8]> + AsMut<[u8]> + Send + Sync + 'static {}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]> + Send + Sync + 'static> WritableStorage for T {}
+
+struct Frozen(Box<dyn WritableStorage>);
+
+impl AsRef<[u8]> for Frozen {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
 /// A writable, contiguous host tensor being filled; [`TensorMut::freeze`] makes it a
 /// [`Tensor`] without copying.
 pub struct TensorMut {
     meta: TensorMeta,
-    buf: AlignedBuf,
+    buf: Box<dyn WritableStorage>,
 }
 
 impl TensorMut {
@@ -210,7 +224,14 @@ impl TensorMut {
         let len = meta.byte_span()?;
         let len = usize::try_from(len).map_err(|_| MetaError::Overflow)?;
         let meta = TensorMeta { strides: None, device: Device::Cpu, ..meta };
-        Ok(TensorMut { meta, buf: AlignedBuf::zeroed(len) })
+        Ok(TensorMut { meta, buf: Box::new(AlignedBuf::zeroed(len)) })
+    }
+
+    /// A tensor of `meta` (contiguous, CPU) over `buf`, which must hold exactly its bytes.
+    pub fn from_storage(meta: TensorMeta, buf: Box<dyn WritableStorage>) -> Result<Self, MetaError> {
+        let meta = TensorMeta { strides: None, device: Device::Cpu, ..meta };
+        meta.validate((*buf).as_ref().len() as u64)?;
+        Ok(TensorMut { meta, buf })
     }
 
     /// The metadata.
@@ -220,7 +241,12 @@ impl TensorMut {
 
     /// The bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
-        self.buf.as_mut()
+        (*self.buf).as_mut()
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        (*self.buf).as_ref()
     }
 
     /// A typed writable view.
@@ -228,13 +254,13 @@ impl TensorMut {
         if self.meta.dtype != T::DTYPE {
             return Err(ViewError::DType { requested: T::DTYPE, actual: self.meta.dtype });
         }
-        bytemuck::try_cast_slice_mut(self.buf.as_mut())
+        bytemuck::try_cast_slice_mut((*self.buf).as_mut())
             .map_err(|_| ViewError::Misaligned { align: std::mem::align_of::<T>() })
     }
 
     /// Freezes into an immutable [`Tensor`] (no copy).
     pub fn freeze(self) -> Tensor {
-        Tensor { meta: self.meta, storage: Storage::Host(self.buf.into_bytes()) }
+        Tensor { meta: self.meta, storage: Storage::Host(Bytes::from_owner(Frozen(self.buf))) }
     }
 }
 

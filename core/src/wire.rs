@@ -160,6 +160,35 @@ pub struct TensorDesc {
 pub enum Location {
     /// In this frame's payload.
     Inline(InlineRef),
+    /// In a shared-memory segment of the sender's pool (shm channel).
+    Shm(ShmRef),
+    /// In the receiver's own pool: a lease the receiver granted earlier, sent back (shm).
+    ShmReturn(ShmReturnRef),
+}
+
+/// A range of one of the sender's shared-memory segments, leased to the receiver until it
+/// sends a release for `lease`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShmRef {
+    /// Segment id, as announced in a CONTROL frame.
+    pub segment: u64,
+    /// Offset of the tensor's bytes in the segment.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Lease id to release when done.
+    pub lease: u64,
+}
+
+/// A range inside a lease the receiver itself granted (so: its own memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShmReturnRef {
+    /// The receiver's lease id.
+    pub lease: u64,
+    /// Offset inside the leased range.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
 }
 
 /// A byte range of the frame payload.

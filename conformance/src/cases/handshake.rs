@@ -62,7 +62,7 @@ impl Channel for Unshared {
     fn accepts(&self, _: &ChannelOffer, _: &ConnInfo) -> bool {
         true
     }
-    fn open(&self, _: &ConnInfo) -> Result<Arc<dyn ChannelSession>, ChannelError> {
+    fn open(&self, _: ferry_core::SessionCtx) -> Result<Arc<dyn ChannelSession>, ChannelError> {
         Err(ChannelError::NotViable("test channel".into()))
     }
 }
