@@ -31,6 +31,7 @@ pub(crate) struct Config {
     pub(crate) token: Option<String>,
     pub(crate) require_token: Option<String>,
     pub(crate) recv_queue: usize,
+    pub(crate) accept_foreign: bool,
 }
 
 /// Builds an [`Endpoint`]: `Endpoint::builder().transport(..).channel(..).build()`.
@@ -51,6 +52,7 @@ impl Default for EndpointBuilder {
                 token: None,
                 require_token: None,
                 recv_queue: 16,
+                accept_foreign: false,
             },
         }
     }
@@ -99,6 +101,14 @@ impl EndpointBuilder {
     /// from the connection (default 16).
     pub fn recv_queue(mut self, n: usize) -> Self {
         self.cfg.recv_queue = n.max(1);
+        self
+    }
+
+    /// Server: hand connections whose first byte is `{` or `[` (plain newline-delimited
+    /// JSON, e.g. a JSON-RPC client) to [`PipeListener::accept_any`] as
+    /// [`Accepted::Foreign`] instead of refusing them. Off by default.
+    pub fn accept_foreign(mut self, yes: bool) -> Self {
+        self.cfg.accept_foreign = yes;
         self
     }
 
@@ -179,9 +189,36 @@ impl Endpoint {
     }
 }
 
+/// A connection whose peer does not speak ferry's frame protocol but starts with `{` or
+/// `[` (accepted only with [`EndpointBuilder::accept_foreign`]). Nothing it sent is lost:
+/// `read` still holds every byte.
+pub struct ForeignConn {
+    /// What is known about the connection.
+    pub info: crate::transport::ConnInfo,
+    /// The peer's bytes, buffered (`AsyncBufRead`, so `lines()` works).
+    pub read: tokio::io::BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    /// Bytes to the peer.
+    pub write: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+}
+
+impl std::fmt::Debug for ForeignConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignConn").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// What [`PipeListener::accept_any`] returns.
+#[derive(Debug)]
+pub enum Accepted {
+    /// A ferry peer, handshake done.
+    Pipe(Pipe),
+    /// A plain JSON peer.
+    Foreign(ForeignConn),
+}
+
 /// Accepts pipes. Dropping it stops listening and aborts handshakes in progress.
 pub struct PipeListener {
-    rx: mpsc::Receiver<Result<Pipe, PipeError>>,
+    rx: mpsc::Receiver<Result<Accepted, PipeError>>,
     task: tokio::task::JoinHandle<()>,
     addr: Address,
 }
@@ -191,6 +228,19 @@ impl PipeListener {
     /// `Err` (the listener keeps going: call `accept` again); [`PipeError::Closed`] means
     /// the listener itself has stopped.
     pub async fn accept(&mut self) -> Result<Pipe, PipeError> {
+        loop {
+            match self.accept_any().await? {
+                Accepted::Pipe(p) => return Ok(p),
+                Accepted::Foreign(f) => {
+                    tracing::debug!(addr = %f.info.addr, "dropping a plain-JSON connection: accept() takes ferry pipes only");
+                }
+            }
+        }
+    }
+
+    /// The next ferry pipe or (with [`EndpointBuilder::accept_foreign`]) plain JSON
+    /// connection. Errors as for [`PipeListener::accept`].
+    pub async fn accept_any(&mut self) -> Result<Accepted, PipeError> {
         self.rx.recv().await.unwrap_or(Err(PipeError::Closed))
     }
 
@@ -206,7 +256,7 @@ impl Drop for PipeListener {
     }
 }
 
-async fn accept_loop(mut listener: Box<dyn Listener>, cfg: Arc<Config>, tx: mpsc::Sender<Result<Pipe, PipeError>>) {
+async fn accept_loop(mut listener: Box<dyn Listener>, cfg: Arc<Config>, tx: mpsc::Sender<Result<Accepted, PipeError>>) {
     let mut handshakes = JoinSet::new();
     loop {
         tokio::select! {
@@ -295,8 +345,11 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, control_rx))
 }
 
-async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
+async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Accepted, PipeError> {
     let (info, mut reader, mut writer) = halves(conn, &cfg);
+    if cfg.accept_foreign && matches!(reader.peek_byte().await?, Some(b'{' | b'[')) {
+        return Ok(Accepted::Foreign(ForeignConn { info, read: reader.into_inner(), write: writer.into_inner() }));
+    }
     // Read first: a peer that is not ferry (plain JSON-RPC, HTTP) gets no binary reply.
     let peer_version = reader.read_preamble().await?;
     writer.write_preamble(cfg.version).await?;
@@ -349,7 +402,16 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
                 PipeInfo { conn: info, channels: welcome.channels, peer_agent: hello.agent, is_server: true };
             // A client that announces no limits accepts what this side accepts.
             let peer_limits = hello.limits.unwrap_or(cfg.limits);
-            Ok(Pipe::start(reader, writer, sessions, pipe_info, peer_limits, &cfg, closed_tx, control_rx))
+            Ok(Accepted::Pipe(Pipe::start(
+                reader,
+                writer,
+                sessions,
+                pipe_info,
+                peer_limits,
+                &cfg,
+                closed_tx,
+                control_rx,
+            )))
         }
     }
 }

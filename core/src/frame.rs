@@ -178,6 +178,19 @@ impl FrameReader {
         FrameReader { inner: BufReader::with_capacity(READ_BUF, read), fds, limits }
     }
 
+    /// Waits for the first byte of the stream without consuming it (`None` at end of stream).
+    pub async fn peek_byte(&mut self) -> Result<Option<u8>, PipeError> {
+        use tokio::io::AsyncBufReadExt;
+        let buf = self.inner.fill_buf().await?;
+        Ok(buf.first().copied())
+    }
+
+    /// The buffered byte stream underneath (for handing a non-ferry peer to another
+    /// protocol, with nothing read lost).
+    pub fn into_inner(self) -> BufReader<Box<dyn AsyncRead + Send + Unpin>> {
+        self.inner
+    }
+
     /// Reads and checks the peer's preamble; returns its version.
     pub async fn read_preamble(&mut self) -> Result<u16, PipeError> {
         let mut b = [0u8; PREAMBLE_LEN];
@@ -286,6 +299,11 @@ impl FrameWriter {
     /// Wraps a write half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(write: Box<dyn AsyncWrite + Send + Unpin>, fds: Option<FdQueue>) -> Self {
         FrameWriter { inner: write, fds, scratch: Vec::new() }
+    }
+
+    /// The byte stream underneath.
+    pub fn into_inner(self) -> Box<dyn AsyncWrite + Send + Unpin> {
+        self.inner
     }
 
     /// Writes the preamble.

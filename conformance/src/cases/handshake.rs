@@ -183,3 +183,36 @@ pub fn unknown_offers_are_ignored<F: Fixture>(fx: &F) -> Outcome {
         Ok(())
     })
 }
+
+/// With `accept_foreign`, a plain newline-delimited JSON client on the same socket is handed
+/// over intact (every byte it sent still readable), and ferry clients still work beside it.
+pub fn foreign_json_is_handed_over<F: Fixture>(fx: &F) -> Outcome {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    run_async(LIMIT, async {
+        let addr = fx.addr("foreign");
+        let mut l = fx.endpoint().accept_foreign(true).build().listen(&addr).await.map_err(fail("listen"))?;
+        let mut raw = RawConn::connect(fx, &addr).await?;
+        let request = b"{\"jsonrpc\":\"2.0\",\"method\":\"ping\",\"id\":1}\n";
+        raw.write_raw(request).await?;
+        let mut conn = match l.accept_any().await.map_err(fail("accept_any"))? {
+            ferry_core::Accepted::Foreign(c) => c,
+            ferry_core::Accepted::Pipe(_) => return Err("a JSON client was taken for a ferry pipe".into()),
+        };
+        let mut line = String::new();
+        conn.read.read_line(&mut line).await.map_err(|e| format!("read: {e}"))?;
+        ensure!(line.as_bytes() == request, "bytes lost: {line:?}");
+        conn.write
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"result\":\"pong\",\"id\":1}\n")
+            .await
+            .map_err(|e| format!("{e}"))?;
+        let mut back = String::new();
+        let mut r = raw.reader.into_inner();
+        r.read_line(&mut back).await.map_err(|e| format!("read reply: {e}"))?;
+        ensure!(back.contains("pong"), "reply {back:?}");
+        let c = fx.endpoint().build().connect(&addr).await.map_err(fail("ferry client beside it"))?;
+        let s = l.accept_any().await.map_err(fail("accept pipe"))?;
+        ensure!(matches!(s, ferry_core::Accepted::Pipe(_)), "ferry client not accepted as a pipe");
+        drop(c);
+        Ok(())
+    })
+}

@@ -68,5 +68,6 @@ pub fn all<F: Fixture>() -> Vec<(String, Case<F>)> {
     one(&mut v, "handshake::silent_client_times_out", handshake::silent_client_times_out::<F>);
     one(&mut v, "handshake::server_respects_client_limits", handshake::server_respects_client_limits::<F>);
     one(&mut v, "handshake::unknown_offers_are_ignored", handshake::unknown_offers_are_ignored::<F>);
+    one(&mut v, "handshake::foreign_json_is_handed_over", handshake::foreign_json_is_handed_over::<F>);
     v
 }
