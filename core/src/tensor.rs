@@ -199,15 +199,24 @@ impl PartialEq for Tensor {
 
 /// Writable memory a [`TensorMut`] can live in: heap ([`AlignedBuf`]) or a channel's own
 /// memory (a slot of the shm pool).
-pub trait WritableStorage: AsRef<[u8]> + AsMut<[u8]> + Send + Sync + 'static {}
+pub trait WritableStorage: Send + Sync + 'static {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+    /// The bytes, writable.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// Ends writing: immutable bytes over the same memory, without a copy.
+    fn freeze(self: Box<Self>) -> Bytes;
+}
 
-impl<T: AsRef<[u8]> + AsMut<[u8]> + Send + Sync + 'static> WritableStorage for T {}
-
-struct Frozen(Box<dyn WritableStorage>);
-
-impl AsRef<[u8]> for Frozen {
-    fn as_ref(&self) -> &[u8] {
-        (*self.0).as_ref()
+impl WritableStorage for AlignedBuf {
+    fn bytes(&self) -> &[u8] {
+        self.as_ref()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.as_mut()
+    }
+    fn freeze(self: Box<Self>) -> Bytes {
+        (*self).into_bytes()
     }
 }
 
@@ -230,7 +239,7 @@ impl TensorMut {
     /// A tensor of `meta` (contiguous, CPU) over `buf`, which must hold exactly its bytes.
     pub fn from_storage(meta: TensorMeta, buf: Box<dyn WritableStorage>) -> Result<Self, MetaError> {
         let meta = TensorMeta { strides: None, device: Device::Cpu, ..meta };
-        meta.validate((*buf).as_ref().len() as u64)?;
+        meta.validate(buf.bytes().len() as u64)?;
         Ok(TensorMut { meta, buf })
     }
 
@@ -241,12 +250,12 @@ impl TensorMut {
 
     /// The bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
-        (*self.buf).as_mut()
+        self.buf.bytes_mut()
     }
 
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        (*self.buf).as_ref()
+        self.buf.bytes()
     }
 
     /// A typed writable view.
@@ -254,13 +263,13 @@ impl TensorMut {
         if self.meta.dtype != T::DTYPE {
             return Err(ViewError::DType { requested: T::DTYPE, actual: self.meta.dtype });
         }
-        bytemuck::try_cast_slice_mut((*self.buf).as_mut())
+        bytemuck::try_cast_slice_mut(self.buf.bytes_mut())
             .map_err(|_| ViewError::Misaligned { align: std::mem::align_of::<T>() })
     }
 
     /// Freezes into an immutable [`Tensor`] (no copy).
     pub fn freeze(self) -> Tensor {
-        Tensor { meta: self.meta, storage: Storage::Host(Bytes::from_owner(Frozen(self.buf))) }
+        Tensor { meta: self.meta, storage: Storage::Host(self.buf.freeze()) }
     }
 }
 

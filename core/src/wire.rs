@@ -178,6 +178,19 @@ pub struct ShmRef {
     pub len: u64,
     /// Lease id to release when done.
     pub lease: u64,
+    /// Present the first time the sender uses this segment on this pipe: the segment's
+    /// descriptor travels with this frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce: Option<SegmentAnnounce>,
+}
+
+/// A new shared-memory segment: a sealed memfd attached to the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SegmentAnnounce {
+    /// Index of the descriptor among the frame's descriptors.
+    pub fd: u32,
+    /// Size of the segment in bytes (must equal the memfd's sealed size).
+    pub size: u64,
 }
 
 /// A range inside a lease the receiver itself granted (so: its own memory).

@@ -1,0 +1,161 @@
+//! ferry-shm: the shared-memory channel (name `shm`, CPU tensors): zero-copy tensors between
+//! processes on one Linux host.
+//!
+//! - **Memory**: each side owns a pool for what it sends, made of unnamed memfd segments
+//!   sealed against shrinking and growing. A segment's descriptor crosses the connection
+//!   once (SCM_RIGHTS, attached to the first message that uses it); the receiver checks
+//!   the seals and the size and maps it read-only. Nothing is ever named in /dev/shm or on
+//!   disk, so nothing is left behind when a process dies, even by SIGKILL.
+//! - **Zero copy**: [`ferry_core::Pipe::alloc`] returns a writable tensor inside the pool;
+//!   sending it moves only a descriptor (segment, offset, length, lease). A tensor that lives
+//!   elsewhere is copied into the pool exactly once; tensors under
+//!   [`ShmOptions::inline_below`] bytes travel inline (a copy is cheaper than a lease there).
+//! - **Leases**: the receiver's tensor is a lease on the sender's slot. Dropping its last
+//!   clone queues a release; releases go out in batches (CONTROL frames) and the sender
+//!   reuses the slot. A received tensor sent back over the same pipe travels as a reference
+//!   to the peer's own memory (no copy either way).
+//! - **Limits**: [`ShmOptions::pool_limit`] bounds what a side allocates (sends wait up to
+//!   [`ShmOptions::full_wait`], then fail naming the limit); [`ShmOptions::max_peer_bytes`]
+//!   bounds what a side maps of its peer's memory.
+//! - **Negotiation**: offered only over transports that pass descriptors, accepted only when
+//!   both peers share boot id and IPC / network namespaces; otherwise the handshake falls
+//!   back to the next channel (inline).
+//!
+//! Entry point: [`ShmChannel::new`], registered in an [`ferry_core::Endpoint`] before the
+//! inline channel. Unsafe code lives only in the `sys` module.
+//!
+//! # Feature flags
+//! None.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ferry_core::wire::ChannelOffer;
+use ferry_core::{Channel, ChannelError, ChannelSession, ConnInfo, DeviceKind, SessionCtx};
+
+#[cfg(target_os = "linux")]
+mod pool;
+#[cfg(target_os = "linux")]
+mod session;
+#[cfg(target_os = "linux")]
+pub mod sys;
+
+/// Options of the shm channel.
+#[derive(Debug, Clone)]
+pub struct ShmOptions {
+    /// Most bytes of segments one pipe's pool may create (default 2 GiB; pages are only
+    /// committed when written).
+    pub pool_limit: u64,
+    /// Size of a new segment (default 64 MiB; a larger tensor gets a segment of its own size).
+    pub segment_bytes: usize,
+    /// How long `send` / `alloc` wait for pool space before failing (default 10 s; zero:
+    /// fail at once).
+    pub full_wait: Duration,
+    /// Tensors smaller than this that are not already in the pool travel inline (default
+    /// 16 KiB).
+    pub inline_below: usize,
+    /// Most bytes of the peer's segments this side maps (default 16 GiB).
+    pub max_peer_bytes: u64,
+}
+
+impl Default for ShmOptions {
+    fn default() -> Self {
+        ShmOptions {
+            pool_limit: 2 << 30,
+            segment_bytes: 64 << 20,
+            full_wait: Duration::from_secs(10),
+            inline_below: 16 << 10,
+            max_peer_bytes: 16 << 30,
+        }
+    }
+}
+
+/// The shared-memory channel.
+#[derive(Debug, Clone, Default)]
+pub struct ShmChannel {
+    opts: ShmOptions,
+}
+
+impl ShmChannel {
+    /// With default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With these options.
+    pub fn with_options(opts: ShmOptions) -> Self {
+        ShmChannel { opts }
+    }
+}
+
+/// Where this process can share memory: boot id and namespaces.
+fn domain() -> &'static BTreeMap<String, String> {
+    static D: OnceLock<BTreeMap<String, String>> = OnceLock::new();
+    D.get_or_init(|| {
+        let mut d = BTreeMap::new();
+        if let Ok(b) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+            d.insert("boot_id".into(), b.trim().to_string());
+        }
+        for ns in ["ipc", "net"] {
+            if let Ok(l) = std::fs::read_link(format!("/proc/self/ns/{ns}")) {
+                d.insert(format!("{ns}_ns"), l.to_string_lossy().into_owned());
+            }
+        }
+        d
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn probe() -> Result<(), String> {
+    static P: OnceLock<Result<(), String>> = OnceLock::new();
+    P.get_or_init(|| {
+        sys::OwnSegment::create(4096).map(drop).map_err(|e| format!("cannot create a sealed memfd: {e}"))?;
+        if !domain().contains_key("boot_id") {
+            return Err("cannot read /proc/sys/kernel/random/boot_id".into());
+        }
+        Ok(())
+    })
+    .clone()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn probe() -> Result<(), String> {
+    Err("the shm channel needs Linux memfd".into())
+}
+
+impl Channel for ShmChannel {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn devices(&self) -> &'static [DeviceKind] {
+        &[DeviceKind::Cpu]
+    }
+
+    fn viability(&self) -> Result<(), ChannelError> {
+        probe().map_err(|e| ChannelError::NotViable(e.into()))
+    }
+
+    fn offer(&self, conn: &ConnInfo) -> Option<ChannelOffer> {
+        (conn.fd_passing && conn.same_host).then(|| ChannelOffer {
+            name: "shm".into(),
+            devices: vec![DeviceKind::Cpu],
+            domain: domain().clone(),
+        })
+    }
+
+    fn accepts(&self, offer: &ChannelOffer, conn: &ConnInfo) -> bool {
+        conn.fd_passing && conn.same_host && offer.name == "shm" && &offer.domain == domain()
+    }
+
+    #[cfg(target_os = "linux")]
+    fn open(&self, ctx: SessionCtx) -> Result<Arc<dyn ChannelSession>, ChannelError> {
+        Ok(session::ShmSession::new(ctx, self.opts.clone()))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn open(&self, _: SessionCtx) -> Result<Arc<dyn ChannelSession>, ChannelError> {
+        Err(ChannelError::NotViable("the shm channel needs Linux memfd".into()))
+    }
+}

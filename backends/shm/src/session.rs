@@ -1,0 +1,368 @@
+//! One pipe's shm session: encodes tensors as pool descriptors (granting leases), decodes
+//! the peer's descriptors into lease-backed tensors, and batches releases.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ferry_core::inline::decode_inline;
+use ferry_core::wire::{Location, SegmentAnnounce, ShmRef, ShmReturnRef};
+use ferry_core::{
+    ChannelError, ChannelSession, ControlOut, Device, Incoming, LimitError, Outgoing, SessionCtx, Storage, Tensor,
+    TensorMeta, TensorMut,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::ShmOptions;
+use crate::pool::{Pool, PoolSlotMut, SlotCore};
+use crate::sys::{PeerSegment, PeerSegmentError};
+
+const NAME: &str = "shm";
+
+fn bad(reason: impl Into<String>) -> ChannelError {
+    ChannelError::BadDescriptor { channel: NAME, reason: reason.into() }
+}
+
+/// A lease this side granted: the peer may read these bytes until it releases.
+struct Granted {
+    core: Arc<SlotCore>,
+    /// Offset of the leased range inside the slot.
+    start: usize,
+    len: usize,
+}
+
+/// What this side knows of the peer's memory.
+#[derive(Default)]
+struct PeerState {
+    segs: HashMap<u64, Arc<PeerSegment>>,
+    /// Segment id by mapping address.
+    by_addr: BTreeMap<usize, u64>,
+    /// Leases held: (segment, start, lease) -> len.
+    held: BTreeMap<(u64, usize, u64), usize>,
+    mapped: u64,
+}
+
+/// Releases waiting to be sent.
+#[derive(Default)]
+struct Batcher {
+    pending: Mutex<Vec<u64>>,
+    notify: Notify,
+}
+
+/// CONTROL bodies of the shm channel.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Control {
+    /// Leases the sender of this frame no longer needs.
+    release: Vec<u64>,
+}
+
+/// One pipe's session.
+pub(crate) struct ShmSession {
+    ctx: SessionCtx,
+    opts: ShmOptions,
+    pool: Arc<Pool>,
+    granted: Arc<Mutex<HashMap<u64, Granted>>>,
+    next_lease: AtomicU64,
+    peer: Arc<Mutex<PeerState>>,
+    batcher: Arc<Batcher>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ShmSession {
+    pub(crate) fn new(ctx: SessionCtx, opts: ShmOptions) -> Arc<Self> {
+        let s = Arc::new(ShmSession {
+            pool: Pool::new(opts.clone()),
+            ctx,
+            opts,
+            granted: Arc::default(),
+            next_lease: AtomicU64::new(1),
+            peer: Arc::default(),
+            batcher: Arc::default(),
+        });
+        tokio::spawn(flush_loop(s.ctx.clone(), s.batcher.clone(), s.granted.clone(), s.peer.clone()));
+        s
+    }
+
+    fn grant(
+        &self,
+        core: Arc<SlotCore>,
+        start: usize,
+        len: usize,
+        out: &mut Outgoing,
+    ) -> Result<Location, ChannelError> {
+        let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let segment = core.segment();
+        let offset = (core.offset() + start) as u64;
+        let announce = if self.pool.mark_announced(segment) {
+            None
+        } else {
+            let seg = self.pool.segment(segment).ok_or_else(|| bad("unknown own segment"))?;
+            let fd = seg.dup_fd().map_err(|e| ChannelError::Backend(Arc::new(e)))?;
+            let idx = out.attach_fd(fd);
+            Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
+        };
+        lock(&self.granted).insert(lease, Granted { core, start, len });
+        Ok(Location::Shm(ShmRef { segment: u64::from(segment), offset, len: len as u64, lease, announce }))
+    }
+
+    /// The lease (and offset in it) through which `[ptr, ptr+len)` is the peer's memory.
+    fn find_held(&self, ptr: usize, len: usize) -> Option<(u64, u64)> {
+        let peer = lock(&self.peer);
+        let (&base, &seg_id) = peer.by_addr.range(..=ptr).next_back()?;
+        let seg = peer.segs.get(&seg_id)?;
+        let off = ptr - base;
+        if off + len > seg.len() {
+            return None;
+        }
+        let (&(s, start, lease), &llen) = peer.held.range((seg_id, 0, 0)..=(seg_id, off, u64::MAX)).next_back()?;
+        (s == seg_id && off >= start && off + len <= start + llen).then_some((lease, (off - start) as u64))
+    }
+
+    fn open_segment(
+        &self,
+        peer: &mut PeerState,
+        id: u64,
+        a: SegmentAnnounce,
+        incoming: &mut Incoming,
+    ) -> Result<(), ChannelError> {
+        if peer.segs.contains_key(&id) {
+            return Err(bad(format!("segment {id} announced twice")));
+        }
+        let fd = incoming
+            .take_fd(a.fd as usize)
+            .ok_or_else(|| bad(format!("announced descriptor {} is not in the frame", a.fd)))?;
+        if peer.mapped.saturating_add(a.size) > self.opts.max_peer_bytes {
+            return Err(ChannelError::Limit(LimitError {
+                limit: "max_peer_bytes",
+                what: "bytes of peer shared memory mapped",
+                value: peer.mapped.saturating_add(a.size),
+                max: self.opts.max_peer_bytes,
+                side: " (ShmOptions::max_peer_bytes on the receiving side)".into(),
+            }));
+        }
+        let seg = PeerSegment::open(fd, a.size).map_err(|e| match e {
+            PeerSegmentError::NotSealed(why) => bad(format!("segment {id} refused: {why}")),
+            PeerSegmentError::WrongSize { announced, actual } => {
+                bad(format!("segment {id} announced as {announced} bytes but is {actual}"))
+            }
+            PeerSegmentError::Io(e) => ChannelError::Backend(Arc::new(e)),
+        })?;
+        peer.mapped += a.size;
+        peer.by_addr.insert(seg.addr(), id);
+        peer.segs.insert(id, Arc::new(seg));
+        Ok(())
+    }
+
+    fn decode_shm(&self, meta: TensorMeta, r: &ShmRef, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
+        let mut peer = lock(&self.peer);
+        if let Some(a) = r.announce {
+            self.open_segment(&mut peer, r.segment, a, incoming)?;
+        }
+        let seg = peer.segs.get(&r.segment).cloned().ok_or_else(|| bad(format!("unknown segment {}", r.segment)))?;
+        let (start, len) = match (usize::try_from(r.offset), usize::try_from(r.len)) {
+            (Ok(s), Ok(l)) if s.checked_add(l).is_some_and(|e| e <= seg.len()) => (s, l),
+            _ => {
+                return Err(bad(format!(
+                    "range {}+{} is outside segment {} of {} bytes",
+                    r.offset,
+                    r.len,
+                    r.segment,
+                    seg.len()
+                )));
+            }
+        };
+        if peer.held.keys().any(|&(_, _, l)| l == r.lease) {
+            return Err(bad(format!("lease {} granted twice", r.lease)));
+        }
+        peer.held.insert((r.segment, start, r.lease), len);
+        drop(peer);
+        let owner = LeaseBytes {
+            seg,
+            seg_id: r.segment,
+            start,
+            len,
+            lease: r.lease,
+            peer: Arc::downgrade(&self.peer),
+            batcher: Arc::downgrade(&self.batcher),
+        };
+        Ok(Tensor::new(meta, Bytes::from_owner(owner))?)
+    }
+
+    fn decode_return(&self, meta: TensorMeta, r: &ShmReturnRef) -> Result<Tensor, ChannelError> {
+        let granted = lock(&self.granted);
+        let g = granted.get(&r.lease).ok_or_else(|| bad(format!("returned lease {} was never granted", r.lease)))?;
+        let (off, len) = match (usize::try_from(r.offset), usize::try_from(r.len)) {
+            (Ok(o), Ok(l)) if o.checked_add(l).is_some_and(|e| e <= g.len) => (g.start + o, l),
+            _ => {
+                return Err(bad(format!(
+                    "returned range {}+{} is outside lease {} of {} bytes",
+                    r.offset, r.len, r.lease, g.len
+                )));
+            }
+        };
+        let owner = Returned { core: g.core.clone(), off, len };
+        drop(granted);
+        Ok(Tensor::new(meta, Bytes::from_owner(owner))?)
+    }
+}
+
+#[async_trait]
+impl ChannelSession for ShmSession {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError> {
+        if tensor.device() != Device::Cpu {
+            return Err(ChannelError::Unsupported {
+                channel: NAME,
+                reason: format!("tensor is on {}", tensor.device()),
+            });
+        }
+        let Storage::Host(bytes) = tensor.storage() else {
+            return Err(ChannelError::Unsupported { channel: NAME, reason: "tensor is not in host memory".into() });
+        };
+        let (ptr, n) = (bytes.as_ptr() as usize, bytes.len());
+        if n == 0 {
+            return Ok(Location::Inline(out.push_payload(Bytes::new())));
+        }
+        // Already in this pipe's pool (pipe.alloc): no copy.
+        if let Some(core) = self.pool.find(ptr, n) {
+            let start = ptr - core.addr();
+            return self.grant(core, start, n, out);
+        }
+        // The peer's own memory, leased to us: send it back by reference.
+        if let Some((lease, offset)) = self.find_held(ptr, n) {
+            return Ok(Location::ShmReturn(ShmReturnRef { lease, offset, len: n as u64 }));
+        }
+        if n < self.opts.inline_below {
+            return Ok(Location::Inline(out.push_payload(bytes.clone())));
+        }
+        // Anywhere else: one copy into the pool.
+        let mut closed = self.ctx.closed.clone();
+        let (seg, range) = self.pool.alloc(n, &mut closed).await?;
+        let mut slot = PoolSlotMut::new(&self.pool, seg, n, range);
+        ferry_core::WritableStorage::bytes_mut(&mut slot).copy_from_slice(bytes);
+        let core = slot.into_core().ok_or_else(|| bad("slot vanished"))?;
+        self.grant(core, 0, n, out)
+    }
+
+    fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
+        if meta.device != Device::Cpu {
+            return Err(bad(format!("shm tensor claims device {}", meta.device)));
+        }
+        match loc {
+            Location::Inline(_) => decode_inline(meta, loc, incoming),
+            Location::Shm(r) => self.decode_shm(meta, r, incoming),
+            Location::ShmReturn(r) => self.decode_return(meta, r),
+            other => Err(bad(format!("unexpected location {other:?}"))),
+        }
+    }
+
+    async fn alloc(&self, meta: &TensorMeta) -> Result<Option<TensorMut>, ChannelError> {
+        let len = usize::try_from(meta.byte_span()?).map_err(|_| ferry_core::MetaError::Overflow)?;
+        if len == 0 || meta.device != Device::Cpu {
+            return Ok(None);
+        }
+        let mut closed = self.ctx.closed.clone();
+        let (seg, range) = self.pool.alloc(len, &mut closed).await?;
+        let slot = PoolSlotMut::new(&self.pool, seg, len, range);
+        Ok(Some(TensorMut::from_storage(meta.clone(), Box::new(slot))?))
+    }
+
+    fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
+        let c: Control = serde_json::from_value(body).map_err(|e| bad(format!("control message: {e}")))?;
+        let mut granted = lock(&self.granted);
+        let mut freed = Vec::with_capacity(c.release.len());
+        for id in c.release {
+            match granted.remove(&id) {
+                Some(g) => freed.push(g),
+                None => return Err(bad(format!("release of lease {id}, which is not granted"))),
+            }
+        }
+        drop(granted);
+        drop(freed); // slots go back to the pool here, outside the lock
+        Ok(())
+    }
+}
+
+/// Sends batched releases; when the pipe closes, forgets every lease the peer held
+/// (reclaiming the slots) and the peer's segments.
+async fn flush_loop(
+    ctx: SessionCtx,
+    batcher: Arc<Batcher>,
+    granted: Arc<Mutex<HashMap<u64, Granted>>>,
+    peer: Arc<Mutex<PeerState>>,
+) {
+    let mut closed = ctx.closed.clone();
+    loop {
+        tokio::select! {
+            _ = batcher.notify.notified() => {}
+            _ = closed.wait_for(|c| *c) => break,
+        }
+        let ids = std::mem::take(&mut *lock(&batcher.pending));
+        if ids.is_empty() {
+            continue;
+        }
+        let msg = ControlOut { channel: NAME, body: serde_json::json!({ "release": ids }), fds: Vec::new() };
+        if ctx.control.send(msg).is_err() {
+            break;
+        }
+    }
+    let leases = std::mem::take(&mut *lock(&granted));
+    tracing::debug!(reclaimed = leases.len(), "shm pipe closed: reclaiming leases the peer held");
+    drop(leases);
+    let mut p = lock(&peer);
+    p.segs.clear();
+    p.by_addr.clear();
+}
+
+/// Owner of a received tensor's bytes: a lease on the peer's memory.
+struct LeaseBytes {
+    seg: Arc<PeerSegment>,
+    seg_id: u64,
+    start: usize,
+    len: usize,
+    lease: u64,
+    peer: Weak<Mutex<PeerState>>,
+    batcher: Weak<Batcher>,
+}
+
+impl AsRef<[u8]> for LeaseBytes {
+    fn as_ref(&self) -> &[u8] {
+        // The range was checked against the segment when the lease was decoded.
+        self.seg.slice(self.start, self.len).unwrap_or(&[])
+    }
+}
+
+impl Drop for LeaseBytes {
+    fn drop(&mut self) {
+        if let Some(p) = self.peer.upgrade() {
+            lock(&p).held.remove(&(self.seg_id, self.start, self.lease));
+        }
+        if let Some(b) = self.batcher.upgrade() {
+            lock(&b.pending).push(self.lease);
+            b.notify.notify_one();
+        }
+    }
+}
+
+/// Owner of a tensor the peer sent back into our own pool.
+struct Returned {
+    core: Arc<SlotCore>,
+    off: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Returned {
+    fn as_ref(&self) -> &[u8] {
+        self.core.bytes().get(self.off..self.off + self.len).unwrap_or(&[])
+    }
+}

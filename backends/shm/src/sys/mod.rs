@@ -1,0 +1,277 @@
+//! The only unsafe code of ferry-shm: sealed memfd segments and their mappings, behind safe
+//! wrappers.
+//!
+//! - [`OwnSegment`]: a memfd this process creates, sized once, sealed against shrinking and
+//!   growing, mapped read-write. Its bytes are reached only through claims
+//!   ([`ExclusiveRange`], then [`SharedRange`]); a registry makes sure claims never overlap.
+//! - [`PeerSegment`]: a memfd received from a peer, checked (seals, size) and mapped
+//!   read-only. Because the peer cannot shrink it, reading any byte below its size can
+//!   never fault (no SIGBUS).
+#![allow(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{MemfdFlags, SealFlags};
+
+/// Seals every segment must carry: its size can never change.
+pub const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
+
+/// A segment of this process's pool. Writable ranges are handed out as claims
+/// ([`OwnSegment::claim`]); a byte is never in two claims at once, which is what makes the
+/// writable slices sound.
+#[derive(Debug)]
+pub struct OwnSegment {
+    fd: OwnedFd,
+    map: MmapRaw,
+    len: usize,
+    /// Claimed ranges: start -> end.
+    claims: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl OwnSegment {
+    /// Creates a sealed memfd of `len` bytes (name `ferry-shm`, visible only in
+    /// /proc/PID/fd and /proc/PID/maps, never in a filesystem) and maps it read-write.
+    pub fn create(len: usize) -> io::Result<Arc<Self>> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty segment"));
+        }
+        let fd = rustix::fs::memfd_create("ferry-shm", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS)?;
+        let map = MmapOptions::new().len(len).map_raw(&fd)?;
+        Ok(Arc::new(OwnSegment { fd, map, len, claims: Mutex::new(BTreeMap::new()) }))
+    }
+
+    /// A duplicate of the descriptor, to send to a peer.
+    pub fn dup_fd(&self) -> io::Result<OwnedFd> {
+        self.fd.try_clone()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Address of the first byte (for finding which segment a pointer is in).
+    pub fn addr(&self) -> usize {
+        self.map.as_ptr() as usize
+    }
+
+    /// Claims `len > 0` bytes at `offset` for exclusive writing. `None` when the range is
+    /// outside the segment or overlaps a live claim.
+    pub fn claim(self: &Arc<Self>, offset: usize, len: usize) -> Option<ExclusiveRange> {
+        let end = offset.checked_add(len)?;
+        if len == 0 || end > self.len {
+            return None;
+        }
+        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, &prev_end)) = claims.range(..=offset).next_back()
+            && prev_end > offset
+        {
+            return None;
+        }
+        if let Some((&next_start, _)) = claims.range(offset..).next()
+            && next_start < end
+        {
+            return None;
+        }
+        claims.insert(offset, end);
+        Some(ExclusiveRange(Claim { seg: self.clone(), offset, len }))
+    }
+}
+
+/// A claimed range; unclaimed on drop.
+#[derive(Debug)]
+struct Claim {
+    seg: Arc<OwnSegment>,
+    offset: usize,
+    len: usize,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.seg.claims.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.offset);
+    }
+}
+
+/// A range of an [`OwnSegment`] that only its owner can touch.
+#[derive(Debug)]
+pub struct ExclusiveRange(Claim);
+
+impl ExclusiveRange {
+    /// Offset in the segment.
+    pub fn offset(&self) -> usize {
+        self.0.offset
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Arc<OwnSegment> {
+        &self.0.seg
+    }
+
+    /// The bytes, for writing.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the range is inside the live read-write mapping (checked by `claim`) of a
+        // memfd sealed against shrinking, and the claim registry guarantees no other claim,
+        // hence no other slice made by this module, overlaps it while `self` lives.
+        unsafe { std::slice::from_raw_parts_mut(self.0.seg.map.as_mut_ptr().add(self.0.offset), self.0.len) }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`; `&self` forbids a simultaneous `&mut` from it.
+        unsafe { std::slice::from_raw_parts(self.0.seg.map.as_ptr().add(self.0.offset), self.0.len) }
+    }
+
+    /// Ends writing: the range becomes read-only and shareable, still claimed.
+    pub fn freeze(self) -> SharedRange {
+        SharedRange(self.0)
+    }
+}
+
+/// A claimed, read-only range of an [`OwnSegment`] (a filled tensor, possibly leased).
+#[derive(Debug)]
+pub struct SharedRange(Claim);
+
+impl SharedRange {
+    /// Offset in the segment.
+    pub fn offset(&self) -> usize {
+        self.0.offset
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    /// The segment.
+    pub fn segment(&self) -> &Arc<OwnSegment> {
+        &self.0.seg
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: inside the live mapping (checked by `claim`); the claim is held, so no
+        // writable slice of these bytes can exist (a frozen claim is never writable again).
+        unsafe { std::slice::from_raw_parts(self.0.seg.map.as_ptr().add(self.0.offset), self.0.len) }
+    }
+}
+
+/// A segment received from a peer, mapped read-only.
+#[derive(Debug)]
+pub struct PeerSegment {
+    map: MmapRaw,
+    len: usize,
+}
+
+/// Why a received segment was refused.
+#[derive(Debug)]
+pub enum PeerSegmentError {
+    /// The descriptor is not a memfd with the required seals.
+    NotSealed(String),
+    /// Its real size is not the announced one.
+    WrongSize {
+        /// Announced.
+        announced: u64,
+        /// Real.
+        actual: u64,
+    },
+    /// A system call failed.
+    Io(io::Error),
+}
+
+impl PeerSegment {
+    /// Checks `fd` (seals, size `len`) and maps it read-only.
+    pub fn open(fd: OwnedFd, len: u64) -> Result<Self, PeerSegmentError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|e| PeerSegmentError::NotSealed(format!("cannot read seals ({e}); not a memfd?")))?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(PeerSegmentError::NotSealed(format!("seals are {seals:?}; SHRINK and GROW are required")));
+        }
+        let st = rustix::fs::fstat(fd.as_fd()).map_err(|e| PeerSegmentError::Io(e.into()))?;
+        let actual = st.st_size as u64;
+        if actual != len || len == 0 {
+            return Err(PeerSegmentError::WrongSize { announced: len, actual });
+        }
+        let ulen = usize::try_from(len).map_err(|_| PeerSegmentError::WrongSize { announced: len, actual })?;
+        let map = MmapOptions::new().len(ulen).map_raw_read_only(&fd).map_err(PeerSegmentError::Io)?;
+        // The mapping keeps the memory; the descriptor is not needed any more.
+        drop(fd);
+        Ok(PeerSegment { map, len: ulen })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Address of the first byte.
+    pub fn addr(&self) -> usize {
+        self.map.as_ptr() as usize
+    }
+
+    /// Reads `len` bytes at `offset`; `None` when the range is outside the segment.
+    pub fn slice(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: in bounds of a live read-only mapping of a memfd whose size is sealed, so
+        // no access can fault. The peer may still write the bytes (it owns them); the lease
+        // protocol says it must not while a lease is held, and a peer breaking that can only
+        // change the values we read, never memory safety of this process.
+        Some(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset), len) })
+    }
+}
+
+/// A memfd of `len` bytes without seals (for tests of the refusal path).
+pub fn unsealed_memfd(len: u64) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create("ferry-shm-unsealed", MemfdFlags::CLOEXEC)?;
+    rustix::fs::ftruncate(&fd, len)?;
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_and_peer_views_agree() {
+        let s = OwnSegment::create(1 << 16).unwrap();
+        let mut w = s.claim(100, 4).unwrap();
+        w.as_mut_slice().copy_from_slice(b"abcd");
+        assert!(s.claim(102, 10).is_none(), "overlapping claim");
+        assert!(s.claim(90, 11).is_none(), "overlapping claim");
+        assert!(s.claim((1 << 16) - 1, 2).is_none(), "outside");
+        let other = s.claim(104, 4).unwrap();
+        let r = w.freeze();
+        assert_eq!(r.as_slice(), b"abcd");
+        let p = PeerSegment::open(s.dup_fd().unwrap(), 1 << 16).unwrap();
+        assert_eq!(p.slice(100, 4).unwrap(), b"abcd");
+        assert!(p.slice(1 << 16, 1).is_none());
+        assert!(p.slice(usize::MAX, 2).is_none());
+        drop(r);
+        assert!(s.claim(100, 4).is_some(), "released claim can be taken again");
+        drop(other);
+    }
+
+    #[test]
+    fn refuses_unsealed_and_lying_sizes() {
+        let fd = unsealed_memfd(4096).unwrap();
+        assert!(matches!(PeerSegment::open(fd, 4096), Err(PeerSegmentError::NotSealed(_))));
+        let s = OwnSegment::create(4096).unwrap();
+        assert!(matches!(PeerSegment::open(s.dup_fd().unwrap(), 8192), Err(PeerSegmentError::WrongSize { .. })));
+        // A sealed segment cannot be shrunk under a reader.
+        assert!(rustix::fs::ftruncate(s.dup_fd().unwrap(), 10).is_err());
+    }
+}
