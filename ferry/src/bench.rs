@@ -27,6 +27,10 @@ pub struct BenchOptions {
     pub small_iters: usize,
     /// Untimed round trips before each measurement.
     pub warmup: usize,
+    /// Also measure a u8 tensor of this many MiB (0: skip).
+    pub big_mib: u64,
+    /// Timed round trips of the big tensor.
+    pub big_iters: usize,
     /// Only these backends (transport names) or channels; all when empty.
     pub only: Vec<String>,
     /// Show a progress bar on stderr.
@@ -41,6 +45,8 @@ impl Default for BenchOptions {
             iters: 50,
             small_iters: 2000,
             warmup: 5,
+            big_mib: 256,
+            big_iters: 10,
             only: Vec::new(),
             progress: true,
         }
@@ -54,7 +60,9 @@ pub struct Row {
     pub backend: String,
     /// Channel (`inline`), or `memcpy`.
     pub channel: String,
-    /// What was measured: `rtt-64B`, `rtt-tensor`, `memcpy`.
+    /// What was measured: `rtt-64B`, `rtt-tensor` (a heap tensor), `rtt-zero-copy` (a
+    /// tensor made with `pipe.alloc`), `rtt-copy-in` (a heap tensor over a channel with its
+    /// own memory: one copy in), `memcpy`.
     pub case: String,
     /// The tensor, e.g. `f32[1920,1080,3]`.
     pub tensor: String,
@@ -215,13 +223,46 @@ fn memcpy_row(tensor: &Tensor, label: &str, iters: usize, bar: &ProgressBar) -> 
     row("local", "memcpy", "memcpy", label.into(), src.len() as u64, 1.0, samples)
 }
 
+struct Size {
+    label: String,
+    meta: TensorMeta,
+    iters: usize,
+}
+
+fn label_of(meta: &TensorMeta) -> String {
+    let n = meta.byte_span().unwrap_or(0);
+    if meta.dtype == DType::U8 && meta.shape.len() == 1 && n >= 1 << 20 && n % (1 << 20) == 0 {
+        return format!("u8[{} MiB]", n >> 20);
+    }
+    format!("{}[{}]", meta.dtype, meta.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// One round trip with a correctness check (untimed).
+async fn checked(pipe: &Pipe, msg: &Message, what: &str) -> anyhow::Result<()> {
+    pipe.send(msg.clone()).await?;
+    let back = pipe.recv().await?;
+    if back.tensors != msg.tensors {
+        bail!("{what}: the tensor came back different");
+    }
+    Ok(())
+}
+
 /// Runs the benchmark. `exe` is the `ferry` binary (started as the peer); `on_row` sees
 /// each row as soon as it is measured.
 pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) -> anyhow::Result<Vec<Row>> {
-    let meta = TensorMeta::new(opts.dtype, opts.shape.clone());
-    let nbytes = meta.byte_span().context("tensor shape")?;
-    let label = format!("{}[{}]", opts.dtype, opts.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
-    let big = Message::with_tensors(serde_json::json!({"bench": "tensor"}), vec![filled(meta)?]);
+    let mut sizes =
+        vec![Size { meta: TensorMeta::new(opts.dtype, opts.shape.clone()), label: String::new(), iters: opts.iters }];
+    if opts.big_mib > 0 {
+        sizes.push(Size {
+            meta: TensorMeta::new(DType::U8, vec![opts.big_mib << 20]),
+            label: String::new(),
+            iters: opts.big_iters,
+        });
+    }
+    for s in &mut sizes {
+        s.meta.byte_span().context("tensor shape")?;
+        s.label = label_of(&s.meta);
+    }
     let small =
         Message::with_tensors(serde_json::json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
 
@@ -233,11 +274,13 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     if pairs.is_empty() {
         bail!("no compiled-in backend matches {:?}", opts.only);
     }
-    let per_pair = (opts.small_iters + opts.iters + 2 * opts.warmup) as u64;
+    let per_size: u64 = sizes.iter().map(|s| 2 * (s.iters + opts.warmup) as u64).sum();
+    let total = sizes.iter().map(|s| s.iters as u64).sum::<u64>()
+        + pairs.len() as u64 * ((opts.small_iters + opts.warmup) as u64 + per_size);
     let bar = if opts.progress {
-        let b = ProgressBar::new(per_pair * pairs.len() as u64 + opts.iters as u64);
+        let b = ProgressBar::new(total);
         b.set_style(
-            ProgressStyle::with_template("{spinner} {msg:28} [{bar:30}] {pos}/{len} ({eta})")
+            ProgressStyle::with_template("{spinner} {msg:34} [{bar:30}] {pos}/{len} ({eta})")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         b
@@ -246,16 +289,20 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     };
 
     let mut rows = Vec::new();
-    bar.set_message("memcpy baseline");
-    let r = memcpy_row(&big.tensors[0], &label, opts.iters, &bar);
-    on_row(&r);
-    rows.push(r);
+    let mut emit = |r: Row, rows: &mut Vec<Row>| {
+        on_row(&r);
+        rows.push(r);
+    };
+    for s in &sizes {
+        bar.set_message(format!("memcpy {}", s.label));
+        let t = filled(s.meta.clone())?;
+        emit(memcpy_row(&t, &s.label, s.iters, &bar), &mut rows);
+    }
 
-    let exe = exe.to_path_buf();
     for (i, (t, c)) in pairs.iter().enumerate() {
         let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
         bar.set_message(format!("{} / {}", t.name(), c.name()));
-        let _peer = start_peer(&exe, &addr)?;
+        let _peer = start_peer(exe, &addr)?;
         let client = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
         let pipe = match client.connect(&addr).await {
             Ok(p) => p,
@@ -265,22 +312,33 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
             }
             Err(e) => return Err(e).context(format!("connecting over {} / {}", t.name(), c.name())),
         };
-        // Correctness first: one checked round trip.
-        pipe.send(big.clone()).await?;
-        let back = pipe.recv().await?;
-        if back.tensors != big.tensors {
-            bail!("{} / {}: the tensor came back different", t.name(), c.name());
-        }
+        let (backend, channel) = (t.name(), pipe.channel().to_string());
+        checked(&pipe, &small, "64-byte message").await?;
         time_round_trips(&pipe, &small, opts.warmup, &bar).await?;
-        let s = time_round_trips(&pipe, &small, opts.small_iters, &bar).await?;
-        let r = row(t.name(), pipe.channel(), "rtt-64B", "u8[64]".into(), 64, 2.0, s);
-        on_row(&r);
-        rows.push(r);
-        time_round_trips(&pipe, &big, opts.warmup, &bar).await?;
-        let s = time_round_trips(&pipe, &big, opts.iters, &bar).await?;
-        let r = row(t.name(), pipe.channel(), "rtt-tensor", label.clone(), nbytes, 2.0, s);
-        on_row(&r);
-        rows.push(r);
+        let smp = time_round_trips(&pipe, &small, opts.small_iters, &bar).await?;
+        emit(row(backend, &channel, "rtt-64B", "u8[64]".into(), 64, 2.0, smp), &mut rows);
+        let own_memory = channel != "inline";
+        for s in &sizes {
+            let bytes = s.meta.byte_span()?;
+            bar.set_message(format!("{backend} / {channel}: {}", s.label));
+            let heap = Message::with_tensors(serde_json::json!({"bench": "heap"}), vec![filled(s.meta.clone())?]);
+            if own_memory {
+                let mut t = pipe.alloc(s.meta.clone()).await?;
+                t.as_bytes_mut().copy_from_slice(heap.tensors[0].as_bytes());
+                let pooled = Message::with_tensors(serde_json::json!({"bench": "pool"}), vec![t.freeze()]);
+                checked(&pipe, &pooled, "zero-copy tensor").await?;
+                time_round_trips(&pipe, &pooled, opts.warmup, &bar).await?;
+                let smp = time_round_trips(&pipe, &pooled, s.iters, &bar).await?;
+                emit(row(backend, &channel, "rtt-zero-copy", s.label.clone(), bytes, 2.0, smp), &mut rows);
+            } else {
+                bar.inc((s.iters + opts.warmup) as u64);
+            }
+            checked(&pipe, &heap, "tensor").await?;
+            time_round_trips(&pipe, &heap, opts.warmup, &bar).await?;
+            let smp = time_round_trips(&pipe, &heap, s.iters, &bar).await?;
+            let case = if own_memory { "rtt-copy-in" } else { "rtt-tensor" };
+            emit(row(backend, &channel, case, s.label.clone(), bytes, 2.0, smp), &mut rows);
+        }
         pipe.close().await;
     }
     bar.finish_and_clear();
@@ -290,12 +348,12 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
 /// Formats rows as an aligned table.
 pub fn table(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<8} {:<8} {:<11} {:<20} {:>11} {:>6} {:>11} {:>11} {:>8}\n",
+        "{:<8} {:<8} {:<13} {:<18} {:>11} {:>6} {:>11} {:>11} {:>8}\n",
         "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s"
     );
     for r in rows {
         out += &format!(
-            "{:<8} {:<8} {:<11} {:<20} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2}\n",
+            "{:<8} {:<8} {:<13} {:<18} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2}\n",
             r.backend, r.channel, r.case, r.tensor, r.bytes, r.iters, r.p50_us, r.p99_us, r.gbps
         );
     }

@@ -23,6 +23,8 @@
 //!
 //! # Feature flags
 //! - `pipe` (default): local sockets ([`ferry_pipe`]), scheme `unix:`.
+//! - `shm` (default): shared memory ([`ferry_shm`]): zero-copy CPU tensors between
+//!   processes on one Linux host; negotiated over `unix:` connections.
 //!
 //! The inline channel (tensor bytes inside the frame) is always present.
 #![forbid(unsafe_code)]
@@ -33,6 +35,8 @@ pub mod bench;
 pub use ferry_core::*;
 #[cfg(feature = "pipe")]
 pub use ferry_pipe;
+#[cfg(feature = "shm")]
+pub use ferry_shm;
 
 use std::sync::Arc;
 
@@ -47,7 +51,11 @@ pub fn transports() -> Vec<Arc<dyn Transport>> {
 
 /// The compiled-in channels, fastest first. The inline channel is always last.
 pub fn channels() -> Vec<Arc<dyn Channel>> {
-    vec![Arc::new(InlineChannel)]
+    vec![
+        #[cfg(feature = "shm")]
+        Arc::new(ferry_shm::ShmChannel::new()),
+        Arc::new(InlineChannel),
+    ]
 }
 
 /// An endpoint builder with every compiled-in transport and channel, channels in priority

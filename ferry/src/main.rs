@@ -34,6 +34,12 @@ enum Cmd {
         /// Untimed round trips before each measurement.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
+        /// Also measure a u8 tensor of this many MiB (0: skip).
+        #[arg(long, default_value_t = 256)]
+        big_mib: u64,
+        /// Timed round trips of the big tensor.
+        #[arg(long, default_value_t = 10)]
+        big_iters: usize,
         /// Only this backend or channel (repeatable), e.g. `--only pipe`.
         #[arg(long)]
         only: Vec<String>,
@@ -66,13 +72,15 @@ fn main() -> ExitCode {
     };
     let r = rt.block_on(async move {
         match cli.command {
-            Cmd::Bench { shape, dtype, iters, small_iters, warmup, only, json } => {
+            Cmd::Bench { shape, dtype, iters, small_iters, warmup, big_mib, big_iters, only, json } => {
                 let opts = BenchOptions {
                     shape,
                     dtype,
                     iters: iters.max(1),
                     small_iters: small_iters.max(1),
                     warmup,
+                    big_mib,
+                    big_iters: big_iters.max(1),
                     only,
                     progress: !json,
                 };
