@@ -237,6 +237,8 @@ pub struct RawConn {
     pub reader: FrameReader,
     /// Raw bytes to the peer.
     pub write: Box<dyn AsyncWrite + Send + Unpin>,
+    /// The connection's descriptor queue, when it passes descriptors.
+    pub fds: Option<ferry_core::transport::FdQueueRef>,
 }
 
 impl RawConn {
@@ -245,7 +247,11 @@ impl RawConn {
         let addr: Address = addr.parse().map_err(|e| format!("{e}"))?;
         let conn = fx.transport().connect(&addr).await.map_err(|e| format!("raw connect: {e}"))?;
         let split = conn.split();
-        Ok(RawConn { reader: FrameReader::new(split.read, split.fds, Limits::default()), write: split.write })
+        Ok(RawConn {
+            reader: FrameReader::new(split.read, split.fds.clone(), Limits::default()),
+            write: split.write,
+            fds: split.fds,
+        })
     }
 
     /// Writes bytes as they are.

@@ -101,6 +101,10 @@ pub trait ChannelSession: Send + Sync + 'static {
         let _ = meta;
         Ok(None)
     }
+    /// Counters for diagnostics and tests (channel-specific JSON; `null` when none).
+    fn stats(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
     /// Handles a CONTROL frame (body and attached descriptors) from the peer's session.
     fn control(&self, body: serde_json::Value, incoming: &mut Incoming) -> Result<(), ChannelError> {
         let _ = (body, incoming);

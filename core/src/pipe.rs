@@ -163,6 +163,16 @@ impl Pipe {
         Ok(TensorMut::zeros(meta)?)
     }
 
+    /// Each negotiated channel's counters (e.g. the shm pool's segments and leases), by
+    /// channel name.
+    pub fn stats(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for s in self.shared.sessions.values() {
+            m.insert(s.name().to_string(), s.stats());
+        }
+        serde_json::Value::Object(m)
+    }
+
     /// Receives the next message, in the order the peer sent them.
     pub async fn recv(&self) -> Result<Message, PipeError> {
         let mut rx = self.rx.lock().await;

@@ -227,6 +227,12 @@ pub struct TensorMut {
     buf: Box<dyn WritableStorage>,
 }
 
+impl fmt::Debug for TensorMut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TensorMut").field("meta", &self.meta).field("nbytes", &self.as_bytes().len()).finish()
+    }
+}
+
 impl TensorMut {
     /// A zero-filled tensor of `meta` (which must be contiguous and on the CPU).
     pub fn zeros(meta: TensorMeta) -> Result<Self, MetaError> {

@@ -54,6 +54,11 @@ impl Pool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Segments created so far.
+    pub(crate) fn segments(&self) -> usize {
+        self.lock().segs.len()
+    }
+
     /// Bytes of segments created so far.
     pub(crate) fn reserved(&self) -> u64 {
         self.lock().reserved

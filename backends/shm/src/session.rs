@@ -277,6 +277,18 @@ impl ChannelSession for ShmSession {
         Ok(Some(TensorMut::from_storage(meta.clone(), Box::new(slot))?))
     }
 
+    fn stats(&self) -> serde_json::Value {
+        let peer = lock(&self.peer);
+        serde_json::json!({
+            "segments": self.pool.segments(),
+            "reserved_bytes": self.pool.reserved(),
+            "leases_granted": lock(&self.granted).len(),
+            "peer_segments": peer.segs.len(),
+            "peer_mapped_bytes": peer.mapped,
+            "leases_held": peer.held.len(),
+        })
+    }
+
     fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
         let c: Control = serde_json::from_value(body).map_err(|e| bad(format!("control message: {e}")))?;
         let mut granted = lock(&self.granted);
