@@ -1,0 +1,294 @@
+//! Dispatch: from one incoming JSON value (a request or a batch) to the work that answers
+//! it, for any kind of connection.
+//!
+//! [`Conn::start`] does the synchronous part at once, in the connection's read loop:
+//! classify, take an in-flight slot per call (or answer with a limit error), decode params
+//! (or answer invalid params), and register the call's cancellation token under its id.
+//! It returns a [`Work`] future that runs the handlers and yields the response (one object,
+//! or an array for a batch; `None` when nothing is to be answered) plus the slots, which
+//! the caller drops once the response is written, so a peer that does not read its
+//! responses runs out of slots instead of growing the server's memory.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use ferry_core::{Pipe, Tensor};
+use futures_util::FutureExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::codes::ErrorObject;
+use crate::jsonrpc::{self, Entry, Incoming, failure, success};
+use crate::limits::RpcLimits;
+use crate::method::{CallContext, HandlerFuture, Methods, PeerInfo, Reply, decode_params, encode_result};
+use crate::openrpc::ApiInfo;
+use crate::task::{ResultParams, SubmitParams, Submitted, TaskParams, TaskTable};
+use crate::tensor::shift_refs;
+
+/// Params of `ferry.cancel`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CancelParams {
+    /// The id of the call to cancel (on the same connection).
+    pub id: Value,
+}
+
+/// Result of `ferry.cancel` (when sent as a call rather than a notification).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CancelResult {
+    /// True if a call with that id was running and is now cancelled.
+    pub cancelled: bool,
+}
+
+/// What every connection of a server shares.
+pub(crate) struct Shared {
+    pub(crate) methods: Methods,
+    pub(crate) limits: RpcLimits,
+    pub(crate) tasks: TaskTable,
+    pub(crate) api: ApiInfo,
+    pub(crate) doc: OnceLock<Value>,
+}
+
+impl Shared {
+    pub(crate) fn document(&self) -> &Value {
+        self.doc.get_or_init(|| crate::openrpc::document(&self.api, &self.methods))
+    }
+}
+
+/// One connection's calls.
+pub(crate) struct Conn {
+    shared: Arc<Shared>,
+    peer: Arc<PeerInfo>,
+    pipe: Option<Arc<Pipe>>,
+    in_flight: AtomicUsize,
+    seq: AtomicU64,
+    calls: Mutex<HashMap<String, (u64, CancellationToken)>>,
+    /// Cancelled when the connection ends: every call still running is cancelled.
+    pub(crate) closed: CancellationToken,
+}
+
+/// An in-flight slot; dropping it frees the slot and forgets the call's id.
+pub(crate) struct Slot {
+    conn: Arc<Conn>,
+    key: Option<(String, u64)>,
+    token: CancellationToken,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.conn.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some((key, seq)) = self.key.take() {
+            let mut calls = self.conn.calls.lock().unwrap_or_else(|e| e.into_inner());
+            if calls.get(&key).is_some_and(|(s, _)| *s == seq) {
+                calls.remove(&key);
+            }
+        }
+    }
+}
+
+/// What answering one incoming value produced.
+pub(crate) struct Output {
+    /// The response (object or array) and its tensors; `None`: nothing to send.
+    pub(crate) reply: Option<Reply>,
+    /// Drop after the response is written.
+    pub(crate) slots: Vec<Slot>,
+}
+
+/// The asynchronous part of answering one incoming value.
+pub(crate) type Work = Pin<Box<dyn Future<Output = Output> + Send>>;
+type EntryFuture = Pin<Box<dyn Future<Output = Option<Reply>> + Send>>;
+
+fn ready(r: Option<Reply>) -> EntryFuture {
+    Box::pin(std::future::ready(r))
+}
+
+fn respond(id: Value, r: Result<Reply, ErrorObject>) -> Reply {
+    match r {
+        Ok(Reply { value, tensors }) => Reply { value: success(id, value), tensors },
+        Err(e) => Reply { value: failure(id, e), tensors: Vec::new() },
+    }
+}
+
+impl Conn {
+    pub(crate) fn new(shared: Arc<Shared>, peer: PeerInfo, pipe: Option<Arc<Pipe>>) -> Arc<Conn> {
+        Arc::new(Conn {
+            shared,
+            peer: Arc::new(peer),
+            pipe,
+            in_flight: AtomicUsize::new(0),
+            seq: AtomicU64::new(0),
+            calls: Mutex::new(HashMap::new()),
+            closed: CancellationToken::new(),
+        })
+    }
+
+    /// Starts answering `v` (a request or a batch), whose `{"$tensor": i}` refer to `tensors`.
+    pub(crate) fn start(self: &Arc<Self>, v: Value, tensors: Vec<Tensor>) -> Work {
+        match jsonrpc::classify(v, self.shared.limits.max_batch) {
+            Err(e) => Box::pin(std::future::ready(Output {
+                reply: Some(Reply { value: failure(Value::Null, e), tensors: Vec::new() }),
+                slots: Vec::new(),
+            })),
+            Ok(Incoming::Single(e)) => {
+                let (slot, fut) = self.entry(e, &tensors);
+                Box::pin(async move { Output { reply: fut.await, slots: slot.into_iter().collect() } })
+            }
+            Ok(Incoming::Batch(entries)) => {
+                let mut slots = Vec::new();
+                let mut futs = Vec::with_capacity(entries.len());
+                for e in entries {
+                    let (slot, fut) = self.entry(e, &tensors);
+                    slots.extend(slot);
+                    futs.push(fut);
+                }
+                Box::pin(async move {
+                    let replies = futures_util::future::join_all(futs).await;
+                    let mut values = Vec::new();
+                    let mut all_tensors = Vec::new();
+                    for Reply { mut value, tensors } in replies.into_iter().flatten() {
+                        shift_refs(&mut value, all_tensors.len() as u64);
+                        all_tensors.extend(tensors);
+                        values.push(value);
+                    }
+                    // A batch of notifications only gets no response at all.
+                    let reply = (!values.is_empty()).then(|| Reply { value: Value::Array(values), tensors: all_tensors });
+                    Output { reply, slots }
+                })
+            }
+        }
+    }
+
+    fn entry(self: &Arc<Self>, e: Entry, tensors: &[Tensor]) -> (Option<Slot>, EntryFuture) {
+        match e {
+            Entry::Invalid { id, error } => (None, ready(Some(Reply { value: failure(id, error), tensors: Vec::new() }))),
+            Entry::Call { id, method, params } => self.call(Some(id), &method, params, tensors),
+            Entry::Notification { method, params } => self.call(None, &method, params, tensors),
+        }
+    }
+
+    fn call(
+        self: &Arc<Self>,
+        id: Option<Value>,
+        method: &str,
+        params: Option<Value>,
+        tensors: &[Tensor],
+    ) -> (Option<Slot>, EntryFuture) {
+        if method == "ferry.cancel" {
+            let r = decode_params::<CancelParams>(params, tensors)
+                .and_then(|p| encode_result(&CancelResult { cancelled: self.cancel(&p.id) }));
+            return (None, ready(id.map(|id| respond(id, r))));
+        }
+        let Some(slot) = self.try_slot(id.as_ref()) else {
+            let max = self.shared.limits.max_in_flight as u64;
+            let e = ErrorObject::limit("max_in_flight", "calls in flight on this connection", max + 1, max);
+            if id.is_none() {
+                tracing::warn!(method, "dropping a notification: {}", e.message);
+            }
+            return (None, ready(id.map(|id| respond(id, Err(e)))));
+        };
+        let token = slot.token.clone();
+        let ctx = CallContext { peer: self.peer.clone(), id: id.clone(), cancel: token.clone(), pipe: self.pipe.clone() };
+        let started = self.start_method(method, params, tensors, ctx);
+        let fut = async move {
+            let r = match started {
+                Err(e) => Err(e),
+                Ok(f) => run(f, &token).await,
+            };
+            id.map(|id| respond(id, r))
+        };
+        (Some(slot), Box::pin(fut))
+    }
+
+    fn try_slot(self: &Arc<Self>, id: Option<&Value>) -> Option<Slot> {
+        let max = self.shared.limits.max_in_flight;
+        self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        let token = self.closed.child_token();
+        let key = id.map(|id| {
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            let key = id.to_string();
+            self.calls.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), (seq, token.clone()));
+            (key, seq)
+        });
+        Some(Slot { conn: self.clone(), key, token })
+    }
+
+    /// Cancels the running call with this id; true if there was one.
+    fn cancel(&self, id: &Value) -> bool {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        match calls.get(&id.to_string()) {
+            Some((_, token)) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn start_method(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        tensors: &[Tensor],
+        ctx: CallContext,
+    ) -> Result<HandlerFuture, ErrorObject> {
+        let shared = &self.shared;
+        match method {
+            "rpc.discover" => {
+                let doc = shared.document().clone();
+                Ok(Box::pin(std::future::ready(Ok(Reply { value: doc, tensors: Vec::new() }))))
+            }
+            "ferry.task.submit" => {
+                let p: SubmitParams = decode_params(params, tensors)?;
+                let handler = shared.methods.get(&p.method).ok_or_else(|| ErrorObject::method_not_found(&p.method))?;
+                // The task outlives this call and its connection: its own token, no pipe.
+                let token = CancellationToken::new();
+                let task_ctx = CallContext { peer: ctx.peer.clone(), id: None, cancel: token.clone(), pipe: None };
+                let fut = handler.call(p.params, tensors, task_ctx)?;
+                let task = shared.tasks.submit(&p.method, fut, token, p.keep, Instant::now())?;
+                encode_result(&Submitted { task }).map(ready_ok)
+            }
+            "ferry.task.status" => {
+                let p: TaskParams = decode_params(params, tensors)?;
+                encode_result(&shared.tasks.status(&p.task, Instant::now())?).map(ready_ok)
+            }
+            "ferry.task.cancel" => {
+                let p: TaskParams = decode_params(params, tensors)?;
+                encode_result(&shared.tasks.cancel(&p.task, Instant::now())?).map(ready_ok)
+            }
+            "ferry.task.result" => {
+                let p: ResultParams = decode_params(params, tensors)?;
+                let tasks = shared.tasks.clone();
+                Ok(Box::pin(async move { tasks.result(&p.task, Duration::from_millis(p.wait_ms), p.keep).await }))
+            }
+            name => shared.methods.get(name).ok_or_else(|| ErrorObject::method_not_found(name))?.call(params, tensors, ctx),
+        }
+    }
+}
+
+fn ready_ok(r: Reply) -> HandlerFuture {
+    Box::pin(std::future::ready(Ok(r)))
+}
+
+/// Runs a handler until it finishes, panics (internal error) or is cancelled.
+async fn run(f: HandlerFuture, token: &CancellationToken) -> Result<Reply, ErrorObject> {
+    tokio::select! {
+        biased;
+        _ = token.cancelled() => Err(ErrorObject::cancelled("by ferry.cancel or because the connection closed")),
+        r = AssertUnwindSafe(f).catch_unwind() => r.unwrap_or_else(|p| {
+            let what = p.downcast_ref::<&str>().map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            tracing::error!("handler panicked: {what}");
+            Err(ErrorObject::internal(format!("the handler panicked: {what}")))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

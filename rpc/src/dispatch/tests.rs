@@ -1,0 +1,1 @@
+//! Dispatch without sockets: a `Conn` with no pipe, fed JSON values.

@@ -1,0 +1,54 @@
+//! ferry-rpc: JSON-RPC 2.0 over ferry pipes, with tensors.
+//!
+//! - **Server** ([`Server`]): a [`Methods`] table of plain async Rust functions with typed
+//!   params and results (serde + schemars). Handlers may take a [`CallContext`] (peer,
+//!   cancellation, [`CallContext::alloc`] for result tensors in the channel's memory).
+//! - **Tensors** anywhere in params and results: fields of type [`RpcTensor`] or
+//!   [`TensorMap`] travel as `{"$tensor": i}` references into the ferry message (zero-copy
+//!   where the channel allows), or inline as base64 for plain JSON and HTTP peers
+//!   ([`tensor`]).
+//! - **JSON-RPC 2.0 to the letter** ([`jsonrpc`]): params by position and by name,
+//!   notifications, batches, every id type, the standard errors; ferry's own codes in
+//!   `-32000..=-32099` ([`codes`]).
+//! - **Client** ([`Client`]): many calls in flight on one pipe, per-call timeout,
+//!   cancellation (dropping a call cancels it on the server), immediate failure when the
+//!   server goes away.
+//! - **Long calls** ([`task`]): `ferry.task.submit / status / result / cancel`.
+//! - **Discovery** ([`openrpc`]): `rpc.discover` returns an OpenRPC 1.3 document.
+//! - **Plain clients**: newline-delimited JSON on the same socket
+//!   ([`Server::serve_json`]) and, with feature `http`, HTTP POST (`Server::serve_http`).
+//! - **Limits** ([`RpcLimits`]): calls in flight per connection, request size, batch size,
+//!   task table size; every error names the limit.
+//!
+//! What it does not do: it opens no sockets of its own except the HTTP listener it is
+//! given; pipes come from [`ferry_core::Endpoint`]. It starts no runtime (use tokio).
+//!
+//! Entry points: [`Methods::register`], [`Server::serve`], [`Client::new`].
+//!
+//! # Feature flags
+//! - `http`: [`Server`]'s `serve_http`, JSON-RPC over HTTP POST (hyper).
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod client;
+pub mod codes;
+mod dispatch;
+#[cfg(feature = "http")]
+mod http;
+pub mod jsonrpc;
+pub mod limits;
+pub mod method;
+pub mod openrpc;
+pub mod pending;
+pub mod server;
+pub mod task;
+pub mod tensor;
+
+pub use client::{CallError, Client};
+pub use codes::{ERROR_CODES, ErrorCode, ErrorObject};
+pub use dispatch::{CancelParams, CancelResult};
+pub use limits::RpcLimits;
+pub use method::{CallContext, ConnKind, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
+pub use server::{Server, ServerBuilder};
+pub use task::{TaskState, TaskStatus};
+pub use tensor::{InlineTensor, RpcTensor, TensorMap};

@@ -1,0 +1,83 @@
+//! [`RpcLimits`]: what one server accepts. Every limit has a default, an option, and an
+//! error (code [`crate::codes::LIMIT_EXCEEDED`]) that names the field to raise.
+
+use std::time::Duration;
+
+/// Server limits. Set with [`crate::Server::limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RpcLimits {
+    /// Calls (and notifications) running at once on one connection; one more is answered
+    /// with a limit error at once (default 64). Batch elements count one each.
+    pub max_in_flight: usize,
+    /// Bytes in one request line (plain JSON on the socket) or one HTTP body (default
+    /// 64 MiB). Requests on ferry pipes are bounded by the pipe's own
+    /// [`ferry_core::Limits`] instead.
+    pub max_request_bytes: usize,
+    /// Requests in one batch (default 1024).
+    pub max_batch: usize,
+    /// Tasks (`ferry.task.submit`) held at once, running or finished and not yet fetched
+    /// (default 1024).
+    pub max_tasks: usize,
+    /// How long a finished task's result is kept before it expires (default 10 minutes).
+    pub task_ttl: Duration,
+    /// The longest `wait_ms` a `ferry.task.result` may wait (default 60 s).
+    pub max_task_wait: Duration,
+}
+
+impl Default for RpcLimits {
+    fn default() -> Self {
+        RpcLimits {
+            max_in_flight: 64,
+            max_request_bytes: 64 << 20,
+            max_batch: 1024,
+            max_tasks: 1024,
+            task_ttl: Duration::from_secs(600),
+            max_task_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RpcLimits {
+    /// Sets [`RpcLimits::max_in_flight`] (at least 1).
+    #[must_use]
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_request_bytes`].
+    #[must_use]
+    pub fn max_request_bytes(mut self, n: usize) -> Self {
+        self.max_request_bytes = n.max(2);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_batch`] (at least 1).
+    #[must_use]
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_tasks`].
+    #[must_use]
+    pub fn max_tasks(mut self, n: usize) -> Self {
+        self.max_tasks = n;
+        self
+    }
+
+    /// Sets [`RpcLimits::task_ttl`].
+    #[must_use]
+    pub fn task_ttl(mut self, d: Duration) -> Self {
+        self.task_ttl = d;
+        self
+    }
+
+    /// Sets [`RpcLimits::max_task_wait`].
+    #[must_use]
+    pub fn max_task_wait(mut self, d: Duration) -> Self {
+        self.max_task_wait = d;
+        self
+    }
+}

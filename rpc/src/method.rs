@@ -1,0 +1,426 @@
+//! The method table ([`Methods`]): plain async Rust functions with typed params and
+//! results, and the [`CallContext`] each call gets.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ferry_core::{Pipe, Tensor, TensorMeta, TensorMut};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::codes::ErrorObject;
+use crate::tensor::{self, TensorMode};
+
+/// How a peer is connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnKind {
+    /// A ferry pipe: tensors as `{"$tensor": i}` over the negotiated channel.
+    Pipe,
+    /// Newline-delimited plain JSON on the socket: tensors inline (base64).
+    Json,
+    /// HTTP POST: tensors inline (base64).
+    Http,
+}
+
+/// What is known about the caller.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// How it is connected.
+    pub kind: ConnKind,
+    /// The address it connected to (or, for HTTP, came from).
+    pub addr: String,
+    /// Its process id, where the OS says.
+    pub pid: Option<u32>,
+    /// Its user id, where the OS says.
+    pub uid: Option<u32>,
+    /// Its agent string (ferry pipes) or empty.
+    pub agent: String,
+    /// The channel carrying CPU tensors (`"inline"`, `"shm"`), or `"json"` for plain
+    /// JSON and HTTP peers.
+    pub channel: String,
+}
+
+/// What a handler gets besides its params: who calls, a cancellation token, and a way to
+/// allocate result tensors in the connection's channel memory.
+#[derive(Clone)]
+pub struct CallContext {
+    pub(crate) peer: Arc<PeerInfo>,
+    pub(crate) id: Option<Value>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) pipe: Option<Arc<Pipe>>,
+}
+
+impl CallContext {
+    /// A context for calling a handler directly (tests, in-process use): no pipe, never
+    /// cancelled unless `cancel` is.
+    pub fn detached(peer: PeerInfo, cancel: CancellationToken) -> CallContext {
+        CallContext { peer: Arc::new(peer), id: None, cancel, pipe: None }
+    }
+
+    /// The caller.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    /// The request id (`None` for notifications and tasks).
+    pub fn id(&self) -> Option<&Value> {
+        self.id.as_ref()
+    }
+
+    /// The call's cancellation token. The server also drops the handler's future when it
+    /// is cancelled; watch the token to stop work running elsewhere (a thread, a child).
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// True once the call is cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Resolves when the call is cancelled.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
+    }
+
+    /// A writable tensor for a result, in the channel's own memory where it has some (the
+    /// shm pool: the result then goes back without a copy), else on the heap. Fill it,
+    /// `freeze()` it and return it as an [`crate::RpcTensor`].
+    pub async fn alloc(&self, meta: TensorMeta) -> Result<TensorMut, ErrorObject> {
+        match &self.pipe {
+            Some(p) => p.alloc(meta).await.map_err(ErrorObject::tensor),
+            None => TensorMut::zeros(meta).map_err(ErrorObject::tensor),
+        }
+    }
+}
+
+impl std::fmt::Debug for CallContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallContext").field("peer", &self.peer).field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+/// A handler's encoded result: JSON with `{"$tensor": i}` references into `tensors`.
+#[derive(Debug, Clone, Default)]
+pub struct Reply {
+    /// The result value.
+    pub value: Value,
+    /// The tensors it references.
+    pub tensors: Vec<Tensor>,
+}
+
+/// The future a handler returns, erased.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Reply, ErrorObject>> + Send>>;
+
+/// A handler with its types erased: decodes params (synchronously, so invalid params are
+/// reported before anything runs) and returns the future of the call.
+pub trait ErasedHandler: Send + Sync + 'static {
+    /// Decodes `params` (`{"$tensor": i}` resolved against `tensors`) and starts the call.
+    fn call(&self, params: Option<Value>, tensors: &[Tensor], ctx: CallContext) -> Result<HandlerFuture, ErrorObject>;
+}
+
+/// Decodes params of type `P`: by name (object), by position (array, in field order), or
+/// absent (as `{}`, then `null`, then `[]`). The error says where and why.
+pub fn decode_params<P: DeserializeOwned>(params: Option<Value>, tensors: &[Tensor]) -> Result<P, ErrorObject> {
+    let to_err = |e: serde_path_to_error::Error<serde_json::Error>| {
+        let path = e.path().to_string();
+        ErrorObject::invalid_params(if path == "." { String::new() } else { path }, e.into_inner().to_string())
+    };
+    match params {
+        Some(v) => tensor::from_value(v, tensors).map_err(to_err),
+        None => {
+            let first = tensor::from_value(Value::Object(Default::default()), tensors);
+            first
+                .or_else(|e| tensor::from_value(Value::Null, tensors).map_err(|_| e))
+                .or_else(|e| tensor::from_value(Value::Array(Vec::new()), tensors).map_err(|_| e))
+                .map_err(to_err)
+        }
+    }
+}
+
+/// Encodes a result, tensors as references.
+pub fn encode_result<R: Serialize + ?Sized>(r: &R) -> Result<Reply, ErrorObject> {
+    let (value, tensors) =
+        tensor::to_value(r, TensorMode::Refs).map_err(|e| ErrorObject::internal(format!("result: {e}")))?;
+    Ok(Reply { value, tensors })
+}
+
+struct Typed<P, R, F> {
+    f: F,
+    _types: PhantomData<fn(P) -> R>,
+}
+
+impl<P, R, F, Fut> ErasedHandler for Typed<P, R, F>
+where
+    P: DeserializeOwned + Send + 'static,
+    R: Serialize + Send + 'static,
+    F: Fn(P, CallContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, ErrorObject>> + Send + 'static,
+{
+    fn call(&self, params: Option<Value>, tensors: &[Tensor], ctx: CallContext) -> Result<HandlerFuture, ErrorObject> {
+        let p: P = decode_params(params, tensors)?;
+        let fut = (self.f)(p, ctx);
+        Ok(Box::pin(async move {
+            let r = fut.await?;
+            encode_result(&r)
+        }))
+    }
+}
+
+/// Schemas of a method's params and result, made on demand for `rpc.discover`.
+pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+fn schema_of<T: JsonSchema>(g: &mut SchemaGenerator) -> Schema {
+    g.subschema_for::<T>()
+}
+
+/// What `rpc.discover` says about a method.
+#[derive(Clone)]
+pub struct MethodInfo {
+    /// Its name.
+    pub name: String,
+    /// One line.
+    pub summary: Option<String>,
+    /// More text.
+    pub description: Option<String>,
+    /// Deprecated.
+    pub deprecated: bool,
+    /// Params schema (an object schema whose properties are the params, in order).
+    pub params: SchemaFn,
+    /// Result schema.
+    pub result: SchemaFn,
+    /// The params' names in positional order, when the params type is a struct.
+    pub param_names: fn() -> Option<&'static [&'static str]>,
+}
+
+impl std::fmt::Debug for MethodInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MethodInfo").field("name", &self.name).field("summary", &self.summary).finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Method {
+    pub(crate) handler: Arc<dyn ErasedHandler>,
+    pub(crate) info: MethodInfo,
+}
+
+/// A registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// The name is already taken.
+    #[error("method {0:?} is already registered")]
+    Duplicate(String),
+    /// The name starts with `rpc.` (reserved by JSON-RPC 2.0) or `ferry.` (ferry's
+    /// built-in methods), or is empty.
+    #[error("method name {0:?} is reserved (names starting with \"rpc.\" or \"ferry.\") or empty")]
+    Reserved(String),
+}
+
+/// The method table. Register handlers, then give it to [`crate::Server::new`].
+///
+/// ```
+/// # use ferry_rpc::{Methods, ErrorObject};
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct AddParams { a: f64, b: f64 }
+/// let mut m = Methods::new();
+/// m.register("add", |p: AddParams| async move { Ok::<_, ErrorObject>(p.a + p.b) })?
+///     .summary("Adds two numbers");
+/// # Ok::<(), ferry_rpc::RegisterError>(())
+/// ```
+#[derive(Default)]
+pub struct Methods {
+    pub(crate) map: BTreeMap<String, Method>,
+}
+
+/// Documentation setters for a method just registered.
+pub struct MethodDoc<'a>(&'a mut MethodInfo);
+
+impl MethodDoc<'_> {
+    /// Sets the one-line summary.
+    pub fn summary(self, s: impl Into<String>) -> Self {
+        self.0.summary = Some(s.into());
+        self
+    }
+
+    /// Sets the description.
+    pub fn description(self, s: impl Into<String>) -> Self {
+        self.0.description = Some(s.into());
+        self
+    }
+
+    /// Marks the method deprecated.
+    pub fn deprecated(self) -> Self {
+        self.0.deprecated = true;
+        self
+    }
+}
+
+impl Methods {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `f(params)`: an async function of typed params returning a typed result
+    /// or an [`ErrorObject`]. Params arrive by name (an object) or by position (an array,
+    /// in field order).
+    pub fn register<P, R, F, Fut>(&mut self, name: &str, f: F) -> Result<MethodDoc<'_>, RegisterError>
+    where
+        P: DeserializeOwned + JsonSchema + Send + 'static,
+        R: Serialize + JsonSchema + Send + 'static,
+        F: Fn(P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, ErrorObject>> + Send + 'static,
+    {
+        self.register_ctx(name, move |p: P, _ctx: CallContext| f(p))
+    }
+
+    /// Registers `f(params, ctx)`, a handler that also gets the [`CallContext`].
+    pub fn register_ctx<P, R, F, Fut>(&mut self, name: &str, f: F) -> Result<MethodDoc<'_>, RegisterError>
+    where
+        P: DeserializeOwned + JsonSchema + Send + 'static,
+        R: Serialize + JsonSchema + Send + 'static,
+        F: Fn(P, CallContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, ErrorObject>> + Send + 'static,
+    {
+        if name.is_empty() || name.starts_with("rpc.") || name.starts_with("ferry.") {
+            return Err(RegisterError::Reserved(name.to_owned()));
+        }
+        self.insert(
+            Arc::new(Typed { f, _types: PhantomData::<fn(P) -> R> }),
+            MethodInfo {
+                name: name.to_owned(),
+                summary: None,
+                description: None,
+                deprecated: false,
+                params: schema_of::<P>,
+                result: schema_of::<R>,
+                param_names: crate::openrpc::field_names::<P>,
+            },
+        )
+    }
+
+    /// Registers an erased handler with hand-made docs (built-in methods, adapters).
+    pub fn register_erased(
+        &mut self,
+        handler: Arc<dyn ErasedHandler>,
+        info: MethodInfo,
+    ) -> Result<MethodDoc<'_>, RegisterError> {
+        self.insert(handler, info)
+    }
+
+    fn insert(&mut self, handler: Arc<dyn ErasedHandler>, info: MethodInfo) -> Result<MethodDoc<'_>, RegisterError> {
+        use std::collections::btree_map::Entry;
+        match self.map.entry(info.name.clone()) {
+            Entry::Occupied(_) => Err(RegisterError::Duplicate(info.name)),
+            Entry::Vacant(v) => Ok(MethodDoc(&mut v.insert(Method { handler, info }).info)),
+        }
+    }
+
+    /// Moves every method of `other` into this table.
+    pub fn merge(&mut self, other: Methods) -> Result<(), RegisterError> {
+        if let Some(dup) = other.map.keys().find(|k| self.map.contains_key(*k)) {
+            return Err(RegisterError::Duplicate(dup.clone()));
+        }
+        self.map.extend(other.map);
+        Ok(())
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.map.keys().map(String::as_str)
+    }
+
+    /// The handler of `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn ErasedHandler>> {
+        self.map.get(name).map(|m| &m.handler)
+    }
+
+    /// The docs of every method, sorted by name.
+    pub fn infos(&self) -> impl Iterator<Item = &MethodInfo> {
+        self.map.values().map(|m| &m.info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+    use crate::codes::INVALID_PARAMS;
+
+    #[derive(Deserialize, JsonSchema)]
+    struct Add {
+        a: i64,
+        b: i64,
+    }
+
+    fn ctx() -> CallContext {
+        CallContext::detached(
+            PeerInfo {
+                kind: ConnKind::Pipe,
+                addr: String::new(),
+                pid: None,
+                uid: None,
+                agent: String::new(),
+                channel: "inline".into(),
+            },
+            CancellationToken::new(),
+        )
+    }
+
+    fn add_table() -> Methods {
+        let mut m = Methods::new();
+        m.register("add", |p: Add| async move { Ok(p.a + p.b) }).unwrap();
+        m
+    }
+
+    async fn call(m: &Methods, params: Option<Value>) -> Result<Value, ErrorObject> {
+        Ok(m.get("add").unwrap().call(params, &[], ctx())?.await?.value)
+    }
+
+    #[tokio::test]
+    async fn by_name_and_by_position() {
+        let m = add_table();
+        assert_eq!(call(&m, Some(json!({"a": 1, "b": 2}))).await.unwrap(), json!(3));
+        assert_eq!(call(&m, Some(json!([40, 2]))).await.unwrap(), json!(42));
+        let e = call(&m, Some(json!({"a": 1, "b": "x"}))).await.unwrap_err();
+        assert_eq!(e.code, INVALID_PARAMS);
+        assert_eq!(e.data.as_ref().unwrap()["path"], "b");
+        assert!(e.message.contains("expected i64"), "{}", e.message);
+        let e = call(&m, Some(json!({"a": 1}))).await.unwrap_err();
+        assert!(e.message.contains("missing field `b`"), "{}", e.message);
+        let e = call(&m, Some(json!([1]))).await.unwrap_err();
+        assert!(e.message.contains("invalid length 1"), "{}", e.message);
+        let e = call(&m, None).await.unwrap_err();
+        assert_eq!(e.code, INVALID_PARAMS);
+    }
+
+    #[tokio::test]
+    async fn unit_params_accept_absent_params() {
+        let mut m = Methods::new();
+        m.register("ping", |(): ()| async { Ok("pong") }).unwrap();
+        let r = m.get("ping").unwrap().call(None, &[], ctx()).unwrap().await.unwrap();
+        assert_eq!(r.value, json!("pong"));
+    }
+
+    #[test]
+    fn reserved_and_duplicate_names() {
+        let mut m = add_table();
+        assert!(matches!(
+            m.register("add", |p: Add| async move { Ok(p.a) }),
+            Err(RegisterError::Duplicate(n)) if n == "add"
+        ));
+        for name in ["rpc.discover", "ferry.x", ""] {
+            assert!(matches!(m.register(name, |p: Add| async move { Ok(p.a) }), Err(RegisterError::Reserved(_))));
+        }
+        assert_eq!(m.names().collect::<Vec<_>>(), ["add"]);
+    }
+}

@@ -1,0 +1,370 @@
+//! [`Server`]: serves a method table on ferry pipes, on plain newline-delimited JSON
+//! connections of the same socket, and (feature `http`) over HTTP POST.
+//!
+//! - Every connection runs in its own task; every call in its own task. A slow handler
+//!   blocks neither other calls on its connection nor other connections; responses go out
+//!   as they finish, matched by id.
+//! - Calls in flight per connection are bounded ([`RpcLimits::max_in_flight`]); a call over
+//!   the limit is answered at once with a limit error. A slot is freed only once its
+//!   response is written, so a peer that stops reading cannot grow the server's memory.
+//! - When a connection ends, every call still running on it is cancelled. Tasks
+//!   (`ferry.task.*`) are not: they belong to the server.
+
+use std::sync::{Arc, OnceLock};
+
+use ferry_core::{Accepted, ForeignConn, Message, Pipe, PipeError, PipeListener};
+use serde_json::Value;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::codes::ErrorObject;
+use crate::dispatch::{Conn, Shared};
+use crate::jsonrpc::failure;
+use crate::limits::RpcLimits;
+use crate::method::{ConnKind, Methods, PeerInfo, Reply};
+use crate::openrpc::ApiInfo;
+use crate::task::TaskTable;
+use crate::tensor::refs_to_inline;
+
+/// Builds a [`Server`]: `Server::builder(methods).limits(..).title(..).build()`.
+#[must_use]
+pub struct ServerBuilder {
+    methods: Methods,
+    limits: RpcLimits,
+    api: ApiInfo,
+}
+
+impl ServerBuilder {
+    /// Sets the limits (default [`RpcLimits::default`]).
+    pub fn limits(mut self, limits: RpcLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Sets the API title shown by `rpc.discover`.
+    pub fn title(mut self, t: impl Into<String>) -> Self {
+        self.api.title = t.into();
+        self
+    }
+
+    /// Sets the API version shown by `rpc.discover`.
+    pub fn version(mut self, v: impl Into<String>) -> Self {
+        self.api.version = v.into();
+        self
+    }
+
+    /// Sets the API description shown by `rpc.discover`.
+    pub fn description(mut self, d: impl Into<String>) -> Self {
+        self.api.description = Some(d.into());
+        self
+    }
+
+    /// The server.
+    pub fn build(self) -> Server {
+        Server {
+            shared: Arc::new(Shared {
+                tasks: TaskTable::new(self.limits),
+                methods: self.methods,
+                limits: self.limits,
+                api: self.api,
+                doc: OnceLock::new(),
+            }),
+            shutdown: CancellationToken::new(),
+        }
+    }
+}
+
+/// A JSON-RPC 2.0 server over a method table. Cheap to clone.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// # use ferry_rpc::{Methods, Server, ErrorObject};
+/// # let transport: std::sync::Arc<dyn ferry_core::Transport> = unimplemented!();
+/// let mut methods = Methods::new();
+/// methods.register("add", |(a, b): (f64, f64)| async move { Ok::<_, ErrorObject>(a + b) })?;
+/// let server = Server::new(methods);
+/// // accept_foreign(true): plain JSON-RPC clients on the same socket are served too.
+/// let ep = ferry_core::Endpoint::builder().transport(transport)
+///     .channel(std::sync::Arc::new(ferry_core::InlineChannel)).accept_foreign(true).build();
+/// server.serve(ep.listen("unix:my-api").await?).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Server {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl Server {
+    /// A builder serving `methods`.
+    pub fn builder(methods: Methods) -> ServerBuilder {
+        ServerBuilder { methods, limits: RpcLimits::default(), api: ApiInfo::default() }
+    }
+
+    /// A server with default limits.
+    pub fn new(methods: Methods) -> Server {
+        Self::builder(methods).build()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &RpcLimits {
+        &self.shared.limits
+    }
+
+    /// The OpenRPC document (`rpc.discover`'s result).
+    pub fn discover(&self) -> &Value {
+        self.shared.document()
+    }
+
+    /// Stops every `serve*` loop and cancels every call on every connection.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Accepts connections until the listener stops or [`Server::shutdown`]: ferry pipes
+    /// and (if the endpoint was built with `accept_foreign(true)`) plain JSON clients,
+    /// each served in its own task.
+    pub async fn serve(&self, mut listener: PipeListener) -> Result<(), PipeError> {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept_any() => a,
+                _ = self.shutdown.cancelled() => return Ok(()),
+            };
+            match accepted {
+                Ok(Accepted::Pipe(p)) => {
+                    let s = self.clone();
+                    tokio::spawn(async move { s.serve_pipe(p).await });
+                }
+                Ok(Accepted::Foreign(f)) => {
+                    let s = self.clone();
+                    tokio::spawn(async move { s.serve_json(f).await });
+                }
+                Err(PipeError::Closed) => return Ok(()),
+                Err(e) => tracing::debug!("connection not accepted: {e}"),
+            }
+        }
+    }
+
+    /// Serves one ferry pipe until it closes.
+    pub async fn serve_pipe(&self, pipe: Pipe) {
+        let info = pipe.info();
+        let peer = PeerInfo {
+            kind: ConnKind::Pipe,
+            addr: info.conn.addr.clone(),
+            pid: info.conn.peer_pid,
+            uid: info.conn.peer_uid,
+            agent: info.peer_agent.clone(),
+            channel: pipe.channel().to_owned(),
+        };
+        let pipe = Arc::new(pipe);
+        let conn = Conn::new(self.shared.clone(), peer, Some(pipe.clone()));
+        loop {
+            let msg = tokio::select! {
+                m = pipe.recv() => m,
+                _ = self.shutdown.cancelled() => break,
+            };
+            let Ok(msg) = msg else { break };
+            let work = conn.start(msg.header, msg.tensors);
+            let pipe = pipe.clone();
+            tokio::spawn(async move {
+                let out = work.await;
+                if let Some(reply) = out.reply {
+                    send_reply(&pipe, reply).await;
+                }
+                drop(out.slots);
+            });
+        }
+        conn.closed.cancel();
+    }
+
+    /// Serves one plain JSON connection (newline-delimited JSON-RPC, tensors inline)
+    /// until the peer closes it. Requests are read while earlier ones run.
+    pub async fn serve_json(&self, fc: ForeignConn) {
+        let ForeignConn { info, mut read, mut write } = fc;
+        let peer = PeerInfo {
+            kind: ConnKind::Json,
+            addr: info.addr.clone(),
+            pid: info.peer_pid,
+            uid: info.peer_uid,
+            agent: String::new(),
+            channel: "json".into(),
+        };
+        let conn = Conn::new(self.shared.clone(), peer, None);
+        let max = self.shared.limits.max_request_bytes;
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(self.shared.limits.max_in_flight.max(1));
+        let writer = tokio::spawn(async move {
+            while let Some(buf) = rx.recv().await {
+                if write.write_all(&buf).await.is_err() || write.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut buf = Vec::new();
+        loop {
+            let line = tokio::select! {
+                l = read_line(&mut read, max, &mut buf) => l,
+                _ = self.shutdown.cancelled() => break,
+            };
+            let v = match line {
+                Err(_) | Ok(Line::Eof) => break,
+                Ok(Line::TooLong(n)) => {
+                    let e = ErrorObject::limit("max_request_bytes", "request line length in bytes", n as u64, max as u64);
+                    failure(Value::Null, e)
+                }
+                Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => continue,
+                Ok(Line::Data) => match serde_json::from_slice::<Value>(&buf) {
+                    Err(e) => failure(Value::Null, ErrorObject::parse_error(e)),
+                    Ok(v) => {
+                        let work = conn.start(v, Vec::new());
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            let out = work.await;
+                            if let Some(reply) = out.reply {
+                                let _ = tx.send(inline_line(reply)).await;
+                            }
+                            drop(out.slots);
+                        });
+                        continue;
+                    }
+                },
+            };
+            if tx.send(inline_line(Reply { value: v, tensors: Vec::new() })).await.is_err() {
+                break;
+            }
+        }
+        // The peer may have only shut down its writing side: answer what is running, then close.
+        drop(tx);
+        tokio::select! {
+            _ = writer => {}
+            _ = self.shutdown.cancelled() => {}
+        }
+        conn.closed.cancel();
+    }
+
+    /// Answers one plain JSON-RPC text (a request or a batch) as a plain JSON peer would
+    /// get it: `None` when nothing is to be answered (notifications only).
+    pub async fn handle_text(&self, text: &[u8], peer: PeerInfo) -> Option<Vec<u8>> {
+        let conn = Conn::new(self.shared.clone(), peer, None);
+        let reply = match serde_json::from_slice::<Value>(text) {
+            Err(e) => Some(Reply { value: failure(Value::Null, ErrorObject::parse_error(e)), tensors: Vec::new() }),
+            Ok(v) => conn.start(v, Vec::new()).await.reply,
+        };
+        conn.closed.cancel();
+        reply.map(|r| {
+            let mut line = inline_line(r);
+            line.pop();
+            line
+        })
+    }
+}
+
+/// Sends a response; if it cannot go (a tensor over the peer's limits, a device tensor
+/// with no channel), sends the same ids with a tensor error instead.
+async fn send_reply(pipe: &Pipe, reply: Reply) {
+    let Reply { value, tensors } = reply;
+    let ids = response_ids(&value);
+    let batch = value.is_array();
+    match pipe.send(Message::with_tensors(value, tensors)).await {
+        Ok(()) => {}
+        Err(e) if e.is_closed() => {}
+        Err(e) => {
+            tracing::warn!("cannot send a response: {e}");
+            let errs: Vec<Value> = ids.into_iter().map(|id| failure(id, ErrorObject::tensor(&e))).collect();
+            let v = if batch { Value::Array(errs) } else { errs.into_iter().next().unwrap_or(Value::Null) };
+            let _ = pipe.send(Message::new(v)).await;
+        }
+    }
+}
+
+fn response_ids(v: &Value) -> Vec<Value> {
+    match v {
+        Value::Array(a) => a.iter().map(|r| r.get("id").cloned().unwrap_or(Value::Null)).collect(),
+        r => vec![r.get("id").cloned().unwrap_or(Value::Null)],
+    }
+}
+
+/// A response as one line of JSON, tensors inline.
+pub(crate) fn inline_line(reply: Reply) -> Vec<u8> {
+    let Reply { mut value, tensors } = reply;
+    if !tensors.is_empty()
+        && let Err(e) = refs_to_inline(&mut value, &tensors)
+    {
+        let errs: Vec<Value> =
+            response_ids(&value).into_iter().map(|id| failure(id, ErrorObject::tensor(&e))).collect();
+        value = if value.is_array() { Value::Array(errs) } else { errs.into_iter().next().unwrap_or(Value::Null) };
+    }
+    let mut out = serde_json::to_vec(&value).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// What [`read_line`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Line {
+    /// A line (without its newline) is in the buffer.
+    Data,
+    /// A line of this many bytes was over the limit and was skipped.
+    TooLong(usize),
+    /// End of stream.
+    Eof,
+}
+
+/// Reads one line into `buf`, never holding more than `max` bytes of it.
+pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max: usize,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Line> {
+    buf.clear();
+    let mut total = 0usize;
+    let mut too_long = false;
+    loop {
+        let chunk = r.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(match (total, too_long) {
+                (0, _) => Line::Eof,
+                (n, true) => Line::TooLong(n),
+                _ => Line::Data,
+            });
+        }
+        let (n, found) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        total += n;
+        if !too_long {
+            if buf.len() + n > max {
+                too_long = true;
+                buf.clear();
+                buf.shrink_to(64 << 10);
+            } else {
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+        r.consume(n + usize::from(found));
+        if found {
+            return Ok(if too_long { Line::TooLong(total) } else { Line::Data });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_bounded() {
+        let data = b"{\"a\":1}\n0123456789abcdef\n\nlast".to_vec();
+        let mut r = tokio::io::BufReader::with_capacity(4, &data[..]);
+        let mut buf = Vec::new();
+        assert_eq!(read_line(&mut r, 10, &mut buf).await.unwrap(), Line::Data);
+        assert_eq!(buf, b"{\"a\":1}");
+        assert_eq!(read_line(&mut r, 10, &mut buf).await.unwrap(), Line::TooLong(16));
+        assert_eq!(read_line(&mut r, 10, &mut buf).await.unwrap(), Line::Data);
+        assert!(buf.is_empty());
+        assert_eq!(read_line(&mut r, 10, &mut buf).await.unwrap(), Line::Data);
+        assert_eq!(buf, b"last");
+        assert_eq!(read_line(&mut r, 10, &mut buf).await.unwrap(), Line::Eof);
+    }
+}
