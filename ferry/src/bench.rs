@@ -231,7 +231,7 @@ struct Size {
 
 fn label_of(meta: &TensorMeta) -> String {
     let n = meta.byte_span().unwrap_or(0);
-    if meta.dtype == DType::U8 && meta.shape.len() == 1 && n >= 1 << 20 && n % (1 << 20) == 0 {
+    if meta.dtype == DType::U8 && meta.shape.len() == 1 && n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         return format!("u8[{} MiB]", n >> 20);
     }
     format!("{}[{}]", meta.dtype, meta.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","))

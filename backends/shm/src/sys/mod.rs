@@ -9,6 +9,8 @@
 //!   never fault (no SIGBUS).
 #![allow(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+// Segments and claims are never empty (creation refuses zero lengths), so no `is_empty`.
+#![allow(clippy::len_without_is_empty)]
 
 use std::collections::BTreeMap;
 use std::io;
