@@ -101,6 +101,13 @@ pub trait ChannelSession: Send + Sync + 'static {
         let _ = meta;
         Ok(None)
     }
+    /// A device tensor in the channel's own exportable device memory (e.g. the CUDA IPC
+    /// pool), to be filled on the device (by a kernel, or a copy on the caller's stream) and
+    /// sent with no copy. `None`: the channel has no device memory of its own.
+    async fn alloc_device(&self, meta: &TensorMeta) -> Result<Option<Tensor>, ChannelError> {
+        let _ = meta;
+        Ok(None)
+    }
     /// Counters for diagnostics and tests (channel-specific JSON; `null` when none).
     fn stats(&self) -> serde_json::Value {
         serde_json::Value::Null

@@ -38,6 +38,14 @@ pub enum MetaError {
         /// Strides given.
         strides: usize,
     },
+    /// The metadata names another device than the storage is on.
+    #[error("tensor metadata says {meta} but its bytes are on {storage}")]
+    DeviceMismatch {
+        /// Device in the metadata.
+        meta: crate::Device,
+        /// Device of the storage.
+        storage: crate::Device,
+    },
     /// The described size does not match the bytes present.
     #[error("tensor needs {expected} bytes but {actual} are present")]
     LengthMismatch {

@@ -52,7 +52,9 @@ impl ChannelSession for InlineSession {
                 reason: format!("tensor is on {}", tensor.device()),
             });
         }
-        let Storage::Host(bytes) = tensor.storage();
+        let Storage::Host(bytes) = tensor.storage() else {
+            return Err(ChannelError::Unsupported { channel: "inline", reason: "tensor is not in host memory".into() });
+        };
         Ok(Location::Inline(out.push_payload(bytes.clone())))
     }
 

@@ -46,6 +46,6 @@ pub use inline::InlineChannel;
 pub use message::Message;
 pub use meta::{MAX_DIMS, TensorMeta};
 pub use pipe::{Pipe, PipeInfo};
-pub use tensor::{ALIGN, AlignedBuf, Storage, Tensor, TensorMut, WritableStorage};
+pub use tensor::{ALIGN, AlignedBuf, DeviceBuffer, Storage, Tensor, TensorMut, WritableStorage};
 pub use transport::{Address, ConnInfo, Connection, FdQueue, Listener, Split, Transport};
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};

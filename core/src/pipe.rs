@@ -154,6 +154,11 @@ impl Pipe {
     /// some (the shm pool: sending it then costs no copy), else on the heap. Fill it, then
     /// `freeze()` it and send it.
     pub async fn alloc(&self, meta: TensorMeta) -> Result<TensorMut, PipeError> {
+        if meta.device != crate::Device::Cpu {
+            return Err(PipeError::ApiMisuse(
+                format!("alloc is for host tensors; use alloc_device for {} tensors", meta.device).into(),
+            ));
+        }
         let kind = meta.device.kind();
         if let Some(session) = self.shared.sessions.get(&kind)
             && let Some(t) = session.alloc(&meta).await?
@@ -161,6 +166,26 @@ impl Pipe {
             return Ok(t);
         }
         Ok(TensorMut::zeros(meta)?)
+    }
+
+    /// A device tensor for `meta` (e.g. `cuda:0`) in the negotiated device channel's
+    /// exportable memory, so that sending it costs no copy. Fails when no channel for that
+    /// device was negotiated.
+    pub async fn alloc_device(&self, meta: TensorMeta) -> Result<Tensor, PipeError> {
+        let kind = meta.device.kind();
+        let session = self.shared.sessions.get(&kind).ok_or_else(|| {
+            PipeError::Channel(ChannelError::Unsupported {
+                channel: "none",
+                reason: format!("no channel was negotiated for {kind:?} tensors on this pipe"),
+            })
+        })?;
+        match session.alloc_device(&meta).await? {
+            Some(t) => Ok(t),
+            None => Err(PipeError::Channel(ChannelError::Unsupported {
+                channel: session.name(),
+                reason: format!("the {} channel cannot allocate {} memory", session.name(), meta.device),
+            })),
+        }
     }
 
     /// Each negotiated channel's counters (e.g. the shm pool's segments and leases), by

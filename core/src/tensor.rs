@@ -2,6 +2,7 @@
 //! [`AlignedBuf`] (64-byte aligned host memory).
 
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -71,16 +72,35 @@ impl fmt::Debug for AlignedBuf {
     }
 }
 
+/// Device memory a tensor can live in (a CUDA allocation, or a range of one). Implemented
+/// by device backends (ferry-cuda-ipc); the buffer keeps the memory alive while it lives.
+pub trait DeviceBuffer: Send + Sync + 'static {
+    /// The device the memory is on.
+    fn device(&self) -> Device;
+    /// Device address of the first byte.
+    fn device_ptr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// True when empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For a backend to recognise its own buffers.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// Where a tensor's bytes are.
 ///
 /// Host bytes are a [`Bytes`]: owned memory, a slice of a received frame, or (with the
 /// shm channel) a lease on another process's shared memory whose owner is told when the
-/// last clone is dropped. Device memory will get its own variant.
+/// last clone is dropped. Device bytes are a [`DeviceBuffer`].
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Storage {
     /// Bytes in host memory.
     Host(Bytes),
+    /// Bytes in device memory.
+    Device(Arc<dyn DeviceBuffer>),
 }
 
 /// A tensor: metadata plus storage, validated against each other on construction.
@@ -91,10 +111,24 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// A tensor over `bytes`, after checking that `meta` describes exactly these bytes.
+    /// A host tensor over `bytes`, after checking that `meta` (device `cpu`) describes
+    /// exactly these bytes.
     pub fn new(meta: TensorMeta, bytes: Bytes) -> Result<Self, MetaError> {
+        if meta.device != Device::Cpu {
+            return Err(MetaError::DeviceMismatch { meta: meta.device, storage: Device::Cpu });
+        }
         meta.validate(bytes.len() as u64)?;
         Ok(Tensor { meta, storage: Storage::Host(bytes) })
+    }
+
+    /// A device tensor over `buf`, after checking that `meta` names the buffer's device and
+    /// describes exactly its bytes.
+    pub fn from_device(meta: TensorMeta, buf: Arc<dyn DeviceBuffer>) -> Result<Self, MetaError> {
+        if meta.device != buf.device() {
+            return Err(MetaError::DeviceMismatch { meta: meta.device, storage: buf.device() });
+        }
+        meta.validate(buf.len() as u64)?;
+        Ok(Tensor { meta, storage: Storage::Device(buf) })
     }
 
     /// A contiguous CPU tensor holding a copy of `data` (in aligned memory).
@@ -133,23 +167,43 @@ impl Tensor {
         &self.storage
     }
 
-    /// The raw bytes of a host tensor (for strided tensors, the whole span).
+    /// The raw bytes of a host tensor (for strided tensors, the whole span); empty for a
+    /// device tensor (see [`Tensor::host_bytes`]).
     pub fn as_bytes(&self) -> &[u8] {
+        self.host_bytes().unwrap_or(&[])
+    }
+
+    /// The bytes of a host tensor; `None` for a device tensor.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
         match &self.storage {
-            Storage::Host(b) => b,
+            Storage::Host(b) => Some(b),
+            Storage::Device(_) => None,
         }
     }
 
-    /// The host bytes as a cheap clone of the underlying [`Bytes`].
+    /// The device buffer of a device tensor.
+    pub fn device_buffer(&self) -> Option<&Arc<dyn DeviceBuffer>> {
+        match &self.storage {
+            Storage::Device(d) => Some(d),
+            Storage::Host(_) => None,
+        }
+    }
+
+    /// The host bytes as a cheap clone of the underlying [`Bytes`] (empty for a device
+    /// tensor).
     pub fn bytes(&self) -> Bytes {
         match &self.storage {
             Storage::Host(b) => b.clone(),
+            Storage::Device(_) => Bytes::new(),
         }
     }
 
     /// Length of the storage in bytes.
     pub fn nbytes(&self) -> usize {
-        self.as_bytes().len()
+        match &self.storage {
+            Storage::Host(b) => b.len(),
+            Storage::Device(d) => d.len(),
+        }
     }
 
     /// A typed view of a contiguous host tensor. Checks dtype and alignment.
@@ -167,9 +221,15 @@ impl Tensor {
             .map_err(|_| ViewError::Misaligned { align: std::mem::align_of::<T>() })
     }
 
-    /// A copy of this tensor in fresh [`ALIGN`]-aligned memory.
+    /// A copy of this host tensor in fresh [`ALIGN`]-aligned memory (a device tensor is
+    /// returned as is).
     pub fn to_aligned(&self) -> Tensor {
-        Tensor { meta: self.meta.clone(), storage: Storage::Host(AlignedBuf::copy_from(self.as_bytes()).into_bytes()) }
+        match &self.storage {
+            Storage::Host(b) => {
+                Tensor { meta: self.meta.clone(), storage: Storage::Host(AlignedBuf::copy_from(b).into_bytes()) }
+            }
+            Storage::Device(_) => self.clone(),
+        }
     }
 
     /// Splits into metadata and storage.
@@ -191,9 +251,14 @@ impl fmt::Debug for Tensor {
 }
 
 impl PartialEq for Tensor {
-    /// Same metadata and same bytes.
+    /// Same metadata and same bytes (device tensors: the same device memory).
     fn eq(&self, other: &Self) -> bool {
-        self.meta == other.meta && self.as_bytes() == other.as_bytes()
+        self.meta == other.meta
+            && match (&self.storage, &other.storage) {
+                (Storage::Host(a), Storage::Host(b)) => a == b,
+                (Storage::Device(a), Storage::Device(b)) => a.device_ptr() == b.device_ptr() && a.len() == b.len(),
+                _ => false,
+            }
     }
 }
 

@@ -164,6 +164,32 @@ pub enum Location {
     Shm(ShmRef),
     /// In the receiver's own pool: a lease the receiver granted earlier, sent back (shm).
     ShmReturn(ShmReturnRef),
+    /// In the sender's exportable CUDA memory (cuda-ipc channel).
+    CudaIpc(CudaIpcRef),
+}
+
+/// A range of a CUDA allocation exported with `cuIpcGetMemHandle`, leased to the receiver
+/// until it sends a release for `lease`. Handles are base64; 64-bit device values are
+/// decimal strings (JSON numbers lose precision past 2^53).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CudaIpcRef {
+    /// UUID of the device the memory is on (`GPU-xxxxxxxx-...`), not its ordinal.
+    pub device_uuid: String,
+    /// Base64 of the 64-byte `CUipcMemHandle` of the allocation's base.
+    pub mem_handle: String,
+    /// The producer's id for the allocation (with `mem_handle`, the consumer's cache key).
+    pub alloc_id: String,
+    /// Size of the whole allocation in bytes, decimal.
+    pub alloc_size: String,
+    /// Offset of the tensor's bytes from the allocation base, decimal.
+    pub offset: String,
+    /// Length in bytes, decimal.
+    pub len: String,
+    /// Base64 of the 64-byte `CUipcEventHandle` recorded after the producer's writes; the
+    /// consumer waits on it before handing the tensor out.
+    pub event_handle: String,
+    /// Lease id to release when done.
+    pub lease: u64,
 }
 
 /// A range of one of the sender's shared-memory segments, leased to the receiver until it

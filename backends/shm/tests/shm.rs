@@ -274,3 +274,27 @@ async fn a_good_raw_descriptor_is_read_in_place() {
     let body: Value = serde_json::from_slice(&f.header).unwrap();
     assert_eq!(body, json!({"channel": "shm", "body": {"release": [77]}}));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_boot_or_namespace_falls_back_to_inline() {
+    let addr = Fx.addr("fallback");
+    let mut l = endpoint(ShmOptions::default()).listen(&addr).await.unwrap();
+    let conn = ConnInfo { fd_passing: true, same_host: true, ..Default::default() };
+    let mut offer = serde_json::to_value(ShmChannel::new().offer(&conn).unwrap()).unwrap();
+    for key in ["boot_id", "ipc_ns", "net_ns"] {
+        let mut o = offer.clone();
+        o["domain"][key] = json!("elsewhere");
+        let mut raw = RawConn::connect(&Fx, &addr).await.unwrap();
+        let w = raw.handshake_with(json!([o, {"name": "inline", "devices": ["cpu"]}])).await.unwrap();
+        assert_eq!(w.channels[&DeviceKind::Cpu], "inline", "{key} differs: shm must not be chosen");
+        let p = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
+        assert_eq!(p.channel(), "inline");
+    }
+    // Without descriptor passing the client does not even offer shm.
+    let no_fds = ConnInfo { fd_passing: false, same_host: true, ..Default::default() };
+    assert!(ShmChannel::new().offer(&no_fds).is_none());
+    offer["domain"] = json!({});
+    let mut raw = RawConn::connect(&Fx, &addr).await.unwrap();
+    let w = raw.handshake_with(json!([offer, {"name": "inline", "devices": ["cpu"]}])).await.unwrap();
+    assert_eq!(w.channels[&DeviceKind::Cpu], "inline", "an offer without a domain must not get shm");
+}
