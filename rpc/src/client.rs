@@ -145,7 +145,11 @@ impl Client {
 
     /// Calls `method` with `params` (a struct or map: by name; a tuple or array: by
     /// position; `()`: none) and decodes the result.
-    pub async fn call<P: Serialize + ?Sized, R: DeserializeOwned>(&self, method: &str, params: &P) -> Result<R, CallError> {
+    pub async fn call<P: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+    ) -> Result<R, CallError> {
         self.call_with(method, params, self.timeout).await
     }
 
@@ -203,9 +207,11 @@ impl Client {
     pub async fn notify<P: Serialize + ?Sized>(&self, method: &str, params: &P) -> Result<(), CallError> {
         let (params, tensors) = encode_params(params)?;
         let req = jsonrpc::request(None, method, params);
-        self.shared.pipe.send(Message::with_tensors(req, tensors)).await.map_err(|e| {
-            if e.is_closed() { CallError::Closed(e) } else { CallError::Pipe(e) }
-        })
+        self.shared
+            .pipe
+            .send(Message::with_tensors(req, tensors))
+            .await
+            .map_err(|e| if e.is_closed() { CallError::Closed(e) } else { CallError::Pipe(e) })
     }
 
     /// Sends a batch of calls (method, raw params) in one message, params referring to
@@ -253,7 +259,12 @@ impl Client {
     }
 
     /// Starts `method` as a task (`ferry.task.submit`); returns the task id.
-    pub async fn submit<P: Serialize + ?Sized>(&self, method: &str, params: &P, keep: bool) -> Result<String, CallError> {
+    pub async fn submit<P: Serialize + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        keep: bool,
+    ) -> Result<String, CallError> {
         let (params, tensors) = encode_params(params)?;
         let p = json!({ "method": method, "params": params, "keep": keep });
         let (v, t) = self.call_raw("ferry.task.submit", Some(p), tensors, self.timeout).await?;

@@ -102,12 +102,7 @@ pub const ERROR_CODES: &[ErrorCode] = &[
         message: "Cancelled",
         description: "The call or task was cancelled (ferry.cancel, ferry.task.cancel, or the connection closed).",
     },
-    ErrorCode {
-        code: TIMEOUT,
-        name: "TIMEOUT",
-        message: "Timeout",
-        description: "The call did not finish in time.",
-    },
+    ErrorCode { code: TIMEOUT, name: "TIMEOUT", message: "Timeout", description: "The call did not finish in time." },
     ErrorCode {
         code: TASK_NOT_FOUND,
         name: "TASK_NOT_FOUND",

@@ -157,7 +157,8 @@ impl Conn {
                         values.push(value);
                     }
                     // A batch of notifications only gets no response at all.
-                    let reply = (!values.is_empty()).then(|| Reply { value: Value::Array(values), tensors: all_tensors });
+                    let reply =
+                        (!values.is_empty()).then(|| Reply { value: Value::Array(values), tensors: all_tensors });
                     Output { reply, slots }
                 })
             }
@@ -166,7 +167,9 @@ impl Conn {
 
     fn entry(self: &Arc<Self>, e: Entry, tensors: &[Tensor]) -> (Option<Slot>, EntryFuture) {
         match e {
-            Entry::Invalid { id, error } => (None, ready(Some(Reply { value: failure(id, error), tensors: Vec::new() }))),
+            Entry::Invalid { id, error } => {
+                (None, ready(Some(Reply { value: failure(id, error), tensors: Vec::new() })))
+            }
             Entry::Call { id, method, params } => self.call(Some(id), &method, params, tensors),
             Entry::Notification { method, params } => self.call(None, &method, params, tensors),
         }
@@ -193,7 +196,8 @@ impl Conn {
             return (None, ready(id.map(|id| respond(id, Err(e)))));
         };
         let token = slot.token.clone();
-        let ctx = CallContext { peer: self.peer.clone(), id: id.clone(), cancel: token.clone(), pipe: self.pipe.clone() };
+        let ctx =
+            CallContext { peer: self.peer.clone(), id: id.clone(), cancel: token.clone(), pipe: self.pipe.clone() };
         let started = self.start_method(method, params, tensors, ctx);
         let fut = async move {
             let r = match started {
@@ -266,7 +270,9 @@ impl Conn {
                 let tasks = shared.tasks.clone();
                 Ok(Box::pin(async move { tasks.result(&p.task, Duration::from_millis(p.wait_ms), p.keep).await }))
             }
-            name => shared.methods.get(name).ok_or_else(|| ErrorObject::method_not_found(name))?.call(params, tensors, ctx),
+            name => {
+                shared.methods.get(name).ok_or_else(|| ErrorObject::method_not_found(name))?.call(params, tensors, ctx)
+            }
         }
     }
 }
@@ -279,7 +285,7 @@ fn ready_ok(r: Reply) -> HandlerFuture {
 async fn run(f: HandlerFuture, token: &CancellationToken) -> Result<Reply, ErrorObject> {
     tokio::select! {
         biased;
-        _ = token.cancelled() => Err(ErrorObject::cancelled("by ferry.cancel or because the connection closed")),
+        _ = token.cancelled() => Err(ErrorObject::cancelled("by ferry.cancel, because the connection closed, or because the server is shutting down")),
         r = AssertUnwindSafe(f).catch_unwind() => r.unwrap_or_else(|p| {
             let what = p.downcast_ref::<&str>().map(|s| s.to_string())
                 .or_else(|| p.downcast_ref::<String>().cloned())

@@ -68,10 +68,9 @@ pub enum Incoming {
 /// `max_batch` elements: answer it with that single error (id null).
 pub fn classify(v: Value, max_batch: usize) -> Result<Incoming, ErrorObject> {
     match v {
-        Value::Array(items) if items.is_empty() => Ok(Incoming::Single(Entry::Invalid {
-            id: Value::Null,
-            error: ErrorObject::invalid_request("empty batch"),
-        })),
+        Value::Array(items) if items.is_empty() => {
+            Ok(Incoming::Single(Entry::Invalid { id: Value::Null, error: ErrorObject::invalid_request("empty batch") }))
+        }
         Value::Array(items) if items.len() > max_batch => {
             Err(ErrorObject::limit("max_batch", "requests in the batch", items.len() as u64, max_batch as u64))
         }

@@ -209,7 +209,8 @@ impl Server {
             let v = match line {
                 Err(_) | Ok(Line::Eof) => break,
                 Ok(Line::TooLong(n)) => {
-                    let e = ErrorObject::limit("max_request_bytes", "request line length in bytes", n as u64, max as u64);
+                    let e =
+                        ErrorObject::limit("max_request_bytes", "request line length in bytes", n as u64, max as u64);
                     failure(Value::Null, e)
                 }
                 Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => continue,

@@ -286,7 +286,10 @@ impl TaskTable {
             Outcome::Running => {
                 return Err(ErrorObject::new(
                     TASK_PENDING,
-                    format!("Task pending: {id:?} has run for {} ms", now.saturating_duration_since(t.started).as_millis()),
+                    format!(
+                        "Task pending: {id:?} has run for {} ms",
+                        now.saturating_duration_since(t.started).as_millis()
+                    ),
                 ));
             }
             Outcome::Done(reply) => Ok(reply.clone()),

@@ -188,8 +188,10 @@ impl Serialize for RpcTensor {
                 Ok(Out::Index(out.len() - 1))
             }
             Some(Table::Encode { mode: TensorMode::Inline, .. }) => InlineTensor::encode(&self.0).map(Out::Inline),
-            _ => Err("an RpcTensor can only be serialized through ferry_rpc::tensor::to_value (the RPC layer does this)"
-                .to_owned()),
+            _ => {
+                Err("an RpcTensor can only be serialized through ferry_rpc::tensor::to_value (the RPC layer does this)"
+                    .to_owned())
+            }
         });
         let mut map = BTreeMap::new();
         match out.map_err(S::Error::custom)? {
@@ -219,9 +221,9 @@ impl<'de> Deserialize<'de> for RpcTensor {
         }
         match inner {
             Value::Number(n) => {
-                let i = n.as_u64().ok_or_else(|| {
-                    D::Error::custom(format!("tensor index must be a non-negative integer, got {n}"))
-                })?;
+                let i = n
+                    .as_u64()
+                    .ok_or_else(|| D::Error::custom(format!("tensor index must be a non-negative integer, got {n}")))?;
                 TABLE.with(|c| match &*c.borrow() {
                     Some(Table::Decode { tensors }) => {
                         usize::try_from(i).ok().and_then(|i| tensors.get(i)).cloned().map(RpcTensor).ok_or_else(|| {
@@ -314,7 +316,10 @@ pub fn map_refs<E>(v: &mut Value, f: &mut impl FnMut(u64) -> Result<Value, E>) -
 /// Rewrites the references of `v` (into `tensors`) as inline tensors.
 pub fn refs_to_inline(v: &mut Value, tensors: &[Tensor]) -> Result<(), String> {
     map_refs(v, &mut |i| {
-        let t = usize::try_from(i).ok().and_then(|i| tensors.get(i)).ok_or_else(|| format!("tensor index {i} out of range"))?;
+        let t = usize::try_from(i)
+            .ok()
+            .and_then(|i| tensors.get(i))
+            .ok_or_else(|| format!("tensor index {i} out of range"))?;
         let inline = InlineTensor::encode(t)?;
         Ok(serde_json::json!({ TENSOR_KEY: serde_json::to_value(inline).map_err(|e| e.to_string())? }))
     })
@@ -377,8 +382,8 @@ mod tests {
         let e = from_value::<Params>(json!({"x": {"$tensor": 3}, "weights": {}, "n": 1}), &[t(&[1.0])]).unwrap_err();
         assert_eq!(e.path().to_string(), "x");
         assert!(e.to_string().contains("out of range"), "{e}");
-        let e = from_value::<Params>(json!({"x": {"$tensor": 0}, "weights": {"w": 5}, "n": 1}), &[t(&[1.0])])
-            .unwrap_err();
+        let e =
+            from_value::<Params>(json!({"x": {"$tensor": 0}, "weights": {"w": 5}, "n": 1}), &[t(&[1.0])]).unwrap_err();
         assert_eq!(e.path().to_string(), "weights.w");
         let bad = json!({"$tensor": {"dtype": "f32", "shape": [2], "data": "AADAPw=="}});
         let e = from_value::<RpcTensor>(bad, &[]).unwrap_err();
