@@ -93,7 +93,8 @@ pub trait ChannelSession: Send + Sync + 'static {
     /// location. May wait (e.g. for pool space).
     async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError>;
     /// Rebuilds tensor `index` of a received message. Validates everything.
-    fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError>;
+    /// May wait for bytes that travel apart from the frame (e.g. QUIC streams).
+    async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError>;
     /// A writable tensor in the channel's own memory (e.g. the shm pool), so that sending it
     /// costs no copy. `None`: the channel has no memory of its own (ordinary heap memory
     /// will do).

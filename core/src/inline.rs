@@ -58,7 +58,7 @@ impl ChannelSession for InlineSession {
         Ok(Location::Inline(out.push_payload(bytes.clone())))
     }
 
-    fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
+    async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
         decode_inline(meta, loc, incoming)
     }
 }

@@ -47,5 +47,5 @@ pub use message::Message;
 pub use meta::{MAX_DIMS, TensorMeta};
 pub use pipe::{Pipe, PipeInfo};
 pub use tensor::{ALIGN, AlignedBuf, DeviceBuffer, Storage, Tensor, TensorMut, WritableStorage};
-pub use transport::{Address, ConnInfo, Connection, FdQueue, Listener, Split, Transport};
+pub use transport::{Address, ConnInfo, Connection, FdQueue, Listener, Split, Transport, TransportHandle};
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};

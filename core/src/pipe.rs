@@ -316,7 +316,7 @@ async fn read_loop(mut reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sende
     loop {
         let result = match reader.read_frame().await {
             Err(e) => Err(e),
-            Ok(frame) => handle_frame(&shared, frame),
+            Ok(frame) => handle_frame(&shared, frame).await,
         };
         match result {
             Ok(Some(msg)) => {
@@ -355,9 +355,9 @@ async fn control_loop(mut rx: mpsc::UnboundedReceiver<ControlOut>, shared: Arc<S
     }
 }
 
-fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
+async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
     match frame.kind {
-        FrameKind::Message => decode_message(shared, frame).map(Some),
+        FrameKind::Message => decode_message(shared, frame).await.map(Some),
         FrameKind::Control => {
             let c: ControlHeader = frame.parse()?;
             let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
@@ -387,7 +387,7 @@ fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeEr
     }
 }
 
-fn decode_message(shared: &Shared, frame: Frame) -> Result<Message, PipeError> {
+async fn decode_message(shared: &Shared, frame: Frame) -> Result<Message, PipeError> {
     let h: MessageHeader = frame.parse()?;
     if h.tensors.len() as u64 > u64::from(shared.limits.max_tensors) {
         return Err(PipeError::Limit(LimitError {
@@ -412,6 +412,7 @@ fn decode_message(shared: &Shared, frame: Frame) -> Result<Message, PipeError> {
         })?;
         let t = session
             .decode(d.meta, &d.data, &mut incoming)
+            .await
             .map_err(|e| ProtocolError::BadTensor { index, reason: e.to_string() })?;
         tensors.push(t);
     }

@@ -88,7 +88,35 @@ pub struct ConnInfo {
     pub fd_passing: bool,
     /// True when the peer is on the same host (so host-local channels may work).
     pub same_host: bool,
+    /// The transport's own connection object, for channels made to work with it (e.g. the
+    /// QUIC stream channel opens streams on the QUIC connection).
+    pub handle: Option<TransportHandle>,
 }
+
+/// An opaque, shareable handle to a transport's connection (see [`ConnInfo::handle`]).
+#[derive(Clone)]
+pub struct TransportHandle(pub Arc<dyn std::any::Any + Send + Sync>);
+
+impl TransportHandle {
+    /// The handle as `T`, if it is one.
+    pub fn downcast<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+impl fmt::Debug for TransportHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TransportHandle")
+    }
+}
+
+impl PartialEq for TransportHandle {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TransportHandle {}
 
 /// File descriptors travelling with a connection (unix). The transport's write half sends
 /// what was attached with the next bytes it writes; its read half queues what arrives.

@@ -179,6 +179,7 @@ mod windows {
                 peer_uid: None,
                 fd_passing: false,
                 same_host: true,
+                handle: None,
             };
             Ok(PipeConnection { stream, info })
         }

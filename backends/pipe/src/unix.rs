@@ -48,6 +48,7 @@ impl PipeConnection {
             peer_uid: Some(cred.uid()),
             fd_passing: true,
             same_host: true,
+            handle: None,
         };
         Ok(PipeConnection { stream: Arc::new(stream), info })
     }

@@ -254,7 +254,7 @@ impl ChannelSession for ShmSession {
         self.grant(core, 0, n, out)
     }
 
-    fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
+    async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
         if meta.device != Device::Cpu {
             return Err(bad(format!("shm tensor claims device {}", meta.device)));
         }
