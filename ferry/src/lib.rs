@@ -25,16 +25,28 @@
 //! - `pipe` (default): local sockets ([`ferry_pipe`]), scheme `unix:`.
 //! - `shm` (default): shared memory ([`ferry_shm`]): zero-copy CPU tensors between
 //!   processes on one Linux host; negotiated over `unix:` connections.
+//! - `rpc` (default): JSON-RPC 2.0 with tensors ([`ferry_rpc`]): typed async handlers,
+//!   tasks, OpenRPC discovery, plain JSON-RPC clients on the same socket; the demo API
+//!   ([`demo`]) and `ferry serve / call / discover`.
+//! - `http`: JSON-RPC over HTTP POST as well (`ferry serve --http HOST:PORT`).
 //!
 //! The inline channel (tensor bytes inside the frame) is always present.
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bench;
+#[cfg(feature = "rpc")]
+pub mod bench_rpc;
+#[cfg(feature = "rpc")]
+pub mod cli_rpc;
+#[cfg(feature = "rpc")]
+pub mod demo;
 
 pub use ferry_core::*;
 #[cfg(feature = "pipe")]
 pub use ferry_pipe;
+#[cfg(feature = "rpc")]
+pub use ferry_rpc;
 #[cfg(feature = "shm")]
 pub use ferry_shm;
 

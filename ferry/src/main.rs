@@ -46,6 +46,43 @@ enum Cmd {
         /// Print one JSON object per row and line instead of a table.
         #[arg(long)]
         json: bool,
+        /// Skip the JSON-RPC rows (calls to `ferry serve`).
+        #[arg(long)]
+        no_rpc: bool,
+    },
+    /// Serve the demo JSON-RPC API (add, echo, create_tensor, sum, matmul, sleep, weights,
+    /// describe, whoami; tasks; rpc.discover) to ferry clients and plain JSON-RPC clients.
+    #[cfg(feature = "rpc")]
+    Serve {
+        /// Address to listen on.
+        #[arg(default_value = ferry::cli_rpc::DEFAULT_ADDR)]
+        addr: String,
+        /// Also serve JSON-RPC over HTTP POST on HOST:PORT (feature `http`).
+        #[arg(long, value_name = "HOST:PORT")]
+        http: Option<String>,
+    },
+    /// Call METHOD on the server at ADDR with PARAMS (a JSON object or array) and print the
+    /// result, tensors summarised.
+    #[cfg(feature = "rpc")]
+    Call {
+        /// Server address, e.g. unix:ferry-demo.
+        addr: String,
+        /// Method name.
+        method: String,
+        /// Params: a JSON object (by name) or array (by position); omit for none.
+        params: Option<String>,
+        /// Seconds to wait for the result.
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+    },
+    /// Print the OpenRPC document of the server at ADDR (rpc.discover).
+    #[cfg(feature = "rpc")]
+    Discover {
+        /// Server address, e.g. unix:ferry-demo.
+        addr: String,
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
     },
     /// Show the compiled-in transports and channels and the protocol version.
     Info,
@@ -55,6 +92,12 @@ enum Cmd {
         /// Address to listen on.
         addr: String,
     },
+}
+
+/// A timeout given in seconds on the command line.
+#[cfg(feature = "rpc")]
+fn seconds(s: f64) -> anyhow::Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("bad timeout {s}: {e}"))
 }
 
 fn main() -> ExitCode {
@@ -72,7 +115,7 @@ fn main() -> ExitCode {
     };
     let r = rt.block_on(async move {
         match cli.command {
-            Cmd::Bench { shape, dtype, iters, small_iters, warmup, big_mib, big_iters, only, json } => {
+            Cmd::Bench { shape, dtype, iters, small_iters, warmup, big_mib, big_iters, only, json, no_rpc } => {
                 let opts = BenchOptions {
                     shape,
                     dtype,
@@ -104,6 +147,40 @@ fn main() -> ExitCode {
                     print!("{}", bench::table(&rows));
                     println!("round trips: GB/s counts both directions; memcpy: one copy.");
                 }
+                #[cfg(feature = "rpc")]
+                if !no_rpc {
+                    let rows = ferry::bench_rpc::run(&exe, &opts, |r| {
+                        if json {
+                            println!("{}", serde_json::to_string(r).unwrap_or_default());
+                        }
+                    })
+                    .await?;
+                    if !json {
+                        println!();
+                        print!("{}", ferry::bench_rpc::table(&rows));
+                        println!(
+                            "JSON-RPC calls to `ferry serve` in a second process; call-add-x{}: that many clients at \
+                             once; echo GB/s counts both directions.",
+                            ferry::bench_rpc::CLIENTS
+                        );
+                    }
+                }
+                #[cfg(not(feature = "rpc"))]
+                let _ = no_rpc;
+                Ok(())
+            }
+            #[cfg(feature = "rpc")]
+            Cmd::Serve { addr, http } => ferry::cli_rpc::serve(&addr, http.as_deref()).await,
+            #[cfg(feature = "rpc")]
+            Cmd::Call { addr, method, params, timeout } => {
+                let v = ferry::cli_rpc::call(&addr, &method, params.as_deref(), seconds(timeout)?).await?;
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                Ok(())
+            }
+            #[cfg(feature = "rpc")]
+            Cmd::Discover { addr, timeout } => {
+                let doc = ferry::cli_rpc::discover(&addr, seconds(timeout)?).await?;
+                println!("{}", serde_json::to_string_pretty(&doc)?);
                 Ok(())
             }
             Cmd::Info => {

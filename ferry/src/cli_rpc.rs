@@ -1,0 +1,167 @@
+//! `ferry serve`, `ferry call` and `ferry discover`: the demo API from the command line.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ferry_core::{DType, Tensor};
+use ferry_rpc::tensor::map_refs;
+use ferry_rpc::{CallError, Client, Server};
+use serde_json::Value;
+
+/// The address `ferry serve` uses when none is given.
+pub const DEFAULT_ADDR: &str = "unix:ferry-demo";
+
+/// Serves the demo API on `addr` (ferry pipes and plain JSON-RPC on the same socket) and,
+/// if `http` is given (`HOST:PORT`, feature `http`), over HTTP POST, until interrupted.
+/// Prints `listening on ADDR` (and `http on http://HOST:PORT`) to stdout once ready.
+pub async fn serve(addr: &str, http: Option<&str>) -> anyhow::Result<()> {
+    let server = Server::builder(crate::demo::methods())
+        .title("ferry demo")
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(
+            "The demo API of `ferry serve`. Tensors are {\"$tensor\": i} references into the ferry message on \
+             ferry pipes, and inline {\"$tensor\": {\"dtype\", \"shape\", \"data\": base64}} on plain JSON and HTTP.",
+        )
+        .build();
+    let listener = crate::endpoint()
+        .accept_foreign(true)
+        .build()
+        .listen(addr)
+        .await
+        .with_context(|| format!("listening on {addr}"))?;
+    println!("listening on {addr}");
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(h) = http {
+        start_http(&server, h, &mut tasks).await?;
+    }
+    {
+        use std::io::Write;
+        std::io::stdout().flush()?;
+    }
+    let s = server.clone();
+    tasks.spawn(async move { s.serve(listener).await.map_err(anyhow::Error::from) });
+    tokio::select! {
+        r = tasks.join_next() => match r {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => Err(e.into()),
+            None => Ok(()),
+        },
+        r = tokio::signal::ctrl_c() => {
+            r.context("waiting for Ctrl-C")?;
+            eprintln!("ferry serve: interrupted, stopping");
+            server.shutdown();
+            Ok(())
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+async fn start_http(
+    server: &Server,
+    http: &str,
+    tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let l = tokio::net::TcpListener::bind(http).await.with_context(|| format!("binding {http}"))?;
+    println!("http on http://{}", l.local_addr()?);
+    let s = server.clone();
+    tasks.spawn(async move { s.serve_http(l).await.map_err(anyhow::Error::from) });
+    Ok(())
+}
+
+#[cfg(not(feature = "http"))]
+async fn start_http(
+    _: &Server,
+    _: &str,
+    _: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    bail!("--http needs ferry built with the `http` feature (cargo install ferry --features http)")
+}
+
+async fn client(addr: &str, timeout: Duration) -> anyhow::Result<Client> {
+    let pipe = crate::endpoint().build().connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+    Ok(Client::new(pipe).with_timeout(Some(timeout)))
+}
+
+fn explain(e: CallError) -> anyhow::Error {
+    match e {
+        CallError::Rpc(obj) => {
+            let name = obj.known().map(|c| format!(" {}", c.name)).unwrap_or_default();
+            let data = obj.data.map(|d| format!("\n  data: {d}")).unwrap_or_default();
+            anyhow::anyhow!("server error {}{name}: {}{data}", obj.code, obj.message)
+        }
+        other => other.into(),
+    }
+}
+
+/// Calls `method` with `params` (JSON text: an object or an array, or empty for none) and
+/// returns the result with every tensor replaced by a one-line summary.
+pub async fn call(addr: &str, method: &str, params: Option<&str>, timeout: Duration) -> anyhow::Result<Value> {
+    let params = match params.map(str::trim).filter(|p| !p.is_empty()) {
+        None => None,
+        Some(text) => match serde_json::from_str::<Value>(text).context("params are not valid JSON")? {
+            v @ (Value::Object(_) | Value::Array(_)) => Some(v),
+            Value::Null => None,
+            other => bail!("params must be a JSON object (by name) or array (by position), not {other}"),
+        },
+    };
+    let c = client(addr, timeout).await?;
+    let channel = c.pipe().channel().to_owned();
+    let (mut v, tensors) = c.call_raw(method, params, Vec::new(), Some(timeout)).await.map_err(explain)?;
+    c.close().await;
+    map_refs::<()>(&mut v, &mut |i| {
+        Ok(Value::String(match tensors.get(i as usize) {
+            Some(t) => format!("<tensor {} via {channel}>", summary(t)),
+            None => format!("<tensor #{i}: missing from the message>"),
+        }))
+    })
+    .ok();
+    Ok(v)
+}
+
+/// The server's OpenRPC document.
+pub async fn discover(addr: &str, timeout: Duration) -> anyhow::Result<Value> {
+    let c = client(addr, timeout).await?;
+    let doc = c.discover().await.map_err(explain)?;
+    c.close().await;
+    Ok(doc)
+}
+
+/// `f32[2,3] 24 B [1, 2, 3, 4, 5, 6]`, with at most 8 values.
+pub fn summary(t: &Tensor) -> String {
+    let shape = t.shape().iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    format!("{}[{shape}] {} B {}", t.dtype(), t.nbytes(), preview(t, 8))
+}
+
+fn preview(t: &Tensor, n: usize) -> String {
+    if !t.meta().is_contiguous() || t.device() != ferry_core::Device::Cpu {
+        return "[..]".into();
+    }
+    let numel = t.meta().numel().unwrap_or(0) as usize;
+    let take = numel.min(n);
+    // A small aligned copy of the first elements (the tensor may be large or misaligned).
+    let head = t.as_bytes().get(..take * t.dtype().itemsize()).unwrap_or_default();
+    let meta = ferry_core::TensorMeta::new(t.dtype(), vec![take as u64]);
+    let Ok(t) = Tensor::new(meta, ferry_core::AlignedBuf::copy_from(head).into_bytes()) else {
+        return "[..]".into();
+    };
+    fn fmt<T: ferry_core::Element>(t: &Tensor, take: usize, f: impl Fn(&T) -> String) -> Vec<String> {
+        t.as_slice::<T>().map(|s| s.iter().take(take).map(f).collect()).unwrap_or_default()
+    }
+    let vals: Vec<String> = match t.dtype() {
+        DType::Bool => t.as_bytes().iter().take(take).map(|b| (*b != 0).to_string()).collect(),
+        DType::U8 => fmt::<u8>(&t, take, u8::to_string),
+        DType::I8 => fmt::<i8>(&t, take, i8::to_string),
+        DType::U16 => fmt::<u16>(&t, take, u16::to_string),
+        DType::I16 => fmt::<i16>(&t, take, i16::to_string),
+        DType::U32 => fmt::<u32>(&t, take, u32::to_string),
+        DType::I32 => fmt::<i32>(&t, take, i32::to_string),
+        DType::U64 => fmt::<u64>(&t, take, u64::to_string),
+        DType::I64 => fmt::<i64>(&t, take, i64::to_string),
+        DType::F16 => fmt::<half::f16>(&t, take, |x| x.to_string()),
+        DType::Bf16 => fmt::<half::bf16>(&t, take, |x| x.to_string()),
+        DType::F32 => fmt::<f32>(&t, take, f32::to_string),
+        DType::F64 => fmt::<f64>(&t, take, f64::to_string),
+    };
+    let more = if numel > take { ", ..." } else { "" };
+    format!("[{}{more}]", vals.join(", "))
+}
