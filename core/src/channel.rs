@@ -124,10 +124,17 @@ pub trait ChannelSession: Send + Sync + 'static {
 }
 
 /// The message frame being built: payload parts and descriptors to send.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Outgoing {
     frame: OutFrame,
     len: u64,
+    on_abort: Vec<Box<dyn FnOnce() + Send>>,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing").field("frame", &self.frame).field("len", &self.len).finish_non_exhaustive()
+    }
 }
 
 impl Outgoing {
@@ -157,6 +164,27 @@ impl Outgoing {
     /// Payload bytes so far.
     pub fn payload_len(&self) -> u64 {
         self.len
+    }
+
+    /// Descriptors attached so far.
+    pub fn fd_count(&self) -> usize {
+        #[cfg(unix)]
+        return self.frame.fds.len();
+        #[cfg(not(unix))]
+        0
+    }
+
+    /// Registers an undo action, run if the message is not sent after all (a later tensor
+    /// or a limit check failed): e.g. forget a lease granted or a segment announced.
+    pub fn on_abort(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.on_abort.push(Box::new(f));
+    }
+
+    /// The message will not be sent: runs the undo actions, newest first.
+    pub fn abort(mut self) {
+        while let Some(f) = self.on_abort.pop() {
+            f();
+        }
     }
 
     /// Finishes with the JSON header.

@@ -116,11 +116,9 @@ pub enum CodecError {
 
 /// A limit was exceeded. The message names the limit and how to raise it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{what} is {value}, over the limit {limit} = {max}; raise it with Limits::{limit} (EndpointBuilder::limits){side}"
-)]
+#[error("{what} is {value}, over the limit {limit} = {max}; {hint}")]
 pub struct LimitError {
-    /// The field of [`crate::Limits`] that was exceeded.
+    /// The name of the limit (a field of [`crate::Limits`] or of a backend's options).
     pub limit: &'static str,
     /// What was measured.
     pub what: &'static str,
@@ -128,8 +126,17 @@ pub struct LimitError {
     pub value: u64,
     /// The limit in force.
     pub max: u64,
-    /// Extra context: which side enforces it.
-    pub side: Cow<'static, str>,
+    /// How to raise it, and which side enforces it.
+    pub hint: Cow<'static, str>,
+}
+
+impl LimitError {
+    /// A limit of [`crate::Limits`]; `side` says who enforces it (e.g. " on the receiving
+    /// side").
+    pub fn endpoint(limit: &'static str, what: &'static str, value: u64, max: u64, side: &str) -> Self {
+        let hint = format!("raise it with Limits::{limit} (EndpointBuilder::limits){side}");
+        LimitError { limit, what, value, max, hint: hint.into() }
+    }
 }
 
 /// The peer broke the protocol. The connection is closed after this error.

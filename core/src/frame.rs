@@ -124,7 +124,7 @@ impl FramePrefix {
             return Err(ProtocolError::BadFlags(self.flags).into());
         }
         let over = |limit, what, value: u64, max: u64| {
-            PipeError::Limit(LimitError { limit, what, value, max, side: " on the receiving side".into() })
+            PipeError::Limit(LimitError::endpoint(limit, what, value, max, " on the receiving side"))
         };
         if self.header_len > limits.max_header_bytes {
             return Err(over(
@@ -219,7 +219,7 @@ impl FrameReader {
                 what: "frame payload length",
                 value: prefix.payload_len,
                 max: usize::MAX as u64,
-                side: " (address space)".into(),
+                hint: "this machine cannot address that much memory".into(),
             })
         })?;
         let payload = if len == 0 {

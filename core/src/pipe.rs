@@ -39,6 +39,9 @@ pub struct PipeInfo {
 
 struct Shared {
     writer: Mutex<FrameWriter>,
+    /// Held from the first tensor encoded to the frame written, so that messages reach the
+    /// wire in the order their tensors were encoded (channels may rely on it).
+    send_order: Mutex<()>,
     sessions: BTreeMap<DeviceKind, Arc<dyn ChannelSession>>,
     peer_limits: Limits,
     limits: Limits,
@@ -76,6 +79,7 @@ impl Pipe {
     ) -> Pipe {
         let shared = Arc::new(Shared {
             writer: Mutex::new(writer),
+            send_order: Mutex::new(()),
             sessions,
             peer_limits,
             limits: cfg.limits,
@@ -122,32 +126,38 @@ impl Pipe {
                 limits.max_tensors.into(),
             ));
         }
+        let _order = self.shared.send_order.lock().await;
         let mut out = Outgoing::default();
+        match self.encode(&msg, &mut out).await {
+            Ok(header) => self.write(FrameKind::Message, out.finish(header)).await,
+            Err(e) => {
+                out.abort();
+                Err(e)
+            }
+        }
+    }
+
+    async fn encode(&self, msg: &Message, out: &mut Outgoing) -> Result<Vec<u8>, PipeError> {
+        let limits = &self.shared.peer_limits;
         let mut descs = Vec::with_capacity(msg.tensors.len());
         for t in &msg.tensors {
             let session = self.session_for(t)?;
-            let loc = session.encode(t, &mut out).await?;
+            let loc = session.encode(t, out).await?;
             descs.push(TensorDesc { meta: t.meta().clone(), data: loc });
         }
         let header = serde_json::to_vec(&HeaderRef { header: &msg.header, tensors: &descs })
             .map_err(|e| PipeError::ApiMisuse(format!("header does not serialize: {e}").into()))?;
-        if header.len() as u64 > u64::from(limits.max_header_bytes) {
-            return Err(peer_limit(
-                "max_header_bytes",
-                "message header length",
-                header.len() as u64,
-                limits.max_header_bytes.into(),
-            ));
+        let (h, p, f) = (header.len() as u64, out.payload_len(), out.fd_count() as u64);
+        if h > u64::from(limits.max_header_bytes) {
+            return Err(peer_limit("max_header_bytes", "message header length", h, limits.max_header_bytes.into()));
         }
-        if out.payload_len() > limits.max_payload_bytes {
-            return Err(peer_limit(
-                "max_payload_bytes",
-                "message payload length",
-                out.payload_len(),
-                limits.max_payload_bytes,
-            ));
+        if p > limits.max_payload_bytes {
+            return Err(peer_limit("max_payload_bytes", "message payload length", p, limits.max_payload_bytes));
         }
-        self.write(FrameKind::Message, out.finish(header)).await
+        if f > u64::from(limits.max_fds) {
+            return Err(peer_limit("max_fds", "descriptors in the message", f, limits.max_fds.into()));
+        }
+        Ok(header)
     }
 
     /// A writable tensor for `meta`, in the negotiated channel's own memory where it has
@@ -254,13 +264,13 @@ impl std::fmt::Debug for Pipe {
 }
 
 fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> PipeError {
-    PipeError::Limit(LimitError {
+    PipeError::Limit(LimitError::endpoint(
         limit,
         what,
         value,
         max,
-        side: " (the peer's limit, announced in the handshake)".into(),
-    })
+        " on the peer (its limit, announced in the handshake)",
+    ))
 }
 
 impl Shared {
@@ -395,7 +405,7 @@ async fn decode_message(shared: &Shared, frame: Frame) -> Result<Message, PipeEr
             what: "tensors in a received message",
             value: h.tensors.len() as u64,
             max: shared.limits.max_tensors.into(),
-            side: " on the receiving side".into(),
+            hint: "raise it with Limits::max_tensors (EndpointBuilder::limits) on the receiving side".into(),
         }));
     }
     let mut incoming = Incoming::new(
@@ -410,10 +420,10 @@ async fn decode_message(shared: &Shared, frame: Frame) -> Result<Message, PipeEr
             index,
             reason: format!("no channel was negotiated for {kind:?} tensors"),
         })?;
-        let t = session
-            .decode(d.meta, &d.data, &mut incoming)
-            .await
-            .map_err(|e| ProtocolError::BadTensor { index, reason: e.to_string() })?;
+        let t = session.decode(d.meta, &d.data, &mut incoming).await.map_err(|e| match e {
+            ChannelError::Limit(l) => PipeError::Limit(l),
+            e => ProtocolError::BadTensor { index, reason: e.to_string() }.into(),
+        })?;
         tensors.push(t);
     }
     Ok(Message { header: h.header, tensors })

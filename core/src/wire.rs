@@ -166,6 +166,21 @@ pub enum Location {
     ShmReturn(ShmReturnRef),
     /// In the sender's exportable CUDA memory (cuda-ipc channel).
     CudaIpc(CudaIpcRef),
+    /// In the receiver's own CUDA memory: a lease the receiver granted earlier, sent back
+    /// (cuda-ipc), so that no process ever opens its own IPC handle.
+    CudaIpcReturn(CudaIpcReturnRef),
+    /// On its own QUIC unidirectional stream (quic channel).
+    QuicStream(QuicStreamRef),
+}
+
+/// A tensor travelling on its own QUIC stream: the stream carries a u64 little-endian
+/// length, then the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct QuicStreamRef {
+    /// The QUIC stream id (a unidirectional stream the sender opened).
+    pub stream: u64,
+    /// Length of the tensor's bytes.
+    pub len: u64,
 }
 
 /// A range of a CUDA allocation exported with `cuIpcGetMemHandle`, leased to the receiver
@@ -192,11 +207,26 @@ pub struct CudaIpcRef {
     pub lease: u64,
 }
 
+/// A range inside a CUDA lease the receiver itself granted (so: its own device memory),
+/// sent back. 64-bit values are decimal strings, as in [`CudaIpcRef`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CudaIpcReturnRef {
+    /// The receiver's lease id.
+    pub lease: u64,
+    /// Offset inside the leased range, decimal.
+    pub offset: String,
+    /// Length in bytes, decimal.
+    pub len: String,
+    /// Base64 of the 64-byte `CUipcEventHandle` the sender recorded after its last use of
+    /// the bytes; the receiver waits on it before handing the tensor out.
+    pub event_handle: String,
+}
+
 /// A range of one of the sender's shared-memory segments, leased to the receiver until it
 /// sends a release for `lease`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ShmRef {
-    /// Segment id, as announced in a CONTROL frame.
+    /// Segment id, chosen by the sender and announced with the first message that uses it.
     pub segment: u64,
     /// Offset of the tensor's bytes in the segment.
     pub offset: u64,

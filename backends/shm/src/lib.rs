@@ -39,7 +39,31 @@ mod pool;
 #[cfg(target_os = "linux")]
 mod session;
 #[cfg(target_os = "linux")]
-pub mod sys;
+mod sys;
+
+/// Helpers for tests of hostile peers (descriptors a misbehaving peer might send).
+#[cfg(target_os = "linux")]
+#[doc(hidden)]
+pub mod testing {
+    use std::os::fd::OwnedFd;
+
+    /// A sealed memfd of `len` bytes holding `content` at `offset` (as ferry would make).
+    pub fn sealed_memfd(len: usize, offset: usize, content: &[u8]) -> std::io::Result<OwnedFd> {
+        let seg = crate::sys::OwnSegment::create(len)?;
+        if !content.is_empty() {
+            let mut w = seg
+                .claim(offset, content.len())
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "range outside the segment"))?;
+            w.as_mut_slice().copy_from_slice(content);
+        }
+        seg.dup_fd()
+    }
+
+    /// A memfd of `len` bytes without seals (which a receiver must refuse).
+    pub fn unsealed_memfd(len: u64) -> std::io::Result<OwnedFd> {
+        crate::sys::unsealed_memfd(len)
+    }
+}
 
 /// Options of the shm channel.
 #[derive(Debug, Clone)]

@@ -86,9 +86,13 @@ impl Pool {
                 return Ok(Some((id as u32, claim)));
             }
         }
-        let size = need.max(self.opts.segment_bytes).next_multiple_of(SEGMENT_GRANULE);
+        let mut size = need.max(self.opts.segment_bytes).next_multiple_of(SEGMENT_GRANULE);
         if st.reserved + size as u64 > self.opts.pool_limit {
-            return Ok(None);
+            // A full-size segment does not fit, a just-big-enough one may.
+            size = need.next_multiple_of(SEGMENT_GRANULE);
+            if st.reserved + size as u64 > self.opts.pool_limit {
+                return Ok(None);
+            }
         }
         let seg = OwnSegment::create(size).map_err(|e| ChannelError::Backend(Arc::new(e)))?;
         let claim = seg.claim(0, need).ok_or_else(|| internal("fresh segment refused a claim"))?;
@@ -109,7 +113,7 @@ impl Pool {
         len: usize,
         closed: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<(u32, ExclusiveRange), ChannelError> {
-        if len as u64 > self.opts.pool_limit {
+        if len.next_multiple_of(align_for(len)).next_multiple_of(SEGMENT_GRANULE) as u64 > self.opts.pool_limit {
             return Err(self.full_error(len, "a tensor larger than the whole pool"));
         }
         let deadline = tokio::time::Instant::now() + self.opts.full_wait;
@@ -142,7 +146,7 @@ impl Pool {
             what: "shm pool bytes needed",
             value: self.reserved() + len as u64,
             max: self.opts.pool_limit,
-            side: format!(" ({what}; this is ShmOptions::pool_limit, set with ShmChannel::with_options)").into(),
+            hint: format!("{what}; raise ShmOptions::pool_limit (ShmChannel::with_options) on the sending side").into(),
         })
     }
 
@@ -172,11 +176,11 @@ impl Pool {
         self.lock().segs.get(seg as usize).map(|e| e.seg.clone())
     }
 
-    /// Marks segment `seg` as announced; returns whether it already was.
-    pub(crate) fn mark_announced(&self, seg: u32) -> bool {
+    /// Sets whether segment `seg` has been announced; returns the previous value.
+    pub(crate) fn mark_announced(&self, seg: u32, announced: bool) -> bool {
         let mut st = self.lock();
         match st.segs.get_mut(seg as usize) {
-            Some(e) => std::mem::replace(&mut e.announced, true),
+            Some(e) => std::mem::replace(&mut e.announced, announced),
             None => true,
         }
     }

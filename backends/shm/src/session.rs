@@ -1,7 +1,7 @@
 //! One pipe's shm session: encodes tensors as pool descriptors (granting leases), decodes
 //! the peer's descriptors into lease-backed tensors, and batches releases.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -42,6 +42,8 @@ struct PeerState {
     by_addr: BTreeMap<usize, u64>,
     /// Leases held: (segment, start, lease) -> len.
     held: BTreeMap<(u64, usize, u64), usize>,
+    /// The ids of `held`.
+    held_ids: HashSet<u64>,
     mapped: u64,
 }
 
@@ -50,11 +52,12 @@ struct PeerState {
 struct Batcher {
     pending: Mutex<Vec<u64>>,
     notify: Notify,
+    /// The pipe is gone: releases have nowhere to go.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// CONTROL bodies of the shm channel.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Control {
     /// Leases the sender of this frame no longer needs.
     release: Vec<u64>,
@@ -100,15 +103,28 @@ impl ShmSession {
         let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
         let segment = core.segment();
         let offset = (core.offset() + start) as u64;
-        let announce = if self.pool.mark_announced(segment) {
+        let announce = if self.pool.mark_announced(segment, true) {
             None
         } else {
             let seg = self.pool.segment(segment).ok_or_else(|| bad("unknown own segment"))?;
+            let pool = Arc::downgrade(&self.pool);
+            // If the message is not sent after all, the peer has not seen the segment.
+            out.on_abort(move || {
+                if let Some(p) = pool.upgrade() {
+                    p.mark_announced(segment, false);
+                }
+            });
             let fd = seg.dup_fd().map_err(|e| ChannelError::Backend(Arc::new(e)))?;
             let idx = out.attach_fd(fd);
             Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
         };
         lock(&self.granted).insert(lease, Granted { core, start, len });
+        let granted = Arc::downgrade(&self.granted);
+        out.on_abort(move || {
+            if let Some(g) = granted.upgrade() {
+                lock(&g).remove(&lease);
+            }
+        });
         Ok(Location::Shm(ShmRef { segment: u64::from(segment), offset, len: len as u64, lease, announce }))
     }
 
@@ -144,7 +160,7 @@ impl ShmSession {
                 what: "bytes of peer shared memory mapped",
                 value: peer.mapped.saturating_add(a.size),
                 max: self.opts.max_peer_bytes,
-                side: " (ShmOptions::max_peer_bytes on the receiving side)".into(),
+                hint: "raise ShmOptions::max_peer_bytes (ShmChannel::with_options) on the receiving side".into(),
             }));
         }
         let seg = PeerSegment::open(fd, a.size).map_err(|e| match e {
@@ -178,7 +194,7 @@ impl ShmSession {
                 )));
             }
         };
-        if peer.held.keys().any(|&(_, _, l)| l == r.lease) {
+        if !peer.held_ids.insert(r.lease) {
             return Err(bad(format!("lease {} granted twice", r.lease)));
         }
         peer.held.insert((r.segment, start, r.lease), len);
@@ -328,12 +344,13 @@ async fn flush_loop(
             break;
         }
     }
+    batcher.closed.store(true, Ordering::Relaxed);
+    lock(&batcher.pending).clear();
     let leases = std::mem::take(&mut *lock(&granted));
     tracing::debug!(reclaimed = leases.len(), "shm pipe closed: reclaiming leases the peer held");
     drop(leases);
-    let mut p = lock(&peer);
-    p.segs.clear();
-    p.by_addr.clear();
+    // Tensors still held keep their own mapping alive; forget the rest.
+    *lock(&peer) = PeerState::default();
 }
 
 /// Owner of a received tensor's bytes: a lease on the peer's memory.
@@ -357,9 +374,13 @@ impl AsRef<[u8]> for LeaseBytes {
 impl Drop for LeaseBytes {
     fn drop(&mut self) {
         if let Some(p) = self.peer.upgrade() {
-            lock(&p).held.remove(&(self.seg_id, self.start, self.lease));
+            let mut p = lock(&p);
+            p.held.remove(&(self.seg_id, self.start, self.lease));
+            p.held_ids.remove(&self.lease);
         }
-        if let Some(b) = self.batcher.upgrade() {
+        if let Some(b) = self.batcher.upgrade()
+            && !b.closed.load(Ordering::Relaxed)
+        {
             lock(&b.pending).push(self.lease);
             b.notify.notify_one();
         }

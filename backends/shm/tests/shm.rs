@@ -209,16 +209,16 @@ async fn unknown_segment_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn range_outside_segment_is_refused() {
     let (_l, mut raw, pipe) = raw_shm(ShmOptions::default(), "outside").await;
-    let seg = ferry_shm::sys::OwnSegment::create(4096).unwrap();
+    let fd = ferry_shm::testing::sealed_memfd(4096, 0, &[]).unwrap();
     let shm = json!({"segment": 1, "offset": 4000, "len": 200, "lease": 1, "announce": {"fd": 0, "size": 4096}});
-    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 200), vec![seg.dup_fd().unwrap()]).await;
+    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 200), vec![fd]).await;
     expect_bad(&pipe, &mut raw, "outside segment").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsealed_segment_is_refused() {
     let (_l, mut raw, pipe) = raw_shm(ShmOptions::default(), "unsealed").await;
-    let fd = ferry_shm::sys::unsealed_memfd(4096).unwrap();
+    let fd = ferry_shm::testing::unsealed_memfd(4096).unwrap();
     let shm = json!({"segment": 1, "offset": 0, "len": 4, "lease": 1, "announce": {"fd": 0, "size": 4096}});
     send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 4), vec![fd]).await;
     expect_bad(&pipe, &mut raw, "SHRINK and GROW are required").await;
@@ -227,9 +227,9 @@ async fn unsealed_segment_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lying_segment_size_is_refused() {
     let (_l, mut raw, pipe) = raw_shm(ShmOptions::default(), "size-lie").await;
-    let seg = ferry_shm::sys::OwnSegment::create(4096).unwrap();
+    let fd = ferry_shm::testing::sealed_memfd(4096, 0, &[]).unwrap();
     let shm = json!({"segment": 1, "offset": 0, "len": 8000, "lease": 1, "announce": {"fd": 0, "size": 8192}});
-    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 8000), vec![seg.dup_fd().unwrap()]).await;
+    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 8000), vec![fd]).await;
     expect_bad(&pipe, &mut raw, "announced as 8192 bytes but is 4096").await;
 }
 
@@ -244,10 +244,13 @@ async fn missing_descriptor_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_over_the_mapping_limit_is_refused() {
     let (_l, mut raw, pipe) = raw_shm(ShmOptions { max_peer_bytes: 1 << 20, ..Default::default() }, "too-big").await;
-    let seg = ferry_shm::sys::OwnSegment::create(2 << 20).unwrap();
+    let fd = ferry_shm::testing::sealed_memfd(2 << 20, 0, &[]).unwrap();
     let shm = json!({"segment": 1, "offset": 0, "len": 4, "lease": 1, "announce": {"fd": 0, "size": 2 << 20}});
-    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 4), vec![seg.dup_fd().unwrap()]).await;
-    expect_bad(&pipe, &mut raw, "max_peer_bytes").await;
+    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 4), vec![fd]).await;
+    let e = pipe.recv_timeout(T).await.unwrap_err();
+    assert!(matches!(&e, PipeError::Limit(l) if l.limit == "max_peer_bytes"), "{e:?}");
+    assert!(e.to_string().contains("ShmOptions::max_peer_bytes"), "{e}");
+    assert_eq!(raw.expect_close().await.unwrap().code, "limit");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,11 +263,9 @@ async fn release_of_a_lease_never_granted_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_good_raw_descriptor_is_read_in_place() {
     let (_l, mut raw, pipe) = raw_shm(ShmOptions::default(), "good").await;
-    let seg = ferry_shm::sys::OwnSegment::create(4096).unwrap();
-    let mut w = seg.claim(64, 4).unwrap();
-    w.as_mut_slice().copy_from_slice(b"abcd");
+    let fd = ferry_shm::testing::sealed_memfd(4096, 64, b"abcd").unwrap();
     let shm = json!({"segment": 5, "offset": 64, "len": 4, "lease": 77, "announce": {"fd": 0, "size": 4096}});
-    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 4), vec![seg.dup_fd().unwrap()]).await;
+    send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 4), vec![fd]).await;
     let m = pipe.recv_timeout(T).await.unwrap();
     assert_eq!(m.tensors[0].as_bytes(), b"abcd");
     drop(m);
@@ -297,4 +298,50 @@ async fn another_boot_or_namespace_falls_back_to_inline() {
     let mut raw = RawConn::connect(&Fx, &addr).await.unwrap();
     let w = raw.handshake_with(json!([offer, {"name": "inline", "devices": ["cpu"]}])).await.unwrap();
     assert_eq!(w.channels[&DeviceKind::Cpu], "inline", "an offer without a domain must not get shm");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sends_announce_segments_in_order() {
+    // Small segments so that almost every tensor needs a new one.
+    let opts = ShmOptions { segment_bytes: 2 << 20, ..Default::default() };
+    let (_l, c, s) = pair(opts, "concurrent-announce").await;
+    let c = Arc::new(c);
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..4u8 {
+        let c = c.clone();
+        tasks.spawn(async move {
+            for i in 0..10u8 {
+                let mut t =
+                    c.alloc(TensorMeta::new(DType::U8, vec![(1 << 20) + 4096 * u64::from(task)])).await.unwrap();
+                t.as_bytes_mut().fill(task * 16 + i);
+                c.send(Message::with_tensors(json!([task, i]), vec![t.freeze()])).await.unwrap();
+            }
+        });
+    }
+    for _ in 0..40 {
+        let m = s.recv_timeout(T).await.expect("a message was lost or the pipe broke");
+        let (task, i) = (m.header[0].as_u64().unwrap() as u8, m.header[1].as_u64().unwrap() as u8);
+        assert!(m.tensors[0].as_bytes().iter().all(|&b| b == task * 16 + i));
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_send_leaves_the_pipe_usable() {
+    let opts =
+        ShmOptions { pool_limit: 8 << 20, segment_bytes: 2 << 20, full_wait: Duration::ZERO, ..Default::default() };
+    let (_l, c, s) = pair(opts, "failed-send").await;
+    // The first tensor fits (and would announce a new segment), the second does not.
+    let a = Tensor::from_slice(vec![2 << 20], &vec![1u8; 2 << 20]).unwrap();
+    let b = Tensor::from_slice(vec![7 << 20], &vec![2u8; 7 << 20]).unwrap();
+    let e = c.send(Message::with_tensors(json!("both"), vec![a.clone(), b])).await.unwrap_err();
+    assert!(e.to_string().contains("pool_limit"), "{e}");
+    assert_eq!(c.stats()["shm"]["leases_granted"], 0, "the aborted message's lease must be forgotten");
+    // The segment made for `a` was never announced to the peer: the next send must announce it.
+    c.send(Message::with_tensors(json!("a"), vec![a.clone()])).await.unwrap();
+    let m = s.recv_timeout(T).await.unwrap();
+    assert_eq!(m.header, json!("a"));
+    assert_eq!(m.tensors[0], a);
 }
