@@ -1,0 +1,302 @@
+//! The QUIC stream channel (name `quic`): each tensor on its own unidirectional stream, so
+//! big tensors travel in parallel and never block the frame stream. A stream carries a u64
+//! little-endian length, then the bytes; the receiver reads them straight into aligned
+//! memory and hands them out without another copy.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ferry_core::inline::decode_inline;
+use ferry_core::wire::{ChannelOffer, Location, QuicStreamRef};
+use ferry_core::{
+    AlignedBuf, Channel, ChannelError, ChannelSession, ConnInfo, Device, DeviceKind, Incoming, LimitError, Outgoing,
+    SessionCtx, Storage, Tensor, TensorMeta,
+};
+use tokio::sync::Notify;
+
+use crate::transport::QuicConn;
+
+const NAME: &str = "quic";
+
+/// Options of the stream channel.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    /// Tensors smaller than this travel inline in the frame (default 64 KiB).
+    pub inline_below: usize,
+    /// Largest tensor accepted on a stream (default 4 GiB).
+    pub max_stream_bytes: u64,
+    /// Most bytes of streams received but not yet claimed by a message (default 8 GiB).
+    pub max_pending_bytes: u64,
+    /// How long a message may wait for one of its streams (default 60 s).
+    pub stream_wait: Duration,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            inline_below: 64 << 10,
+            max_stream_bytes: 4 << 30,
+            max_pending_bytes: 8 << 30,
+            stream_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The QUIC stream channel.
+#[derive(Debug, Clone, Default)]
+pub struct QuicChannel {
+    opts: StreamOptions,
+}
+
+impl QuicChannel {
+    /// With default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With these options.
+    pub fn with_options(opts: StreamOptions) -> Self {
+        QuicChannel { opts }
+    }
+}
+
+fn quic_of(conn: &ConnInfo) -> Option<&QuicConn> {
+    conn.handle.as_ref()?.downcast::<QuicConn>()
+}
+
+impl Channel for QuicChannel {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn devices(&self) -> &'static [DeviceKind] {
+        &[DeviceKind::Cpu]
+    }
+
+    fn offer(&self, conn: &ConnInfo) -> Option<ChannelOffer> {
+        quic_of(conn).map(|_| ChannelOffer {
+            name: NAME.into(),
+            devices: vec![DeviceKind::Cpu],
+            domain: Default::default(),
+        })
+    }
+
+    fn accepts(&self, offer: &ChannelOffer, conn: &ConnInfo) -> bool {
+        offer.name == NAME && quic_of(conn).is_some()
+    }
+
+    fn open(&self, ctx: SessionCtx) -> Result<Arc<dyn ChannelSession>, ChannelError> {
+        let q = quic_of(&ctx.conn)
+            .ok_or_else(|| ChannelError::NotViable("the quic channel needs a QUIC connection".into()))?
+            .conn
+            .clone();
+        let s = Arc::new(StreamSession {
+            conn: q.clone(),
+            opts: self.opts.clone(),
+            inbox: Arc::default(),
+            is_server: ctx.is_server,
+        });
+        tokio::spawn(accept_streams(q, s.inbox.clone(), self.opts.clone(), ctx.closed.clone()));
+        Ok(s)
+    }
+}
+
+#[derive(Default)]
+struct Inbox {
+    state: Mutex<InboxState>,
+    arrived: Notify,
+}
+
+#[derive(Default)]
+struct InboxState {
+    ready: HashMap<u64, Result<Bytes, String>>,
+    claimed: HashSet<u64>,
+    pending_bytes: u64,
+    closed: bool,
+}
+
+struct StreamSession {
+    conn: quinn::Connection,
+    opts: StreamOptions,
+    inbox: Arc<Inbox>,
+    is_server: bool,
+}
+
+fn bad(reason: impl Into<String>) -> ChannelError {
+    ChannelError::BadDescriptor { channel: NAME, reason: reason.into() }
+}
+
+async fn accept_streams(
+    conn: quinn::Connection,
+    inbox: Arc<Inbox>,
+    opts: StreamOptions,
+    mut closed: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let mut recv = tokio::select! {
+            r = conn.accept_uni() => match r {
+                Ok(s) => s,
+                Err(_) => break,
+            },
+            _ = closed.wait_for(|c| *c) => break,
+        };
+        let (inbox, opts, conn) = (inbox.clone(), opts.clone(), conn.clone());
+        tokio::spawn(async move {
+            let id = u64::from(recv.id());
+            let r = read_stream(&mut recv, &inbox, &opts).await;
+            if let Err(e) = &r {
+                tracing::warn!(stream = id, "bad tensor stream: {e}");
+                conn.close(1u32.into(), b"bad tensor stream");
+            }
+            lock(&inbox.state).ready.insert(id, r);
+            inbox.arrived.notify_waiters();
+        });
+    }
+    lock(&inbox.state).closed = true;
+    inbox.arrived.notify_waiters();
+}
+
+async fn read_stream(recv: &mut quinn::RecvStream, inbox: &Inbox, opts: &StreamOptions) -> Result<Bytes, String> {
+    let mut len = [0u8; 8];
+    recv.read_exact(&mut len).await.map_err(|e| format!("reading the length: {e}"))?;
+    let len = u64::from_le_bytes(len);
+    if len > opts.max_stream_bytes {
+        return Err(format!(
+            "stream announces {len} bytes, over StreamOptions::max_stream_bytes = {}",
+            opts.max_stream_bytes
+        ));
+    }
+    {
+        let mut st = lock(&inbox.state);
+        if st.pending_bytes + len > opts.max_pending_bytes {
+            return Err(format!(
+                "{} bytes of unclaimed streams, over StreamOptions::max_pending_bytes = {}",
+                st.pending_bytes + len,
+                opts.max_pending_bytes
+            ));
+        }
+        st.pending_bytes += len;
+    }
+    let n = usize::try_from(len).map_err(|_| "stream too long for this machine".to_string())?;
+    let mut buf = AlignedBuf::zeroed(n);
+    recv.read_exact(buf.as_mut()).await.map_err(|e| format!("reading {len} bytes: {e}"))?;
+    let mut extra = [0u8; 1];
+    if recv.read(&mut extra).await.map_err(|e| e.to_string())?.is_some() {
+        return Err("stream longer than its announced length".into());
+    }
+    Ok(buf.into_bytes())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl StreamSession {
+    async fn wait_for(&self, id: u64) -> Result<Bytes, ChannelError> {
+        let deadline = tokio::time::Instant::now() + self.opts.stream_wait;
+        loop {
+            let notified = self.inbox.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = lock(&self.inbox.state);
+                if let Some(r) = st.ready.remove(&id) {
+                    st.claimed.insert(id);
+                    let r = r.map_err(bad)?;
+                    st.pending_bytes = st.pending_bytes.saturating_sub(r.len() as u64);
+                    return Ok(r);
+                }
+                if st.closed {
+                    return Err(ChannelError::Closed);
+                }
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(ChannelError::Timeout(self.opts.stream_wait, format!(
+                        "tensor stream {id} did not arrive (StreamOptions::stream_wait)"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ChannelSession for StreamSession {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError> {
+        let Storage::Host(bytes) = tensor.storage() else {
+            return Err(ChannelError::Unsupported { channel: NAME, reason: "tensor is not in host memory".into() });
+        };
+        if bytes.len() < self.opts.inline_below {
+            return Ok(Location::Inline(out.push_payload(bytes.clone())));
+        }
+        let mut send = self.conn.open_uni().await.map_err(|_| ChannelError::Closed)?;
+        let id = u64::from(send.id());
+        let bytes = bytes.clone();
+        // The bytes go out in parallel with the frame and with other tensors' streams.
+        tokio::spawn(async move {
+            let r = async {
+                send.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
+                send.write_all(&bytes).await?;
+                send.finish().map_err(std::io::Error::other)?;
+                Ok::<(), std::io::Error>(())
+            }
+            .await;
+            if let Err(e) = r {
+                tracing::debug!(stream = id, "tensor stream not sent: {e}");
+            }
+        });
+        Ok(Location::QuicStream(QuicStreamRef { stream: id, len: bytes_len(tensor) }))
+    }
+
+    async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
+        if meta.device != Device::Cpu {
+            return Err(bad(format!("quic tensor claims device {}", meta.device)));
+        }
+        let r = match loc {
+            Location::Inline(_) => return decode_inline(meta, loc, incoming),
+            Location::QuicStream(r) => *r,
+            other => return Err(bad(format!("unexpected location {other:?}"))),
+        };
+        // Unidirectional streams the peer opened have ids with bit 1 set and bit 0 naming
+        // the peer's role; ours have the other role bit.
+        let ours = u64::from(self.is_server);
+        if r.stream & 0b10 == 0 || r.stream & 0b01 == ours {
+            return Err(bad(format!("stream {} is not a unidirectional stream of the peer", r.stream)));
+        }
+        if r.len > self.opts.max_stream_bytes {
+            return Err(ChannelError::Limit(LimitError {
+                limit: "max_stream_bytes",
+                what: "tensor stream length",
+                value: r.len,
+                max: self.opts.max_stream_bytes,
+                hint: "raise StreamOptions::max_stream_bytes (QuicChannel::with_options) on the receiving side".into(),
+            }));
+        }
+        if lock(&self.inbox.state).claimed.contains(&r.stream) {
+            return Err(bad(format!("stream {} referenced twice", r.stream)));
+        }
+        let bytes = self.wait_for(r.stream).await?;
+        if bytes.len() as u64 != r.len {
+            return Err(bad(format!(
+                "stream {} carried {} bytes, the descriptor says {}",
+                r.stream,
+                bytes.len(),
+                r.len
+            )));
+        }
+        Ok(Tensor::new(meta, bytes)?)
+    }
+}
+
+fn bytes_len(t: &Tensor) -> u64 {
+    t.nbytes() as u64
+}
