@@ -1,0 +1,294 @@
+//! Descriptors and CONTROL bodies: wire JSON ([`CudaIpcRef`], [`CudaIpcReturnRef`],
+//! [`Control`]) to checked values and back. Pure: no driver, no IO.
+//!
+//! Every string from the peer is checked here before anything else sees it: handles are
+//! canonical base64 of exactly 64 bytes, 64-bit values are canonical decimal (`"0"` or no
+//! leading zero, no sign, no spaces, at most `u64::MAX`), the range lies inside the
+//! allocation (overflow-checked), the allocation size is positive and under the limit,
+//! and the device UUID has the `GPU-`/`MIG-` form.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use ferry_core::wire::{CudaIpcRef, CudaIpcReturnRef};
+use serde::{Deserialize, Serialize};
+
+use crate::driver::{HANDLE_BYTES, IpcHandle};
+
+/// A checked [`CudaIpcRef`]: a range of the sender's allocation, leased to the receiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Desc {
+    /// UUID of the device the memory is on.
+    pub uuid: String,
+    /// Handle of the allocation's base.
+    pub mem: IpcHandle,
+    /// The sender's id for the allocation.
+    pub alloc_id: u64,
+    /// Size of the whole allocation.
+    pub alloc_size: u64,
+    /// Offset of the tensor's bytes from the base.
+    pub offset: u64,
+    /// Length of the tensor's bytes.
+    pub len: u64,
+    /// The event recorded after the sender's writes.
+    pub event: IpcHandle,
+    /// The lease to release.
+    pub lease: u64,
+}
+
+/// A checked [`CudaIpcReturnRef`]: a range inside a lease the receiver granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReturnDesc {
+    /// The receiver's own lease id.
+    pub lease: u64,
+    /// Offset inside the leased range.
+    pub offset: u64,
+    /// Length.
+    pub len: u64,
+    /// The event recorded after the sender's last use.
+    pub event: IpcHandle,
+}
+
+/// The CONTROL body of the cuda-ipc channel. Either side may send either part.
+///
+/// - `release` (with `device` and `event`): leases the sender of this frame no longer
+///   needs, all on `device`; `event` was recorded after its last use of them, and the
+///   owner orders reuse of the memory after it.
+/// - `retire`: allocations (ids, decimal) the sender of this frame has freed; the receiver
+///   closes its mappings of them once no tensor uses them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Control {
+    /// Leases to release.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub release: Vec<u64>,
+    /// UUID of the device of the released leases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Base64 event handle to wait on before reusing the released memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Allocation ids (decimal) that were freed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retire: Vec<String>,
+}
+
+/// The longest device UUID accepted (`MIG-` plus a UUID is 40 characters).
+const MAX_UUID_LEN: usize = 64;
+
+/// Base64 of a handle.
+pub(crate) fn handle_to_b64(h: &IpcHandle) -> String {
+    STANDARD.encode(h.0)
+}
+
+/// A handle from canonical base64 of exactly 64 bytes.
+pub(crate) fn handle_from_b64(field: &str, s: &str) -> Result<IpcHandle, String> {
+    // 64 bytes are 88 characters; refuse anything longer before decoding.
+    if s.len() != HANDLE_BYTES.div_ceil(3) * 4 {
+        return Err(format!(
+            "{field}: expected base64 of {HANDLE_BYTES} bytes (88 characters), got {} characters",
+            s.len()
+        ));
+    }
+    let bytes = STANDARD.decode(s).map_err(|e| format!("{field}: not base64: {e}"))?;
+    let arr: [u8; HANDLE_BYTES] =
+        bytes.try_into().map_err(|b: Vec<u8>| format!("{field}: expected {HANDLE_BYTES} bytes, got {}", b.len()))?;
+    Ok(IpcHandle(arr))
+}
+
+/// A canonical decimal `u64`.
+pub(crate) fn parse_u64(field: &str, s: &str) -> Result<u64, String> {
+    let canonical =
+        !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if !canonical {
+        return Err(format!("{field}: {s:?} is not a canonical decimal number"));
+    }
+    s.parse::<u64>().map_err(|_| format!("{field}: {s} does not fit in 64 bits"))
+}
+
+/// Whether `s` looks like a device UUID (`GPU-` or `MIG-`, then hex digits and dashes).
+pub(crate) fn valid_uuid(s: &str) -> bool {
+    let rest = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-"));
+    matches!(rest, Some(r) if !r.is_empty() && s.len() <= MAX_UUID_LEN
+        && r.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+}
+
+/// Formats a 16-byte UUID as `nvidia-smi` does: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub(crate) fn format_uuid(prefix: &str, b: &[u8; 16]) -> String {
+    let hex = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!("{prefix}-{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
+}
+
+/// The wire form of `d`.
+pub(crate) fn encode(d: &Desc) -> CudaIpcRef {
+    CudaIpcRef {
+        device_uuid: d.uuid.clone(),
+        mem_handle: handle_to_b64(&d.mem),
+        alloc_id: d.alloc_id.to_string(),
+        alloc_size: d.alloc_size.to_string(),
+        offset: d.offset.to_string(),
+        len: d.len.to_string(),
+        event_handle: handle_to_b64(&d.event),
+        lease: d.lease,
+    }
+}
+
+/// Checks a received descriptor. `max_alloc` bounds the allocation size a peer may claim.
+pub(crate) fn decode(r: &CudaIpcRef, max_alloc: u64) -> Result<Desc, String> {
+    if !valid_uuid(&r.device_uuid) {
+        return Err(format!("device_uuid {:?} is not a device UUID", truncated(&r.device_uuid)));
+    }
+    let mem = handle_from_b64("mem_handle", &r.mem_handle)?;
+    let event = handle_from_b64("event_handle", &r.event_handle)?;
+    let alloc_id = parse_u64("alloc_id", &r.alloc_id)?;
+    let alloc_size = parse_u64("alloc_size", &r.alloc_size)?;
+    let offset = parse_u64("offset", &r.offset)?;
+    let len = parse_u64("len", &r.len)?;
+    if alloc_size == 0 {
+        return Err("alloc_size is 0".into());
+    }
+    if alloc_size > max_alloc {
+        return Err(format!("alloc_size {alloc_size} is over the limit of {max_alloc} bytes (max_peer_bytes)"));
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= alloc_size => {}
+        _ => return Err(format!("range {offset}+{len} is outside the allocation of {alloc_size} bytes")),
+    }
+    Ok(Desc { uuid: r.device_uuid.clone(), mem, alloc_id, alloc_size, offset, len, event, lease: r.lease })
+}
+
+/// The wire form of `d`.
+pub(crate) fn encode_return(d: &ReturnDesc) -> CudaIpcReturnRef {
+    CudaIpcReturnRef {
+        lease: d.lease,
+        offset: d.offset.to_string(),
+        len: d.len.to_string(),
+        event_handle: handle_to_b64(&d.event),
+    }
+}
+
+/// Checks a received return descriptor (the range is checked against the lease later).
+pub(crate) fn decode_return(r: &CudaIpcReturnRef) -> Result<ReturnDesc, String> {
+    Ok(ReturnDesc {
+        lease: r.lease,
+        offset: parse_u64("offset", &r.offset)?,
+        len: parse_u64("len", &r.len)?,
+        event: handle_from_b64("event_handle", &r.event_handle)?,
+    })
+}
+
+/// Parses a CONTROL body.
+pub(crate) fn decode_control(body: serde_json::Value) -> Result<Control, String> {
+    let c: Control = serde_json::from_value(body).map_err(|e| format!("control message: {e}"))?;
+    if !c.release.is_empty() {
+        match (&c.device, &c.event) {
+            (Some(d), Some(_)) if valid_uuid(d) => {}
+            _ => return Err("a release needs a valid `device` UUID and an `event` handle".into()),
+        }
+    }
+    Ok(c)
+}
+
+/// A peer string cut short for an error message.
+fn truncated(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(b: u8) -> IpcHandle {
+        IpcHandle([b; HANDLE_BYTES])
+    }
+
+    fn good() -> Desc {
+        Desc {
+            uuid: "GPU-12345678-9abc-def0-1234-56789abcdef0".into(),
+            mem: h(1),
+            alloc_id: u64::MAX,
+            alloc_size: 64 << 20,
+            offset: 4096,
+            len: 24_883_200,
+            event: h(2),
+            lease: 7,
+        }
+    }
+
+    #[test]
+    fn round_trips_and_uses_strings_for_big_values() {
+        let d = good();
+        let w = encode(&d);
+        assert_eq!(w.alloc_id, "18446744073709551615");
+        assert_eq!(w.mem_handle.len(), 88);
+        let json = serde_json::to_value(&w).unwrap();
+        assert!(json["alloc_size"].is_string() && json["offset"].is_string() && json["len"].is_string());
+        assert_eq!(decode(&w, 1 << 40).unwrap(), d);
+        let r = ReturnDesc { lease: 3, offset: 64, len: 128, event: h(9) };
+        assert_eq!(decode_return(&encode_return(&r)).unwrap(), r);
+    }
+
+    fn refused(edit: impl FnOnce(&mut CudaIpcRef), needle: &str) {
+        let mut w = encode(&good());
+        edit(&mut w);
+        let e = decode(&w, 1 << 40).unwrap_err();
+        assert!(e.contains(needle), "{e:?} does not mention {needle:?}");
+    }
+
+    #[test]
+    fn hostile_descriptors_are_refused() {
+        refused(|w| w.mem_handle = "%%%%".repeat(22), "not base64");
+        refused(|w| w.mem_handle = STANDARD.encode([0u8; 63]), "88 characters");
+        refused(|w| w.mem_handle = STANDARD.encode([0u8; 65]), "expected 64 bytes, got 65");
+        refused(|w| w.mem_handle = "A".repeat(1 << 20), "88 characters");
+        refused(|w| w.event_handle = String::new(), "event_handle");
+        refused(|w| w.offset = (64u64 << 20).to_string(), "outside the allocation");
+        refused(|w| w.len = u64::MAX.to_string(), "outside the allocation");
+        refused(|w| w.alloc_size = "0".into(), "alloc_size is 0");
+        refused(|w| w.alloc_size = (1u64 << 41).to_string(), "over the limit");
+        refused(|w| w.alloc_size = "18446744073709551616".into(), "does not fit");
+        refused(|w| w.alloc_size = "99999999999999999999999".into(), "not a canonical");
+        for bad in ["", "-1", "+1", " 1", "1 ", "0x10", "01", "1e3", "1.0"] {
+            refused(|w| w.offset = bad.into(), "not a canonical");
+        }
+        refused(|w| w.device_uuid = "cuda:0".into(), "not a device UUID");
+        refused(|w| w.device_uuid = "GPU-".into(), "not a device UUID");
+        refused(|w| w.device_uuid = format!("GPU-{}", "a".repeat(100)), "not a device UUID");
+        refused(|w| w.device_uuid = "GPU-zz".into(), "not a device UUID");
+    }
+
+    #[test]
+    fn canonical_decimals() {
+        assert_eq!(parse_u64("x", "0"), Ok(0));
+        assert_eq!(parse_u64("x", "18446744073709551615"), Ok(u64::MAX));
+        assert!(parse_u64("x", "00").is_err());
+    }
+
+    #[test]
+    fn uuids_format_like_nvidia_smi() {
+        let b = [0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0];
+        let u = format_uuid("GPU", &b);
+        assert_eq!(u, "GPU-12345678-9abc-def0-1234-56789abcdef0");
+        assert!(valid_uuid(&u));
+        assert!(valid_uuid("MIG-12345678-9abc-def0-1234-56789abcdef0"));
+    }
+
+    #[test]
+    fn control_bodies() {
+        let c = decode_control(serde_json::json!({"retire": ["5"]})).unwrap();
+        assert_eq!(c.retire, ["5"]);
+        let ok = serde_json::json!({"release": [1, 2], "device": "GPU-00", "event": handle_to_b64(&h(3))});
+        assert_eq!(decode_control(ok).unwrap().release, [1, 2]);
+        for bad in [
+            serde_json::json!({"release": [1]}),
+            serde_json::json!({"release": [1], "device": "nope", "event": "x"}),
+            serde_json::json!({"release": ["one"]}),
+            serde_json::json!({"release": [-1]}),
+            serde_json::json!({"free": [1]}),
+            serde_json::json!([1]),
+        ] {
+            assert!(decode_control(bad.clone()).is_err(), "{bad}");
+        }
+        let out = serde_json::to_value(Control { retire: vec!["9".into()], ..Default::default() }).unwrap();
+        assert_eq!(out, serde_json::json!({"retire": ["9"]}));
+    }
+}
