@@ -42,7 +42,10 @@ async fn wrong_fingerprint_is_refused_on_both_sides() {
     let e = endpoint(ephemeral()).build().connect(&wrong).await.unwrap_err();
     assert!(e.to_string().contains("does not match the pinned"), "client: {e}");
     let s = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap_err();
-    assert!(matches!(&s, PipeError::Transport(TransportError::PeerRefused(m)) if m.contains("handshake")), "server: {s:?}");
+    assert!(
+        matches!(&s, PipeError::Transport(TransportError::PeerRefused(m)) if m.contains("handshake")),
+        "server: {s:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,7 +67,8 @@ async fn a_ca_bundle_can_stand_in_for_the_pin() {
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let srv_key = rcgen::KeyPair::generate().unwrap();
-    let srv = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&srv_key, &issuer).unwrap();
+    let srv =
+        rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&srv_key, &issuer).unwrap();
     let id_path = dir.join("server.pem");
     let ca_path = dir.join("ca.pem");
     {
@@ -110,7 +114,8 @@ async fn token_is_required_when_configured() {
 async fn garbage_on_the_port_is_ignored_and_tcp_is_refused() {
     let mut l = endpoint(ephemeral()).build().listen("quic://127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().to_string();
-    let sock_addr: std::net::SocketAddr = addr.trim_start_matches("quic://").split('#').next().unwrap().parse().unwrap();
+    let sock_addr: std::net::SocketAddr =
+        addr.trim_start_matches("quic://").split('#').next().unwrap().parse().unwrap();
     // UDP garbage: random datagrams, a fake long header, an HTTP request.
     let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let mut x = 0x1234_5678_u64;
@@ -141,7 +146,8 @@ async fn garbage_on_the_port_is_ignored_and_tcp_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_peer_is_noticed_within_the_idle_timeout() {
-    let opts = QuicOptions { keep_alive: Duration::from_millis(100), idle_timeout: Duration::from_millis(800), ..ephemeral() };
+    let opts =
+        QuicOptions { keep_alive: Duration::from_millis(100), idle_timeout: Duration::from_millis(800), ..ephemeral() };
     let mut l = endpoint(opts.clone()).build().listen("quic://127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().to_string();
     // A relay we can cut: the client talks to it, it forwards to the server.
