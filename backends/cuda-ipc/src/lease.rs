@@ -39,11 +39,17 @@ impl<T> Grants<T> {
     /// Ends the leases `ids`, all or none: an id that is not granted (never, or already
     /// released, or twice in `ids`) refuses the whole release and is returned.
     pub(crate) fn release(&mut self, ids: &[u64]) -> Result<Vec<T>, u64> {
-        let mut seen = HashSet::with_capacity(ids.len());
-        if let Some(&bad) = ids.iter().find(|id| !self.live.contains_key(id) || !seen.insert(**id)) {
-            return Err(bad);
-        }
+        self.check(ids)?;
         Ok(ids.iter().filter_map(|id| self.live.remove(id)).collect())
+    }
+
+    /// Whether [`Grants::release`] of `ids` would succeed; the first bad id otherwise.
+    pub(crate) fn check(&self, ids: &[u64]) -> Result<(), u64> {
+        let mut seen = HashSet::with_capacity(ids.len());
+        match ids.iter().find(|id| !self.live.contains_key(id) || !seen.insert(**id)) {
+            Some(&bad) => Err(bad),
+            None => Ok(()),
+        }
     }
 
     /// Ends every lease (the peer is gone).
@@ -137,6 +143,7 @@ mod tests {
         assert_eq!(g.release(&[b, 99]), Err(99));
         assert_eq!(g.release(&[a]), Err(a));
         assert_eq!(g.release(&[b, b]), Err(b));
+        assert_eq!((g.check(&[b]), g.check(&[b, 9])), (Ok(()), Err(9)));
         assert_eq!(g.len(), 1);
         assert_eq!(g.grant("d"), 4, "ids are never reused");
         let mut all = g.reclaim();

@@ -354,15 +354,22 @@ impl CudaSession {
         let uuid = c.device.as_deref().unwrap_or_default();
         let dev = self.local(uuid).ok_or_else(|| bad(format!("release names device {uuid}, not visible here")))?;
         let event = descriptor::handle_from_b64("event", c.event.as_deref().unwrap_or_default()).map_err(bad)?;
-        let freed = lock(&self.core.granted)
-            .release(&c.release)
-            .map_err(|id| bad(format!("release of lease {id}, which is not granted")))?;
-        if let Some(g) = freed.iter().find(|g| g.slot.mem.dev != dev) {
-            return Err(bad(format!("release names device {uuid} for a lease on cuda:{}", g.slot.mem.dev)));
+        let not_granted = |id| bad(format!("release of lease {id}, which is not granted"));
+        {
+            let granted = lock(&self.core.granted);
+            granted.check(&c.release).map_err(not_granted)?;
+            let elsewhere = c.release.iter().filter_map(|id| granted.get(*id)).find(|g| g.slot.mem.dev != dev);
+            if let Some(g) = elsewhere {
+                return Err(bad(format!("release names device {uuid} for a lease on cuda:{}", g.slot.mem.dev)));
+            }
         }
         // The memory may be written again only after the peer's last read.
         self.core.wait_peer(dev, &event, WaitMode::Stream)?;
+        let mut granted = lock(&self.core.granted);
+        let freed = granted.release(&c.release).map_err(not_granted)?;
+        // Back to the pool before the lease count drops for anyone watching it.
         drop(freed);
+        drop(granted);
         Ok(())
     }
 }

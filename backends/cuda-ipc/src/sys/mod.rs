@@ -75,6 +75,7 @@ api! {
     cuDeviceGetUuid_v2(*mut cu::CUuuid, cu::CUdevice);
     cuDeviceGetName(*mut c_char, c_int, cu::CUdevice);
     cuDevicePrimaryCtxRetain(*mut cu::CUcontext, cu::CUdevice);
+    cuCtxGetCurrent(*mut cu::CUcontext);
     cuCtxSetCurrent(cu::CUcontext);
     cuMemAlloc_v2(*mut cu::CUdeviceptr, usize);
     cuMemFree_v2(cu::CUdeviceptr);
@@ -129,6 +130,24 @@ struct State {
     next_event: u64,
 }
 
+/// A driver call in progress: the tables locked and the device's context current; drop
+/// restores the thread's previous context.
+struct Entered<'a> {
+    api: &'a Api,
+    st: MutexGuard<'a, State>,
+    restore: Option<usize>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: `prev` was this thread's current context when the call began (a
+            // context the caller holds, or null for none); the call did not destroy it.
+            let _ = unsafe { (self.api.cuCtxSetCurrent)(prev as cu::CUcontext) };
+        }
+    }
+}
+
 /// The real CUDA driver. One per process ([`CudaDriver::shared`]).
 pub struct CudaDriver {
     probe: OnceLock<Result<Probed, String>>,
@@ -158,8 +177,9 @@ impl CudaDriver {
         })
     }
 
-    /// The probed driver, the state, and `dev`'s primary context made current.
-    fn enter(&self, op: &'static str, dev: u32) -> Result<(&Api, MutexGuard<'_, State>), DriverError> {
+    /// The probed driver, the state, and `dev`'s primary context made current on this
+    /// thread until the returned guard drops (then the caller's context is restored).
+    fn enter(&self, op: &'static str, dev: u32) -> Result<Entered<'_>, DriverError> {
         let p = self.probed().as_ref().map_err(|why| DriverError::refused(op, why.clone()))?;
         let cudev = *p.cudevs.get(&dev).ok_or_else(|| DriverError::refused(op, format!("no usable cuda:{dev}")))?;
         let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
@@ -173,9 +193,14 @@ impl CudaDriver {
                 c
             }
         };
-        // SAFETY: `ctx` is a primary context retained above (never released).
-        check(&p.api, "cuCtxSetCurrent", unsafe { (p.api.cuCtxSetCurrent)(ctx) })?;
-        Ok((&p.api, st))
+        let mut prev: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; only reads this thread's current context.
+        check(&p.api, "cuCtxGetCurrent", unsafe { (p.api.cuCtxGetCurrent)(&mut prev) })?;
+        if prev != ctx {
+            // SAFETY: `ctx` is a primary context retained above (never released).
+            check(&p.api, "cuCtxSetCurrent", unsafe { (p.api.cuCtxSetCurrent)(ctx) })?;
+        }
+        Ok(Entered { api: &p.api, st, restore: (prev != ctx).then_some(prev as usize) })
     }
 
     /// Whether `[ptr, ptr + len)` is device memory: a known allocation or mapping, or a
@@ -318,7 +343,8 @@ impl Driver for CudaDriver {
     fn alloc(&self, dev: u32, len: u64) -> Result<u64, DriverError> {
         const OP: &str = "cuMemAlloc";
         let n = usize::try_from(len).ok().filter(|&n| n > 0).ok_or_else(|| DriverError::refused(OP, "bad length"))?;
-        let (api, mut st) = self.enter(OP, dev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
         let mut p: cu::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the device's context is current.
         check(api, OP, unsafe { (api.cuMemAlloc_v2)(&mut p, n) })?;
@@ -328,7 +354,8 @@ impl Driver for CudaDriver {
 
     fn free(&self, dev: u32, ptr: u64) -> Result<(), DriverError> {
         const OP: &str = "cuMemFree";
-        let (api, mut st) = self.enter(OP, dev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
         if st.own.get(&ptr).map(|o| o.0) != Some(dev) {
             return Err(DriverError::refused(
                 OP,
@@ -343,7 +370,8 @@ impl Driver for CudaDriver {
 
     fn mem_handle(&self, dev: u32, ptr: u64) -> Result<IpcHandle, DriverError> {
         const OP: &str = "cuIpcGetMemHandle";
-        let (api, mut st) = self.enter(OP, dev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
         if st.own.get(&ptr).map(|o| o.0) != Some(dev) {
             return Err(DriverError::refused(OP, format!("{ptr:#x} is not an allocation of this channel")));
         }
@@ -357,7 +385,8 @@ impl Driver for CudaDriver {
 
     fn open_mem_handle(&self, dev: u32, handle: &IpcHandle) -> Result<(u64, u64), DriverError> {
         const OP: &str = "cuIpcOpenMemHandle";
-        let (api, mut st) = self.enter(OP, dev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
         if st.own_handles.contains(handle) {
             return Err(DriverError::refused(OP, "the handle was exported by this process; it is never opened here"));
         }
@@ -387,7 +416,8 @@ impl Driver for CudaDriver {
 
     fn close_mem_handle(&self, dev: u32, ptr: u64) -> Result<(), DriverError> {
         const OP: &str = "cuIpcCloseMemHandle";
-        let (api, mut st) = self.enter(OP, dev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
         let h = *st.import_ptrs.get(&ptr).ok_or_else(|| DriverError::refused(OP, format!("{ptr:#x} is not open")))?;
         let Some(i) = st.imports.get_mut(&h) else { return Err(DriverError::refused(OP, "inconsistent table")) };
         if i.0 != dev {
@@ -405,7 +435,8 @@ impl Driver for CudaDriver {
 
     fn event_create(&self, dev: u32) -> Result<EventId, DriverError> {
         const OP: &str = "cuEventCreate";
-        let (api, mut st) = self.enter(OP, dev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
         let mut e: cu::CUevent = std::ptr::null_mut();
         // SAFETY: valid out-pointer; interprocess events must disable timing, as the flags do.
         check(api, OP, unsafe { (api.cuEventCreate)(&mut e, EVENT_FLAGS) })?;
@@ -417,8 +448,9 @@ impl Driver for CudaDriver {
 
     fn event_handle(&self, dev: u32, ev: EventId) -> Result<IpcHandle, DriverError> {
         const OP: &str = "cuIpcGetEventHandle";
-        let (api, mut st) = self.enter(OP, dev)?;
-        let (edev, e) = Self::event(&st, OP, ev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
+        let (edev, e) = Self::event(st, OP, ev)?;
         if edev != dev {
             return Err(DriverError::refused(OP, "the event is on another device"));
         }
@@ -432,7 +464,8 @@ impl Driver for CudaDriver {
 
     fn event_open(&self, dev: u32, handle: &IpcHandle) -> Result<EventId, DriverError> {
         const OP: &str = "cuIpcOpenEventHandle";
-        let (api, mut st) = self.enter(OP, dev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
         if st.own_event_handles.contains(handle) {
             return Err(DriverError::refused(OP, "the event handle was exported by this process"));
         }
@@ -448,8 +481,9 @@ impl Driver for CudaDriver {
 
     fn event_destroy(&self, dev: u32, ev: EventId) -> Result<(), DriverError> {
         const OP: &str = "cuEventDestroy";
-        let (api, mut st) = self.enter(OP, dev)?;
-        let (_, e) = Self::event(&st, OP, ev)?;
+        let mut g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &mut g.st);
+        let (_, e) = Self::event(st, OP, ev)?;
         st.events.remove(&ev.0);
         // SAFETY: `e` is a live event from the table, destroyed once (removed above).
         check(api, OP, unsafe { (api.cuEventDestroy_v2)(e) })
@@ -457,8 +491,9 @@ impl Driver for CudaDriver {
 
     fn event_record(&self, dev: u32, ev: EventId) -> Result<(), DriverError> {
         const OP: &str = "cuEventRecord";
-        let (api, st) = self.enter(OP, dev)?;
-        let (edev, e) = Self::event(&st, OP, ev)?;
+        let g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &g.st);
+        let (edev, e) = Self::event(st, OP, ev)?;
         if edev != dev {
             return Err(DriverError::refused(OP, "the event is on another device"));
         }
@@ -468,16 +503,18 @@ impl Driver for CudaDriver {
 
     fn event_sync(&self, dev: u32, ev: EventId) -> Result<(), DriverError> {
         const OP: &str = "cuEventSynchronize";
-        let (api, st) = self.enter(OP, dev)?;
-        let (_, e) = Self::event(&st, OP, ev)?;
+        let g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &g.st);
+        let (_, e) = Self::event(st, OP, ev)?;
         // SAFETY: `e` is a live event from the table.
         check(api, OP, unsafe { (api.cuEventSynchronize)(e) })
     }
 
     fn wait_event(&self, dev: u32, ev: EventId) -> Result<(), DriverError> {
         const OP: &str = "cuStreamWaitEvent";
-        let (api, st) = self.enter(OP, dev)?;
-        let (_, e) = Self::event(&st, OP, ev)?;
+        let g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &g.st);
+        let (_, e) = Self::event(st, OP, ev)?;
         // SAFETY: `e` is a live event (of any device); the stream is this context's legacy
         // default stream; flags must be 0.
         check(api, OP, unsafe { (api.cuStreamWaitEvent)(STREAM, e, 0) })
@@ -489,9 +526,10 @@ impl Driver for CudaDriver {
             return Ok(());
         }
         let n = usize::try_from(len).map_err(|_| DriverError::refused(OP, "length overflows"))?;
-        let (api, st) = self.enter(OP, dev)?;
-        Self::check_range(api, &st, OP, dst, len)?;
-        Self::check_range(api, &st, OP, src, len)?;
+        let g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &g.st);
+        Self::check_range(api, st, OP, dst, len)?;
+        Self::check_range(api, st, OP, src, len)?;
         // SAFETY: both ranges were checked to lie inside device allocations.
         check(api, OP, unsafe { (api.cuMemcpyDtoDAsync_v2)(dst, src, n, STREAM) })
     }
@@ -501,8 +539,9 @@ impl Driver for CudaDriver {
         if src.is_empty() {
             return Ok(());
         }
-        let (api, st) = self.enter(OP, dev)?;
-        Self::check_range(api, &st, OP, dst, src.len() as u64)?;
+        let g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &g.st);
+        Self::check_range(api, st, OP, dst, src.len() as u64)?;
         // SAFETY: the device range was checked; `src` is a live slice of exactly that length.
         check(api, OP, unsafe { (api.cuMemcpyHtoD_v2)(dst, src.as_ptr().cast(), src.len()) })
     }
@@ -512,8 +551,9 @@ impl Driver for CudaDriver {
         if dst.is_empty() {
             return Ok(());
         }
-        let (api, st) = self.enter(OP, dev)?;
-        Self::check_range(api, &st, OP, src, dst.len() as u64)?;
+        let g = self.enter(OP, dev)?;
+        let (api, st) = (g.api, &g.st);
+        Self::check_range(api, st, OP, src, dst.len() as u64)?;
         // SAFETY: the device range was checked; `dst` is a live, exclusive slice of exactly
         // that length, and the copy has finished when the call returns.
         check(api, OP, unsafe { (api.cuMemcpyDtoH_v2)(dst.as_mut_ptr().cast(), src, dst.len()) })
