@@ -223,6 +223,10 @@ fn memcpy_row(tensor: &Tensor, label: &str, iters: usize, bar: &ProgressBar) -> 
     row("local", "memcpy", "memcpy", label.into(), src.len() as u64, 1.0, samples)
 }
 
+#[cfg(feature = "cuda-ipc")]
+#[path = "bench_cuda.rs"]
+mod cuda;
+
 struct Size {
     label: String,
     meta: TensorMeta,
@@ -300,6 +304,9 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     }
 
     for (i, (t, c)) in pairs.iter().enumerate() {
+        if !c.devices().contains(&ferry_core::DeviceKind::Cpu) {
+            continue; // device-only channels (cuda-ipc) have their own rows below
+        }
         let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
         bar.set_message(format!("{} / {}", t.name(), c.name()));
         let _peer = start_peer(exe, &addr)?;
@@ -340,6 +347,10 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
             emit(row(backend, &channel, case, s.label.clone(), bytes, 2.0, smp), &mut rows);
         }
         pipe.close().await;
+    }
+    #[cfg(feature = "cuda-ipc")]
+    for r in cuda::rows(exe, opts, &sizes, &bar).await? {
+        emit(r, &mut rows);
     }
     bar.finish_and_clear();
     Ok(rows)

@@ -154,7 +154,8 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         rows.push(r);
     };
     for (i, (t, c)) in pairs.iter().enumerate() {
-        if t.scheme() != "unix" {
+        // Device-only channels (cuda-ipc) carry no CPU tensors: no RPC over them alone.
+        if t.scheme() != "unix" || !c.devices().contains(&ferry_core::DeviceKind::Cpu) {
             continue;
         }
         let addr = format!("unix:ferry-bench-rpc-{}-{i}", std::process::id());

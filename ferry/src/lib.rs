@@ -25,6 +25,9 @@
 //! - `pipe` (default): local sockets ([`ferry_pipe`]), scheme `unix:`.
 //! - `shm` (default): shared memory ([`ferry_shm`]): zero-copy CPU tensors between
 //!   processes on one Linux host; negotiated over `unix:` connections.
+//! - `cuda-ipc`: CUDA IPC ([`ferry_cuda_ipc`]): CUDA tensors between processes on one
+//!   Linux host without a copy; the driver is loaded at run time, so this builds without
+//!   CUDA and the channel is simply not offered where no GPU is usable.
 //! - `rpc` (default): JSON-RPC 2.0 with tensors ([`ferry_rpc`]): typed async handlers,
 //!   tasks, OpenRPC discovery, plain JSON-RPC clients on the same socket; the demo API
 //!   ([`demo`]) and `ferry serve / call / discover`.
@@ -43,6 +46,8 @@ pub mod cli_rpc;
 pub mod demo;
 
 pub use ferry_core::*;
+#[cfg(feature = "cuda-ipc")]
+pub use ferry_cuda_ipc;
 #[cfg(feature = "pipe")]
 pub use ferry_pipe;
 #[cfg(feature = "rpc")]
@@ -64,6 +69,8 @@ pub fn transports() -> Vec<Arc<dyn Transport>> {
 /// The compiled-in channels, fastest first. The inline channel is always last.
 pub fn channels() -> Vec<Arc<dyn Channel>> {
     vec![
+        #[cfg(feature = "cuda-ipc")]
+        Arc::new(ferry_cuda_ipc::CudaIpcChannel::new()),
         #[cfg(feature = "shm")]
         Arc::new(ferry_shm::ShmChannel::new()),
         Arc::new(InlineChannel),
