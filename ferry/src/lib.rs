@@ -25,9 +25,10 @@
 //! - `pipe` (default): local sockets ([`ferry_pipe`]), scheme `unix:`.
 //! - `shm` (default): shared memory ([`ferry_shm`]): zero-copy CPU tensors between
 //!   processes on one Linux host; negotiated over `unix:` connections.
-//! - `cuda-ipc`: CUDA IPC ([`ferry_cuda_ipc`]): CUDA tensors between processes on one
-//!   Linux host without a copy; the driver is loaded at run time, so this builds without
-//!   CUDA and the channel is simply not offered where no GPU is usable.
+//! - `cuda-ipc`: CUDA IPC (`ferry_cuda_ipc`, re-exported when enabled): CUDA tensors
+//!   between processes on one Linux host without a copy; the driver is loaded at run
+//!   time, so this builds without CUDA and the channel is simply not offered where no GPU
+//!   is usable.
 //! - `rpc` (default): JSON-RPC 2.0 with tensors ([`ferry_rpc`]): typed async handlers,
 //!   tasks, OpenRPC discovery, plain JSON-RPC clients on the same socket; the demo API
 //!   ([`demo`]) and `ferry serve / call / discover`.
