@@ -133,7 +133,7 @@ async fn add(c: &Client) -> anyhow::Result<()> {
 }
 
 async fn echo(c: &Client, t: &Tensor) -> anyhow::Result<Tensor> {
-    let r: RpcTensor = c.call("echo", &json!({ "tensor": RpcTensor(t.clone()) })).await?;
+    let r: RpcTensor = c.call("echo", &crate::demo::TensorParams { tensor: RpcTensor(t.clone()) }).await?;
     Ok(r.into_inner())
 }
 
@@ -217,7 +217,8 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         let create = json!({ "shape": opts.shape, "dtype": opts.dtype, "fill": 1 });
         let made: RpcTensor = client.call("create_tensor", &create).await?;
         anyhow::ensure!(made.meta() == &meta, "create_tensor made {:?}", made.meta());
-        let call = || async { client.call::<_, RpcTensor>("create_tensor", &create).await.map(drop).map_err(Into::into) };
+        let call =
+            || async { client.call::<_, RpcTensor>("create_tensor", &create).await.map(drop).map_err(Into::into) };
         time_calls(opts.warmup, call).await?;
         let s = time_calls(opts.iters, call).await?;
         emit(row(pair, "call-create", &label, bytes, 1.0, &s));

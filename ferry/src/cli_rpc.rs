@@ -46,12 +46,29 @@ pub async fn serve(addr: &str, http: Option<&str>) -> anyhow::Result<()> {
             Some(Err(e)) => Err(e.into()),
             None => Ok(()),
         },
-        r = tokio::signal::ctrl_c() => {
-            r.context("waiting for Ctrl-C")?;
+        r = stop_signal() => {
+            r?;
             eprintln!("ferry serve: interrupted, stopping");
             server.shutdown();
             Ok(())
         }
+    }
+    // Returning drops the listener, which removes a socket file.
+}
+
+/// Ctrl-C (SIGINT) or, on unix, SIGTERM.
+async fn stop_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C"),
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")
     }
 }
 
@@ -69,11 +86,7 @@ async fn start_http(
 }
 
 #[cfg(not(feature = "http"))]
-async fn start_http(
-    _: &Server,
-    _: &str,
-    _: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-) -> anyhow::Result<()> {
+async fn start_http(_: &Server, _: &str, _: &mut tokio::task::JoinSet<anyhow::Result<()>>) -> anyhow::Result<()> {
     bail!("--http needs ferry built with the `http` feature (cargo install ferry --features http)")
 }
 

@@ -29,6 +29,8 @@
 //!   between processes on one Linux host without a copy; the driver is loaded at run
 //!   time, so this builds without CUDA and the channel is simply not offered where no GPU
 //!   is usable.
+//! - `quic`: QUIC across hosts ([`ferry_quic`]), scheme `quic://host:port#sha256=PIN`;
+//!   TLS 1.3 with a pinned self-signed identity or a CA bundle; a stream per tensor.
 //! - `rpc` (default): JSON-RPC 2.0 with tensors ([`ferry_rpc`]): typed async handlers,
 //!   tasks, OpenRPC discovery, plain JSON-RPC clients on the same socket; the demo API
 //!   ([`demo`]) and `ferry serve / call / discover`.
@@ -51,6 +53,8 @@ pub use ferry_core::*;
 pub use ferry_cuda_ipc;
 #[cfg(feature = "pipe")]
 pub use ferry_pipe;
+#[cfg(feature = "quic")]
+pub use ferry_quic;
 #[cfg(feature = "rpc")]
 pub use ferry_rpc;
 #[cfg(feature = "shm")]
@@ -64,6 +68,8 @@ pub fn transports() -> Vec<Arc<dyn Transport>> {
     let mut v: Vec<Arc<dyn Transport>> = Vec::new();
     #[cfg(feature = "pipe")]
     v.push(Arc::new(ferry_pipe::PipeTransport::new()));
+    #[cfg(feature = "quic")]
+    v.push(Arc::new(ferry_quic::QuicTransport::new()));
     v
 }
 
@@ -74,6 +80,8 @@ pub fn channels() -> Vec<Arc<dyn Channel>> {
         Arc::new(ferry_cuda_ipc::CudaIpcChannel::new()),
         #[cfg(feature = "shm")]
         Arc::new(ferry_shm::ShmChannel::new()),
+        #[cfg(feature = "quic")]
+        Arc::new(ferry_quic::QuicChannel::new()),
         Arc::new(InlineChannel),
     ]
 }

@@ -125,7 +125,13 @@ impl Server {
     /// Accepts connections until the listener stops or [`Server::shutdown`]: ferry pipes
     /// and (if the endpoint was built with `accept_foreign(true)`) plain JSON clients,
     /// each served in its own task.
+    ///
+    /// A connection that fails its handshake is logged and skipped. (`PipeListener` reports
+    /// a peer that hung up during the handshake with the same [`PipeError::Closed`] as a
+    /// stopped listener; since a held listener does not stop by itself, `Closed` is treated
+    /// as a failed connection too, with a short pause after many in a row.)
     pub async fn serve(&self, mut listener: PipeListener) -> Result<(), PipeError> {
+        let mut closed_in_a_row = 0u32;
         loop {
             let accepted = tokio::select! {
                 a = listener.accept_any() => a,
@@ -133,15 +139,24 @@ impl Server {
             };
             match accepted {
                 Ok(Accepted::Pipe(p)) => {
+                    closed_in_a_row = 0;
                     let s = self.clone();
                     tokio::spawn(async move { s.serve_pipe(p).await });
                 }
                 Ok(Accepted::Foreign(f)) => {
+                    closed_in_a_row = 0;
                     let s = self.clone();
                     tokio::spawn(async move { s.serve_json(f).await });
                 }
-                Err(PipeError::Closed) => return Ok(()),
-                Err(e) => tracing::debug!("connection not accepted: {e}"),
+                Err(e) => {
+                    tracing::debug!("connection not accepted: {e}");
+                    if matches!(e, PipeError::Closed) {
+                        closed_in_a_row = closed_in_a_row.saturating_add(1);
+                        if closed_in_a_row > 64 {
+                            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        }
+                    }
+                }
             }
         }
     }

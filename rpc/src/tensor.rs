@@ -16,8 +16,10 @@
 //!
 //! How it works: [`to_value`] and [`from_value`] install a tensor table for the current
 //! thread, run serde synchronously, and take the table back; `RpcTensor`'s `Serialize` and
-//! `Deserialize` read and write that table. Serializing an `RpcTensor` any other way (plain
-//! `serde_json::to_value`) fails with a message saying so, instead of losing the tensor.
+//! `Deserialize` read and write that table. Serialized any other way (plain
+//! `serde_json::to_value`, `json!`), an `RpcTensor` takes the inline form, which every
+//! connection accepts, so nothing is lost (only speed); a `{"$tensor": i}` reference
+//! cannot be resolved outside the RPC layer and is an error there.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -187,11 +189,8 @@ impl Serialize for RpcTensor {
                 out.push(self.0.clone());
                 Ok(Out::Index(out.len() - 1))
             }
-            Some(Table::Encode { mode: TensorMode::Inline, .. }) => InlineTensor::encode(&self.0).map(Out::Inline),
-            _ => {
-                Err("an RpcTensor can only be serialized through ferry_rpc::tensor::to_value (the RPC layer does this)"
-                    .to_owned())
-            }
+            // Outside the RPC layer (e.g. `serde_json::json!`), the inline form: lossless.
+            _ => InlineTensor::encode(&self.0).map(Out::Inline),
         });
         let mut map = BTreeMap::new();
         match out.map_err(S::Error::custom)? {
@@ -395,9 +394,13 @@ mod tests {
     }
 
     #[test]
-    fn outside_the_rpc_layer_is_an_error() {
-        let e = serde_json::to_value(RpcTensor(t(&[1.0]))).unwrap_err();
-        assert!(e.to_string().contains("to_value"), "{e}");
+    fn outside_the_rpc_layer_tensors_are_inline() {
+        let v = serde_json::to_value(RpcTensor(t(&[1.5]))).unwrap();
+        assert_eq!(v, json!({"$tensor": {"dtype": "f32", "shape": [1], "data": "AADAPw=="}}));
+        let back: RpcTensor = serde_json::from_value(v).unwrap();
+        assert_eq!(back.as_slice::<f32>().unwrap(), &[1.5]);
+        let e = serde_json::from_value::<RpcTensor>(json!({"$tensor": 0})).unwrap_err();
+        assert!(e.to_string().contains("from_value"), "{e}");
     }
 
     #[test]

@@ -113,7 +113,10 @@ async fn server_going_away_fails_every_call() {
     fx.server.shutdown();
     // Running calls are cancelled (and told so while the pipe is still up) or see the close.
     let r = t(pending).await.unwrap();
-    assert!(matches!(&r, Err(CallError::Closed(_))) || r.as_ref().err().and_then(CallError::code) == Some(CANCELLED), "{r:?}");
+    assert!(
+        matches!(&r, Err(CallError::Closed(_))) || r.as_ref().err().and_then(CallError::code) == Some(CANCELLED),
+        "{r:?}"
+    );
     let r = t(c.call::<_, f64>("add", &(1, 1))).await;
     assert!(matches!(r, Err(CallError::Closed(_))), "{r:?}");
 }
@@ -141,7 +144,8 @@ async fn plain_json_on_the_same_socket() {
     let r = p.line().await;
     assert_eq!(r["result"], json!({"$tensor": {"dtype": "f32", "shape": [1], "data": "AABAQA=="}}));
     // A ref on a plain connection has nothing to point at.
-    p.send("{\"jsonrpc\":\"2.0\",\"method\":\"scale\",\"params\":{\"x\":{\"$tensor\":0},\"factor\":2},\"id\":2}\n").await;
+    p.send("{\"jsonrpc\":\"2.0\",\"method\":\"scale\",\"params\":{\"x\":{\"$tensor\":0},\"factor\":2},\"id\":2}\n")
+        .await;
     let r = p.line().await;
     assert_eq!(r["error"]["code"], -32602);
     assert!(r["error"]["message"].as_str().unwrap().contains("out of range"), "{r}");
@@ -180,6 +184,17 @@ async fn limits_name_themselves() {
     assert_eq!(ids, [1, 2]);
     p.send("{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[1,2],\"id\":9}\n").await;
     assert_eq!(p.line().await["result"], 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_hanging_up_early_do_not_stop_the_server() {
+    let fx = serve(RpcLimits::default()).await;
+    for _ in 0..100 {
+        drop(Plain::connect(&fx.addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let c = client(&fx.addr).await;
+    assert_eq!(t(c.call::<_, f64>("add", &(1, 2))).await.unwrap(), 3.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

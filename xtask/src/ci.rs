@@ -2,7 +2,8 @@
 //!
 //! Runs each step in order with a header and its elapsed time, stops at the first failure
 //! and prints a summary: fmt, clippy, tests (nextest plus doctests when `cargo nextest` is
-//! installed, else `cargo test`), `codegen --check`, `tidy`, rustdoc with `-Dwarnings`,
+//! installed, else `cargo test`), the third-party JSON-RPC clients (`rpc-clients`),
+//! `codegen --check`, `tidy`, rustdoc with `-Dwarnings`,
 //! `conformance` (all backends), then `cargo check` of the `ferry` facade with no default
 //! features and with each of its features alone.
 
@@ -15,6 +16,7 @@ use xshell::{Shell, cmd};
 use crate::codegen::Codegen;
 use crate::conformance::Conformance;
 use crate::flags::Flags;
+use crate::rpc_clients::RpcClients;
 use crate::tidy::{Tidy, toml_tables};
 
 /// `cargo xtask ci`.
@@ -116,6 +118,8 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
             Ok(cmd!(sh, "cargo test --workspace --locked").run()?)
         }));
     }
+    notes.extend(crate::rpc_clients::missing_tools(sh));
+    steps.push(Step::new("cargo xtask rpc-clients", |sh| RpcClients.run(sh)));
     steps.push(Step::new("cargo xtask codegen --check", |sh| Codegen { check: true }.run(sh)));
     steps.push(Step::new("cargo xtask tidy", |sh| Tidy.run(sh)));
     steps.push(Step::new("RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked", |sh| {

@@ -7,6 +7,7 @@
 //! - [`codegen`]: writes (or with `--check`, verifies) every generated, checked-in file.
 //! - [`tidy`]: repository rules that the compiler cannot check (also run as `#[test]`s).
 //! - [`conformance`]: runs every backend's conformance suite and prints one table.
+//! - [`rpc_clients`]: third-party JSON-RPC clients (PyPI, npm) against `ferry serve`.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ mod ci;
 mod codegen;
 mod conformance;
 mod flags;
+mod rpc_clients;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -37,6 +39,9 @@ commands:
                            (default: every directory in backends/), print a pass/FAIL/ignored
                            table and write target/conformance.json; a --require'd backend
                            fails on any ignored case or if it is not viable
+  rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
+                           target/venv, @open-rpc/* from npm in rpc/tests/js) and the
+                           OpenRPC meta-schema check against `ferry serve`
   ci                       fmt, clippy, tests, codegen --check, tidy, docs, conformance and
                            the facade's feature checks, stopping at the first failure
   help                     print this text
@@ -68,6 +73,7 @@ fn try_main() -> anyhow::Result<()> {
         Some("codegen") => codegen::Codegen::parse(flags)?.run(&sh),
         Some("tidy") => tidy::Tidy::parse(flags)?.run(&sh),
         Some("conformance") => conformance::Conformance::parse(flags)?.run(&sh),
+        Some("rpc-clients") => rpc_clients::RpcClients::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         None | Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
