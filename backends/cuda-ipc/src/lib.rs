@@ -274,8 +274,10 @@ impl Channel for CudaIpcChannel {
     }
 
     fn viability(&self) -> Result<(), ChannelError> {
-        if !host_domain().contains_key("boot_id") {
-            return Err(ChannelError::NotViable("cannot read /proc/sys/kernel/random/boot_id".into()));
+        for (key, path) in [("boot_id", "/proc/sys/kernel/random/boot_id"), ("pid_ns", "/proc/self/ns/pid")] {
+            if !host_domain().contains_key(key) {
+                return Err(ChannelError::NotViable(format!("cannot read {path}").into()));
+            }
         }
         self.devices().map(drop)
     }

@@ -477,3 +477,30 @@ async fn pool_limits_name_the_option() {
     let (got, _) = send(&a, &b, &z).await.unwrap();
     assert_eq!(got.nbytes(), 0);
 }
+
+/// On a machine without a usable driver (CI), the real channel says why, offers nothing,
+/// accepts nothing, opens nothing, and no call panics.
+#[tokio::test]
+async fn the_real_channel_without_a_driver_is_not_viable() {
+    let real = CudaIpcChannel::new();
+    let Err(e) = real.viability() else {
+        eprintln!("a usable CUDA driver is present; the gpu tests cover this machine");
+        return;
+    };
+    assert!(matches!(e, ChannelError::NotViable(_)), "{e:?}");
+    assert!(!e.to_string().is_empty());
+    let conn = ConnInfo { same_host: true, peer_pid: Some(1), ..Default::default() };
+    assert!(real.offer(&conn).is_none());
+    let gpu = FakeGpu::new(1);
+    let offer = CudaIpcChannel::with_driver(gpu.process(7), Default::default()).offer(&conn).unwrap();
+    assert!(!real.accepts(&offer, &conn));
+    let (control, _rx) = ControlSender::channel();
+    let (_tx, closed) = watch::channel(false);
+    assert!(real.open(SessionCtx { conn, control, closed, is_server: true }).is_err());
+    let m = TensorMeta::new(DType::U8, vec![4]).with_device(Device::Cuda(0));
+    assert!(real.alloc_device(m.clone()).await.is_err());
+    let fake_tensor = Tensor::from_device(m, Arc::new(Foreign { ptr: 0x1000, len: 4 })).unwrap();
+    assert!(real.copy_to_host(&fake_tensor).is_err());
+    assert!(real.copy_from_host(&fake_tensor, &[0; 4]).is_err());
+    assert_eq!(real.trim(), 0);
+}
