@@ -137,7 +137,8 @@ pub fn filled(meta: TensorMeta) -> anyhow::Result<Tensor> {
 /// every pipe, echoing each message, until stdin closes.
 pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
     let mut listener = crate::endpoint().build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
-    println!("ready");
+    // The real address (a port chosen by the OS, a QUIC pin) for the benchmark to use.
+    println!("ready {}", listener.local_addr());
     std::io::stdout().flush()?;
     std::thread::spawn(|| {
         let mut b = [0u8; 1];
@@ -149,7 +150,13 @@ pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
             Ok(p) => {
                 tokio::spawn(async move {
                     while let Ok(m) = p.recv().await {
-                        if p.send(m).await.is_err() {
+                        // One-way measurements: acknowledge instead of echoing.
+                        let reply = if m.header["bench"] == "sink" {
+                            Message::new(serde_json::json!({"bench": "ack"}))
+                        } else {
+                            m
+                        };
+                        if p.send(reply).await.is_err() {
                             break;
                         }
                     }
@@ -170,7 +177,8 @@ impl Drop for PeerProcess {
     }
 }
 
-fn start_peer(exe: &Path, addr: &str) -> anyhow::Result<PeerProcess> {
+/// Starts the echo peer listening at `addr`; returns it and the address it really listens on.
+fn start_peer(exe: &Path, addr: &str) -> anyhow::Result<(PeerProcess, String)> {
     let mut child = Command::new(exe)
         .args(["__echo", addr])
         .stdin(Stdio::piped())
@@ -182,10 +190,10 @@ fn start_peer(exe: &Path, addr: &str) -> anyhow::Result<PeerProcess> {
     let peer = PeerProcess(child);
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line)?;
-    if line.trim() != "ready" {
-        bail!("peer process did not start (said {line:?})");
+    match line.trim().strip_prefix("ready ") {
+        Some(real) => Ok((peer, real.to_string())),
+        None => bail!("peer process did not start (said {line:?})"),
     }
-    Ok(peer)
 }
 
 async fn time_round_trips(pipe: &Pipe, msg: &Message, n: usize, bar: &ProgressBar) -> anyhow::Result<Vec<Duration>> {
@@ -204,6 +212,7 @@ async fn time_round_trips(pipe: &Pipe, msg: &Message, n: usize, bar: &ProgressBa
 fn address_for(t: &dyn Transport, tag: &str) -> Option<String> {
     match t.scheme() {
         "unix" => Some(format!("unix:ferry-bench-{}-{tag}", std::process::id())),
+        "quic" => Some("quic://127.0.0.1:0".into()),
         _ => None,
     }
 }
@@ -309,7 +318,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         }
         let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
         bar.set_message(format!("{} / {}", t.name(), c.name()));
-        let _peer = start_peer(exe, &addr)?;
+        let (_peer, addr) = start_peer(exe, &addr)?;
         let client = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
         let pipe = match client.connect(&addr).await {
             Ok(p) => p,
@@ -324,7 +333,8 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         time_round_trips(&pipe, &small, opts.warmup, &bar).await?;
         let smp = time_round_trips(&pipe, &small, opts.small_iters, &bar).await?;
         emit(row(backend, &channel, "rtt-64B", "u8[64]".into(), 64, 2.0, smp), &mut rows);
-        let own_memory = channel != "inline";
+        // Channels with memory of their own: a tensor made there travels without a copy.
+        let own_memory = matches!(channel.as_str(), "shm" | "cuda-ipc");
         for s in &sizes {
             let bytes = s.meta.byte_span()?;
             bar.set_message(format!("{backend} / {channel}: {}", s.label));
@@ -346,6 +356,12 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
             let case = if own_memory { "rtt-copy-in" } else { "rtt-tensor" };
             emit(row(backend, &channel, case, s.label.clone(), bytes, 2.0, smp), &mut rows);
         }
+        #[cfg(feature = "quic")]
+        if channel == "quic" {
+            for r in quic_one_way(&pipe, &sizes, opts, &bar).await? {
+                emit(r, &mut rows);
+            }
+        }
         pipe.close().await;
     }
     #[cfg(feature = "cuda-ipc")]
@@ -354,6 +370,26 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     }
     bar.finish_and_clear();
     Ok(rows)
+}
+
+/// QUIC one-way throughput of the largest tensor (the peer acknowledges instead of
+/// echoing), beside a bare quinn stream moving the same bytes in the same run.
+#[cfg(feature = "quic")]
+async fn quic_one_way(pipe: &Pipe, sizes: &[Size], opts: &BenchOptions, bar: &ProgressBar) -> anyhow::Result<Vec<Row>> {
+    let Some(s) = sizes.iter().max_by_key(|s| s.meta.byte_span().unwrap_or(0)) else { return Ok(Vec::new()) };
+    let bytes = s.meta.byte_span()?;
+    bar.set_message(format!("quic one-way {}", s.label));
+    let sink = Message::with_tensors(serde_json::json!({"bench": "sink"}), vec![filled(s.meta.clone())?]);
+    time_round_trips(pipe, &sink, 1, bar).await?;
+    let smp = time_round_trips(pipe, &sink, s.iters, bar).await?;
+    let ferry_row = row("quic", "quic", "one-way", s.label.clone(), bytes, 1.0, smp);
+    bar.set_message(format!("bare quinn one-way {}", s.label));
+    let n = usize::try_from(bytes)?;
+    let mut smp =
+        ferry_quic::baseline::bare_quinn_transfers(n, s.iters + 1, &ferry_quic::QuicOptions::default()).await?;
+    smp.remove(0); // warm-up
+    let _ = opts;
+    Ok(vec![ferry_row, row("quic", "bare-quinn", "one-way", s.label.clone(), bytes, 1.0, smp)])
 }
 
 /// Formats rows as an aligned table.

@@ -29,7 +29,7 @@
 //!   between processes on one Linux host without a copy; the driver is loaded at run
 //!   time, so this builds without CUDA and the channel is simply not offered where no GPU
 //!   is usable.
-//! - `quic`: QUIC across hosts ([`ferry_quic`]), scheme `quic://host:port#sha256=PIN`;
+//! - `quic`: QUIC across hosts (`ferry-quic`), scheme `quic://host:port#sha256=PIN`;
 //!   TLS 1.3 with a pinned self-signed identity or a CA bundle; a stream per tensor.
 //! - `rpc` (default): JSON-RPC 2.0 with tensors ([`ferry_rpc`]): typed async handlers,
 //!   tasks, OpenRPC discovery, plain JSON-RPC clients on the same socket; the demo API

@@ -108,6 +108,43 @@ impl Channel for QuicChannel {
 struct Inbox {
     state: Mutex<InboxState>,
     arrived: Notify,
+    /// Receive buffers given back by dropped tensors, reused for the next streams (a fresh
+    /// buffer costs a page fault per page; a warm one costs nothing).
+    spare: Arc<Mutex<Vec<AlignedBuf>>>,
+}
+
+/// Spare buffers kept per session.
+const SPARE_BUFFERS: usize = 4;
+
+/// A received tensor's bytes; the buffer goes back to the session's spares when dropped.
+struct Recycled {
+    buf: Option<AlignedBuf>,
+    spare: std::sync::Weak<Mutex<Vec<AlignedBuf>>>,
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_ref().map(AsRef::as_ref).unwrap_or(&[])
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        if let (Some(buf), Some(spare)) = (self.buf.take(), self.spare.upgrade()) {
+            let mut s = lock(&spare);
+            if s.len() < SPARE_BUFFERS {
+                s.push(buf);
+            }
+        }
+    }
+}
+
+fn take_spare(spare: &Arc<Mutex<Vec<AlignedBuf>>>, n: usize) -> AlignedBuf {
+    let mut s = lock(spare);
+    match s.iter().position(|b| b.len() == n) {
+        Some(i) => s.swap_remove(i),
+        None => AlignedBuf::zeroed(n),
+    }
 }
 
 #[derive(Default)]
@@ -181,13 +218,20 @@ async fn read_stream(recv: &mut quinn::RecvStream, inbox: &Inbox, opts: &StreamO
         st.pending_bytes += len;
     }
     let n = usize::try_from(len).map_err(|_| "stream too long for this machine".to_string())?;
-    let mut buf = AlignedBuf::zeroed(n);
-    recv.read_exact(buf.as_mut()).await.map_err(|e| format!("reading {len} bytes: {e}"))?;
-    let mut extra = [0u8; 1];
-    if recv.read(&mut extra).await.map_err(|e| e.to_string())?.is_some() {
-        return Err("stream longer than its announced length".into());
+    let mut buf = take_spare(&inbox.spare, n);
+    let mut at = 0;
+    while let Some(c) = recv.read_chunk(usize::MAX, true).await.map_err(|e| format!("reading {len} bytes: {e}"))? {
+        let end = at + c.bytes.len();
+        if end > n {
+            return Err("stream longer than its announced length".into());
+        }
+        buf.as_mut()[at..end].copy_from_slice(&c.bytes);
+        at = end;
     }
-    Ok(buf.into_bytes())
+    if at != n {
+        return Err(format!("stream ended after {at} of its announced {n} bytes"));
+    }
+    Ok(Bytes::from_owner(Recycled { buf: Some(buf), spare: Arc::downgrade(&inbox.spare) }))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -245,7 +289,8 @@ impl ChannelSession for StreamSession {
         tokio::spawn(async move {
             let r = async {
                 send.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
-                send.write_all(&bytes).await?;
+                // Hand quinn the tensor's own bytes: no copy into its send buffer.
+                send.write_chunk(bytes).await?;
                 send.finish().map_err(std::io::Error::other)?;
                 Ok::<(), std::io::Error>(())
             }

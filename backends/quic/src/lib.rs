@@ -25,6 +25,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod baseline;
 mod channel;
 pub mod tls;
 mod transport;

@@ -104,6 +104,10 @@ impl QuicTransport {
         Ok(self.identity()?.fingerprint())
     }
 
+    pub(crate) fn transport_config_for_baseline(&self) -> Result<Arc<quinn::TransportConfig>, TransportError> {
+        self.transport_config()
+    }
+
     fn transport_config(&self) -> Result<Arc<quinn::TransportConfig>, TransportError> {
         let o = &self.opts;
         let mut t = quinn::TransportConfig::default();

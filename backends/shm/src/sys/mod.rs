@@ -59,11 +59,6 @@ impl OwnSegment {
         self.len
     }
 
-    /// Address of the first byte (for finding which segment a pointer is in).
-    pub fn addr(&self) -> usize {
-        self.map.as_ptr() as usize
-    }
-
     /// Claims `len > 0` bytes at `offset` for exclusive writing. `None` when the range is
     /// outside the segment or overlaps a live claim.
     pub fn claim(self: &Arc<Self>, offset: usize, len: usize) -> Option<ExclusiveRange> {
@@ -116,11 +111,6 @@ impl ExclusiveRange {
         self.0.len
     }
 
-    /// The segment.
-    pub fn segment(&self) -> &Arc<OwnSegment> {
-        &self.0.seg
-    }
-
     /// The bytes, for writing.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: the range is inside the live read-write mapping (checked by `claim`) of a
@@ -154,11 +144,6 @@ impl SharedRange {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.0.len
-    }
-
-    /// The segment.
-    pub fn segment(&self) -> &Arc<OwnSegment> {
-        &self.0.seg
     }
 
     /// The bytes.
