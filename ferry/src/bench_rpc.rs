@@ -111,17 +111,20 @@ fn start_server(exe: &Path, addr: &str) -> anyhow::Result<Served> {
     Ok(served)
 }
 
-async fn time_calls<F, Fut>(n: usize, mut f: F) -> anyhow::Result<Samples>
+/// Times `n` calls of `f`. Like the round trips of [`crate::bench`], a call's time ends
+/// when its result is in hand; dropping the result is not timed.
+async fn time_calls<T, F, Fut>(n: usize, mut f: F) -> anyhow::Result<Samples>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
     let mut times = Vec::with_capacity(n);
     let start = Instant::now();
     for _ in 0..n {
         let t = Instant::now();
-        f().await?;
+        let r = f().await?;
         times.push(t.elapsed());
+        drop(r);
     }
     Ok(Samples { times, wall: start.elapsed() })
 }
@@ -205,13 +208,13 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
             own.as_bytes_mut().copy_from_slice(heap.as_bytes());
             let own = own.freeze();
             anyhow::ensure!(echo(&client, &own).await? == own, "echo changed the tensor");
-            time_calls(opts.warmup, || async { echo(&client, &own).await.map(drop) }).await?;
-            let s = time_calls(opts.iters, || async { echo(&client, &own).await.map(drop) }).await?;
+            time_calls(opts.warmup, || echo(&client, &own)).await?;
+            let s = time_calls(opts.iters, || echo(&client, &own)).await?;
             emit(row(pair, "call-zero-copy", &label, bytes, 2.0, &s));
         }
         anyhow::ensure!(echo(&client, &heap).await? == heap, "echo changed the tensor");
-        time_calls(opts.warmup, || async { echo(&client, &heap).await.map(drop) }).await?;
-        let s = time_calls(opts.iters, || async { echo(&client, &heap).await.map(drop) }).await?;
+        time_calls(opts.warmup, || echo(&client, &heap)).await?;
+        let s = time_calls(opts.iters, || echo(&client, &heap)).await?;
         emit(row(pair, if channel == "inline" { "call-tensor" } else { "call-copy-in" }, &label, bytes, 2.0, &s));
 
         let create = json!({ "shape": opts.shape, "dtype": opts.dtype, "fill": 1 });

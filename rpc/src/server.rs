@@ -181,6 +181,9 @@ impl Server {
             };
             let Ok(msg) = msg else { break };
             let work = conn.start(msg.header, msg.tensors);
+            // Every call in its own task, even one that would finish at once: a handler
+            // doing long synchronous work before its first await must not stop this loop
+            // from reading the connection's next calls.
             let pipe = pipe.clone();
             tokio::spawn(async move {
                 let out = work.await;

@@ -64,6 +64,21 @@ async fn many_calls_in_flight_match_by_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_handler_does_not_stop_its_connection() {
+    let fx = serve(RpcLimits::default()).await;
+    let c = client(&fx.addr).await;
+    let slow = {
+        let c = c.clone();
+        tokio::spawn(async move { c.call::<_, u64>("block", &Sleep { ms: 1_000 }).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = Instant::now();
+    assert_eq!(t(c.call::<_, f64>("add", &(1, 2))).await.unwrap(), 3.0);
+    assert!(start.elapsed() < Duration::from_millis(500), "waited {:?} behind a blocking handler", start.elapsed());
+    assert_eq!(t(slow).await.unwrap().unwrap(), 1_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_typed() {
     let fx = serve(RpcLimits::default()).await;
     let c = client(&fx.addr).await;

@@ -83,8 +83,8 @@ async fn cancel_by_id_matches_the_exact_id() {
     let r = finish(c.start(json!({"jsonrpc": "2.0", "method": "ferry.cancel", "params": {"id": 1}, "id": 9}), vec![]))
         .await;
     assert_eq!(r.reply.unwrap().value["result"], json!({"cancelled": false}));
-    let r = finish(c.start(json!({"jsonrpc": "2.0", "method": "ferry.cancel", "params": ["1"], "id": 10}), vec![]))
-        .await;
+    let r =
+        finish(c.start(json!({"jsonrpc": "2.0", "method": "ferry.cancel", "params": ["1"], "id": 10}), vec![])).await;
     assert_eq!(r.reply.unwrap().value["result"], json!({"cancelled": true}));
     let out = finish(w).await;
     assert_eq!(out.reply.unwrap().value["error"]["code"], CANCELLED);

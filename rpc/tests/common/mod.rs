@@ -109,6 +109,12 @@ pub fn methods(seen: Arc<Seen>) -> Methods {
         }
     })
     .unwrap();
+    m.register("block", |p: Sleep| async move {
+        // Synchronous work before the first await (what a careless handler does).
+        std::thread::sleep(Duration::from_millis(p.ms));
+        Ok::<_, ErrorObject>(p.ms)
+    })
+    .unwrap();
     m.register("fail", |(): ()| async move { Err::<(), _>(ErrorObject::new(42, "custom failure")) }).unwrap();
     m.register("panic", |(): ()| async move {
         if true {
