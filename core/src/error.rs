@@ -272,7 +272,7 @@ pub enum PipeError {
     ClosedByPeer(String),
     /// The peer broke the protocol; the pipe is closed.
     #[error("protocol error: {0}")]
-    Protocol(#[from] ProtocolError),
+    Protocol(ProtocolError),
     /// A limit was exceeded; when the peer exceeded it the pipe is closed.
     #[error(transparent)]
     Limit(#[from] LimitError),
@@ -281,13 +281,13 @@ pub enum PipeError {
     Refused(Refusal),
     /// A tensor description does not fit its bytes.
     #[error("invalid tensor: {0}")]
-    Meta(#[from] MetaError),
+    Meta(MetaError),
     /// The transport failed.
     #[error("transport: {0}")]
-    Transport(#[from] TransportError),
+    Transport(TransportError),
     /// The channel failed.
     #[error("channel: {0}")]
-    Channel(#[from] ChannelError),
+    Channel(ChannelError),
     /// An operation did not finish in time.
     #[error("timed out after {0:?} ({1})")]
     Timeout(std::time::Duration, &'static str),
@@ -307,6 +307,32 @@ impl PipeError {
                 | PipeError::Protocol(_)
                 | PipeError::Transport(TransportError::Closed)
         )
+    }
+}
+
+// Manual `From`s (not `#[from]`): the variants print their inner error themselves, so
+// marking it as the `source` too would print it twice in error chains (`{:#}`).
+impl From<ProtocolError> for PipeError {
+    fn from(e: ProtocolError) -> Self {
+        PipeError::Protocol(e)
+    }
+}
+
+impl From<MetaError> for PipeError {
+    fn from(e: MetaError) -> Self {
+        PipeError::Meta(e)
+    }
+}
+
+impl From<TransportError> for PipeError {
+    fn from(e: TransportError) -> Self {
+        PipeError::Transport(e)
+    }
+}
+
+impl From<ChannelError> for PipeError {
+    fn from(e: ChannelError) -> Self {
+        PipeError::Channel(e)
     }
 }
 

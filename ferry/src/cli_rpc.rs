@@ -29,7 +29,8 @@ pub async fn serve(addr: &str, http: Option<&str>) -> anyhow::Result<()> {
         .listen(addr)
         .await
         .with_context(|| format!("listening on {addr}"))?;
-    println!("listening on {addr}");
+    // The real address: a port the OS chose, and for QUIC the fingerprint clients pin.
+    println!("listening on {}", listener.local_addr());
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(h) = http {
         start_http(&server, h, &mut tasks).await?;

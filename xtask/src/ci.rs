@@ -99,14 +99,16 @@ impl Ci {
 fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec<Step>> {
     let mut steps = vec![
         Step::new("cargo fmt --all --check", |sh| Ok(cmd!(sh, "cargo fmt --all --check").run()?)),
-        Step::new("cargo clippy --workspace --all-targets --locked -- -D warnings", |sh| {
-            Ok(cmd!(sh, "cargo clippy --workspace --all-targets --locked -- -D warnings").run()?)
+        // All features: the facade's optional backends (quic, cuda-ipc, http) are linted and
+        // tested too.
+        Step::new("cargo clippy --workspace --all-targets --all-features --locked -- -D warnings", |sh| {
+            Ok(cmd!(sh, "cargo clippy --workspace --all-targets --all-features --locked -- -D warnings").run()?)
         }),
     ];
     let has_nextest = cmd!(sh, "cargo nextest --version").quiet().ignore_stdout().ignore_stderr().run().is_ok();
     if has_nextest {
-        steps.push(Step::new("cargo nextest run --workspace --locked", |sh| {
-            Ok(cmd!(sh, "cargo nextest run --workspace --locked").run()?)
+        steps.push(Step::new("cargo nextest run --workspace --all-features --locked", |sh| {
+            Ok(cmd!(sh, "cargo nextest run --workspace --all-features --locked").run()?)
         }));
         // nextest does not run doctests.
         steps.push(Step::new("cargo test --workspace --doc --locked", |sh| {
@@ -114,8 +116,8 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
         }));
     } else {
         notes.push("cargo-nextest is not installed; ran `cargo test` instead".to_owned());
-        steps.push(Step::new("cargo test --workspace --locked", |sh| {
-            Ok(cmd!(sh, "cargo test --workspace --locked").run()?)
+        steps.push(Step::new("cargo test --workspace --all-features --locked", |sh| {
+            Ok(cmd!(sh, "cargo test --workspace --all-features --locked").run()?)
         }));
     }
     notes.extend(crate::rpc_clients::missing_tools(sh));
