@@ -11,6 +11,13 @@
 //!   `rtt-copy-in`.
 //! - `call-create`: `create_tensor` (the server allocates the result in the channel's
 //!   memory and fills it): one-way bytes.
+//!
+//! Each call case whose target compares it with a plain message round trip is measured
+//! interleaved with that round trip (blocks of each in turn, over a second connection to a
+//! plain echo peer, `ferry __echo`), so both see the same machine load: `base-rtt-64B`
+//! beside `call-add`, `base-rtt-zero-copy` beside `call-zero-copy`, `base-rtt-tensor` /
+//! `base-rtt-copy-in` beside `call-tensor` / `call-copy-in`. `x_base` is the call's p50
+//! over its base's p50.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -19,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferry_core::{Channel, Endpoint, PipeError, Tensor, TensorMeta, Transport};
+use ferry_core::{Channel, DType, Endpoint, Message, Pipe, PipeError, Tensor, TensorMeta, Transport};
 use ferry_rpc::{Client, RpcTensor};
 use serde::Serialize;
 use serde_json::json;
@@ -55,6 +62,8 @@ pub struct RpcRow {
     pub gbps: f64,
     /// Calls completed per second of wall time (all clients together).
     pub calls_per_s: f64,
+    /// p50 over the p50 of the plain round trip measured interleaved with it, if any.
+    pub x_base: Option<f64>,
 }
 
 fn row(pair: (&str, &str), case: &str, tensor: &str, bytes: u64, factor: f64, s: &Samples) -> RpcRow {
@@ -75,12 +84,81 @@ fn row(pair: (&str, &str), case: &str, tensor: &str, bytes: u64, factor: f64, s:
         min_us: v.first().map(|d| us(*d)).unwrap_or(0.0),
         gbps: if p50 > 0.0 { factor * bytes as f64 / (p50 * 1e-6) / 1e9 } else { 0.0 },
         calls_per_s: if s.wall.is_zero() { 0.0 } else { v.len() as f64 / s.wall.as_secs_f64() },
+        x_base: None,
     }
 }
 
+/// `call`'s row with `x_base` set against `base`.
+fn versus(mut call: RpcRow, base: &RpcRow) -> RpcRow {
+    if base.p50_us > 0.0 {
+        call.x_base = Some(call.p50_us / base.p50_us);
+    }
+    call
+}
+
+#[derive(Default)]
 struct Samples {
     times: Vec<Duration>,
     wall: Duration,
+}
+
+impl Samples {
+    fn extend(&mut self, other: Samples) {
+        self.times.extend(other.times);
+        self.wall += other.wall;
+    }
+}
+
+/// The benchmark's plain echo peer (`ferry __echo ADDR`); exits when its stdin closes.
+struct EchoPeer(Child);
+
+impl Drop for EchoPeer {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_echo(exe: &Path, addr: &str) -> anyhow::Result<EchoPeer> {
+    let mut child = Command::new(exe)
+        .args(["__echo", addr])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {} __echo", exe.display()))?;
+    let out = child.stdout.take().context("echo peer stdout")?;
+    let peer = EchoPeer(child);
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    if !line.starts_with("ready") {
+        bail!("echo peer did not start (said {line:?})");
+    }
+    Ok(peer)
+}
+
+async fn rtt(pipe: &Pipe, msg: &Message) -> anyhow::Result<Message> {
+    pipe.send(msg.clone()).await?;
+    Ok(pipe.recv().await?)
+}
+
+/// Times `n` runs each of `a` and `b`, alternating in blocks so both see the same load.
+async fn interleaved<TA, TB, FA, FB, A, B>(n: usize, mut a: FA, mut b: FB) -> anyhow::Result<(Samples, Samples)>
+where
+    FA: FnMut() -> A,
+    FB: FnMut() -> B,
+    A: std::future::Future<Output = anyhow::Result<TA>>,
+    B: std::future::Future<Output = anyhow::Result<TB>>,
+{
+    const BLOCKS: usize = 10;
+    let per = n.div_ceil(BLOCKS).max(1);
+    let (mut sa, mut sb) = (Samples::default(), Samples::default());
+    for _ in 0..BLOCKS {
+        sa.extend(time_calls(per, &mut a).await?);
+        sb.extend(time_calls(per, &mut b).await?);
+    }
+    Ok((sa, sb))
 }
 
 struct Served(Child);
@@ -175,9 +253,17 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         let channel = client.pipe().channel().to_owned();
         let pair = (t.name(), channel.as_str());
 
+        let echo_addr = format!("unix:ferry-bench-rpc-echo-{}-{i}", std::process::id());
+        let _echo = start_echo(exe, &echo_addr)?;
+        let raw = ep.connect(&echo_addr).await.context("connecting to the echo peer")?;
+        let small = Message::with_tensors(json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
+
         time_calls(opts.warmup.max(10), || add(&client)).await?;
-        let s = time_calls(opts.small_iters, || add(&client)).await?;
-        emit(row(pair, "call-add", "-", 0, 0.0, &s));
+        time_calls(opts.warmup.max(10), || rtt(&raw, &small)).await?;
+        let (base, call) = interleaved(opts.small_iters, || rtt(&raw, &small), || add(&client)).await?;
+        let base = row(pair, "base-rtt-64B", "u8[64]", 64, 2.0, &base);
+        emit(versus(row(pair, "call-add", "-", 0, 0.0, &call), &base));
+        emit(base);
 
         let mut clients = Vec::with_capacity(CLIENTS);
         for _ in 0..CLIENTS {
@@ -208,20 +294,32 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
             own.as_bytes_mut().copy_from_slice(heap.as_bytes());
             let own = own.freeze();
             anyhow::ensure!(echo(&client, &own).await? == own, "echo changed the tensor");
+            let mut raw_own = raw.alloc(meta.clone()).await?;
+            raw_own.as_bytes_mut().copy_from_slice(heap.as_bytes());
+            let raw_msg = Message::with_tensors(json!({"bench": "pool"}), vec![raw_own.freeze()]);
             time_calls(opts.warmup, || echo(&client, &own)).await?;
-            let s = time_calls(opts.iters, || echo(&client, &own)).await?;
-            emit(row(pair, "call-zero-copy", &label, bytes, 2.0, &s));
+            time_calls(opts.warmup, || rtt(&raw, &raw_msg)).await?;
+            let (base, call) = interleaved(opts.iters, || rtt(&raw, &raw_msg), || echo(&client, &own)).await?;
+            let base = row(pair, "base-rtt-zero-copy", &label, bytes, 2.0, &base);
+            emit(versus(row(pair, "call-zero-copy", &label, bytes, 2.0, &call), &base));
+            emit(base);
         }
         anyhow::ensure!(echo(&client, &heap).await? == heap, "echo changed the tensor");
+        let heap_msg = Message::with_tensors(json!({"bench": "heap"}), vec![heap.clone()]);
         time_calls(opts.warmup, || echo(&client, &heap)).await?;
-        let s = time_calls(opts.iters, || echo(&client, &heap)).await?;
-        emit(row(pair, if channel == "inline" { "call-tensor" } else { "call-copy-in" }, &label, bytes, 2.0, &s));
+        let (base, call) = interleaved(opts.iters, || rtt(&raw, &heap_msg), || echo(&client, &heap)).await?;
+        let (base_case, call_case) =
+            if channel == "inline" { ("base-rtt-tensor", "call-tensor") } else { ("base-rtt-copy-in", "call-copy-in") };
+        let base = row(pair, base_case, &label, bytes, 2.0, &base);
+        emit(versus(row(pair, call_case, &label, bytes, 2.0, &call), &base));
+        emit(base);
+        raw.close().await;
 
         let create = json!({ "shape": opts.shape, "dtype": opts.dtype, "fill": 1 });
         let made: RpcTensor = client.call("create_tensor", &create).await?;
         anyhow::ensure!(made.meta() == &meta, "create_tensor made {:?}", made.meta());
         let call =
-            || async { client.call::<_, RpcTensor>("create_tensor", &create).await.map(drop).map_err(Into::into) };
+            || async { client.call::<_, RpcTensor>("create_tensor", &create).await.map_err(anyhow::Error::from) };
         time_calls(opts.warmup, call).await?;
         let s = time_calls(opts.iters, call).await?;
         emit(row(pair, "call-create", &label, bytes, 1.0, &s));
@@ -233,13 +331,14 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
 /// Formats rows as an aligned table.
 pub fn table(rows: &[RpcRow]) -> String {
     let mut out = format!(
-        "{:<8} {:<8} {:<15} {:<20} {:>11} {:>6} {:>11} {:>11} {:>8} {:>10}\n",
-        "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s", "calls/s"
+        "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11} {:>11} {:>8} {:>10} {:>6}\n",
+        "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s", "calls/s", "x_base"
     );
     for r in rows {
+        let x = r.x_base.map(|x| format!("{x:.2}")).unwrap_or_default();
         out += &format!(
-            "{:<8} {:<8} {:<15} {:<20} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2} {:>10.0}\n",
-            r.backend, r.channel, r.case, r.tensor, r.bytes, r.iters, r.p50_us, r.p99_us, r.gbps, r.calls_per_s
+            "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2} {:>10.0} {:>6}\n",
+            r.backend, r.channel, r.case, r.tensor, r.bytes, r.iters, r.p50_us, r.p99_us, r.gbps, r.calls_per_s, x
         );
     }
     out
