@@ -1,0 +1,342 @@
+/**
+ * One ferry connection (PROTOCOL.md §3-§10): the handshake offering only `inline`, MESSAGE
+ * frames in both directions, CLOSE, and the error paths. The JSON-RPC layer is `client.ts`.
+ */
+
+import type * as net from "node:net";
+
+import { ConnectionClosedError, FerryError, ProtocolError, RefusedError, TimeoutError } from "./errors.js";
+import {
+  CLIENT_LIMITS,
+  DEFAULT_LIMITS,
+  type EncodedMessage,
+  type Frame,
+  FrameReader,
+  Kind,
+  type Limits,
+  type Message,
+  PREAMBLE,
+  VERSION,
+  decodeMessage,
+  encodeHead,
+  encodeMessage,
+} from "./frame.js";
+import { openSocket } from "./socket.js";
+import type { Tensor } from "./tensor.js";
+
+/** Options of `Connection.open`. */
+export interface ConnectionOptions {
+  /** Time for connecting and the handshake (default 10 000 ms). */
+  timeoutMs?: number;
+  /** Bearer token for servers that require one. */
+  token?: string;
+  /** Names this client in the server's logs. */
+  agent?: string;
+  /** This client's receive limits, announced in HELLO (defaults: PROTOCOL.md §6.2, payload capped by Node's buffer size). */
+  limits?: Partial<Limits>;
+}
+
+/** What the server said in WELCOME. */
+export interface Welcome {
+  version: number;
+  channels: Record<string, string>;
+  limits: Limits;
+  agent: string;
+}
+
+interface Outgoing {
+  msg: EncodedMessage;
+  resolve: () => void;
+  reject: (e: Error) => void;
+}
+
+export const AGENT = "ferry-ts/0.1.0";
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function limitsFrom(v: unknown): Limits {
+  const out: Limits = { ...DEFAULT_LIMITS };
+  if (!isObject(v)) return out;
+  for (const k of Object.keys(DEFAULT_LIMITS) as (keyof Limits)[]) {
+    const x = v[k];
+    if (typeof x === "number" && Number.isInteger(x) && x >= 0) out[k] = x;
+  }
+  return out;
+}
+
+/**
+ * A handshaken connection. `onMessage` gets every MESSAGE; `onClosed` is called once with
+ * the reason when the connection ends for any reason.
+ */
+export class Connection {
+  onMessage: (m: Message) => void = () => {};
+  onClosed: (e: ConnectionClosedError | ProtocolError) => void = () => {};
+
+  private closedWith: ConnectionClosedError | ProtocolError | null = null;
+  private readonly queue: Outgoing[] = [];
+  private waitingDrain = false;
+  private handshake: ((f: Frame) => void) | null = null;
+
+  private constructor(
+    private socket: net.Socket,
+    private readonly reader: FrameReader,
+    private readonly limits: Limits,
+    public welcome: Welcome,
+  ) {}
+
+  /** The server's receive limits from WELCOME; messages over them are refused before sending. */
+  get serverLimits(): Limits {
+    return this.welcome.limits;
+  }
+
+  /** This client's receive limits (announced in HELLO). */
+  get clientLimits(): Limits {
+    return this.limits;
+  }
+
+  /** Why the connection is closed, or null while it is open. */
+  get closedReason(): ConnectionClosedError | ProtocolError | null {
+    return this.closedWith;
+  }
+
+  /** Keeps the process alive while the socket is open (true) or not (false). */
+  setRef(ref: boolean): void {
+    if (ref) this.socket.ref();
+    else this.socket.unref();
+  }
+
+  /** Connects to `addr`, sends the preamble and HELLO at once, and waits for WELCOME. */
+  static async open(addr: string, opts: ConnectionOptions = {}): Promise<Connection> {
+    const timeoutMs = opts.timeoutMs ?? 10_000;
+    const limits: Limits = { ...CLIENT_LIMITS, ...(opts.limits ?? {}) };
+    limits.max_payload_bytes = Math.min(limits.max_payload_bytes, CLIENT_LIMITS.max_payload_bytes);
+    limits.max_fds = 0;
+    let conn: Connection | null = null;
+    const early: Frame[] = [];
+    const reader = new FrameReader(limits, (f) => {
+      if (conn) conn.onFrame(f);
+      else early.push(f);
+    });
+    let readError: Error | null = null;
+    const onread = {
+      buffer: () => reader.nextBuffer(),
+      callback: (n: number, buf: Uint8Array): boolean => {
+        try {
+          reader.consumed(n, buf);
+        } catch (e) {
+          readError = e as Error;
+          reader.stop();
+          if (conn) conn.fail(e as Error);
+          return false;
+        }
+        return true;
+      },
+    };
+    const started = Date.now();
+    const socket = await openSocket(addr, onread, timeoutMs);
+    socket.setNoDelay?.(true);
+    const c = new Connection(socket, reader, limits, { version: VERSION, channels: {}, limits: DEFAULT_LIMITS, agent: "" });
+    conn = c;
+    const hello: Record<string, unknown> = {
+      protocol: "ferry",
+      version: VERSION,
+      channels: [{ name: "inline", devices: ["cpu"], domain: {} }],
+    };
+    if (opts.token !== undefined) hello["token"] = opts.token;
+    hello["agent"] = opts.agent ?? AGENT;
+    hello["limits"] = limits;
+    socket.write(Buffer.concat([PREAMBLE, encodeHead(Kind.HELLO, JSON.stringify(hello), 0)]));
+
+    const welcome = new Promise<Welcome>((resolve, reject) => {
+      c.handshake = (f) => {
+        c.handshake = null;
+        try {
+          resolve(c.acceptWelcome(f));
+        } catch (e) {
+          reject(e);
+        }
+      };
+      c.onClosed = (e) => reject(e);
+    });
+    c.attach();
+    if (readError) c.fail(readError);
+    for (const f of early.splice(0)) c.onFrame(f);
+    let timer: NodeJS.Timeout | undefined;
+    const remaining = Math.max(0, timeoutMs - (Date.now() - started));
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new TimeoutError(`the handshake with ${addr} took over ${timeoutMs} ms`)), remaining);
+    });
+    try {
+      c.welcome = await Promise.race([welcome, timeout]);
+    } catch (e) {
+      c.destroy(e instanceof FerryError ? e : new FerryError(String(e)));
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+    c.onClosed = () => {};
+    return c;
+  }
+
+  private acceptWelcome(f: Frame): Welcome {
+    if (f.kind === Kind.REFUSE) {
+      const body = isObject(f.header) && typeof f.header["reason"] === "string" ? f.header : { reason: "unknown", body: f.header };
+      const e = new RefusedError(body as { reason: string });
+      throw e;
+    }
+    if (f.kind !== Kind.WELCOME) throw new ProtocolError(`expected WELCOME or REFUSE, got frame kind ${f.kind}`);
+    const w = f.header;
+    if (!isObject(w) || !isObject(w["channels"])) throw new ProtocolError("malformed WELCOME: no `channels` object");
+    const channels = w["channels"] as Record<string, unknown>;
+    for (const [kind, name] of Object.entries(channels)) {
+      if (kind !== "cpu" || name !== "inline") {
+        throw new ProtocolError(`the server chose channel ${JSON.stringify(name)} for ${kind}; this client offered only inline for cpu`);
+      }
+    }
+    if (channels["cpu"] !== "inline") throw new ProtocolError("WELCOME chose no channel for cpu");
+    if (w["version"] !== VERSION) throw new ProtocolError(`WELCOME has version ${JSON.stringify(w["version"])}, expected ${VERSION}`);
+    return {
+      version: VERSION,
+      channels: { cpu: "inline" },
+      limits: limitsFrom(w["limits"]),
+      agent: typeof w["agent"] === "string" ? w["agent"] : "",
+    };
+  }
+
+  private attach(): void {
+    const s = this.socket;
+    s.on("end", () => {
+      const mid = !this.reader.atBoundary;
+      this.fail(new ConnectionClosedError(`the server closed the connection${mid ? " in the middle of a frame" : ""}`));
+    });
+    s.on("error", (e: NodeJS.ErrnoException) => {
+      this.fail(new ConnectionClosedError(`the connection failed: ${e.code ?? e.message}`, undefined, { cause: e }));
+    });
+    s.on("close", () => this.fail(new ConnectionClosedError("the connection is closed")));
+    s.on("drain", () => {
+      this.waitingDrain = false;
+      this.pump();
+    });
+  }
+
+  private onFrame(f: Frame): void {
+    if (this.closedWith) return;
+    if (this.handshake) {
+      this.handshake(f);
+      return;
+    }
+    switch (f.kind) {
+      case Kind.MESSAGE: {
+        let m: Message;
+        try {
+          m = decodeMessage(f.header, f.payload, this.limits.max_tensors);
+        } catch (e) {
+          this.fail(e as Error);
+          return;
+        }
+        this.onMessage(m);
+        return;
+      }
+      case Kind.CLOSE: {
+        const h = isObject(f.header) ? f.header : {};
+        const code = typeof h["code"] === "string" ? h["code"] : "normal";
+        const message = typeof h["message"] === "string" ? h["message"] : "";
+        const text = code === "normal" ? "the server closed the connection" : `the server closed the connection: ${code}: ${message}`;
+        this.fail(new ConnectionClosedError(text, { code, message }));
+        return;
+      }
+      case Kind.CONTROL:
+        this.fail(new ProtocolError("malformed frame header: control frame on an inline-only connection"));
+        return;
+      default:
+        this.fail(new ProtocolError(`unexpected frame kind ${f.kind} (after the handshake)`));
+    }
+  }
+
+  /** Encodes and queues a MESSAGE; resolves once it is handed to the kernel. Throws `LimitError` before sending anything. */
+  send(header: unknown, tensors: readonly Tensor[]): Promise<void> {
+    if (this.closedWith) return Promise.reject(this.closedWith);
+    let msg: EncodedMessage;
+    try {
+      msg = encodeMessage(header, tensors, this.welcome.limits);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return new Promise((resolve, reject) => {
+      this.queue.push({ msg, resolve, reject });
+      this.pump();
+    });
+  }
+
+  private pump(): void {
+    const s = this.socket;
+    while (!this.waitingDrain && this.queue.length && !this.closedWith) {
+      const { msg, resolve, reject } = this.queue.shift()!;
+      // One frame's parts go out back to back (never interleaved with another frame's):
+      // header, then each tensor's own bytes and the zero padding, without concatenating.
+      const done = (e?: Error | null): void => (e ? reject(new ConnectionClosedError(`sending failed: ${e.message}`)) : resolve());
+      const parts = [msg.head, ...msg.chunks];
+      s.cork();
+      let ok = true;
+      // `write` callbacks run in order: the last part's callback means the frame is written.
+      for (let i = 0; i < parts.length; i++) ok = s.write(parts[i]!, i === parts.length - 1 ? done : undefined);
+      s.uncork();
+      if (!ok || s.writableNeedDrain) this.waitingDrain = true;
+    }
+  }
+
+  /** Sends CLOSE `normal` (best effort) and ends the connection. */
+  close(): void {
+    if (this.closedWith) return;
+    const err = new ConnectionClosedError("the client closed the connection");
+    this.closedWith = err;
+    this.rejectQueue(err);
+    try {
+      this.socket.end(encodeHead(Kind.CLOSE, JSON.stringify({ code: "normal", message: "" }), 0));
+    } catch {
+      // the socket is already gone
+    }
+    this.reader.stop();
+    setTimeout(() => this.socket.destroy(), 1000).unref();
+    this.onClosed(err);
+  }
+
+  /** Ends the connection because of `e` (a ProtocolError is told to the server in a CLOSE frame first). */
+  fail(e: Error): void {
+    if (this.closedWith) return;
+    const err =
+      e instanceof ProtocolError || e instanceof ConnectionClosedError
+        ? e
+        : e instanceof FerryError
+          ? new ProtocolError(e.message)
+          : new ProtocolError(`internal error: ${e.message}`);
+    this.closedWith = err;
+    this.reader.stop();
+    this.rejectQueue(err);
+    if (err instanceof ProtocolError && !this.socket.destroyed) {
+      try {
+        this.socket.end(encodeHead(Kind.CLOSE, JSON.stringify({ code: err.closeCode, message: err.message }), 0));
+      } catch {
+        // best effort
+      }
+      setTimeout(() => this.socket.destroy(), 1000).unref();
+    } else {
+      this.socket.destroy();
+    }
+    this.onClosed(err);
+  }
+
+  private destroy(e: Error): void {
+    if (!this.closedWith) {
+      this.closedWith = e instanceof ProtocolError || e instanceof ConnectionClosedError ? e : new ConnectionClosedError(e.message);
+    }
+    this.reader.stop();
+    this.socket.destroy();
+  }
+
+  private rejectQueue(e: Error): void {
+    for (const o of this.queue.splice(0)) o.reject(e);
+  }
+}
