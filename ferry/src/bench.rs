@@ -137,8 +137,19 @@ pub fn filled(meta: TensorMeta) -> anyhow::Result<Tensor> {
 /// every pipe, echoing each message, until stdin closes.
 pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
     let mut listener = crate::endpoint().build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
-    // The real address (a port chosen by the OS, a QUIC pin) for the benchmark to use.
-    println!("ready {}", listener.local_addr());
+    // The real address (a port chosen by the OS, a QUIC pin) for the benchmark to use, and
+    // with QUIC a bare quinn sink to compare against.
+    #[cfg(feature = "quic")]
+    let sink = match ferry_quic::baseline::quinn_sink(&ferry_quic::QuicOptions::default()).await {
+        Ok(a) => format!(" {a}"),
+        Err(e) => {
+            eprintln!("ferry echo peer: no bare quinn sink: {e}");
+            String::new()
+        }
+    };
+    #[cfg(not(feature = "quic"))]
+    let sink = String::new();
+    println!("ready {}{sink}", listener.local_addr());
     std::io::stdout().flush()?;
     std::thread::spawn(|| {
         let mut b = [0u8; 1];
@@ -194,6 +205,12 @@ fn start_peer(exe: &Path, addr: &str) -> anyhow::Result<(PeerProcess, String)> {
         Some(real) => Ok((peer, real.to_string())),
         None => bail!("peer process did not start (said {line:?})"),
     }
+}
+
+/// The peer's reported addresses: its ferry address, then (with QUIC) a bare quinn sink.
+fn split_ready(line: &str) -> (String, Option<String>) {
+    let mut it = line.split_whitespace();
+    (it.next().unwrap_or_default().to_string(), it.next().map(str::to_string))
 }
 
 async fn time_round_trips(pipe: &Pipe, msg: &Message, n: usize, bar: &ProgressBar) -> anyhow::Result<Vec<Duration>> {
@@ -318,7 +335,8 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         }
         let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
         bar.set_message(format!("{} / {}", t.name(), c.name()));
-        let (_peer, addr) = start_peer(exe, &addr)?;
+        let (_peer, ready) = start_peer(exe, &addr)?;
+        let (addr, _sink) = split_ready(&ready);
         let client = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
         let pipe = match client.connect(&addr).await {
             Ok(p) => p,
@@ -358,7 +376,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         }
         #[cfg(feature = "quic")]
         if channel == "quic" {
-            for r in quic_one_way(&pipe, &sizes, opts, &bar).await? {
+            for r in quic_one_way(&pipe, &sizes, _sink.as_deref(), &bar).await? {
                 emit(r, &mut rows);
             }
         }
@@ -375,20 +393,20 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
 /// QUIC one-way throughput of the largest tensor (the peer acknowledges instead of
 /// echoing), beside a bare quinn stream moving the same bytes in the same run.
 #[cfg(feature = "quic")]
-async fn quic_one_way(pipe: &Pipe, sizes: &[Size], opts: &BenchOptions, bar: &ProgressBar) -> anyhow::Result<Vec<Row>> {
+async fn quic_one_way(pipe: &Pipe, sizes: &[Size], sink: Option<&str>, bar: &ProgressBar) -> anyhow::Result<Vec<Row>> {
     let Some(s) = sizes.iter().max_by_key(|s| s.meta.byte_span().unwrap_or(0)) else { return Ok(Vec::new()) };
     let bytes = s.meta.byte_span()?;
     bar.set_message(format!("quic one-way {}", s.label));
-    let sink = Message::with_tensors(serde_json::json!({"bench": "sink"}), vec![filled(s.meta.clone())?]);
-    time_round_trips(pipe, &sink, 1, bar).await?;
-    let smp = time_round_trips(pipe, &sink, s.iters, bar).await?;
+    let msg = Message::with_tensors(serde_json::json!({"bench": "sink"}), vec![filled(s.meta.clone())?]);
+    time_round_trips(pipe, &msg, 1, bar).await?;
+    let smp = time_round_trips(pipe, &msg, s.iters, bar).await?;
     let ferry_row = row("quic", "quic", "one-way", s.label.clone(), bytes, 1.0, smp);
+    let Some(sink) = sink else { return Ok(vec![ferry_row]) };
     bar.set_message(format!("bare quinn one-way {}", s.label));
     let n = usize::try_from(bytes)?;
-    let mut smp =
-        ferry_quic::baseline::bare_quinn_transfers(n, s.iters + 1, &ferry_quic::QuicOptions::default()).await?;
+    // The same peer process, the same settings, one stream per transfer, a small answer.
+    let mut smp = ferry_quic::baseline::quinn_send(sink, n, s.iters + 1, &ferry_quic::QuicOptions::default()).await?;
     smp.remove(0); // warm-up
-    let _ = opts;
     Ok(vec![ferry_row, row("quic", "bare-quinn", "one-way", s.label.clone(), bytes, 1.0, smp)])
 }
 
