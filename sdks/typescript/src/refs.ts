@@ -74,11 +74,21 @@ export function decodeRefs(value: unknown, tensors: readonly Tensor[]): unknown 
     }
     const o = v as Record<string, unknown>;
     const keys = Object.keys(o);
-    if (keys.length === 1 && keys[0] === "$tensor") return tensorOf(o["$tensor"], tensors);
+    if (keys.length === 1 && keys[0] === "$tensor" && isTensorRef(o["$tensor"])) return tensorOf(o["$tensor"], tensors);
     for (const k of keys) o[k] = walk(o[k]);
     return o;
   };
   return walk(value);
+}
+
+/**
+ * Whether the value of a lone `$tensor` member is a reference (a number) or an inline tensor
+ * (an object with string `data`). Anything else (e.g. `{"$tensor": {...}}` inside a JSON
+ * Schema of `rpc.discover`) is left as it is.
+ */
+function isTensorRef(v: unknown): boolean {
+  if (typeof v === "number") return true;
+  return typeof v === "object" && v !== null && !Array.isArray(v) && typeof (v as Record<string, unknown>)["data"] === "string";
 }
 
 function tensorOf(ref: unknown, tensors: readonly Tensor[]): Tensor {
