@@ -9,20 +9,9 @@ import { readdirSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const repoRoot = resolve(here, "../../../..");
-const testDir = resolve(here, "../test");
+import { ensureFerry } from "../test/helpers.js";
 
-/** `$FERRY_BIN`, or a freshly built release binary. */
-export function ensureFerry(): string {
-  const env = process.env["FERRY_BIN"];
-  if (env) return env;
-  console.error("npm test: building ferry (cargo build --release -p ferry --locked); set FERRY_BIN to skip");
-  const r = spawnSync("cargo", ["build", "--release", "-p", "ferry", "--locked"], { cwd: repoRoot, stdio: "inherit" });
-  if (r.error) throw new Error(`could not run cargo: ${r.error.message}`);
-  if (r.status !== 0) throw new Error(`cargo build failed (${r.status})`);
-  return join(repoRoot, "target", "release", "ferry");
-}
+const testDir = resolve(dirname(fileURLToPath(import.meta.url)), "../test");
 
 function main(): number {
   const bin = ensureFerry();
@@ -38,4 +27,4 @@ function main(): number {
   return r.status ?? 1;
 }
 
-if (process.argv[1] === fileURLToPath(import.meta.url)) process.exit(main());
+process.exit(main());

@@ -3,7 +3,7 @@
  * every await.
  */
 
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -21,6 +21,17 @@ export function ferryBin(): string {
     if (existsSync(full)) return full;
   }
   throw new Error("no ferry binary: set FERRY_BIN or run `cargo build --release -p ferry` (npm test does)");
+}
+
+/** `$FERRY_BIN`, or a freshly built release binary (`cargo build --release -p ferry --locked`). */
+export function ensureFerry(): string {
+  const env = process.env["FERRY_BIN"];
+  if (env) return env;
+  console.error("building ferry (cargo build --release -p ferry --locked); set FERRY_BIN to skip");
+  const r = spawnSync("cargo", ["build", "--release", "-p", "ferry", "--locked"], { cwd: REPO_ROOT, stdio: "inherit" });
+  if (r.error) throw new Error(`could not run cargo: ${r.error.message}`);
+  if (r.status !== 0) throw new Error(`cargo build failed (${r.status})`);
+  return join(REPO_ROOT, "target", "release", "ferry");
 }
 
 /** Rejects with a clear message if `p` does not settle within `ms`. */
