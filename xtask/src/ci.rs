@@ -122,6 +122,8 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
     }
     notes.extend(crate::rpc_clients::missing_tools(sh));
     steps.push(Step::new("cargo xtask rpc-clients", |sh| RpcClients.run(sh)));
+    notes.extend(crate::typescript_sdk::missing_tools(sh));
+    steps.push(Step::new("npm ci && npm test (sdks/typescript)", crate::typescript_sdk::test));
     steps.push(Step::new("cargo xtask codegen --check", |sh| Codegen { check: true }.run(sh)));
     steps.push(Step::new("cargo xtask tidy", |sh| Tidy.run(sh)));
     steps.push(Step::new("RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked", |sh| {

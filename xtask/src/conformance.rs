@@ -16,6 +16,10 @@
 //! any case failed, any test command failed, or a `--require`d backend ignored a case or is
 //! not viable. The table works on [`Column`]s (a name plus a [`Report`]), so the SDK suites
 //! can be added as more columns.
+//!
+//! SDK columns run after the backends (without `--backend`, or when named by `--backend` /
+//! `--require`): `typescript-sdk` is `npm run conformance` in `sdks/typescript`
+//! ([`crate::typescript_sdk`]), which writes the same report format.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -58,13 +62,14 @@ impl Conformance {
             .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
             .collect();
         for name in self.backends.iter().chain(&self.require) {
-            if !known.contains(name) {
+            if !known.contains(name) && !SDK_COLUMNS.contains(&name.as_str()) {
                 bail!("unknown backend `{name}`: the backends are {}", list_or_none(&known));
             }
         }
         let mut backends = if self.backends.is_empty() { known.clone() } else { self.backends.clone() };
+        backends.retain(|b| !SDK_COLUMNS.contains(&b.as_str()));
         // A required backend always runs, even when --backend names others only.
-        backends.extend(self.require.iter().cloned());
+        backends.extend(self.require.iter().filter(|b| !SDK_COLUMNS.contains(&b.as_str())).cloned());
         let mut seen = HashSet::new();
         backends.retain(|b| seen.insert(b.clone()));
         if backends.is_empty() {
@@ -77,6 +82,11 @@ impl Conformance {
         let mut columns = Vec::new();
         for backend in &backends {
             let (column, problems) = run_backend(sh, &report_dir, backend, self.release);
+            columns.push(column);
+            failures.extend(problems);
+        }
+        if self.runs_sdk(crate::typescript_sdk::COLUMN) {
+            let (column, problems) = crate::typescript_sdk::conformance_column(sh, &report_dir);
             columns.push(column);
             failures.extend(problems);
         }
@@ -100,6 +110,18 @@ impl Conformance {
             bail!("conformance failed:\n  {}", failures.join("\n  "));
         }
         Ok(())
+    }
+}
+
+/// Columns that are SDK suites rather than `backends/` crates; `--backend` and `--require`
+/// accept them too.
+const SDK_COLUMNS: &[&str] = &[crate::typescript_sdk::COLUMN];
+
+impl Conformance {
+    /// Whether the SDK column `name` runs: always without `--backend`, else when named
+    /// (by `--backend` or `--require`).
+    fn runs_sdk(&self, name: &str) -> bool {
+        self.backends.is_empty() || self.backends.iter().chain(&self.require).any(|b| b == name)
     }
 }
 

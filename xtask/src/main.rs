@@ -17,6 +17,7 @@ mod conformance;
 mod flags;
 mod rpc_clients;
 mod tidy;
+mod typescript_sdk;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

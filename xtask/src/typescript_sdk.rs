@@ -1,0 +1,114 @@
+//! The TypeScript SDK (`sdks/typescript`, npm package `ferry-client`) in CI and in the
+//! conformance table.
+//!
+//! - [`test`] (a `cargo xtask ci` step): `npm ci && npm test` in `sdks/typescript`, against
+//!   a debug `ferry` built here (`FERRY_BIN`).
+//! - [`conformance_column`] (`cargo xtask conformance`, column `typescript-sdk`):
+//!   `npm run conformance` with `FERRY_CONFORMANCE_REPORT=target/conformance/typescript-sdk.json`,
+//!   then reads that report.
+//! - Both need `npm` and `node` (and the npm registry on the first `npm ci`); without them the
+//!   step is SKIPPED loudly and the column is *not viable*, never a silent pass.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use xshell::{Shell, cmd};
+
+use crate::conformance::{Column, REPORT_ENV, Report};
+
+/// The package's directory, relative to the repository root.
+pub const DIR: &str = "sdks/typescript";
+/// The conformance column (and the `backend` its report names).
+pub const COLUMN: &str = "typescript-sdk";
+
+fn has(sh: &Shell, program: &str) -> bool {
+    cmd!(sh, "{program} --version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+}
+
+/// Whether `npm` and `node` are on the PATH.
+pub fn has_npm(sh: &Shell) -> bool {
+    has(sh, "npm") && has(sh, "node")
+}
+
+fn loud(msg: &str) {
+    let bar = "!".repeat(78);
+    eprintln!("\n{bar}\n!! SKIPPED: {msg}\n{bar}\n");
+}
+
+/// Notes for the CI summary about what cannot run here.
+pub fn missing_tools(sh: &Shell) -> Vec<String> {
+    if has_npm(sh) {
+        Vec::new()
+    } else {
+        vec![format!("npm/node is missing: the TypeScript SDK tests (`npm ci && npm test` in {DIR}) were SKIPPED")]
+    }
+}
+
+/// Builds the `ferry` binary the SDK runs against (debug, as the workspace tests build it).
+fn ferry_bin(sh: &Shell) -> anyhow::Result<PathBuf> {
+    cmd!(sh, "cargo build -p ferry --locked").run()?;
+    let bin = sh.current_dir().join("target").join("debug").join("ferry");
+    anyhow::ensure!(bin.exists(), "cargo build -p ferry made no {}", bin.display());
+    Ok(bin)
+}
+
+/// `npm ci` in the package (committed package-lock.json).
+fn npm_ci(sh: &Shell) -> anyhow::Result<()> {
+    let _dir = sh.push_dir(DIR);
+    cmd!(sh, "npm ci --no-audit --no-fund --loglevel=error").run()?;
+    Ok(())
+}
+
+/// The CI step: `npm ci && npm test` in `sdks/typescript` (skipped loudly without npm).
+pub fn test(sh: &Shell) -> anyhow::Result<()> {
+    if !has_npm(sh) {
+        loud(&format!("npm/node not found: the TypeScript SDK ({DIR}) was NOT tested"));
+        return Ok(());
+    }
+    let bin = ferry_bin(sh)?;
+    npm_ci(sh)?;
+    let _dir = sh.push_dir(DIR);
+    cmd!(sh, "npm test").env("FERRY_BIN", &bin).run()?;
+    Ok(())
+}
+
+/// Runs `npm run conformance` and returns the `typescript-sdk` column and the problems with
+/// running it (as `run_backend` does for a backend).
+pub fn conformance_column(sh: &Shell, report_dir: &Path) -> (Column, Vec<String>) {
+    let report_path = report_dir.join(format!("{COLUMN}.json"));
+    // A report left from an earlier run must not pass for this run's.
+    let _ = std::fs::remove_file(&report_path);
+    if !has_npm(sh) {
+        loud(&format!("npm/node not found: the {COLUMN} conformance column was NOT run"));
+        let report = Report::broken(COLUMN, "npm/node not found on this machine".to_owned());
+        return (Column { name: COLUMN.to_owned(), report }, Vec::new());
+    }
+    let command = format!("npm ci && npm run conformance (in {DIR})");
+    let status = ferry_bin(sh).and_then(|bin| {
+        npm_ci(sh)?;
+        let _dir = sh.push_dir(DIR);
+        cmd!(sh, "npm run conformance").env("FERRY_BIN", &bin).env(REPORT_ENV, &report_path).run()?;
+        Ok(())
+    });
+
+    let mut problems = Vec::new();
+    if let Err(err) = &status {
+        problems.push(format!("{COLUMN}: `{command}` failed: {err:#}"));
+    }
+    let report = std::fs::read_to_string(&report_path)
+        .with_context(|| format!("no report at {}: `{command}` wrote none", report_path.display()))
+        .and_then(|text| Report::parse(&text).with_context(|| format!("reading {}", report_path.display())));
+    let report = match report {
+        Ok(report) => {
+            if report.backend != COLUMN {
+                problems.push(format!("{COLUMN}: its report names backend `{}`", report.backend));
+            }
+            report
+        }
+        Err(err) => {
+            problems.push(format!("{COLUMN}: {err:#}"));
+            Report::broken(COLUMN, format!("{err:#}"))
+        }
+    };
+    (Column { name: COLUMN.to_owned(), report }, problems)
+}
