@@ -4,6 +4,7 @@
  */
 
 import type * as net from "node:net";
+import { endianness } from "node:os";
 
 import { ConnectionClosedError, FerryError, ProtocolError, RefusedError, TimeoutError } from "./errors.js";
 import {
@@ -109,6 +110,9 @@ export class Connection {
 
   /** Connects to `addr`, sends the preamble and HELLO at once, and waits for WELCOME. */
   static async open(addr: string, opts: ConnectionOptions = {}): Promise<Connection> {
+    if (endianness() !== "LE") {
+      throw new FerryError("ferry tensors are little-endian; this client supports little-endian hosts only");
+    }
     const timeoutMs = opts.timeoutMs ?? 10_000;
     const limits: Limits = { ...CLIENT_LIMITS, ...(opts.limits ?? {}) };
     limits.max_payload_bytes = Math.min(limits.max_payload_bytes, CLIENT_LIMITS.max_payload_bytes);
