@@ -225,8 +225,9 @@ pub struct PipeListener {
 
 impl PipeListener {
     /// The next pipe. A connection whose handshake failed or was refused is reported as an
-    /// `Err` (the listener keeps going: call `accept` again); [`PipeError::Closed`] means
-    /// the listener itself has stopped.
+    /// `Err` (the listener keeps going: call `accept` again; a client that hung up during
+    /// the handshake is [`PipeError::ClosedByPeer`]); only [`PipeError::Closed`] means the
+    /// listener itself has stopped.
     pub async fn accept(&mut self) -> Result<Pipe, PipeError> {
         loop {
             match self.accept_any().await? {
@@ -265,9 +266,15 @@ async fn accept_loop(mut listener: Box<dyn Listener>, cfg: Arc<Config>, tx: mpsc
                     let cfg = cfg.clone();
                     let timeout = cfg.handshake_timeout;
                     handshakes.spawn(async move {
-                        tokio::time::timeout(timeout, server_handshake(conn, cfg))
-                            .await
-                            .unwrap_or(Err(PipeError::Timeout(timeout, "handshake")))
+                        match tokio::time::timeout(timeout, server_handshake(conn, cfg)).await {
+                            Err(_) => Err(PipeError::Timeout(timeout, "handshake")),
+                            // `Closed` from `accept` means the listener stopped; a client
+                            // that hangs up mid-handshake is something else.
+                            Ok(Err(PipeError::Closed)) => {
+                                Err(PipeError::ClosedByPeer("the client hung up during the handshake".into()))
+                            }
+                            Ok(r) => r,
+                        }
                     });
                 }
                 Err(e) => {

@@ -230,3 +230,21 @@ pub fn foreign_json_is_handed_over<F: Fixture>(fx: &F) -> Outcome {
         Ok(())
     })
 }
+
+/// A client that hangs up in the middle of the handshake is reported as such, and the
+/// listener goes on serving (only `Closed` means the listener stopped).
+pub fn hangup_during_handshake_is_not_listener_closed<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("hangup");
+        let mut l = fx.endpoint().build().listen(&addr).await.map_err(fail("listen"))?;
+        let mut raw = RawConn::connect(fx, &addr).await?;
+        raw.write_raw(&ferry_core::frame::preamble(ferry_core::PROTOCOL_VERSION)).await?;
+        drop(raw);
+        let r = l.accept().await;
+        ensure!(matches!(&r, Err(e) if !matches!(e, PipeError::Closed)), "a hung-up client gave {r:?}");
+        let c = fx.endpoint().build().connect(&addr).await.map_err(fail("next client"))?;
+        ensure!(l.accept().await.is_ok(), "the listener stopped after a client hung up");
+        drop(c);
+        Ok(())
+    })
+}

@@ -69,5 +69,6 @@ pub fn all<F: Fixture>() -> Vec<(String, Case<F>)> {
     one(&mut v, "handshake::server_respects_client_limits", handshake::server_respects_client_limits::<F>);
     one(&mut v, "handshake::unknown_offers_are_ignored", handshake::unknown_offers_are_ignored::<F>);
     one(&mut v, "handshake::foreign_json_is_handed_over", handshake::foreign_json_is_handed_over::<F>);
+    one(&mut v, "handshake::hangup_during_handshake", handshake::hangup_during_handshake_is_not_listener_closed::<F>);
     v
 }
