@@ -129,6 +129,7 @@ pub struct Outgoing {
     frame: OutFrame,
     len: u64,
     on_abort: Vec<Box<dyn FnOnce() + Send>>,
+    on_commit: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -180,6 +181,12 @@ impl Outgoing {
         self.on_abort.push(Box::new(f));
     }
 
+    /// Registers an action to run once the message frame has been written (e.g. start
+    /// sending bytes that travel apart from the frame).
+    pub fn on_commit(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.on_commit.push(Box::new(f));
+    }
+
     /// The message will not be sent: runs the undo actions, newest first.
     pub fn abort(mut self) {
         while let Some(f) = self.on_abort.pop() {
@@ -188,9 +195,22 @@ impl Outgoing {
     }
 
     /// Finishes with the JSON header.
-    pub fn finish(mut self, header: Vec<u8>) -> OutFrame {
+    pub fn finish(mut self, header: Vec<u8>) -> (OutFrame, Committed) {
         self.frame.header = header;
-        self.frame
+        (self.frame, Committed(std::mem::take(&mut self.on_commit)))
+    }
+}
+
+/// The actions to run once a message frame is written (see [`Outgoing::on_commit`]).
+#[must_use = "run() it once the frame is written"]
+pub struct Committed(Vec<Box<dyn FnOnce() + Send>>);
+
+impl Committed {
+    /// Runs the actions, oldest first.
+    pub fn run(self) {
+        for f in self.0 {
+            f();
+        }
     }
 }
 

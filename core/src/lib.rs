@@ -37,7 +37,7 @@ pub mod tensor;
 pub mod transport;
 pub mod wire;
 
-pub use channel::{Channel, ChannelSession, ControlOut, ControlSender, Incoming, Outgoing, SessionCtx};
+pub use channel::{Channel, ChannelSession, Committed, ControlOut, ControlSender, Incoming, Outgoing, SessionCtx};
 pub use codec::{RawCodec, SafetensorsCodec, TensorCodec};
 pub use dtype::{DType, Device, DeviceKind, Element};
 pub use endpoint::{Accepted, Endpoint, EndpointBuilder, ForeignConn, PipeListener};

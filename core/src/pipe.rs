@@ -129,7 +129,12 @@ impl Pipe {
         let _order = self.shared.send_order.lock().await;
         let mut out = Outgoing::default();
         match self.encode(&msg, &mut out).await {
-            Ok(header) => self.write(FrameKind::Message, out.finish(header)).await,
+            Ok(header) => {
+                let (frame, committed) = out.finish(header);
+                self.write(FrameKind::Message, frame).await?;
+                committed.run();
+                Ok(())
+            }
             Err(e) => {
                 out.abort();
                 Err(e)

@@ -21,6 +21,11 @@ use crate::transport::QuicConn;
 
 const NAME: &str = "quic";
 
+/// Reset code of a stream whose message was not sent.
+const STREAM_UNUSED: quinn::VarInt = quinn::VarInt::from_u32(1);
+/// Stop code of a stream the receiver refuses (over a limit, malformed).
+const STREAM_REFUSED: quinn::VarInt = quinn::VarInt::from_u32(2);
+
 /// Options of the stream channel.
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
@@ -180,14 +185,20 @@ async fn accept_streams(
             },
             _ = closed.wait_for(|c| *c) => break,
         };
-        let (inbox, opts, conn) = (inbox.clone(), opts.clone(), conn.clone());
+        let (inbox, opts) = (inbox.clone(), opts.clone());
         tokio::spawn(async move {
             let id = u64::from(recv.id());
-            let r = read_stream(&mut recv, &inbox, &opts).await;
-            if let Err(e) = &r {
-                tracing::warn!(stream = id, "bad tensor stream: {e}");
-                conn.close(1u32.into(), b"bad tensor stream");
-            }
+            let r = match read_stream(&mut recv, &inbox, &opts).await {
+                // A stream the sender reset was never referenced: forget it.
+                Err(StreamError::Reset) => return,
+                Err(StreamError::Bad(e)) => {
+                    tracing::warn!(stream = id, "refusing a tensor stream: {e}");
+                    let _ = recv.stop(STREAM_REFUSED);
+                    // The error surfaces (as a CLOSE naming it) when a message refers to it.
+                    Err(e)
+                }
+                Ok(b) => Ok(b),
+            };
             lock(&inbox.state).ready.insert(id, r);
             inbox.arrived.notify_waiters();
         });
@@ -196,40 +207,71 @@ async fn accept_streams(
     inbox.arrived.notify_waiters();
 }
 
-async fn read_stream(recv: &mut quinn::RecvStream, inbox: &Inbox, opts: &StreamOptions) -> Result<Bytes, String> {
+enum StreamError {
+    Reset,
+    Bad(String),
+}
+
+impl From<String> for StreamError {
+    fn from(s: String) -> Self {
+        StreamError::Bad(s)
+    }
+}
+
+impl From<&str> for StreamError {
+    fn from(s: &str) -> Self {
+        StreamError::Bad(s.into())
+    }
+}
+
+async fn read_stream(recv: &mut quinn::RecvStream, inbox: &Inbox, opts: &StreamOptions) -> Result<Bytes, StreamError> {
     let mut len = [0u8; 8];
-    recv.read_exact(&mut len).await.map_err(|e| format!("reading the length: {e}"))?;
+    match recv.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::ReadError(quinn::ReadError::Reset(_))) => return Err(StreamError::Reset),
+        Err(e) => return Err(format!("reading the length: {e}").into()),
+    }
     let len = u64::from_le_bytes(len);
     if len > opts.max_stream_bytes {
         return Err(format!(
-            "stream announces {len} bytes, over StreamOptions::max_stream_bytes = {}",
+            "stream announces {len} bytes, over the limit max_stream_bytes = {}; raise \
+             StreamOptions::max_stream_bytes (QuicChannel::with_options) on the receiving side",
             opts.max_stream_bytes
-        ));
+        )
+        .into());
     }
     {
         let mut st = lock(&inbox.state);
-        if st.pending_bytes + len > opts.max_pending_bytes {
+        let pending = st.pending_bytes.saturating_add(len);
+        if pending > opts.max_pending_bytes {
             return Err(format!(
-                "{} bytes of unclaimed streams, over StreamOptions::max_pending_bytes = {}",
-                st.pending_bytes + len,
+                "{pending} bytes of unclaimed streams, over the limit max_pending_bytes = {}; raise \
+                 StreamOptions::max_pending_bytes (QuicChannel::with_options) on the receiving side",
                 opts.max_pending_bytes
-            ));
+            )
+            .into());
         }
-        st.pending_bytes += len;
+        st.pending_bytes = pending;
     }
-    let n = usize::try_from(len).map_err(|_| "stream too long for this machine".to_string())?;
+    let n = usize::try_from(len).map_err(|_| StreamError::from("stream too long for this machine"))?;
     let mut buf = take_spare(&inbox.spare, n);
     let mut at = 0;
-    while let Some(c) = recv.read_chunk(usize::MAX, true).await.map_err(|e| format!("reading {len} bytes: {e}"))? {
+    loop {
+        let c = match recv.read_chunk(usize::MAX, true).await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(quinn::ReadError::Reset(_)) => return Err(StreamError::Reset),
+            Err(e) => return Err(format!("reading {len} bytes: {e}").into()),
+        };
         let end = at + c.bytes.len();
         if end > n {
-            return Err("stream longer than its announced length".into());
+            return Err(StreamError::from("stream longer than its announced length"));
         }
         buf.as_mut()[at..end].copy_from_slice(&c.bytes);
         at = end;
     }
     if at != n {
-        return Err(format!("stream ended after {at} of its announced {n} bytes"));
+        return Err(format!("stream ended after {at} of its announced {n} bytes").into());
     }
     Ok(Bytes::from_owner(Recycled { buf: Some(buf), spare: Arc::downgrade(&inbox.spare) }))
 }
@@ -282,22 +324,34 @@ impl ChannelSession for StreamSession {
         if bytes.len() < self.opts.inline_below {
             return Ok(Location::Inline(out.push_payload(bytes.clone())));
         }
-        let mut send = self.conn.open_uni().await.map_err(|_| ChannelError::Closed)?;
+        let send = self.conn.open_uni().await.map_err(|_| ChannelError::Closed)?;
         let id = u64::from(send.id());
         let bytes = bytes.clone();
-        // The bytes go out in parallel with the frame and with other tensors' streams.
-        tokio::spawn(async move {
-            let r = async {
-                send.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
-                // Hand quinn the tensor's own bytes: no copy into its send buffer.
-                send.write_chunk(bytes).await?;
-                send.finish().map_err(std::io::Error::other)?;
-                Ok::<(), std::io::Error>(())
+        let slot = Arc::new(Mutex::new(Some(send)));
+        // If the message is not sent after all, the stream never carries a byte: reset it
+        // (the receiver discards reset streams).
+        let undo = slot.clone();
+        out.on_abort(move || {
+            if let Some(mut s) = lock(&undo).take() {
+                let _ = s.reset(STREAM_UNUSED);
             }
-            .await;
-            if let Err(e) = r {
-                tracing::debug!(stream = id, "tensor stream not sent: {e}");
-            }
+        });
+        // Once the frame is out, the bytes follow, in parallel with other tensors' streams.
+        out.on_commit(move || {
+            let Some(mut send) = lock(&slot).take() else { return };
+            tokio::spawn(async move {
+                let r = async {
+                    send.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
+                    // Hand quinn the tensor's own bytes: no copy into its send buffer.
+                    send.write_chunk(bytes).await?;
+                    send.finish().map_err(std::io::Error::other)?;
+                    Ok::<(), std::io::Error>(())
+                }
+                .await;
+                if let Err(e) = r {
+                    tracing::warn!(stream = id, "tensor stream not sent: {e}");
+                }
+            });
         });
         Ok(Location::QuicStream(QuicStreamRef { stream: id, len: bytes_len(tensor) }))
     }

@@ -192,3 +192,79 @@ async fn a_vanished_peer_is_noticed_within_the_idle_timeout() {
     assert!(took < Duration::from_secs(3), "noticed after {took:?} with an 800 ms idle timeout");
     fwd.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_message_sends_no_stream_and_the_pipe_goes_on() {
+    let mut l = endpoint(ephemeral()).build().listen("quic://127.0.0.1:0").await.unwrap();
+    let c = endpoint(ephemeral()).build().connect(&l.local_addr().to_string()).await.unwrap();
+    let s = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
+    let big = Tensor::from_slice(vec![2 << 20], &vec![1u8; 2 << 20]).unwrap();
+    // The second tensor has no channel (no CUDA here): the whole message is refused after
+    // the first tensor's stream was opened.
+    let gpu = Tensor::from_device(
+        ferry_core::TensorMeta::new(ferry_core::DType::U8, vec![4]).with_device(ferry_core::Device::Cuda(0)),
+        Arc::new(FakeDevice),
+    )
+    .unwrap();
+    assert!(c.send(Message::with_tensors(json!("refused"), vec![big.clone(), gpu])).await.is_err());
+    c.send(Message::with_tensors(json!("ok"), vec![big.clone()])).await.unwrap();
+    let m = s.recv_timeout(T).await.unwrap();
+    assert_eq!(m.header, json!("ok"), "the refused message must not arrive");
+    assert_eq!(m.tensors[0], big);
+}
+
+struct FakeDevice;
+
+impl ferry_core::DeviceBuffer for FakeDevice {
+    fn device(&self) -> ferry_core::Device {
+        ferry_core::Device::Cuda(0)
+    }
+    fn device_ptr(&self) -> u64 {
+        0x1000
+    }
+    fn len(&self) -> usize {
+        4
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_stream_descriptors_are_refused() {
+    use ferry_conformance::Fixture;
+    use ferry_core::frame::FrameKind;
+
+    #[derive(Default)]
+    struct Fx;
+    impl Fixture for Fx {
+        const NAME: &'static str = "quic";
+        fn transport(&self) -> Arc<dyn ferry_core::Transport> {
+            Arc::new(QuicTransport::with_options(ephemeral()))
+        }
+        fn channels(&self) -> Vec<Arc<dyn ferry_core::Channel>> {
+            vec![Arc::new(QuicChannel::new()), Arc::new(InlineChannel)]
+        }
+        fn addr(&self, _: &str) -> String {
+            String::new()
+        }
+    }
+    let cases = [
+        (json!({"stream": 3, "len": 16}), "not a unidirectional stream of the peer"), // the server's own kind
+        (json!({"stream": 0, "len": 16}), "not a unidirectional stream of the peer"), // bidirectional
+        (json!({"stream": 2, "len": 5u64 << 30}), "max_stream_bytes"),
+    ];
+    for (desc, needle) in cases {
+        let mut l = endpoint(ephemeral()).build().listen("quic://127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().to_string();
+        let mut raw = ferry_conformance::peer::RawConn::connect(&Fx, &addr).await.unwrap();
+        raw.handshake_with(json!([{"name": "quic", "devices": ["cpu"]}])).await.unwrap();
+        let pipe = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
+        let h = json!({"header": null, "tensors": [{"meta": {"dtype": "u8", "shape": [desc["len"]]}, "data": {"quic_stream": desc}}]});
+        raw.write_frame(FrameKind::Message as u8, &serde_json::to_vec(&h).unwrap(), &[]).await.unwrap();
+        let e = pipe.recv_timeout(T).await.unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+        let close = raw.expect_close().await.unwrap();
+        assert!(close.code == "protocol_error" || close.code == "limit", "{close:?}");
+    }
+}
