@@ -1,7 +1,7 @@
 //! The TypeScript SDK (`sdks/typescript`, npm package `ferry-client`) in CI and in the
 //! conformance table.
 //!
-//! - [`test`] (a `cargo xtask ci` step): `npm ci && npm test` in `sdks/typescript`, against
+//! - [`test()`] (a `cargo xtask ci` step): `npm ci && npm test` in `sdks/typescript`, against
 //!   a debug `ferry` built here (`FERRY_BIN`).
 //! - [`conformance_column`] (`cargo xtask conformance`, column `typescript-sdk`):
 //!   `npm run conformance` with `FERRY_CONFORMANCE_REPORT=target/conformance/typescript-sdk.json`,
