@@ -11,18 +11,12 @@ use serde_json::Value;
 /// The address `ferry serve` uses when none is given.
 pub const DEFAULT_ADDR: &str = "unix:ferry-demo";
 
-/// Serves the demo API on `addr` (ferry pipes and plain JSON-RPC on the same socket) and,
-/// if `http` is given (`HOST:PORT`, feature `http`), over HTTP POST, until interrupted.
-/// Prints `listening on ADDR` (and `http on http://HOST:PORT`) to stdout once ready.
-pub async fn serve(addr: &str, http: Option<&str>) -> anyhow::Result<()> {
-    let server = Server::builder(crate::demo::methods())
-        .title("ferry demo")
-        .version(env!("CARGO_PKG_VERSION"))
-        .description(
-            "The demo API of `ferry serve`. Tensors are {\"$tensor\": i} references into the ferry message on \
-             ferry pipes, and inline {\"$tensor\": {\"dtype\", \"shape\", \"data\": base64}} on plain JSON and HTTP.",
-        )
-        .build();
+/// Serves `api` (the demo API unless told otherwise) on `addr` (ferry pipes and plain
+/// JSON-RPC on the same socket) and, if `http` is given (`HOST:PORT`, feature `http`), over
+/// HTTP POST, until interrupted. Prints `listening on ADDR` (and `http on http://HOST:PORT`)
+/// to stdout once ready.
+pub async fn serve(addr: &str, http: Option<&str>, api: crate::sdk::Api) -> anyhow::Result<()> {
+    let server = api.server();
     let listener = crate::endpoint()
         .accept_foreign(true)
         .build()

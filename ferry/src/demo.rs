@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ferry_core::{DType, Element, Tensor, TensorMeta, TensorMut};
-use ferry_rpc::{CallContext, ErrorObject, Methods, RpcTensor, TensorMap};
+use ferry_rpc::{CallContext, ErrorObject, Methods, RpcTensor, Server, TensorMap};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +101,18 @@ pub struct Whoami {
 
 fn invalid(path: &str, reason: impl Into<String>) -> ErrorObject {
     ErrorObject::invalid_params(path, reason)
+}
+
+/// The demo API's server (title, version and description set), as `ferry serve` serves it.
+pub fn server() -> Server {
+    Server::builder(methods())
+        .title("ferry demo")
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(
+            "The demo API of `ferry serve`. Tensors are {\"$tensor\": i} references into the ferry message on \
+             ferry pipes, and inline {\"$tensor\": {\"dtype\", \"shape\", \"data\": base64}} on plain JSON and HTTP.",
+        )
+        .build()
 }
 
 /// The demo's method table.

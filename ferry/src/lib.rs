@@ -35,6 +35,9 @@
 //!   tasks, OpenRPC discovery, plain JSON-RPC clients on the same socket; the demo API
 //!   ([`demo`]) and `ferry serve / call / discover`.
 //! - `http`: JSON-RPC over HTTP POST as well (`ferry serve --http HOST:PORT`).
+//! - `rpc` also brings the conformance API ([`conformance_api`], `ferry serve --api
+//!   conformance`) and `ferry sdk` ([`sdk`]): typed Python and TypeScript clients generated
+//!   from any server's OpenRPC document.
 //!
 //! The inline channel (tensor bytes inside the frame) is always present.
 #![forbid(unsafe_code)]
@@ -46,7 +49,11 @@ pub mod bench_rpc;
 #[cfg(feature = "rpc")]
 pub mod cli_rpc;
 #[cfg(feature = "rpc")]
+pub mod conformance_api;
+#[cfg(feature = "rpc")]
 pub mod demo;
+#[cfg(feature = "rpc")]
+pub mod sdk;
 
 pub use ferry_core::*;
 #[cfg(feature = "cuda-ipc")]

@@ -60,6 +60,32 @@ enum Cmd {
         /// Also serve JSON-RPC over HTTP POST on HOST:PORT (feature `http`).
         #[arg(long, value_name = "HOST:PORT")]
         http: Option<String>,
+        /// Which API to serve: demo, or conformance (what the SDKs' conformance scenarios call).
+        #[arg(long, default_value = "demo")]
+        api: ferry::sdk::Api,
+    },
+    /// Generate a typed client (python or typescript) from a server's OpenRPC document.
+    #[cfg(feature = "rpc")]
+    Sdk {
+        /// Target language: python or typescript.
+        #[arg(long)]
+        lang: ferry_sdk_gen::Lang,
+        /// A server address (asked with rpc.discover), an OpenRPC JSON file, or a built-in
+        /// API (demo, conformance).
+        #[arg(long)]
+        from: String,
+        /// Directory to write the client into (created if missing).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Module name (default: from the API's title).
+        #[arg(long)]
+        name: Option<String>,
+        /// TypeScript: the module the runtime is imported from.
+        #[arg(long, default_value = "ferry-client")]
+        ts_runtime: String,
+        /// Seconds to wait for the server.
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
     },
     /// Call METHOD on the server at ADDR with PARAMS (a JSON object or array) and print the
     /// result, tensors summarised.
@@ -170,7 +196,16 @@ fn main() -> ExitCode {
                 Ok(())
             }
             #[cfg(feature = "rpc")]
-            Cmd::Serve { addr, http } => ferry::cli_rpc::serve(&addr, http.as_deref()).await,
+            Cmd::Serve { addr, http, api } => ferry::cli_rpc::serve(&addr, http.as_deref(), api).await,
+            #[cfg(feature = "rpc")]
+            Cmd::Sdk { lang, from, out, name, ts_runtime, timeout } => {
+                let files =
+                    ferry::sdk::generate(lang, &from, &out, name.as_deref(), &ts_runtime, seconds(timeout)?).await?;
+                for f in files {
+                    println!("wrote {}", f.display());
+                }
+                Ok(())
+            }
             #[cfg(feature = "rpc")]
             Cmd::Call { addr, method, params, timeout } => {
                 let v = ferry::cli_rpc::call(&addr, &method, params.as_deref(), seconds(timeout)?).await?;

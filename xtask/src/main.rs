@@ -31,7 +31,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  codegen [--check]        write core/schemas/*.json (and later the SDKs); with --check,
+  codegen [--check]        write core/schemas/*.json and the SDKs' generated clients; with --check,
                            fail if any checked-in generated file is stale
   tidy                     repository rules: unsafe allow-list, backend conformance tests,
                            conformance case registry

@@ -1,0 +1,904 @@
+//! The Python emitter: one module per API on top of the `ferry_client` runtime
+//! (`sdks/python`).
+//!
+//! The module has, in this order: the named types (`TypedDict`s, `Literal` aliases,
+//! type aliases), one exception class per row of the error table with `ERRORS` and
+//! `error_from_code`, the result specs the runtime checks results against (`_TYPES`),
+//! and two clients, `<Api>Client` (blocking, over `ferry_client.Client`) and
+//! `Async<Api>Client` (asyncio, over `ferry_client.AsyncClient`), with one typed method
+//! per API method (ferry's built-ins are the runtime's own methods).
+//!
+//! The output is already formatted as `ruff format` (black style, 88 columns) would
+//! format it, and passes `mypy --strict`; neither tool is needed to generate it.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::ir::{Api, Method, ParamStructure, Ty, TypeDef, pascal_case};
+use crate::names::{PYTHON_RESERVED, Scope, snake_case};
+use crate::writer::CodeWriter;
+use crate::{Emitter, PREAMBLE};
+
+/// Emits `<api>.py`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Python;
+
+impl Emitter for Python {
+    fn emit(&self, api: &Api) -> Vec<(PathBuf, String)> {
+        vec![(PathBuf::from(format!("{}.py", api.name)), module(api))]
+    }
+}
+
+/// `__init__.py` of a package holding the modules of `apis` (name, title).
+pub fn package_init(apis: &[(&str, &str)]) -> String {
+    let mut w = CodeWriter::new("    ", WIDTH);
+    w.line(format!("# {PREAMBLE}"));
+    w.line("\"\"\"Typed clients generated from OpenRPC documents by ferry-sdk-gen.");
+    w.line("");
+    for (name, title) in apis {
+        w.line(format!("- `{name}`: {}", doc_text(title)));
+    }
+    w.line("\"\"\"");
+    w.finish()
+}
+
+const WIDTH: usize = 88;
+
+/// Names the module itself defines or imports; API names must not take them.
+const MODULE_NAMES: &[&str] = &[
+    "annotations",
+    "Any",
+    "Literal",
+    "TypeAlias",
+    "TypedDict",
+    "cast",
+    "Mapping",
+    "Sequence",
+    "npt",
+    "AsyncClient",
+    "Client",
+    "RpcError",
+    "TensorIn",
+    "t",
+    "ERRORS",
+    "error_from_code",
+    "_TYPES",
+];
+
+/// Names of Python builtins an exception class must not shadow.
+const BUILTIN_EXCEPTIONS: &[&str] = &[
+    "ArithmeticError",
+    "AssertionError",
+    "AttributeError",
+    "BaseException",
+    "BlockingIOError",
+    "BrokenPipeError",
+    "BufferError",
+    "ChildProcessError",
+    "ConnectionAbortedError",
+    "ConnectionError",
+    "ConnectionRefusedError",
+    "ConnectionResetError",
+    "EOFError",
+    "EnvironmentError",
+    "Exception",
+    "FileExistsError",
+    "FileNotFoundError",
+    "FloatingPointError",
+    "IOError",
+    "ImportError",
+    "IndentationError",
+    "IndexError",
+    "InterruptedError",
+    "IsADirectoryError",
+    "KeyError",
+    "LookupError",
+    "MemoryError",
+    "ModuleNotFoundError",
+    "NameError",
+    "NotADirectoryError",
+    "NotImplementedError",
+    "OSError",
+    "OverflowError",
+    "PermissionError",
+    "ProcessLookupError",
+    "RecursionError",
+    "ReferenceError",
+    "RuntimeError",
+    "StopIteration",
+    "SyntaxError",
+    "SystemError",
+    "TabError",
+    "TimeoutError",
+    "TypeError",
+    "UnboundLocalError",
+    "UnicodeError",
+    "ValueError",
+    "ZeroDivisionError",
+];
+
+/// Methods of the generated client classes that API methods must not take.
+const CLIENT_MEMBERS: &[&str] = &["client", "connect", "close", "_call"];
+
+/// Where a type appears: params accept more (any sequence, mapping, `Tensor`) than results
+/// give (lists, dicts, numpy arrays).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pos {
+    Param,
+    Result,
+}
+
+/// Everything the module's text depends on, resolved once.
+struct Ctx<'a> {
+    api: &'a Api,
+    /// Type names (IR name -> Python name).
+    types: Scope,
+    /// What the rendered text uses from `typing` and friends.
+    imports: BTreeSet<&'static str>,
+}
+
+impl Ctx<'_> {
+    fn ty(&mut self, ty: &Ty, pos: Pos) -> String {
+        match ty {
+            Ty::Any => {
+                self.imports.insert("Any");
+                "Any".into()
+            }
+            Ty::Null => "None".into(),
+            Ty::Bool => "bool".into(),
+            Ty::Integer => "int".into(),
+            Ty::Number => "float".into(),
+            Ty::String => "str".into(),
+            Ty::Tensor => match pos {
+                Pos::Param => {
+                    self.imports.insert("TensorIn");
+                    "TensorIn".into()
+                }
+                Pos::Result => {
+                    self.imports.insert("npt");
+                    self.imports.insert("Any");
+                    "npt.NDArray[Any]".into()
+                }
+            },
+            Ty::Array(t) => {
+                let inner = self.ty(t, pos);
+                if pos == Pos::Param {
+                    self.imports.insert("Sequence");
+                    format!("Sequence[{inner}]")
+                } else {
+                    format!("list[{inner}]")
+                }
+            }
+            Ty::Tuple(ts) => {
+                let mut inner: Vec<String> = Vec::new();
+                for t in ts {
+                    let s = self.ty(t, pos);
+                    if !inner.contains(&s) {
+                        inner.push(s);
+                    }
+                }
+                match pos {
+                    // A tuple param may be any tuple or list of the right items.
+                    Pos::Param if inner.is_empty() => "tuple[()]".into(),
+                    Pos::Param => {
+                        format!("tuple[{}]", ts.iter().map(|t| self.ty(t, pos)).collect::<Vec<_>>().join(", "))
+                    }
+                    // JSON gives a list back.
+                    Pos::Result if inner.is_empty() => {
+                        self.imports.insert("Any");
+                        "list[Any]".into()
+                    }
+                    Pos::Result => format!("list[{}]", inner.join(" | ")),
+                }
+            }
+            Ty::Map(t) => {
+                let inner = self.ty(t, pos);
+                if pos == Pos::Param {
+                    self.imports.insert("Mapping");
+                    format!("Mapping[str, {inner}]")
+                } else {
+                    format!("dict[str, {inner}]")
+                }
+            }
+            Ty::Literal(vs) => {
+                self.imports.insert("Literal");
+                format!("Literal[{}]", vs.iter().map(py_value).collect::<Vec<_>>().join(", "))
+            }
+            Ty::Union(ts) => ts.iter().map(|t| self.ty(t, pos)).collect::<Vec<_>>().join(" | "),
+            Ty::Named(n) => self.type_name(n),
+        }
+    }
+
+    fn type_name(&mut self, ir_name: &str) -> String {
+        self.types.name(ir_name, ir_name)
+    }
+
+    /// The runtime spec (`ferry_client.types`) checking a result of type `ty`.
+    fn spec(&mut self, ty: &Ty) -> String {
+        match ty {
+            Ty::Any => "t.ANY".into(),
+            Ty::Null => "t.NULL".into(),
+            Ty::Bool => "t.BOOL".into(),
+            Ty::Integer => "t.INTEGER".into(),
+            Ty::Number => "t.NUMBER".into(),
+            Ty::String => "t.STRING".into(),
+            Ty::Tensor => "t.TENSOR".into(),
+            Ty::Array(inner) => format!("t.ListOf({})", self.spec(inner)),
+            Ty::Tuple(ts) => format!("t.TupleOf({})", ts.iter().map(|x| self.spec(x)).collect::<Vec<_>>().join(", ")),
+            Ty::Map(inner) => format!("t.MapOf({})", self.spec(inner)),
+            Ty::Literal(vs) => format!("t.OneOf({})", vs.iter().map(py_value).collect::<Vec<_>>().join(", ")),
+            Ty::Union(ts) => format!("t.AnyOf({})", ts.iter().map(|x| self.spec(x)).collect::<Vec<_>>().join(", ")),
+            Ty::Named(n) => format!("t.Ref({})", py_str(n)),
+        }
+    }
+}
+
+/// The module of `api`.
+pub fn module(api: &Api) -> String {
+    let mut types = Scope::new(PYTHON_RESERVED.iter().chain(MODULE_NAMES).chain(BUILTIN_EXCEPTIONS).copied());
+    let client_types = api.client_types();
+    // Type names first (in name order), so error classes and clients never take them.
+    for name in client_types.keys() {
+        types.name(name, name);
+    }
+    let mut cx = Ctx { api, types, imports: BTreeSet::new() };
+    let class = pascal_case(&api.name);
+
+    let mut body = CodeWriter::new("    ", WIDTH);
+    for (name, def) in &client_types {
+        body.blank(2);
+        type_def(&mut cx, &mut body, name, def);
+    }
+    errors(&mut cx, &mut body);
+    specs(&mut cx, &mut body, &client_types);
+    body.blank(2);
+    client(&mut cx, &mut body, &class, false);
+    body.blank(2);
+    client(&mut cx, &mut body, &class, true);
+    let body = body.finish();
+
+    let mut w = CodeWriter::new("    ", WIDTH);
+    w.line(format!("# {PREAMBLE}"));
+    module_doc(&mut w, api, &class);
+    w.line("");
+    w.line("from __future__ import annotations");
+    w.line("");
+    let want = |k: &str| cx.imports.contains(k);
+    let abc: Vec<&str> = ["Mapping", "Sequence"].into_iter().filter(|k| want(k)).collect();
+    if !abc.is_empty() {
+        w.line(format!("from collections.abc import {}", abc.join(", ")));
+    }
+    let typing: Vec<&str> =
+        ["Any", "Literal", "TypeAlias", "TypedDict", "cast"].into_iter().filter(|k| want(k)).collect();
+    if !typing.is_empty() {
+        w.line(format!("from typing import {}", typing.join(", ")));
+    }
+    if want("npt") {
+        w.line("");
+        w.line("import numpy.typing as npt");
+    }
+    w.line("");
+    let mut runtime = vec!["AsyncClient", "Client", "RpcError"];
+    if want("TensorIn") {
+        runtime.push("TensorIn");
+    }
+    w.line(format!("from ferry_client import {}", runtime.join(", ")));
+    w.line("from ferry_client import types as t");
+    w.blank(2);
+    for line in body.lines() {
+        w.line(line);
+    }
+    w.finish()
+}
+
+fn module_doc(w: &mut CodeWriter, api: &Api, class: &str) {
+    let version = if api.version.is_empty() { String::new() } else { format!(", version {}", api.version) };
+    w.line(format!("\"\"\"Typed client of the \"{}\" API{version}.", doc_fragment(&api.title)));
+    if let Some(d) = &api.description {
+        w.line("");
+        w.wrapped("", &doc_fragment(d));
+    }
+    w.line("");
+    w.wrapped(
+        "",
+        &format!(
+            "Generated by ferry-sdk-gen from the API's OpenRPC document. Use `{class}Client` (blocking) or \
+             `Async{class}Client` (asyncio) on top of the `ferry_client` runtime; errors the server returns are \
+             raised as this module's exception classes, subclasses of `ferry_client.RpcError`."
+        ),
+    );
+    w.line("\"\"\"");
+}
+
+fn type_def(cx: &mut Ctx<'_>, w: &mut CodeWriter, ir_name: &str, def: &TypeDef) {
+    let name = cx.type_name(ir_name);
+    match def {
+        TypeDef::Object { description, fields, additional: _ } => {
+            cx.imports.insert("TypedDict");
+            let (required, optional): (Vec<_>, Vec<_>) = fields.iter().partition(|f| f.required);
+            let identifiers = fields.iter().all(|f| is_identifier(&f.name));
+            if !identifiers {
+                // Keys that are not identifiers need the functional syntax, which has no
+                // bases: with optional keys, every key is optional to the type checker
+                // (the runtime spec still requires the required ones).
+                let items: Vec<String> =
+                    fields.iter().map(|f| format!("{}: {}", py_str(&f.name), cx.ty(&f.ty, Pos::Result))).collect();
+                let total = if optional.is_empty() { "" } else { ", total=False" };
+                w.list(&format!("{name} = TypedDict({}, {{", py_str(&name)), &items, &format!("}}{total})"));
+                if let Some(d) = description {
+                    docstring(w, d);
+                }
+                return;
+            }
+            let fields_of = |cx: &mut Ctx<'_>, w: &mut CodeWriter, list: &[&crate::ir::Field]| {
+                for f in list {
+                    w.line(format!("{}: {}", f.name, cx.ty(&f.ty, Pos::Result)));
+                    if let Some(d) = &f.description {
+                        docstring(w, d);
+                    }
+                }
+            };
+            let doc = description.clone().unwrap_or_else(|| format!("The `{ir_name}` type."));
+            if optional.is_empty() {
+                w.line(format!("class {name}(TypedDict):"));
+                w.indented(|w| {
+                    docstring(w, &doc);
+                    w.line("");
+                    fields_of(cx, w, &required);
+                });
+            } else {
+                let base = format!("_{name}Required");
+                if required.is_empty() {
+                    w.line(format!("class {name}(TypedDict, total=False):"));
+                } else {
+                    w.line(format!("class {base}(TypedDict):"));
+                    w.indented(|w| {
+                        docstring(w, &format!("The required fields of `{name}`."));
+                        w.line("");
+                        fields_of(cx, w, &required);
+                    });
+                    w.blank(2);
+                    w.line(format!("class {name}({base}, total=False):"));
+                }
+                w.indented(|w| {
+                    docstring(w, &doc);
+                    w.line("");
+                    fields_of(cx, w, &optional);
+                });
+            }
+        }
+        TypeDef::Enum { description, values } => {
+            cx.imports.insert("Literal");
+            cx.imports.insert("TypeAlias");
+            let items: Vec<String> = values.iter().map(|v| py_value(&v.value)).collect();
+            w.list(&format!("{name}: TypeAlias = Literal["), &items, "]");
+            let mut doc = description.clone().unwrap_or_default();
+            let described: Vec<String> = values
+                .iter()
+                .filter_map(|v| v.description.as_ref().map(|d| format!("- `{}`: {d}", py_value(&v.value))))
+                .collect();
+            if !described.is_empty() {
+                if !doc.is_empty() {
+                    doc.push_str("\n\n");
+                }
+                doc.push_str(&described.join("\n"));
+            }
+            if !doc.is_empty() {
+                docstring(w, &doc);
+            }
+        }
+        TypeDef::Alias { description, ty } => {
+            cx.imports.insert("TypeAlias");
+            let mut named = BTreeSet::new();
+            ty.names(&mut named);
+            let text = cx.ty(ty, Pos::Result);
+            // An alias is evaluated at import time: quote it when it names other types,
+            // which may be defined below it.
+            let text = if named.is_empty() { text } else { py_str(&text) };
+            w.line(format!("{name}: TypeAlias = {text}"));
+            if let Some(d) = description {
+                docstring(w, d);
+            }
+        }
+    }
+}
+
+fn errors(cx: &mut Ctx<'_>, w: &mut CodeWriter) {
+    let mut classes = Vec::new();
+    for e in &cx.api.errors {
+        let mut wanted = pascal_case(&e.name);
+        if !wanted.ends_with("Error") {
+            wanted.push_str("Error");
+        }
+        if BUILTIN_EXCEPTIONS.contains(&wanted.as_str()) {
+            wanted = format!("Rpc{wanted}");
+        }
+        let name = cx.types.name(&format!("error:{}", e.name), &wanted);
+        w.blank(2);
+        w.line(format!("class {name}(RpcError):"));
+        w.indented(|w| {
+            let mut doc = e.description.clone().unwrap_or_else(|| e.message.clone());
+            doc.push_str(&format!("\n\nCode {}, `{}`: \"{}\".", e.code, e.name, e.message));
+            docstring(w, &doc);
+            w.line("");
+            w.line(format!("CODE = {}", e.code));
+        });
+        classes.push((e.code, name));
+    }
+    w.blank(2);
+    let items: Vec<String> = classes.iter().map(|(code, name)| format!("{code}: {name}")).collect();
+    w.list("ERRORS: dict[int, type[RpcError]] = {", &items, "}");
+    docstring(w, "The exception class of each code of the error table.");
+    w.blank(2);
+    w.line("def error_from_code(code: int, message: str, data: object = None) -> RpcError:");
+    w.indented(|w| {
+        docstring(w, "The exception for an error response: this module's class for `code`, else `RpcError`.");
+        w.line("return ERRORS.get(code, RpcError)(code, message, data)");
+    });
+}
+
+fn specs(cx: &mut Ctx<'_>, w: &mut CodeWriter, client_types: &std::collections::BTreeMap<&str, &TypeDef>) {
+    let mut items = Vec::new();
+    for (ir_name, def) in client_types {
+        let spec = match def {
+            TypeDef::Object { fields, additional, .. } => {
+                let part = |cx: &mut Ctx<'_>, required: bool| -> String {
+                    let kv: Vec<String> = fields
+                        .iter()
+                        .filter(|f| f.required == required)
+                        .map(|f| format!("{}: {}", py_str(&f.name), cx.spec(&f.ty)))
+                        .collect();
+                    format!("{{{}}}", kv.join(", "))
+                };
+                let required = part(cx, true);
+                let optional = part(cx, false);
+                let extra = additional.as_ref().map_or("None".to_owned(), |a| cx.spec(a));
+                format!("t.Object({required}, {optional}, {extra})")
+            }
+            TypeDef::Enum { values, .. } => {
+                format!("t.OneOf({})", values.iter().map(|v| py_value(&v.value)).collect::<Vec<_>>().join(", "))
+            }
+            TypeDef::Alias { ty, .. } => cx.spec(ty),
+        };
+        items.push(format!("{}: {spec}", py_str(ir_name)));
+    }
+    w.blank(2);
+    spec_dict(w, "_TYPES: dict[str, t.Spec] = {", &items, "}");
+    docstring(w, "What the results' named types look like, for `ferry_client.types.check`.");
+}
+
+/// A dict literal of specs, one entry per line when it does not fit, each entry itself
+/// broken at its top-level commas when it is too long.
+fn spec_dict(w: &mut CodeWriter, open: &str, items: &[String], close: &str) {
+    let flat = format!("{open}{}{close}", items.join(", "));
+    if items.is_empty() || w.fits(&flat) {
+        w.line(flat);
+        return;
+    }
+    w.line(open);
+    w.indented(|w| {
+        for item in items {
+            expr(w, item, ",");
+        }
+    });
+    w.line(close);
+}
+
+/// Writes the Python expression `e` followed by `end`, breaking it inside its brackets
+/// (recursively, one argument per line with a trailing comma) until it fits, as black does.
+fn expr(w: &mut CodeWriter, e: &str, end: &str) {
+    let flat = format!("{e}{end}");
+    if w.fits(&flat) {
+        w.line(flat);
+        return;
+    }
+    let Some((head, args, close)) = split_call(e) else {
+        w.line(flat);
+        return;
+    };
+    w.line(head);
+    w.indented(|w| {
+        for a in &args {
+            expr(w, a, ",");
+        }
+    });
+    w.line(format!("{close}{end}"));
+}
+
+/// `f(a, g(b, c), {k: v})` -> (`f(`, [`a`, `g(b, c)`, `{k: v}`], `)`), splitting at the
+/// outermost bracket's top-level commas (outside strings). A `key: value` item whose value
+/// is bracketed keeps its key on the opening line.
+fn split_call(e: &str) -> Option<(String, Vec<String>, String)> {
+    let bytes: Vec<char> = e.chars().collect();
+    let open = first_bracket(&bytes)?;
+    let close_char = match bytes[open] {
+        '(' => ')',
+        '[' => ']',
+        _ => '}',
+    };
+    if *bytes.last()? != close_char {
+        return None;
+    }
+    let inner: String = bytes[open + 1..bytes.len() - 1].iter().collect();
+    let mut args = Vec::new();
+    let mut depth = 0i32;
+    let mut in_str: Option<char> = None;
+    let mut current = String::new();
+    let mut escaped = false;
+    for c in inner.chars() {
+        if let Some(q) = in_str {
+            current.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                in_str = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => {
+                in_str = Some(c);
+                current.push(c);
+            }
+            '(' | '[' | '{' => {
+                depth += 1;
+                current.push(c);
+            }
+            ')' | ']' | '}' => {
+                depth -= 1;
+                current.push(c);
+            }
+            ',' if depth == 0 => {
+                args.push(current.trim().to_owned());
+                current.clear();
+            }
+            _ => current.push(c),
+        }
+    }
+    if !current.trim().is_empty() {
+        args.push(current.trim().to_owned());
+    }
+    if args.is_empty() {
+        return None;
+    }
+    let head: String = bytes[..=open].iter().collect();
+    Some((head, args, close_char.to_string()))
+}
+
+/// The index of the first `(`, `[` or `{` outside string literals.
+fn first_bracket(chars: &[char]) -> Option<usize> {
+    let mut in_str: Option<char> = None;
+    let mut escaped = false;
+    for (i, &c) in chars.iter().enumerate() {
+        match in_str {
+            Some(_) if escaped => escaped = false,
+            Some(_) if c == '\\' => escaped = true,
+            Some(q) if c == q => in_str = None,
+            Some(_) => {}
+            None if c == '"' || c == '\'' => in_str = Some(c),
+            None if matches!(c, '(' | '[' | '{') => return Some(i),
+            None => {}
+        }
+    }
+    None
+}
+
+fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool) {
+    let (name, runtime, aw, def) = if asynchronous {
+        (format!("Async{class}Client"), "AsyncClient", "await ", "async def")
+    } else {
+        (format!("{class}Client"), "Client", "", "def")
+    };
+    let title = &cx.api.title;
+    w.line(format!("class {name}:"));
+    w.indented(|w| {
+        let (kind, how) = if asynchronous {
+            (
+                "An asyncio",
+                format!(
+                    "Connect with `await {name}.connect(addr)`, or wrap a connected `ferry_client.AsyncClient`; \
+                     close it with `await close()` or use `async with`."
+                ),
+            )
+        } else {
+            (
+                "Blocking",
+                format!(
+                    "Connect with `{name}.connect(addr)`, or wrap a connected `ferry_client.Client`; close it \
+                     with `close()` or use `with`."
+                ),
+            )
+        };
+        docstring(
+            w,
+            &format!(
+                "{kind} client of the \"{title}\" API.\n\n{how} Each method raises this module's exception \
+                 classes for error responses, `ferry_client.CallTimeout` when no answer comes in time, and \
+                 `ferry_client.ConnectionClosed` when the connection is gone."
+            ),
+        );
+        w.line("");
+        w.line(format!("def __init__(self, client: {runtime}) -> None:"));
+        w.indented(|w| w.line("self.client = client"));
+        w.line("");
+        w.line("@classmethod");
+        w.list(
+            &format!("{def} connect("),
+            &[
+                "cls".into(),
+                "addr: str".into(),
+                "*".into(),
+                "timeout: float = 60.0".into(),
+                "shm: bool = True".into(),
+                "token: str | None = None".into(),
+            ],
+            &format!(") -> {name}:"),
+        );
+        w.indented(|w| {
+            docstring(
+                w,
+                "Connects to the server at `addr` (`unix:NAME` or `unix:/path`).\n\n\
+                 `timeout` is the default for every call, in seconds; `shm` offers shared memory (zero-copy \
+                 tensors on one Linux host); `token` is the server's bearer token, if it needs one.",
+            );
+            expr(w, &format!("return cls({aw}{runtime}.connect(addr, timeout=timeout, shm=shm, token=token))"), "");
+        });
+        w.line("");
+        w.line(format!("{def} close(self) -> None:"));
+        w.indented(|w| {
+            docstring(w, "Closes the connection.");
+            w.line(format!("{aw}self.client.close()"));
+        });
+        w.line("");
+        if asynchronous {
+            w.line(format!("async def __aenter__(self) -> {name}:"));
+            w.indented(|w| w.line("return self"));
+            w.line("");
+            w.line("async def __aexit__(self, *exc: object) -> None:");
+            w.indented(|w| w.line("await self.close()"));
+        } else {
+            w.line(format!("def __enter__(self) -> {name}:"));
+            w.indented(|w| w.line("return self"));
+            w.line("");
+            w.line("def __exit__(self, *exc: object) -> None:");
+            w.indented(|w| w.line("self.close()"));
+        }
+        w.line("");
+        w.line(format!("{def} _call(self, method: str, params: object, timeout: float | None) -> object:"));
+        w.indented(|w| {
+            w.line("try:");
+            w.indented(|w| w.line(format!("return {aw}self.client.call(method, params, timeout=timeout)")));
+            w.line("except RpcError as e:");
+            w.indented(|w| w.line("raise error_from_code(e.code, e.message, e.data) from None"));
+        });
+        let mut members = Scope::new(PYTHON_RESERVED.iter().chain(CLIENT_MEMBERS).copied());
+        let methods: Vec<&Method> = cx.api.client_methods().collect();
+        for m in methods {
+            w.line("");
+            method(cx, w, m, &mut members, asynchronous);
+        }
+    });
+}
+
+fn method(cx: &mut Ctx<'_>, w: &mut CodeWriter, m: &Method, members: &mut Scope, asynchronous: bool) {
+    let name = members.name(&m.name, &snake_case(&m.name));
+    let mut locals = Scope::new(PYTHON_RESERVED.iter().chain(&["self", "timeout", "params", "result"]).copied());
+    let mut args = vec!["self".to_owned()];
+    let mut optional = Vec::new();
+    // Required params first, in order; then the optional ones, keyword-only.
+    let (required, rest): (Vec<_>, Vec<_>) = m.params.iter().partition(|p| p.required);
+    for p in &required {
+        let id = locals.name(&p.name, &snake_case(&p.name));
+        args.push(format!("{id}: {}", cx.ty(&p.ty, Pos::Param)));
+    }
+    args.push("*".into());
+    for p in &rest {
+        let id = locals.name(&p.name, &snake_case(&p.name));
+        let ty = cx.ty(&p.ty, Pos::Param);
+        let ty = if p.ty.is_nullable() { ty } else { format!("{ty} | None") };
+        args.push(format!("{id}: {ty} = None"));
+        optional.push(*p);
+    }
+    args.push("timeout: float | None = None".into());
+    let result_ty = cx.ty(&m.result, Pos::Result);
+    let def = if asynchronous { "async def" } else { "def" };
+    w.list(&format!("{def} {name}("), &args, &format!(") -> {result_ty}:"));
+    w.indented(|w| {
+        docstring(w, &method_doc(m, &locals));
+        let aw = if asynchronous { "await " } else { "" };
+        if m.params.is_empty() {
+            // No params at all: send none (a unit-params server refuses `{}` and `[]`).
+            expr(w, &format!("result = {aw}self._call({}, None, timeout)", py_str(&m.name)), "");
+        } else {
+            params_value(w, m, &required, &optional, &locals);
+            expr(w, &format!("result = {aw}self._call({}, params, timeout)", py_str(&m.name)), "");
+        }
+        cx.imports.insert("cast");
+        let spec = cx.spec(&m.result);
+        let ret = format!("return cast({}, t.check(result, {spec}, {}, _TYPES))", py_str(&result_ty), py_str(&m.name));
+        expr(w, &ret, "");
+    });
+}
+
+/// Writes `params = ..`: a dict by name (optional params only when given) or a list by
+/// position (trailing params not given left out).
+fn params_value(
+    w: &mut CodeWriter,
+    m: &Method,
+    required: &[&crate::ir::Param],
+    optional: &[&crate::ir::Param],
+    locals: &Scope,
+) {
+    let by_position = m.param_structure == ParamStructure::ByPosition;
+    let id = |p: &crate::ir::Param| locals.get(&p.name).unwrap_or(&p.name).to_owned();
+    if by_position {
+        // Positional: every param up to the last one given.
+        let items: Vec<String> = m.params.iter().map(id).collect();
+        if optional.is_empty() {
+            w.list("params: list[object] = [", &items, "]");
+        } else {
+            w.list("args: list[object] = [", &items, "]");
+            w.line("while args and args[-1] is None:");
+            w.indented(|w| w.line("args.pop()"));
+            w.line("params = args");
+        }
+    } else {
+        let items: Vec<String> = required.iter().map(|p| format!("{}: {}", py_str(&p.name), id(p))).collect();
+        if optional.is_empty() && items.is_empty() {
+            w.line("params: dict[str, object] = {}");
+        } else if optional.is_empty() {
+            w.list("params: dict[str, object] = {", &items, "}");
+        } else {
+            w.list("params: dict[str, object] = {", &items, "}");
+            for p in optional {
+                let local = id(p);
+                w.line(format!("if {local} is not None:"));
+                w.indented(|w| w.line(format!("params[{}] = {local}", py_str(&p.name))));
+            }
+        }
+    }
+}
+
+fn method_doc(m: &Method, locals: &Scope) -> String {
+    let mut parts = Vec::new();
+    let summary = m.summary.clone().unwrap_or_else(|| format!("Calls `{}`.", m.name));
+    parts.push(summary);
+    if let Some(d) = &m.description {
+        parts.push(d.clone());
+    }
+    if m.deprecated {
+        parts.push("Deprecated.".into());
+    }
+    let mut args = vec!["Args:".to_owned()];
+    for p in &m.params {
+        let id = locals.get(&p.name).unwrap_or(&p.name);
+        let mut d = p.description.clone().unwrap_or_else(|| format!("`{}`.", p.name));
+        if let Some(default) = &p.default {
+            d.push_str(&format!(" Default (applied by the server): `{default}`."));
+        } else if !p.required {
+            d.push_str(" Optional.");
+        }
+        args.push(format!("    {id}: {d}"));
+    }
+    args.push("    timeout: Seconds to wait for the answer (default: the client's timeout).".into());
+    parts.push(args.join("\n"));
+    if let Some(returns) = &m.result_description {
+        parts.push(format!("Returns:\n    {returns}"));
+    }
+    parts.join("\n\n")
+}
+
+/// Writes a docstring: one line if it fits, else the text wrapped, closing quotes on their
+/// own line.
+fn docstring(w: &mut CodeWriter, text: &str) {
+    let text = doc_text(text.trim());
+    let one = format!("\"\"\"{text}\"\"\"");
+    if !text.contains('\n') && w.fits(&one) {
+        w.line(one);
+        return;
+    }
+    let mut lines = Vec::new();
+    let width = w.width().saturating_sub(w.indent_width()).max(20);
+    for para_line in text.lines() {
+        // Keep indented lines (Args entries) as they are, wrapping their text with a hanging indent.
+        let lead = para_line.len() - para_line.trim_start().len();
+        if para_line.trim().is_empty() {
+            lines.push(String::new());
+            continue;
+        }
+        let wrapped = crate::writer::wrap(para_line.trim(), width.saturating_sub(lead + 4).max(20));
+        for (i, l) in wrapped.iter().enumerate() {
+            let pad = if i == 0 || lead == 0 { lead } else { lead + 4 };
+            lines.push(format!("{}{l}", " ".repeat(pad)));
+        }
+    }
+    let mut first = true;
+    for l in &lines {
+        if first {
+            w.line(format!("\"\"\"{l}"));
+            first = false;
+        } else {
+            w.line(l);
+        }
+    }
+    w.line("\"\"\"");
+}
+
+/// Text safe inside a `"""` docstring, not at its end: backslashes doubled, `"""` broken.
+fn doc_fragment(s: &str) -> String {
+    s.replace('\\', "\\\\").replace("\"\"\"", "\\\"\\\"\\\"")
+}
+
+/// Text safe as a whole `"""` docstring: [`doc_fragment`], and no quote right before the
+/// closing quotes.
+fn doc_text(s: &str) -> String {
+    let mut t = doc_fragment(s);
+    if t.ends_with('"') {
+        t.pop();
+        t.push_str("\\\"");
+    }
+    t
+}
+
+/// A Python string literal (double quotes, as ruff writes them).
+fn py_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A JSON scalar as a Python literal.
+fn py_value(v: &Value) -> String {
+    match v {
+        Value::Null => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => py_str(s),
+        other => py_str(&other.to_string()),
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !PYTHON_RESERVED.contains(&s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals() {
+        assert_eq!(py_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
+        assert_eq!(py_value(&serde_json::json!(true)), "True");
+        assert_eq!(py_value(&serde_json::json!(null)), "None");
+        assert_eq!(doc_text("say \"hi\""), "say \"hi\\\"");
+        assert_eq!(doc_text("a \"\"\" b"), "a \\\"\\\"\\\" b");
+    }
+
+    #[test]
+    fn splits_calls_at_top_level_commas() {
+        let (head, args, close) = split_call("t.Object({\"a\": t.ListOf(x), \"b,\": y}, {}, None)").unwrap();
+        assert_eq!(head, "t.Object(");
+        assert_eq!(args, ["{\"a\": t.ListOf(x), \"b,\": y}", "{}", "None"]);
+        assert_eq!(close, ")");
+        assert!(split_call("plain").is_none());
+    }
+}

@@ -1,0 +1,482 @@
+//! The TypeScript emitter: one ES module per API on top of the `ferry-client` runtime
+//! (`sdks/typescript`).
+//!
+//! The module exports, in this order: the named types (interfaces and type aliases), one
+//! params interface and one result type per method (`<Method>Params`, `<Method>Result`;
+//! tensors are `Tensor`, named tensor maps `Record<string, Tensor>`), one error class per
+//! row of the error table (`class <Name>Error extends RpcError`) with
+//! `errorFromCode(code, message, data)`, and `class <Api>Client` with one method per API
+//! method: `method(params, opts?: { timeoutMs?: number }): Promise<Result>`. Errors the
+//! server returns are rethrown as the table's classes. ferry's built-in methods are the
+//! runtime's own.
+//!
+//! The runtime is imported from [`TypeScript::runtime`] (`"ferry-client"` for a client of
+//! one's own; `"../index.js"` inside the runtime package). The output is formatted as
+//! prettier formats it (80 columns, double quotes, trailing commas).
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::ir::{Api, Method, ParamStructure, Ty, TypeDef, pascal_case};
+use crate::names::{Scope, TS_RESERVED, camel_case};
+use crate::writer::CodeWriter;
+use crate::{Emitter, PREAMBLE};
+
+/// Emits `<api>.ts`.
+#[derive(Debug, Clone)]
+pub struct TypeScript {
+    /// The module specifier the runtime is imported from.
+    pub runtime: String,
+}
+
+impl Default for TypeScript {
+    fn default() -> Self {
+        TypeScript { runtime: "ferry-client".into() }
+    }
+}
+
+impl Emitter for TypeScript {
+    fn emit(&self, api: &Api) -> Vec<(PathBuf, String)> {
+        vec![(PathBuf::from(format!("{}.ts", api.name)), module(api, &self.runtime))]
+    }
+}
+
+const WIDTH: usize = 80;
+
+/// Names the module imports or defines itself.
+const MODULE_NAMES: &[&str] =
+    &["Client", "RpcError", "Tensor", "CallOptions", "errorFromCode", "ERRORS", "RpcErrorClass"];
+
+/// Members of the generated client class.
+const CLIENT_MEMBERS: &[&str] = &["client", "call", "constructor"];
+
+fn ty(t: &Ty, types: &Scope, tensor: &mut bool) -> String {
+    match t {
+        Ty::Any => "unknown".into(),
+        Ty::Null => "null".into(),
+        Ty::Bool => "boolean".into(),
+        Ty::Integer | Ty::Number => "number".into(),
+        Ty::String => "string".into(),
+        Ty::Tensor => {
+            *tensor = true;
+            "Tensor".into()
+        }
+        Ty::Array(inner) => {
+            let s = ty(inner, types, tensor);
+            if matches!(**inner, Ty::Union(_) | Ty::Literal(_)) { format!("({s})[]") } else { format!("{s}[]") }
+        }
+        Ty::Tuple(ts) => format!("[{}]", ts.iter().map(|x| ty(x, types, tensor)).collect::<Vec<_>>().join(", ")),
+        Ty::Map(inner) => format!("Record<string, {}>", ty(inner, types, tensor)),
+        Ty::Literal(vs) => vs.iter().map(ts_value).collect::<Vec<_>>().join(" | "),
+        Ty::Union(ts) => ts.iter().map(|x| ty(x, types, tensor)).collect::<Vec<_>>().join(" | "),
+        Ty::Named(n) => types.get(n).unwrap_or(n).to_owned(),
+    }
+}
+
+/// The module of `api`, importing the runtime from `runtime`.
+pub fn module(api: &Api, runtime: &str) -> String {
+    let mut types = Scope::new(TS_RESERVED.iter().chain(MODULE_NAMES).copied());
+    let client_types = api.client_types();
+    for name in client_types.keys() {
+        types.name(name, name);
+    }
+    let methods: Vec<&Method> = api.client_methods().collect();
+    // Params and result type names, after the API's own names.
+    let mut method_types = Vec::new();
+    for m in &methods {
+        let base = pascal_case(&m.name);
+        let params = types.name(&format!("params:{}", m.name), &format!("{base}Params"));
+        let result = types.name(&format!("result:{}", m.name), &format!("{base}Result"));
+        method_types.push((params, result));
+    }
+    let mut tensor = false;
+    let mut body = CodeWriter::new("  ", WIDTH);
+
+    for (name, def) in &client_types {
+        body.blank(1);
+        type_def(&mut body, types.get(name).unwrap_or(name), def, &types, &mut tensor);
+    }
+    for (m, (params, result)) in methods.iter().zip(&method_types) {
+        body.blank(1);
+        jsdoc(&mut body, &format!("Params of `{}`.", m.name));
+        if m.params.is_empty() {
+            body.line(format!("export type {params} = Record<string, never>;"));
+        } else {
+            body.line(format!("export interface {params} {{"));
+            body.indented(|w| {
+                for p in &m.params {
+                    if let Some(d) = &p.description {
+                        let mut d = d.clone();
+                        if let Some(default) = &p.default {
+                            d.push_str(&format!(" Default (applied by the server): `{default}`."));
+                        }
+                        jsdoc(w, &d);
+                    }
+                    let opt = if p.required { "" } else { "?" };
+                    w.line(format!("{}{opt}: {};", ts_key(&p.name), ty(&p.ty, &types, &mut tensor)));
+                }
+            });
+            body.line("}");
+        }
+        body.blank(1);
+        jsdoc(&mut body, &m.result_description.clone().unwrap_or_else(|| format!("Result of `{}`.", m.name)));
+        type_alias(&mut body, result, &ty(&m.result, &types, &mut tensor));
+    }
+    errors(&mut body, api, &mut types);
+    client(&mut body, api, &methods, &method_types);
+
+    let mut w = CodeWriter::new("  ", WIDTH);
+    w.line(format!("// {PREAMBLE}"));
+    w.line("");
+    let mut doc = format!("Typed client of the \"{}\" API", api.title);
+    if !api.version.is_empty() {
+        doc.push_str(&format!(", version {}", api.version));
+    }
+    doc.push('.');
+    if let Some(d) = &api.description {
+        doc.push_str("\n\n");
+        doc.push_str(d);
+    }
+    doc.push_str(&format!(
+        "\n\nGenerated by ferry-sdk-gen from the API's OpenRPC document. Wrap a connected `Client` in \
+         `{}Client`; errors the server returns are thrown as this module's error classes, subclasses of \
+         `RpcError`.",
+        pascal_case(&api.name)
+    ));
+    jsdoc(&mut w, &doc);
+    w.line("");
+    w.line(format!("import {{ RpcError }} from {};", ts_str(runtime)));
+    let mut type_imports = vec!["Client"];
+    if tensor {
+        type_imports.push("Tensor");
+    }
+    w.line(format!("import type {{ {} }} from {};", type_imports.join(", "), ts_str(runtime)));
+    w.line("");
+    for line in body.finish().lines() {
+        w.line(line);
+    }
+    w.finish()
+}
+
+fn type_def(w: &mut CodeWriter, name: &str, def: &TypeDef, types: &Scope, tensor: &mut bool) {
+    if let Some(d) = def.description() {
+        jsdoc(w, d);
+    }
+    match def {
+        TypeDef::Object { fields, additional, .. } => {
+            w.line(format!("export interface {name} {{"));
+            w.indented(|w| {
+                for f in fields {
+                    if let Some(d) = &f.description {
+                        jsdoc(w, d);
+                    }
+                    let opt = if f.required { "" } else { "?" };
+                    w.line(format!("{}{opt}: {};", ts_key(&f.name), ty(&f.ty, types, tensor)));
+                }
+                if let Some(a) = additional {
+                    // An index signature must admit every field's type too.
+                    let mut all: Vec<String> = vec![ty(a, types, tensor)];
+                    for f in fields {
+                        let t = ty(&f.ty, types, tensor);
+                        if !all.contains(&t) {
+                            all.push(t);
+                        }
+                        if !f.required && !all.iter().any(|x| x == "undefined") {
+                            all.push("undefined".into());
+                        }
+                    }
+                    jsdoc(w, "Further keys.");
+                    w.line(format!("[key: string]: {};", all.join(" | ")));
+                }
+            });
+            w.line("}");
+        }
+        TypeDef::Enum { values, .. } => {
+            let t = values.iter().map(|v| ts_value(&v.value)).collect::<Vec<_>>().join(" | ");
+            type_alias(w, name, &t);
+        }
+        TypeDef::Alias { ty: t, .. } => {
+            let t = ty(t, types, tensor);
+            type_alias(w, name, &t);
+        }
+    }
+}
+
+/// `export type Name = T;`, a long union broken one member per line as prettier does.
+fn type_alias(w: &mut CodeWriter, name: &str, t: &str) {
+    let flat = format!("export type {name} = {t};");
+    let members = split_union(t);
+    if w.fits(&flat) || members.len() < 2 {
+        w.line(flat);
+        return;
+    }
+    w.line(format!("export type {name} ="));
+    w.indented(|w| {
+        let last = members.len() - 1;
+        for (i, m) in members.iter().enumerate() {
+            w.line(format!("| {m}{}", if i == last { ";" } else { "" }));
+        }
+    });
+}
+
+/// The top-level members of a union type expression (outside brackets and strings).
+fn split_union(t: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut in_str = false;
+    let mut escaped = false;
+    let mut current = String::new();
+    for c in t.chars() {
+        if in_str {
+            current.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_str = false;
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_str = true;
+                current.push(c);
+            }
+            '(' | '[' | '{' | '<' => {
+                depth += 1;
+                current.push(c);
+            }
+            ')' | ']' | '}' | '>' => {
+                depth -= 1;
+                current.push(c);
+            }
+            '|' if depth == 0 => out.push(std::mem::take(&mut current).trim().to_owned()),
+            _ => current.push(c),
+        }
+    }
+    out.push(current.trim().to_owned());
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+fn errors(w: &mut CodeWriter, api: &Api, types: &mut Scope) {
+    let mut classes = Vec::new();
+    for e in &api.errors {
+        let mut wanted = pascal_case(&e.name);
+        if !wanted.ends_with("Error") {
+            wanted.push_str("Error");
+        }
+        let name = types.name(&format!("error:{}", e.name), &wanted);
+        w.blank(1);
+        let mut doc = e.description.clone().unwrap_or_else(|| e.message.clone());
+        doc.push_str(&format!("\n\nCode {}, `{}`: \"{}\".", e.code, e.name, e.message));
+        jsdoc(w, &doc);
+        w.line(format!("export class {name} extends RpcError {{"));
+        w.indented(|w| w.line(format!("static readonly CODE = {};", e.code)));
+        w.line("}");
+        classes.push((e.code, name));
+    }
+    w.blank(1);
+    jsdoc(w, "A constructor of an error class of this module.");
+    w.line("type RpcErrorClass = new (...args: never[]) => RpcError;");
+    w.blank(1);
+    jsdoc(w, "The error class of each code of the error table.");
+    if classes.is_empty() {
+        w.line("export const ERRORS: ReadonlyMap<number, RpcErrorClass> = new Map();");
+    } else {
+        w.line("export const ERRORS: ReadonlyMap<number, RpcErrorClass> = new Map<");
+        w.indented(|w| {
+            w.line("number,");
+            w.line("RpcErrorClass");
+        });
+        w.line(">([");
+        w.indented(|w| {
+            for (code, name) in &classes {
+                w.line(format!("[{code}, {name}],"));
+            }
+        });
+        w.line("]);");
+    }
+    w.blank(1);
+    jsdoc(
+        w,
+        "The error for an error response: this module's class for `code`, else `RpcError`. It is built \
+         without calling the runtime's constructor, so it works whatever that constructor takes.",
+    );
+    w.line("export function errorFromCode(");
+    w.indented(|w| {
+        w.line("code: number,");
+        w.line("message: string,");
+        w.line("data?: unknown,");
+    });
+    w.line("): RpcError {");
+    w.indented(|w| {
+        w.line("const ctor = ERRORS.get(code) ?? RpcError;");
+        w.line("const error = Reflect.construct(Error, [message], ctor) as RpcError;");
+        w.line("Object.assign(error, { name: ctor.name, code, data });");
+        w.line("return error;");
+    });
+    w.line("}");
+}
+
+fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(String, String)]) {
+    let class = format!("{}Client", pascal_case(&api.name));
+    w.blank(1);
+    jsdoc(w, "Options of one call.");
+    w.line("export interface CallOptions {");
+    w.indented(|w| {
+        jsdoc(w, "Milliseconds to wait for the answer (default: the client's timeout).");
+        w.line("timeoutMs?: number;");
+    });
+    w.line("}");
+    w.blank(1);
+    jsdoc(w, &format!("Client of the \"{}\" API: one method per API method, over a connected `Client`.", api.title));
+    w.line(format!("export class {class} {{"));
+    w.indented(|w| {
+        jsdoc(w, "The runtime client the calls go through.");
+        w.line("readonly client: Client;");
+        w.line("");
+        w.line("constructor(client: Client) {");
+        w.indented(|w| w.line("this.client = client;"));
+        w.line("}");
+        let mut members = Scope::new(TS_RESERVED.iter().chain(CLIENT_MEMBERS).copied());
+        for (m, (params, result)) in methods.iter().zip(method_types) {
+            w.line("");
+            let name = members.name(&m.name, &camel_case(&m.name));
+            let mut doc = m.summary.clone().unwrap_or_else(|| format!("Calls `{}`.", m.name));
+            if let Some(d) = &m.description {
+                doc.push_str("\n\n");
+                doc.push_str(d);
+            }
+            if m.deprecated {
+                doc.push_str("\n\n@deprecated");
+            }
+            jsdoc(w, &doc);
+            let params_arg =
+                if m.params.is_empty() { format!("params: {params} = {{}}") } else { format!("params: {params}") };
+            let args = [params_arg, "opts?: CallOptions".to_owned()];
+            w.list(&format!("{name}("), &args, &format!("): Promise<{result}> {{"));
+            w.indented(|w| {
+                let send = if m.param_structure == ParamStructure::ByPosition {
+                    let items: Vec<String> = m.params.iter().map(|p| format!("params{}", ts_access(&p.name))).collect();
+                    format!("[{}]", items.join(", "))
+                } else {
+                    "params".to_owned()
+                };
+                let call = format!("return this.call<{result}>({}, {send}, opts);", ts_str(&m.name));
+                if w.fits(&call) {
+                    w.line(call);
+                } else {
+                    w.line(format!("return this.call<{result}>("));
+                    w.indented(|w| {
+                        w.line(format!("{},", ts_str(&m.name)));
+                        w.line(format!("{send},"));
+                        w.line("opts,");
+                    });
+                    w.line(");");
+                }
+            });
+            w.line("}");
+        }
+        w.line("");
+        jsdoc(w, "Calls `method`, rethrowing error responses as this module's error classes.");
+        w.line("private async call<R>(");
+        w.indented(|w| {
+            w.line("method: string,");
+            w.line("params: unknown,");
+            w.line("opts?: CallOptions,");
+        });
+        w.line("): Promise<R> {");
+        w.indented(|w| {
+            w.line("try {");
+            w.indented(|w| w.line("return await this.client.call<R>(method, params, opts);"));
+            w.line("} catch (e) {");
+            w.indented(|w| {
+                w.line("throw e instanceof RpcError");
+                w.indented(|w| {
+                    w.line("? errorFromCode(e.code, e.message, e.data)");
+                    w.line(": e;");
+                });
+            });
+            w.line("}");
+        });
+        w.line("}");
+    });
+    w.line("}");
+}
+
+/// A JSDoc comment: `/** text */` when it fits on one line, else one line per line.
+fn jsdoc(w: &mut CodeWriter, text: &str) {
+    let text = text.trim().replace("*/", "*\\/");
+    let one = format!("/** {text} */");
+    if w.fits(&one) {
+        w.line(one);
+        return;
+    }
+    w.line("/**");
+    w.wrapped(" * ", &text);
+    w.line(" */");
+}
+
+/// A TypeScript string literal, as prettier writes it (double quotes).
+fn ts_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn ts_value(v: &Value) -> String {
+    match v {
+        Value::String(s) => ts_str(s),
+        other => other.to_string(),
+    }
+}
+
+fn is_identifier(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_' || c == '$')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+}
+
+/// A property key: bare when it is an identifier, else quoted.
+fn ts_key(s: &str) -> String {
+    if is_identifier(s) { s.to_owned() } else { ts_str(s) }
+}
+
+/// `.name` or `["not-an-identifier"]`.
+fn ts_access(s: &str) -> String {
+    if is_identifier(s) { format!(".{s}") } else { format!("[{}]", ts_str(s)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unions_split_at_the_top_level() {
+        assert_eq!(
+            split_union("\"a|b\" | Record<string, A | B> | (C | D)[]"),
+            ["\"a|b\"", "Record<string, A | B>", "(C | D)[]"]
+        );
+    }
+
+    #[test]
+    fn keys_and_strings() {
+        assert_eq!(ts_key("fc1.weight"), "\"fc1.weight\"");
+        assert_eq!(ts_key("$tensor"), "$tensor");
+        assert_eq!(ts_access("a-b"), "[\"a-b\"]");
+        assert_eq!(ts_str("\u{1}"), "\"\\u0001\"");
+    }
+}

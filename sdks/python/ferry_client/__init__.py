@@ -1,0 +1,66 @@
+"""ferry_client: call ferry JSON-RPC servers from Python, tensors as numpy arrays.
+
+The runtime implements the ferry wire protocol (docs/PROTOCOL.md): the handshake
+offering the shm and inline channels, frames with checked limits, zero-copy numpy arrays
+over shared memory (sealed memfds received with `socket.recv_fds`-style `recvmsg` and
+mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
+
+- `Client` (blocking) and `AsyncClient` (asyncio): `call`, `notify`, `batch`, tasks,
+  `alloc` (an array in shared memory, sent without a copy), `discover`.
+- `Tensor`, `BF16`, `bf16_to_f32`, `f32_to_bf16`: dtypes numpy lacks, and DLPack export.
+- Exceptions: `FerryError` and its subclasses (`errors`).
+- Typed clients generated from OpenRPC documents live in `ferry_client.generated`
+  (`demo`, `conformance`); `ferry sdk --lang python` generates one for any server.
+
+Standard library and numpy only; Linux for shared memory (elsewhere, or with
+`shm=False`, tensors travel inline).
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .aio import AsyncClient
+from .client import Client
+from .errors import (
+    CallTimeout,
+    ConnectionClosed,
+    FerryError,
+    LimitError,
+    ParamsError,
+    ProtocolError,
+    Refused,
+    ResultError,
+    RpcError,
+)
+from .tensors import (
+    BF16,
+    DTYPES,
+    NUMPY_DTYPES,
+    Tensor,
+    TensorIn,
+    bf16_to_f32,
+    f32_to_bf16,
+)
+
+__all__ = [
+    "AsyncClient",
+    "BF16",
+    "CallTimeout",
+    "Client",
+    "ConnectionClosed",
+    "DTYPES",
+    "FerryError",
+    "LimitError",
+    "NUMPY_DTYPES",
+    "ParamsError",
+    "ProtocolError",
+    "Refused",
+    "ResultError",
+    "RpcError",
+    "Tensor",
+    "TensorIn",
+    "__version__",
+    "bf16_to_f32",
+    "f32_to_bf16",
+]

@@ -1,0 +1,472 @@
+"""The shm channel (PROTOCOL.md section 11): sealed memfd segments, leases, releases.
+
+- `ShmReceiver` maps the server's segments read-only (after checking seals and size) and
+  turns `shm` descriptors into read-only numpy arrays that view the mapping. Each array's
+  base is a `PeerView` holding the lease; when the last array (or view, or DLPack
+  capsule) referring to it is garbage-collected, the lease joins the release queue, which
+  the client sends as one CONTROL frame before its next frame.
+- `ShmPool` is this side's sending memory: segments carved into slots. `alloc` gives a
+  writable array in a slot (sending it costs no copy); other arrays are copied into a slot
+  once. A slot is reused when no array of this process refers to it and the server has
+  released every lease on it.
+
+Garbage collection may run anywhere, even inside this module: the holders' `__del__`
+only append to a queue, which the owner drains at safe points.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._wire import byte_span, uint
+from .errors import LimitError, ProtocolError
+
+F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
+F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 0x1, 0x2, 0x4
+NEEDED_SEALS = F_SEAL_SHRINK | F_SEAL_GROW
+MIB = 1 << 20
+
+
+def shm_domain() -> dict[str, str] | None:
+    """The shm offer's domain (boot id, IPC and network namespace), or `None` where shm
+    cannot work (not Linux, no sealed memfds)."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            domain = {"boot_id": f.read().strip()}
+        for ns in ("ipc", "net"):
+            domain[ns + "_ns"] = os.readlink(f"/proc/self/ns/{ns}")
+        fd = os.memfd_create("ferry-probe", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return domain
+
+
+def _address(a: npt.NDArray[Any]) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+def array_interface(
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    strides: tuple[int, ...] | None,
+    address: int,
+    readonly: bool,
+) -> dict[str, Any]:
+    """A numpy `__array_interface__` for memory at `address`."""
+    return {
+        "version": 3,
+        "shape": shape,
+        "typestr": dtype.str,
+        "strides": strides,
+        "data": (address, readonly),
+    }
+
+
+def make_array(holder: Any, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """The array `holder.__array_interface__` describes, with `dtype` (which may carry
+    metadata, e.g. bf16's tag); its base is `holder`."""
+    arr: npt.NDArray[Any] = np.asarray(holder)
+    if arr.dtype != dtype or arr.dtype.metadata != dtype.metadata:
+        arr = arr.view(dtype)
+    return arr
+
+
+class PeerView:
+    """Keeps a lease on the server's memory while arrays refer to it."""
+
+    __slots__ = ("__array_interface__", "segment", "lease", "start", "length", "_done")
+
+    def __init__(
+        self,
+        segment: npt.NDArray[np.uint8],
+        lease: int,
+        start: int,
+        length: int,
+        done: deque[int],
+        interface: dict[str, Any],
+    ) -> None:
+        self.segment = segment  # keeps the mapping alive
+        self.lease = lease
+        self.start = start  # address of the leased range
+        self.length = length
+        self._done = done
+        self.__array_interface__ = interface
+
+    def __del__(self) -> None:
+        self._done.append(self.lease)
+
+
+class ShmReceiver:
+    """The server's segments, mapped read-only, and the leases this side holds."""
+
+    def __init__(self, max_peer_bytes: int) -> None:
+        self.max_peer_bytes = max_peer_bytes
+        self.segments: dict[int, npt.NDArray[np.uint8]] = {}
+        self.mapped = 0
+        self.held: set[int] = set()
+        self.done: deque[int] = deque()
+
+    def take_releases(self) -> list[int]:
+        """Leases whose arrays are gone, to release now (each once)."""
+        out: list[int] = []
+        while self.done:
+            lease = self.done.popleft()
+            if lease in self.held:
+                self.held.discard(lease)
+                out.append(lease)
+        return out
+
+    def decode(
+        self, meta: dict[str, Any], r: object, dtype: np.dtype[Any], fds: list[int]
+    ) -> npt.NDArray[Any]:
+        """An `shm` descriptor as a read-only array viewing the server's memory."""
+        if not isinstance(r, dict):
+            raise ProtocolError(f"shm descriptor must be an object, got {r!r}")
+        seg_id = uint(r.get("segment"), "segment")
+        ann = r.get("announce")
+        if ann is not None:
+            if not isinstance(ann, dict):
+                raise ProtocolError(f"announce must be an object, got {ann!r}")
+            i, size = (
+                uint(ann.get("fd"), "announce.fd"),
+                uint(ann.get("size"), "announce.size"),
+            )
+            if seg_id in self.segments:
+                raise ProtocolError(f"segment {seg_id} announced twice")
+            if i >= len(fds) or fds[i] < 0:
+                raise ProtocolError(f"announced descriptor {i} is not in the frame")
+            fd, fds[i] = fds[i], -1
+            if self.mapped + size > self.max_peer_bytes:
+                os.close(fd)
+                raise ProtocolError(
+                    f"bytes of peer shared memory mapped is {self.mapped + size}, over the limit "
+                    f"max_peer_bytes = {self.max_peer_bytes}"
+                )
+            self.segments[seg_id] = open_segment(fd, size, seg_id)
+            self.mapped += size
+        seg = self.segments.get(seg_id)
+        if seg is None:
+            raise ProtocolError(f"unknown segment {seg_id}")
+        off, n, lease = (
+            uint(r.get("offset"), "offset"),
+            uint(r.get("len"), "len"),
+            uint(r.get("lease"), "lease"),
+        )
+        if off + n > len(seg):
+            raise ProtocolError(
+                f"range {off}+{n} is outside segment {seg_id} of {len(seg)} bytes"
+            )
+        if lease in self.held:
+            raise ProtocolError(f"lease {lease} granted twice")
+        span, strided = byte_span(meta, dtype.itemsize)
+        if span > n or (not strided and span != n):
+            raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
+        start = _address(seg) + off
+        shape = tuple(meta["shape"])
+        strides = (
+            tuple(s * dtype.itemsize for s in meta["strides"]) if strided else None
+        )
+        if span == 0:
+            # No byte of the lease is read: the array needs no memory of its own.
+            self.done.append(lease)
+            self.held.add(lease)
+            return np.empty(shape, dtype)
+        holder = PeerView(
+            seg,
+            lease,
+            start,
+            n,
+            self.done,
+            array_interface(shape, dtype, strides, start, True),
+        )
+        self.held.add(lease)
+        return make_array(holder, dtype)
+
+
+def open_segment(fd: int, size: int, seg_id: int) -> npt.NDArray[np.uint8]:
+    """Checks a received memfd (seals, then size), maps it read-only and closes `fd`.
+
+    Returns the mapping as a read-only byte array (which keeps the mapping alive).
+    """
+    try:
+        try:
+            seals = fcntl.fcntl(fd, F_GET_SEALS)
+        except OSError as e:
+            raise ProtocolError(
+                f"segment {seg_id} refused: cannot read seals ({e}); not a memfd?"
+            ) from None
+        if seals & NEEDED_SEALS != NEEDED_SEALS:
+            raise ProtocolError(
+                f"segment {seg_id} refused: seals are {seals:#x}; SHRINK and GROW are required"
+            )
+        actual = os.fstat(fd).st_size
+        if size == 0 or actual != size:
+            raise ProtocolError(
+                f"segment {seg_id} announced as {size} bytes but is {actual}"
+            )
+        try:
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except (OSError, ValueError, OverflowError) as e:
+            raise ProtocolError(
+                f"segment {seg_id}: cannot map {size} bytes: {e}"
+            ) from None
+    finally:
+        os.close(fd)
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+class Slot:
+    """A range of one of this side's segments, in use by arrays or leases."""
+
+    __slots__ = ("segment", "offset", "size", "refs")
+
+    def __init__(self, segment: Segment, offset: int, size: int) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+        self.refs = 0
+
+
+class OwnView:
+    """Keeps a slot of this side's pool in use while arrays refer to it."""
+
+    __slots__ = ("__array_interface__", "slot", "pool", "_dropped")
+
+    def __init__(self, pool: ShmPool, slot: Slot, interface: dict[str, Any]) -> None:
+        self.pool = pool
+        self.slot = slot
+        self._dropped = pool.dropped
+        self.__array_interface__ = interface
+
+    def __del__(self) -> None:
+        self._dropped.append(self.slot)
+
+
+class Segment:
+    """One sealed memfd of this side, mapped read-write."""
+
+    def __init__(self, seg_id: int, size: int) -> None:
+        fd = os.memfd_create("ferry-shm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+            self.mm = mmap.mmap(
+                fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        self.id = seg_id
+        self.size = size
+        self.fd = fd  # until announced
+        self.announced = False
+        self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
+        self.address = _address(self.bytes)
+        self.free: list[tuple[int, int]] = [(0, size)]
+
+    def close_fd(self) -> None:
+        """Closes the descriptor (after it was sent, or when the pool goes)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def carve(self, n: int, align: int) -> int | None:
+        """The offset of `n` free bytes aligned to `align` (first fit), now taken."""
+        for i, (off, size) in enumerate(self.free):
+            start = -(-off // align) * align
+            if start + n <= off + size:
+                rest: list[tuple[int, int]] = []
+                if start > off:
+                    rest.append((off, start - off))
+                if start + n < off + size:
+                    rest.append((start + n, off + size - start - n))
+                self.free[i : i + 1] = rest
+                return start
+        return None
+
+    def give_back(self, off: int, n: int) -> None:
+        """Returns `off..off+n` to the free list, merging neighbours."""
+        free = self.free
+        lo, hi = 0, len(free)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if free[mid][0] < off:
+                lo = mid + 1
+            else:
+                hi = mid
+        free.insert(lo, (off, n))
+        if lo + 1 < len(free) and free[lo][0] + free[lo][1] == free[lo + 1][0]:
+            free[lo] = (free[lo][0], free[lo][1] + free[lo + 1][1])
+            del free[lo + 1]
+        if lo > 0 and free[lo - 1][0] + free[lo - 1][1] == free[lo][0]:
+            free[lo - 1] = (free[lo - 1][0], free[lo - 1][1] + free[lo][1])
+            del free[lo]
+
+
+class ShmPool:
+    """This side's sending memory: sealed segments carved into slots, and the leases the
+    server holds on them."""
+
+    def __init__(self, pool_limit: int, segment_bytes: int = 64 * MIB) -> None:
+        self.pool_limit = pool_limit
+        self.segment_bytes = segment_bytes
+        self.segments: list[Segment] = []
+        self.reserved = 0
+        self.granted: dict[
+            int, tuple[Slot, int, int]
+        ] = {}  # lease -> slot, start offset, len
+        self.next_lease = 1
+        self.dropped: deque[Slot] = deque()
+        self.lock = threading.Lock()
+
+    def collect(self) -> None:
+        """Applies the drops of arrays garbage-collected since the last call."""
+        while self.dropped:
+            self._unref(self.dropped.popleft())
+
+    def _unref(self, slot: Slot) -> None:
+        slot.refs -= 1
+        if slot.refs == 0:
+            slot.segment.give_back(slot.offset, slot.size)
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+        """A writable, C-contiguous array in a new slot."""
+        n = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        with self.lock:
+            slot = self._slot(n)
+            slot.refs += 1
+        address = slot.segment.address + slot.offset
+        holder = OwnView(
+            self, slot, array_interface(shape, dtype, None, address, False)
+        )
+        return make_array(holder, dtype)
+
+    def _slot(self, n: int) -> Slot:
+        self.collect()
+        align = 4096 if n >= 4096 else 64
+        for seg in self.segments:
+            off = seg.carve(n, align)
+            if off is not None:
+                return Slot(seg, off, n)
+        size = max(self.segment_bytes, -(-n // (2 * MIB)) * 2 * MIB)
+        if n > self.pool_limit:
+            raise LimitError(
+                f"shm pool bytes needed is {n}, over the limit pool_limit = {self.pool_limit} "
+                "(a tensor larger than the whole pool; raise pool_limit when connecting)"
+            )
+        if self.reserved + size > self.pool_limit:
+            size = max(-(-n // (2 * MIB)) * 2 * MIB, 0)
+            if self.reserved + size > self.pool_limit:
+                raise LimitError(
+                    f"shm pool full: no room for {n} bytes ({self.reserved} of pool_limit = "
+                    f"{self.pool_limit} bytes reserved, all in use by arrays or by leases the "
+                    "server holds; drop arrays, or raise pool_limit when connecting)"
+                )
+        seg = Segment(len(self.segments), size)
+        self.segments.append(seg)
+        self.reserved += size
+        off = seg.carve(n, align)
+        assert off is not None
+        return Slot(seg, off, n)
+
+    def copy_in(self, arr: npt.NDArray[Any]) -> tuple[Slot, int]:
+        """Copies `arr` into a new slot (the one copy of a send); -> slot, its offset."""
+        n = arr.nbytes
+        with self.lock:
+            slot = self._slot(n)
+        dst = slot.segment.bytes[slot.offset : slot.offset + n]
+        np.copyto(dst.view(arr.dtype).reshape(arr.shape), arr, casting="no")
+        return slot, slot.offset
+
+    def grant(self, slot: Slot, start: int, length: int) -> int:
+        """A new lease on `start..start+length` of `slot`'s segment."""
+        with self.lock:
+            lease = self.next_lease
+            self.next_lease += 1
+            slot.refs += 1
+            self.granted[lease] = (slot, start, length)
+        return lease
+
+    def revoke(self, leases: list[int]) -> None:
+        """Takes back leases granted for a message that was never sent."""
+        with self.lock:
+            for lease in leases:
+                entry = self.granted.pop(lease, None)
+                if entry is not None:
+                    self._unref(entry[0])
+
+    def release(self, ids: object) -> None:
+        """The server's CONTROL body `{"release": [..]}` (strict, PROTOCOL.md 11.5)."""
+        if (
+            not isinstance(ids, dict)
+            or set(ids) != {"release"}
+            or not isinstance(ids["release"], list)
+        ):
+            raise ProtocolError(f"malformed shm control body {ids!r}")
+        with self.lock:
+            for raw in ids["release"]:
+                lease = uint(raw, "release")
+                entry = self.granted.pop(lease, None)
+                if entry is None:
+                    raise ProtocolError(
+                        f"release of lease {lease}, which is not granted"
+                    )
+                self._unref(entry[0])
+            self.collect()
+
+    def returned(
+        self, r: object, meta: dict[str, Any], dtype: np.dtype[Any]
+    ) -> npt.NDArray[Any]:
+        """An `shm_return` descriptor: a read-only array of this side's own memory."""
+        if not isinstance(r, dict):
+            raise ProtocolError(f"shm_return descriptor must be an object, got {r!r}")
+        lease = uint(r.get("lease"), "lease")
+        off, n = uint(r.get("offset"), "offset"), uint(r.get("len"), "len")
+        with self.lock:
+            entry = self.granted.get(lease)
+            if entry is None:
+                raise ProtocolError(f"returned lease {lease} was never granted")
+            slot, start, length = entry
+            if off + n > length:
+                raise ProtocolError(
+                    f"returned range {off}+{n} is outside lease {lease} of {length} bytes"
+                )
+            slot.refs += 1
+        span, strided = byte_span(meta, dtype.itemsize)
+        if span > n or (not strided and span != n):
+            with self.lock:
+                self._unref(slot)
+            raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
+        shape = tuple(meta["shape"])
+        strides = (
+            tuple(s * dtype.itemsize for s in meta["strides"]) if strided else None
+        )
+        address = slot.segment.address + start + off
+        holder = OwnView(
+            self, slot, array_interface(shape, dtype, strides, address, True)
+        )
+        return make_array(holder, dtype)
+
+    def forget_leases(self) -> None:
+        """The connection ended: the server holds nothing any more."""
+        with self.lock:
+            for slot, _, _ in self.granted.values():
+                self._unref(slot)
+            self.granted.clear()
+            for seg in self.segments:
+                seg.close_fd()

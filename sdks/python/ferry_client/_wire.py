@@ -1,0 +1,285 @@
+"""The frame layer of the ferry protocol (docs/PROTOCOL.md sections 3-10), sans-IO.
+
+`FrameReader` turns the bytes (and file descriptors) read from a socket into checked
+frames; `frame()` builds the bytes of one frame. Nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ProtocolError
+
+MAGIC = b"\x89FERRY"
+VERSION = 1
+PREAMBLE = MAGIC + struct.pack("<H", VERSION)
+PREFIX = struct.Struct("<BBHIQ")
+"""kind, flags, descriptor count, header length, payload length."""
+
+HELLO, WELCOME, REFUSE, MESSAGE, CONTROL, CLOSE = 1, 2, 3, 4, 5, 6
+ALIGN = 64
+MAX_DIMS = 64
+U64_MAX = 2**64 - 1
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+MAX_FDS_PER_RECV = 253
+"""Linux SCM_MAX_FD: the most descriptors one recvmsg may carry."""
+MAX_QUEUED_FDS = 1024
+"""The most received descriptors waiting for a frame to claim them."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Receive limits of one side (PROTOCOL.md section 6.2); each side announces its own."""
+
+    max_header_bytes: int = 16 << 20
+    max_payload_bytes: int = 4 << 30
+    max_tensors: int = 65536
+    max_fds: int = 64
+
+    def to_json(self) -> dict[str, int]:
+        """The `Limits` JSON object."""
+        return {
+            "max_header_bytes": self.max_header_bytes,
+            "max_payload_bytes": self.max_payload_bytes,
+            "max_tensors": self.max_tensors,
+            "max_fds": self.max_fds,
+        }
+
+    @staticmethod
+    def from_json(value: object) -> Limits:
+        """Limits announced by the peer; missing fields take their defaults."""
+        if value is None:
+            return Limits()
+        if not isinstance(value, dict):
+            raise ProtocolError(f"limits must be an object, got {value!r}")
+        bounds = {
+            "max_header_bytes": 2**32 - 1,
+            "max_payload_bytes": U64_MAX,
+            "max_tensors": 2**32 - 1,
+            "max_fds": 2**16 - 1,
+        }
+        fields: dict[str, int] = {}
+        for name, top in bounds.items():
+            if name in value:
+                fields[name] = uint(value[name], f"limits.{name}", top)
+        return Limits(**fields)
+
+
+def dumps(value: object) -> bytes:
+    """Compact JSON as serde_json writes it; NaN and infinities are refused."""
+    return json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def loads(data: bytes | bytearray | memoryview, what: str) -> Any:
+    """Parses JSON from the peer; anything wrong is a `ProtocolError`."""
+    try:
+        return json.loads(bytes(data))
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"malformed {what}: {e}") from None
+
+
+def uint(value: object, what: str, top: int = U64_MAX) -> int:
+    """`value` if it is an integer in `0..=top`, else a `ProtocolError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise ProtocolError(f"{what}: expected an integer in 0..={top}, got {value!r}")
+    return value
+
+
+def frame(kind: int, header: object, payload_len: int = 0, fds: int = 0) -> bytes:
+    """Prefix and header of one frame (the payload, if any, follows separately)."""
+    h = dumps(header)
+    return PREFIX.pack(kind, 0, fds, len(h), payload_len) + h
+
+
+@dataclass
+class Frame:
+    """One received frame: its kind, parsed JSON header, payload and descriptors.
+
+    `fds` are the frame's descriptors, in order; whoever uses one sets its slot to -1, and
+    the rest are closed by `close_fds`.
+    """
+
+    kind: int
+    header: Any
+    payload: bytearray
+    fds: list[int]
+
+
+_SCRATCH = 1 << 16
+
+
+class FrameReader:
+    """Frames out of a byte stream, checked against this side's `Limits` before any body
+    byte is read or allocated.
+
+    Feed it with `feed(data, fds)` (bytes read with `recvmsg`, and the descriptors that came
+    with them), or, while it is in the middle of a large payload, read straight into
+    `direct()` and report with `filled(n, fds)`. Take frames out with `next_frame()` until it
+    returns `None`. Descriptors join one FIFO queue and are given to frames by their prefix's
+    count (PROTOCOL.md section 8).
+    """
+
+    def __init__(self, limits: Limits, expect_preamble: bool = True) -> None:
+        self.limits = limits
+        self._buf = bytearray()
+        self._fds: deque[int] = deque()
+        self._preamble = expect_preamble
+        self._prefix: tuple[int, int, int, int] | None = None  # kind, nfds, hlen, plen
+        self._header: Any = None
+        self._have_header = False
+        self._payload: bytearray | None = None
+        self._got = 0
+
+    def _queue(self, fds: list[int]) -> None:
+        self._fds.extend(fds)
+        if len(self._fds) > MAX_QUEUED_FDS:
+            raise ProtocolError(
+                f"{len(self._fds)} file descriptors arrived that no frame claims "
+                f"(at most {MAX_QUEUED_FDS} may wait)"
+            )
+
+    def feed(self, data: bytes | bytearray | memoryview, fds: list[int]) -> None:
+        """Bytes read from the stream, and the descriptors that arrived with them."""
+        self._queue(fds)
+        if self._payload is not None:
+            take = min(len(data), len(self._payload) - self._got)
+            self._payload[self._got : self._got + take] = data[:take]
+            self._got += take
+            data = data[take:]
+        self._buf += data
+
+    def direct(self) -> memoryview | None:
+        """Where to read the rest of a large payload without copying it, if anywhere."""
+        if self._payload is None or self._buf:
+            return None
+        rest = len(self._payload) - self._got
+        if rest < _SCRATCH:
+            return None
+        return memoryview(self._payload)[self._got :]
+
+    def filled(self, n: int, fds: list[int]) -> None:
+        """`n` bytes were read into `direct()`, with these descriptors."""
+        self._queue(fds)
+        self._got += n
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or `None` until more bytes arrive."""
+        if self._preamble:
+            if len(self._buf) < len(PREAMBLE):
+                return None
+            if bytes(self._buf[:6]) != MAGIC:
+                head = bytes(self._buf[:8]).hex(" ")
+                raise ProtocolError(f"not a ferry peer: the stream starts with {head}")
+            del self._buf[:8]
+            self._preamble = False
+        if self._prefix is None:
+            if len(self._buf) < PREFIX.size:
+                return None
+            kind, flags, nfds, hlen, plen = PREFIX.unpack_from(self._buf)
+            del self._buf[: PREFIX.size]
+            if not HELLO <= kind <= CLOSE:
+                raise ProtocolError(f"unexpected frame kind {kind} (unknown kind)")
+            if flags != 0:
+                raise ProtocolError(
+                    f"frame flags {flags:#04x} are reserved and must be 0"
+                )
+            lim = self.limits
+            if hlen > lim.max_header_bytes:
+                raise ProtocolError(
+                    f"frame header length is {hlen}, over the limit max_header_bytes = "
+                    f"{lim.max_header_bytes}",
+                    "limit",
+                )
+            if plen > lim.max_payload_bytes:
+                raise ProtocolError(
+                    f"frame payload length is {plen}, over the limit max_payload_bytes = "
+                    f"{lim.max_payload_bytes}",
+                    "limit",
+                )
+            if nfds > lim.max_fds:
+                raise ProtocolError(
+                    f"file descriptors in one frame is {nfds}, over the limit max_fds = "
+                    f"{lim.max_fds}",
+                    "limit",
+                )
+            # Descriptors travel with the prefix's first byte, so they are here by now.
+            if nfds > len(self._fds):
+                raise ProtocolError(
+                    f"file descriptor mismatch: frame announces {nfds} descriptors, "
+                    f"{len(self._fds)} arrived"
+                )
+            self._prefix = (kind, nfds, hlen, plen)
+        kind, nfds, hlen, plen = self._prefix
+        if not self._have_header:
+            if len(self._buf) < hlen:
+                return None
+            self._header = loads(memoryview(self._buf)[:hlen], "frame header")
+            del self._buf[:hlen]
+            self._have_header = True
+            self._payload = bytearray(plen)
+            self._got = 0
+            take = min(plen, len(self._buf))
+            if take:
+                self._payload[:take] = memoryview(self._buf)[:take]
+                del self._buf[:take]
+                self._got = take
+        assert self._payload is not None
+        if self._got < len(self._payload):
+            return None
+        fds = [self._fds.popleft() for _ in range(nfds)]
+        out = Frame(kind, self._header, self._payload, fds)
+        self._prefix = None
+        self._header = None
+        self._have_header = False
+        self._payload = None
+        self._got = 0
+        return out
+
+    def take_stray_fds(self) -> list[int]:
+        """Descriptors queued but claimed by no frame (closed by the caller on close)."""
+        out = list(self._fds)
+        self._fds.clear()
+        return out
+
+
+def byte_span(meta: dict[str, Any], itemsize: int) -> tuple[int, bool]:
+    """Bytes a tensor needs (PROTOCOL.md section 5.4) and whether it has strides.
+
+    Checked 64-bit arithmetic: anything over 2**64 - 1 is an error, never a wrap-around.
+    """
+    shape = meta.get("shape")
+    strides = meta.get("strides")
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS:
+        raise ProtocolError("shape must be a list of at most 64 dimensions")
+    numel = 1
+    for d in shape:
+        numel *= uint(d, "shape")
+        if numel > U64_MAX:
+            raise ProtocolError("tensor size overflows 64 bits")
+    if strides is None:
+        if numel * itemsize > U64_MAX:
+            raise ProtocolError("tensor size overflows 64 bits")
+        return numel * itemsize, False
+    if not isinstance(strides, list) or len(strides) != len(shape):
+        raise ProtocolError("one stride per dimension is required")
+    for s in strides:
+        if isinstance(s, bool) or not isinstance(s, int) or not I64_MIN <= s <= I64_MAX:
+            raise ProtocolError(f"bad stride {s!r}")
+        if s < 0:
+            raise ProtocolError("negative strides are not supported")
+    if numel == 0:
+        return 0, True
+    last = 0
+    for d, s in zip(shape, strides):
+        last += (d - 1) * s
+        if last > U64_MAX:
+            raise ProtocolError("tensor size overflows 64 bits")
+    if (last + 1) * itemsize > U64_MAX:
+        raise ProtocolError("tensor size overflows 64 bits")
+    return (last + 1) * itemsize, True

@@ -1,0 +1,554 @@
+"""`Client`: a blocking JSON-RPC client over one ferry connection.
+
+- Any number of threads may call at once; calls are matched to responses by id. The
+  calling threads take turns reading the socket (no background thread): the one holding
+  the read turn stores answers for the others.
+- Every blocking step has a deadline: connecting and the handshake (`connect_timeout`),
+  and each call (`timeout`, the client's default or the call's own). A call that times out
+  raises `CallTimeout` and is cancelled on the server (`ferry.cancel`).
+- When the server goes away, every waiting call fails with `ConnectionClosed` at once, and
+  so does every later call. A server that breaks the protocol gets a CLOSE frame with the
+  reason; calls fail with `ProtocolError`.
+- Tensors: numpy arrays anywhere in params travel as `{"$tensor": i}`; arrays from
+  `alloc()` (and arrays received earlier) travel without a copy over shm, other arrays are
+  copied once into shared memory (or sent inline when small or without shm). Tensors in
+  results are numpy arrays; over shm they view the server's memory, read-only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import __version__
+from ._io import (
+    ANCILLARY,
+    MAX_IOV,
+    advance,
+    check_peer,
+    received_fds,
+    rights,
+    socket_address,
+)
+from ._session import Outcome, Outgoing, Session
+from ._wire import Limits
+from .errors import CallTimeout, ConnectionClosed, FerryError, ProtocolError, RpcError
+from .tensors import BF16, numpy_dtype
+
+_SCRATCH = 1 << 16
+_NO_DEADLINE = math.inf
+
+
+class Client:
+    """A connection to a ferry JSON-RPC server. Make one with `Client.connect(addr)`."""
+
+    def __init__(self, sock: socket.socket, session: Session, timeout: float) -> None:
+        self._sock = sock
+        self._session = session
+        self.timeout = timeout
+        """Default seconds a call waits for its answer."""
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._reading = False
+        self._pending: set[object] = set()
+        self._results: dict[object, Outcome] = {}
+        self._dead: FerryError | None = None
+        self._scratch = bytearray(_SCRATCH)
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+
+    @classmethod
+    def connect(
+        cls,
+        addr: str,
+        *,
+        timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+        shm: bool = True,
+        token: str | None = None,
+        agent: str | None = None,
+        allow_any_user: bool = False,
+        pool_limit: int = 2 << 30,
+        max_peer_bytes: int = 16 << 30,
+        limits: Limits | None = None,
+    ) -> Client:
+        """Connects to `addr` (`unix:NAME` or `unix:/path`) and performs the handshake.
+
+        Args:
+            addr: The server's address.
+            timeout: Default seconds each call waits for its answer.
+            connect_timeout: Seconds for connecting and the handshake.
+            shm: Offer shared memory (zero-copy tensors on one Linux host); the server
+                chooses it when it can, else tensors travel inline.
+            token: The server's bearer token, if it requires one.
+            agent: Free text naming this client in the server's logs.
+            allow_any_user: Talk to a server running as another user.
+            pool_limit: Bytes of shared memory this client may create for sending.
+            max_peer_bytes: Bytes of the server's shared memory this client may map.
+            limits: This side's receive limits (announced to the server).
+
+        Raises:
+            Refused: The server refused the handshake.
+            CallTimeout: No connection or handshake within `connect_timeout`.
+            FerryError: Any other failure to connect.
+        """
+        deadline = time.monotonic() + connect_timeout
+        session = Session(
+            shm=shm,
+            token=token,
+            agent=agent or f"ferry-python/{__version__}",
+            limits=limits or Limits(),
+            pool_limit=pool_limit,
+            max_peer_bytes=max_peer_bytes,
+        )
+        target = socket_address(addr)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(target)
+            except socket.timeout:
+                raise CallTimeout(
+                    f"connecting to {addr} took longer than {connect_timeout}s"
+                ) from None
+            except OSError as e:
+                raise ConnectionClosed(f"cannot connect to {addr}: {e}") from None
+            check_peer(sock, allow_any_user)
+            sock.setblocking(False)
+            client = cls(sock, session, timeout)
+            client._handshake(deadline)
+        except BaseException:
+            sock.close()
+            raise
+        return client
+
+    def _handshake(self, deadline: float) -> None:
+        self._send_all([self._session.hello()], [], deadline)
+        reader = self._session.reader
+        while True:
+            f = reader.next_frame()
+            if f is not None:
+                self._session.on_handshake(f)
+                return
+            self._recv(deadline)
+
+    # ---- public API ---------------------------------------------------------------------
+
+    @property
+    def channel(self) -> str:
+        """The channel the server chose for CPU tensors: `"shm"` or `"inline"`."""
+        return self._session.channel
+
+    @property
+    def welcome(self) -> dict[str, Any]:
+        """The server's WELCOME (version, channels, limits, agent)."""
+        return self._session.welcome
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closed (by either side)."""
+        return self._dead is not None
+
+    def call(
+        self, method: str, params: object = None, *, timeout: float | None = None
+    ) -> Any:
+        """Calls `method` with `params` (a dict by name, a list by position, or None) and
+        returns its result, tensors as numpy arrays.
+
+        Raises:
+            RpcError: The server answered with an error.
+            CallTimeout: No answer within `timeout` seconds (default: `self.timeout`); the
+                call was cancelled on the server.
+            ConnectionClosed: The connection is gone.
+            ProtocolError: The server broke the protocol (the connection is closed).
+            ParamsError: `params` cannot be sent.
+            LimitError: The message is over the server's limits, or the shm pool is full.
+        """
+        deadline = self._deadline(timeout)
+        call_id = self._begin()
+        try:
+            self._send(lambda: self._session.request(method, params, call_id), deadline)
+            outcome = self._wait([call_id], deadline, timeout)[0]
+        finally:
+            self._end([call_id])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def notify(self, method: str, params: object = None) -> None:
+        """Sends a notification (no answer; errors are not reported)."""
+        self._check()
+        self._send(
+            lambda: self._session.request(method, params, None), self._deadline(None)
+        )
+
+    def batch(
+        self, calls: Sequence[tuple[str, object]], *, timeout: float | None = None
+    ) -> list[Any]:
+        """Calls several methods in one message; returns their results in order, with an
+        `RpcError` (not raised) in place of each call that failed."""
+        if not calls:
+            return []
+        deadline = self._deadline(timeout)
+        ids = [self._begin() for _ in calls]
+        try:
+            self._send(
+                lambda: self._session.batch(
+                    [(m, p, i) for (m, p), i in zip(calls, ids)]
+                ),
+                deadline,
+            )
+            outcomes = self._wait(ids, deadline, timeout)
+        finally:
+            self._end(ids)
+        return list(outcomes)
+
+    def alloc(self, shape: Sequence[int], dtype: str = "f32") -> npt.NDArray[Any]:
+        """A writable, zeroed-or-not array in this connection's shared memory: fill it and
+        send it without a copy. Without shm, an ordinary array."""
+        return alloc(self._session, shape, dtype)
+
+    def submit(self, method: str, params: object = None, *, keep: bool = False) -> str:
+        """Starts `method` as a task on the server (`ferry.task.submit`); returns its id."""
+        args: dict[str, object] = {"method": method, "keep": keep}
+        if params is not None:
+            args["params"] = params
+        r = self.call("ferry.task.submit", args)
+        if not isinstance(r, dict) or not isinstance(r.get("task"), str):
+            raise ProtocolError(f"ferry.task.submit answered {r!r:.200}")
+        return str(r["task"])
+
+    def task_status(self, task: str) -> dict[str, Any]:
+        """The task's status: `{"task", "method", "state", "elapsed_ms"}`."""
+        r = self.call("ferry.task.status", {"task": task})
+        return _status(r)
+
+    def task_result(
+        self,
+        task: str,
+        *,
+        wait_ms: int = 0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        """The task's result (or its error, raised), waiting up to `wait_ms` on the server;
+        `RpcError` with code -32005 while it is still running."""
+        if timeout is None:
+            timeout = max(self.timeout, wait_ms / 1000 + 10)
+        return self.call(
+            "ferry.task.result",
+            {"task": task, "wait_ms": wait_ms, "keep": keep},
+            timeout=timeout,
+        )
+
+    def task_cancel(self, task: str) -> dict[str, Any]:
+        """Cancels the task; returns its status."""
+        return _status(self.call("ferry.task.cancel", {"task": task}))
+
+    def discover(self) -> dict[str, Any]:
+        """The server's OpenRPC document (`rpc.discover`)."""
+        r = self.call("rpc.discover")
+        if not isinstance(r, dict):
+            raise ProtocolError(
+                f"rpc.discover answered {type(r).__name__}, not an object"
+            )
+        return r
+
+    def flush_releases(self) -> None:
+        """Tells the server now which of its tensors this process no longer uses (this
+        otherwise happens with the next call)."""
+        self._check()
+        with self._send_lock:
+            rel = self._session.releases()
+            if rel:
+                self._send_all([rel], [], self._deadline(None))
+
+    def close(self) -> None:
+        """Closes the connection (a CLOSE frame, then end of stream). Arrays received over
+        shm stay valid."""
+        with self._cond:
+            if self._dead is None:
+                self._dead = ConnectionClosed(
+                    "the connection was closed by this client", "normal"
+                )
+            first = self._sock.fileno() >= 0
+        if first:
+            try:
+                with self._send_lock:
+                    self._send_all(
+                        [self._session.close_frame()], [], time.monotonic() + 1.0
+                    )
+                    self._sock.shutdown(socket.SHUT_WR)
+            except (FerryError, OSError):
+                pass
+        self._teardown()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None) -> float:
+        t = self.timeout if timeout is None else timeout
+        if t < 0 or math.isnan(t):
+            raise ValueError(f"a timeout must be >= 0 seconds, got {t}")
+        return time.monotonic() + t if math.isfinite(t) else _NO_DEADLINE
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise ConnectionClosed(
+                f"the connection is closed ({self._dead})", self._dead_code()
+            )
+
+    def _dead_code(self) -> str | None:
+        return getattr(self._dead, "code", None) if self._dead is not None else None
+
+    def _begin(self) -> int:
+        with self._cond:
+            self._check()
+            call_id = self._session.next_id()
+            self._pending.add(call_id)
+            return call_id
+
+    def _end(self, ids: list[int]) -> None:
+        with self._cond:
+            for i in ids:
+                self._pending.discard(i)
+                self._results.pop(i, None)
+
+    def _send(self, build: Callable[[], Outgoing], deadline: float) -> None:
+        """Builds a message and writes it, both under the send lock: building decides
+        segment announcements and lease ids, so frames go out in the order they were built."""
+        with self._send_lock:
+            self._check_open()
+            out = build()
+            try:
+                if out.fds:
+                    if out.before:
+                        self._send_all([out.before], [], deadline)
+                    self._send_all(out.parts, out.fds, deadline)
+                elif out.before:
+                    self._send_all([out.before, *out.parts], [], deadline)
+                else:
+                    self._send_all(out.parts, [], deadline)
+            finally:
+                out.done()
+
+    def _send_all(
+        self, parts: list[bytes | memoryview], fds: list[int], deadline: float
+    ) -> None:
+        """Writes `parts` whole (`fds` with the first byte) or kills the connection: a
+        frame cut short cannot be resumed."""
+        self._check_open()
+        anc = rights(fds)
+        while parts:
+            try:
+                n = self._sock.sendmsg(parts[:MAX_IOV], anc)
+            except BlockingIOError:
+                if not self._wait_fd(select.POLLOUT, deadline):
+                    err = CallTimeout(
+                        "the server did not take the request in time; the connection is closed"
+                    )
+                    self._fail(ConnectionClosed(str(err)))
+                    raise err from None
+                continue
+            except OSError as e:
+                self._fail(ConnectionClosed(f"the connection is gone: {e}"))
+                raise ConnectionClosed(f"the connection is gone: {e}") from None
+            anc = []
+            parts = advance(parts, n)
+
+    def _check_open(self) -> None:
+        if self._dead is not None and self._sock.fileno() < 0:
+            raise ConnectionClosed(
+                f"the connection is closed ({self._dead})", self._dead_code()
+            )
+
+    def _wait_fd(self, event: int, deadline: float) -> bool:
+        """Waits until the socket is ready for `event`; False at the deadline."""
+        p = select.poll()
+        p.register(self._sock.fileno(), event)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            ms = (
+                -1
+                if remaining == math.inf
+                else max(1, math.ceil(min(remaining, 3600.0) * 1000))
+            )
+            if p.poll(ms):
+                return True
+
+    def _recv(self, deadline: float) -> None:
+        """Reads what the socket has (waiting for it until `deadline`) into the reader."""
+        reader = self._session.reader
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimeout("no answer in time")
+            ms = (
+                -1
+                if remaining == math.inf
+                else max(1, math.ceil(min(remaining, 3600.0) * 1000))
+            )
+            if not self._poll.poll(ms):
+                continue
+            direct = reader.direct()
+            target = direct if direct is not None else self._scratch
+            try:
+                n, anc, flags, _ = self._sock.recvmsg_into([target], ANCILLARY)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                raise ConnectionClosed(f"the connection is gone: {e}") from None
+            fds = received_fds(anc, flags)
+            if n == 0 and not fds:
+                raise ConnectionClosed(
+                    "the server closed the connection (end of stream)"
+                )
+            if direct is not None:
+                reader.filled(n, fds)
+            else:
+                reader.feed(memoryview(self._scratch)[:n], fds)
+            return
+
+    def _wait(
+        self, ids: list[int], deadline: float, timeout: float | None
+    ) -> list[Outcome]:
+        """Waits for the answers to `ids`, taking turns with other threads at reading."""
+        while True:
+            late = False
+            with self._cond:
+                while True:
+                    if all(i in self._results for i in ids):
+                        return [self._results.pop(i) for i in ids]
+                    if self._dead is not None:
+                        raise self._dead_error()
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        late = True
+                        break
+                    self._cond.wait(None if remaining == math.inf else remaining)
+            if late:
+                self._timed_out(ids, timeout)
+            try:
+                self._pump(deadline)
+            except CallTimeout:
+                self._timed_out(ids, timeout)
+            finally:
+                with self._cond:
+                    self._reading = False
+                    self._cond.notify_all()
+
+    def _dead_error(self) -> FerryError:
+        dead = self._dead
+        assert dead is not None
+        if isinstance(dead, ProtocolError):
+            return ProtocolError(str(dead), dead.code)
+        return ConnectionClosed(str(dead), self._dead_code())
+
+    def _timed_out(self, ids: list[int], timeout: float | None) -> None:
+        """Cancels `ids` on the server and raises `CallTimeout`."""
+        for i in ids:
+            try:
+                self._send(
+                    functools.partial(
+                        self._session.request, "ferry.cancel", {"id": i}, None
+                    ),
+                    time.monotonic() + 1.0,
+                )
+            except FerryError:
+                break
+        t = self.timeout if timeout is None else timeout
+        raise CallTimeout(
+            f"no answer within {t}s; the call was cancelled on the server"
+        )
+
+    def _pump(self, deadline: float) -> None:
+        """Reads at least once and handles every complete frame (the read turn is ours)."""
+        try:
+            self._recv(deadline)
+            while True:
+                f = self._session.reader.next_frame()
+                if f is None:
+                    return
+                for rid, outcome in self._session.on_frame(f):
+                    with self._cond:
+                        if rid in self._pending:
+                            self._results[rid] = outcome
+        except ProtocolError as e:
+            self._fail(e)
+        except ConnectionClosed as e:
+            self._fail(e)
+
+    def _fail(self, err: FerryError) -> None:
+        """The connection is over: tells the server why (if it broke the protocol), closes
+        the socket and fails every waiting call."""
+        with self._cond:
+            if self._dead is None:
+                self._dead = err
+            self._cond.notify_all()
+        if isinstance(err, ProtocolError) and self._sock.fileno() >= 0:
+            try:
+                frame = self._session.close_frame(err.code, str(err))
+                self._sock.send(frame)
+                self._sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self._sock.fileno() >= 0:
+            try:
+                self._poll.unregister(self._sock.fileno())
+            except (KeyError, ValueError):
+                pass
+            self._sock.close()
+        for fd in self._session.reader.take_stray_fds():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self._session.pool is not None:
+            self._session.pool.forget_leases()
+
+
+def alloc(session: Session, shape: Sequence[int], dtype: str) -> npt.NDArray[Any]:
+    """`Client.alloc` for both clients."""
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"dimensions must be >= 0, got {list(shape)}")
+    dt = numpy_dtype(dtype)
+    nbytes = int(np.prod(dims, dtype=object)) * dt.itemsize
+    if session.pool is None or nbytes == 0:
+        arr: npt.NDArray[Any] = np.zeros(dims, dtype=np.dtype(dt.str))
+        return arr.view(BF16) if dt is BF16 else arr
+    return session.pool.alloc(dims, dt)
+
+
+def _status(r: object) -> dict[str, Any]:
+    if not isinstance(r, dict) or not isinstance(r.get("state"), str):
+        raise ProtocolError(
+            f"a task status must be an object with a state, got {r!r:.200}"
+        )
+    return r
+
+
+__all__ = ["Client", "RpcError"]
