@@ -174,6 +174,8 @@ pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
                 });
             }
             Err(PipeError::Closed) => return Ok(()),
+            // A benchmark client offering a channel this transport cannot carry.
+            Err(PipeError::Refused(ferry_core::Refusal::NoCommonChannel { offered, .. })) if offered.is_empty() => {}
             Err(e) => eprintln!("ferry echo peer: {e}"),
         }
     }
@@ -340,6 +342,10 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         let client = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
         let pipe = match client.connect(&addr).await {
             Ok(p) => p,
+            // The channel cannot work over this transport (shm over QUIC, quic over unix).
+            Err(PipeError::Refused(ferry_core::Refusal::NoCommonChannel { offered, .. })) if offered.is_empty() => {
+                continue;
+            }
             Err(PipeError::Refused(r)) => {
                 bar.println(format!("skipping {} / {}: {r}", t.name(), c.name()));
                 continue;

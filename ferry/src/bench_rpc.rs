@@ -244,6 +244,10 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         let ep = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
         let client = match ep.connect(&addr).await {
             Ok(p) => Client::new(p),
+            // The channel cannot work over this transport (quic over unix): not a row.
+            Err(PipeError::Refused(ferry_core::Refusal::NoCommonChannel { offered, .. })) if offered.is_empty() => {
+                continue;
+            }
             Err(PipeError::Refused(r)) => {
                 eprintln!("skipping rpc over {} / {}: {r}", t.name(), c.name());
                 continue;
