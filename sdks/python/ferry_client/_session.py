@@ -9,6 +9,8 @@ Call order: `hello()`, then feed frames to `on_handshake()` until it returns Tru
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import struct
@@ -392,31 +394,45 @@ class Session:
         does not allow (the caller then closes the connection with that error's code).
         """
         try:
-            if f.kind == MESSAGE:
-                app, arrays = self.decode_message(f)
-                return responses(app, arrays)
-            if f.kind == CONTROL:
-                h = f.header
-                if not isinstance(h, dict) or "channel" not in h or "body" not in h:
-                    raise ProtocolError(f"malformed frame header: control frame {h!r}")
-                if h["channel"] != "shm" or self.pool is None:
-                    raise ProtocolError(
-                        f"malformed frame header: control frame for channel {h['channel']!r}, which this pipe does not use"
-                    )
-                self.pool.release(h["body"])
-                return []
-            if f.kind == CLOSE:
-                h = f.header if isinstance(f.header, dict) else {}
-                code = h.get("code", "normal")
-                if code == "normal":
-                    raise ConnectionClosed("the server closed the connection", "normal")
-                raise ConnectionClosed(
-                    f"the server closed the connection: {code}: {h.get('message', '')}",
-                    str(code),
-                )
-            raise ProtocolError(f"unexpected frame kind {f.kind} (after the handshake)")
+            return self._on_frame(f)
+        except (
+            KeyError,
+            TypeError,
+            ValueError,
+            IndexError,
+            OverflowError,
+            RecursionError,
+        ) as e:
+            # Anything the checks did not foresee is still the peer's fault, never a crash.
+            raise ProtocolError(f"malformed frame: {e!r:.300}") from None
         finally:
             _close_fds(f.fds)
+
+    def _on_frame(self, f: Frame) -> list[tuple[object, Outcome]]:
+        if f.kind == MESSAGE:
+            app, arrays = self.decode_message(f)
+            return responses(app, arrays)
+        if f.kind == CONTROL:
+            h = f.header
+            if not isinstance(h, dict) or "channel" not in h or "body" not in h:
+                raise ProtocolError(f"malformed frame header: control frame {h!r:.200}")
+            if h["channel"] != "shm" or self.pool is None:
+                raise ProtocolError(
+                    f"malformed frame header: control frame for channel {h['channel']!r:.100}, "
+                    "which this pipe does not use"
+                )
+            self.pool.release(h["body"])
+            return []
+        if f.kind == CLOSE:
+            h = f.header if isinstance(f.header, dict) else {}
+            code = h.get("code", "normal")
+            if code == "normal":
+                raise ConnectionClosed("the server closed the connection", "normal")
+            raise ConnectionClosed(
+                f"the server closed the connection: {code}: {h.get('message', '')}",
+                str(code),
+            )
+        raise ProtocolError(f"unexpected frame kind {f.kind} (after the handshake)")
 
     def decode_message(self, f: Frame) -> tuple[object, list[npt.NDArray[Any]]]:
         """A MESSAGE frame -> its application JSON and its tensors as arrays (validated)."""
@@ -536,15 +552,60 @@ def _little_endian(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 
 def _is_ref(v: object) -> bool:
-    return isinstance(v, dict) and len(v) == 1 and "$tensor" in v
+    """`{"$tensor": i}` (an index) or `{"$tensor": {"dtype", "shape", "data", ..}}` (inline).
+
+    Only those two shapes are tensors; other objects whose only key is `$tensor` (an
+    OpenRPC document describing the tensor schema has one) are left as they are.
+    """
+    if type(v) is not dict or len(v) != 1 or "$tensor" not in v:
+        return False
+    inner = v["$tensor"]
+    if type(inner) is int:
+        return True
+    return (
+        type(inner) is dict
+        and "dtype" in inner
+        and "shape" in inner
+        and "data" in inner
+    )
+
+
+def inline_tensor(value: dict[str, Any]) -> npt.NDArray[Any]:
+    """The inline form `{"dtype", "shape", "strides"?, "data": base64}` as an array."""
+    name = value.get("dtype")
+    if not isinstance(name, str) or name not in NUMPY_DTYPES:
+        raise ResultError(f"inline tensor of unknown dtype {name!r}")
+    dtype = NUMPY_DTYPES[name]
+    data = value.get("data")
+    if not isinstance(data, str):
+        raise ResultError("inline tensor without base64 `data`")
+    try:
+        raw = base64.b64decode(data, validate=True)
+        span, strided = byte_span(value, dtype.itemsize)
+    except (binascii.Error, ValueError, ProtocolError) as e:
+        raise ResultError(f"malformed inline tensor: {e}") from None
+    if span > len(raw) or (not strided and span != len(raw)):
+        raise ResultError(f"inline tensor needs {span} bytes but has {len(raw)}")
+    shape = tuple(value["shape"])
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    if strided:
+        strides = tuple(s * dtype.itemsize for s in value["strides"])
+        out: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
+            buf[:span].view(dtype), shape, strides
+        )
+        return out
+    return buf.view(dtype).reshape(shape)
 
 
 def resolve_tensors(value: object, arrays: list[npt.NDArray[Any]]) -> object:
-    """Replaces every `{"$tensor": i}` in `value` (parsed JSON, changed in place) by
-    `arrays[i]`. Raises `ResultError` for an index the message does not have."""
+    """Replaces every tensor in `value` (parsed JSON, changed in place): `{"$tensor": i}`
+    by `arrays[i]`, the inline form by its array. Raises `ResultError` for an index the
+    message does not have or a malformed inline tensor."""
 
     def tensor(ref: dict[str, Any]) -> npt.NDArray[Any]:
         i = ref["$tensor"]
+        if type(i) is dict:
+            return inline_tensor(i)
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(arrays):
             raise ResultError(
                 f"tensor reference {ref!r} does not name one of the message's {len(arrays)} tensors"
@@ -552,7 +613,8 @@ def resolve_tensors(value: object, arrays: list[npt.NDArray[Any]]) -> object:
         return arrays[i]
 
     if _is_ref(value):
-        return tensor(value)  # type: ignore[arg-type]
+        assert isinstance(value, dict)
+        return tensor(value)
     stack: list[object] = [value]
     while stack:
         v = stack.pop()

@@ -416,6 +416,8 @@ class AsyncClient:
                         fut.set_result(outcome)
         except FerryError as e:
             self._fail(e)
+        except Exception as e:  # a bug here must not leave calls waiting forever
+            self._fail(ProtocolError(f"internal error while reading: {e!r:.300}"))
 
     def _fail(self, err: FerryError) -> None:
         if self._dead is None:

@@ -493,10 +493,13 @@ class Client:
                     with self._cond:
                         if rid in self._pending:
                             self._results[rid] = outcome
-        except ProtocolError as e:
+        except (ProtocolError, ConnectionClosed) as e:
             self._fail(e)
-        except ConnectionClosed as e:
-            self._fail(e)
+        except CallTimeout:
+            raise
+        except Exception as e:  # a bug here must not leave other calls waiting forever
+            self._fail(ProtocolError(f"internal error while reading: {e!r:.300}"))
+            raise
 
     def _fail(self, err: FerryError) -> None:
         """The connection is over: tells the server why (if it broke the protocol), closes

@@ -1,0 +1,136 @@
+"""Fixtures: real `ferry serve` processes (killed at the end), unique addresses.
+
+The `ferry` binary is `$FERRY_BIN`, else `target/debug/ferry` or `target/release/ferry`
+of this repository (build it with `cargo build -p ferry`). Without it the tests fail
+loudly: they never pass without a real server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+_COUNTER = itertools.count()
+
+
+def ferry_bin() -> str:
+    """The `ferry` binary the tests run."""
+    env = os.environ.get("FERRY_BIN")
+    if env:
+        return env
+    for profile in ("debug", "release"):
+        candidate = REPO / "target" / profile / "ferry"
+        if candidate.exists():
+            return str(candidate)
+    pytest.fail("no ferry binary: build it with `cargo build -p ferry` or set FERRY_BIN")
+
+
+def unique_addr(tag: str) -> str:
+    """An abstract socket address no other test (or test run) uses."""
+    return f"unix:ferry-py-{tag}-{os.getpid()}-{next(_COUNTER)}"
+
+
+class Server:
+    """A `ferry serve` child process."""
+
+    def __init__(self, api: str, addr: str | None = None) -> None:
+        self.api = api
+        self.addr = addr or unique_addr(api)
+        self.proc = subprocess.Popen(
+            [ferry_bin(), "serve", self.addr, "--api", api],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._wait_ready(30.0)
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        while not line.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.proc.poll() is not None:
+                self.kill()
+                pytest.fail(f"ferry serve {self.addr} did not start (got {line!r})")
+            ready, _, _ = select.select([self.proc.stdout], [], [], remaining)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 1)
+                if not chunk:
+                    continue
+                line += chunk
+        assert line.startswith(b"listening on"), line
+
+    @property
+    def pid(self) -> int:
+        """The server's process id."""
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL, and reap."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def demo() -> Iterator[Server]:
+    """One `ferry serve --api demo` for the whole run."""
+    s = Server("demo")
+    yield s
+    s.kill()
+
+
+@pytest.fixture(scope="session")
+def conformance() -> Iterator[Server]:
+    """One `ferry serve --api conformance` for the whole run."""
+    s = Server("conformance")
+    yield s
+    s.kill()
+
+
+@pytest.fixture
+def own_server() -> Iterator[Server]:
+    """A conformance server of this test alone (tests that kill it)."""
+    s = Server("conformance")
+    yield s
+    s.kill()
+
+
+# ---- the conformance report ---------------------------------------------------------
+
+_REPORT: list[dict[str, object]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collects the outcome of every conformance case."""
+    if "test_conformance.py::test_case[" not in report.nodeid:
+        return
+    name = report.nodeid.split("[", 1)[1].rstrip("]")
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        outcome = "pass" if report.passed else "ignored" if report.skipped else "fail"
+        detail = None if report.passed else str(report.longrepr)[-4000:]
+        _REPORT.append({"name": name, "outcome": outcome, "detail": detail, "ms": round(report.duration * 1000)})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Writes `$FERRY_CONFORMANCE_REPORT` (if set) for `cargo xtask conformance`."""
+    path = os.environ.get("FERRY_CONFORMANCE_REPORT")
+    if not path or not _REPORT:
+        return
+    import json
+
+    report = {"backend": "python-sdk", "viable": True, "reason": None, "cases": _REPORT}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
