@@ -31,7 +31,9 @@ def ferry_bin() -> str:
         candidate = REPO / "target" / profile / "ferry"
         if candidate.exists():
             return str(candidate)
-    pytest.fail("no ferry binary: build it with `cargo build -p ferry` or set FERRY_BIN")
+    pytest.fail(
+        "no ferry binary: build it with `cargo build -p ferry` or set FERRY_BIN"
+    )
 
 
 def unique_addr(tag: str) -> str:
@@ -121,7 +123,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = "pass" if report.passed else "ignored" if report.skipped else "fail"
         detail = None if report.passed else str(report.longrepr)[-4000:]
-        _REPORT.append({"name": name, "outcome": outcome, "detail": detail, "ms": round(report.duration * 1000)})
+        _REPORT.append(
+            {
+                "name": name,
+                "outcome": outcome,
+                "detail": detail,
+                "ms": round(report.duration * 1000),
+            }
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

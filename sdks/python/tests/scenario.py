@@ -13,13 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 import ferry_client
-from ferry_client import BF16, CallTimeout, ConnectionClosed, RpcError, Tensor
+from ferry_client import CallTimeout, ConnectionClosed, RpcError, Tensor
 from ferry_client import _shm
 from ferry_client.generated import conformance as api
 from ferry_client.generated.conformance import AsyncConformanceClient, ConformanceClient
@@ -48,7 +48,9 @@ def pattern(dtype: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
     elif dtype == "bf16":
         out = ferry_client.f32_to_bf16((r - 125).astype(np.float32) * 0.5)
     else:
-        out = ((r - 125).astype(np.float64) * 0.5).astype(ferry_client.NUMPY_DTYPES[dtype])
+        out = ((r - 125).astype(np.float64) * 0.5).astype(
+            ferry_client.NUMPY_DTYPES[dtype]
+        )
     return out.reshape(shape)
 
 
@@ -66,9 +68,19 @@ def checksum(a: npt.NDArray[Any]) -> str:
 
 def same(a: npt.NDArray[Any], b: npt.NDArray[Any], what: str) -> None:
     """Equal dtype (bf16 tag included), shape and bytes."""
-    assert a.dtype == b.dtype and a.dtype.metadata == b.dtype.metadata, f"{what}: dtype {a.dtype} != {b.dtype}"
+    assert a.dtype == b.dtype and a.dtype.metadata == b.dtype.metadata, (
+        f"{what}: dtype {a.dtype} != {b.dtype}"
+    )
     assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
-    assert np.array_equal(a.view(np.uint8) if a.ndim and a.size else a, b.view(np.uint8) if b.ndim and b.size else b), what
+    assert np.array_equal(
+        a.view(np.uint8) if a.ndim and a.size else a,
+        b.view(np.uint8) if b.ndim and b.size else b,
+    ), what
+
+
+def _base(a: npt.NDArray[Any]) -> object:
+    """What an array views (numpy's stubs think it can only be an array or None)."""
+    return a.base
 
 
 def client(ctx: Ctx, shm: bool = True) -> ConformanceClient:
@@ -103,7 +115,7 @@ def every_dtype(ctx: Ctx) -> None:
             for dtype in ferry_client.DTYPES:
                 for shape in ((3, 5), (64, 128)):  # inline-sized and shm-sized
                     want = pattern(dtype, shape)
-                    got = c.make(dtype, list(shape))
+                    got = c.make(cast(api.DType, dtype), list(shape))
                     same(got, want, f"make {dtype}{shape} shm={shm}")
                     same(c.echo(got), want, f"echo {dtype}{shape} shm={shm}")
                     sent = want.copy()
@@ -136,7 +148,7 @@ def large_tensor(ctx: Ctx) -> None:
     with client(ctx) as c:
         got = c.make("f32", list(shape))
         same(got, want, "make large")
-        assert isinstance(got.base, _shm.PeerView), type(got.base)
+        assert isinstance(_base(got), _shm.PeerView), type(got.base)
         info = c.inspect(want)  # a heap array: copied into shared memory once
         assert info["checksum"] == checksum(want), info
         frame = c.client.alloc(shape, "f32")
@@ -150,7 +162,7 @@ def zero_copy(ctx: Ctx) -> None:
     with client(ctx) as c:
         a = c.make("f32", [256, 256])
         assert not a.flags.writeable, "a view of the server's memory must be read-only"
-        base = a.base
+        base = _base(a)
         assert isinstance(base, _shm.PeerView), type(base)
         seg = base.segment  # the mapping: the array lies inside it
         lo = int(seg.__array_interface__["data"][0])
@@ -180,7 +192,11 @@ def named_maps(ctx: Ctx) -> None:
             same(t, pattern("bf16", (32, 16)), "make_map")
         back = c.echo_map(m)
         assert sorted(back) == sorted(names)
-        local = {"w": pattern("i64", (100, 100)), "b": pattern("f16", (7,)), "e": pattern("u8", (0,))}
+        local = {
+            "w": pattern("i64", (100, 100)),
+            "b": pattern("f16", (7,)),
+            "e": pattern("u8", (0,)),
+        }
         infos = c.inspect_map(local)
         for k, v in local.items():
             assert infos[k]["checksum"] == checksum(v), (k, infos[k])
@@ -218,7 +234,10 @@ def types_roundtrip(ctx: Ctx) -> None:
             "child": None,
         }
         value: api.Shapes = {
-            "points": [{"x": 1.5, "y": -2.0, "label": "ä ß 東京"}, {"x": 0.0, "y": 1e300}],
+            "points": [
+                {"x": 1.5, "y": -2.0, "label": "ä ß 東京"},
+                {"x": 0.0, "y": 1e300},
+            ],
             "color": "red",
             "counts": {"a": 1, "b": 4294967295},
             "pair": [2**53 - 1, "two"],
@@ -249,7 +268,9 @@ def batch(ctx: Ctx) -> None:
         assert isinstance(results[1], RpcError) and results[1].code == 42, results[1]
         assert results[2]["checksum"] == checksum(x), results[2]
         same(results[3], x, "batch echo")
-        assert isinstance(results[4], RpcError) and results[4].code == -32601, results[4]
+        assert isinstance(results[4], RpcError) and results[4].code == -32601, results[
+            4
+        ]
 
 
 def notifications(ctx: Ctx) -> None:
@@ -315,7 +336,9 @@ def server_gone_mid_call(ctx: Ctx) -> None:
     server = ctx.start_server()
     try:
         c = ConformanceClient.connect(server.addr, timeout=60.0)
-        held = c.make("f32", [1024, 1024])  # keeps a mapping of the dying server's memory
+        held = c.make(
+            "f32", [1024, 1024]
+        )  # keeps a mapping of the dying server's memory
         errors: list[BaseException] = []
 
         def call() -> None:
@@ -363,7 +386,11 @@ def tasks(ctx: Ctx) -> None:
         except RpcError as e:
             assert e.code in (api.CancelledError.CODE, api.TaskNotFoundError.CODE), e
         task = c.client.submit("make", {"dtype": "i16", "shape": [10, 10]})
-        same(c.client.task_result(task, wait_ms=10_000), pattern("i16", (10, 10)), "task make")
+        same(
+            c.client.task_result(task, wait_ms=10_000),
+            pattern("i16", (10, 10)),
+            "task make",
+        )
 
 
 # ---- asyncio ------------------------------------------------------------------------
@@ -390,7 +417,9 @@ def asyncio_concurrent(ctx: Ctx) -> None:
                 await c.fail(-32005, "pending")
             except api.TaskPendingError:
                 pass
-            batch = await c.client.batch([("slow", {"ms": 1}), ("fail", {"code": 9, "message": "x"})])
+            batch = await c.client.batch(
+                [("slow", {"ms": 1}), ("fail", {"code": 9, "message": "x"})]
+            )
             assert batch[0] == 1 and isinstance(batch[1], RpcError)
 
     asyncio.run(main())

@@ -1,0 +1,390 @@
+"""The clients against real `ferry serve` processes, and against hostile fake servers
+on real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from conftest import Server, unique_addr
+
+import ferry_client
+from ferry_client import (
+    AsyncClient,
+    CallTimeout,
+    Client,
+    ConnectionClosed,
+    LimitError,
+    ProtocolError,
+    Refused,
+    Tensor,
+    bf16_to_f32,
+    f32_to_bf16,
+)
+from ferry_client import _shm
+from ferry_client._wire import CLOSE, MESSAGE, PREAMBLE, PREFIX, WELCOME, frame
+from ferry_client.generated.demo import AsyncDemoClient, DemoClient, InvalidParamsError
+
+
+def _base(a: npt.NDArray[Any]) -> object:
+    """What an array views (numpy's stubs think it can only be an array or None)."""
+    return a.base
+
+
+def status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def test_demo_through_the_generated_client(demo: Server) -> None:
+    with DemoClient.connect(demo.addr) as c:
+        assert c.add(1, 2) == 3.0
+        assert c.sum(np.arange(10, dtype=np.int16)) == 45.0
+        m = c.matmul(
+            np.eye(3, dtype=np.float32), np.full((3, 2), 2.0, dtype=np.float32)
+        )
+        assert m.tolist() == [[2.0, 2.0]] * 3
+        w = c.weights()
+        assert sorted(w) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+        d = c.describe(w)
+        assert d["fc1.weight"]["shape"] == [4, 8] and d["fc1.weight"]["dtype"] == "f32"
+        with pytest.raises(InvalidParamsError) as e:
+            c.matmul(np.ones((2, 3), np.float32), np.ones((2, 3), np.float32))
+        assert isinstance(e.value.data, dict) and e.value.data["path"] == "b"
+        assert c.whoami()["channel"] == "shm"
+
+
+def test_received_memory_is_not_copied(demo: Server) -> None:
+    """A 256 MiB tensor from the server costs this process no private memory: the array
+    views the server's mapped segment."""
+    with Client.connect(demo.addr) as c:
+        anon0, shmem0 = status_kb("RssAnon"), status_kb("RssShmem")
+        t = c.call("create_tensor", {"shape": [256 << 20], "dtype": "u8", "fill": 1})
+        assert isinstance(_base(t), _shm.PeerView) and not t.flags.writeable
+        assert int(t.sum(dtype=np.uint64)) == 256 << 20  # touches every page
+        anon1, shmem1 = status_kb("RssAnon"), status_kb("RssShmem")
+        assert anon1 - anon0 < 32 << 10, (anon0, anon1)
+        assert shmem1 - shmem0 > 200 << 10, (shmem0, shmem1)
+        other = c.call("create_tensor", {"shape": [16], "dtype": "u8"})
+        assert isinstance(_base(other), _shm.PeerView)
+
+
+def test_sending_allocated_memory_is_not_copied(demo: Server) -> None:
+    with Client.connect(demo.addr) as c:
+        pool = c._session.pool
+        assert pool is not None
+        for _ in range(30):
+            frame_ = c.alloc((1920, 1080, 3), "f32")
+            frame_[...] = 0.25
+            back = c.call("echo", {"tensor": frame_})
+            assert np.shares_memory(back, frame_) and back[0, 0, 0] == 0.25
+            del frame_, back
+        # Slots come back: the pool did not grow with the number of calls.
+        assert len(pool.segments) <= 2, [s.size for s in pool.segments]
+        c.flush_releases()
+
+
+def test_copy_in_and_inline(demo: Server) -> None:
+    x = np.random.default_rng(1).standard_normal((512, 512)).astype(np.float32)
+    for shm in (True, False):
+        with Client.connect(demo.addr, shm=shm) as c:
+            assert c.channel == ("shm" if shm else "inline")
+            back = c.call("echo", {"tensor": x})
+            assert np.array_equal(back, x) and not np.shares_memory(back, x)
+            strided = x[::2, ::3]  # not contiguous: copied once
+            assert np.array_equal(c.call("echo", {"tensor": strided}), strided)
+            big = np.ones((1920, 1080, 3), np.float32)
+            assert c.call("sum", {"tensor": big}) == big.size
+
+
+def test_bf16_and_f16(demo: Server) -> None:
+    with Client.connect(demo.addr) as c:
+        b = c.call("create_tensor", {"shape": [4], "dtype": "bf16", "fill": 1.5})
+        assert b.dtype == ferry_client.BF16 and bf16_to_f32(b).tolist() == [1.5] * 4
+        assert c.call("sum", {"tensor": b}) == 6.0  # goes back as bf16
+        assert (
+            c.call("sum", {"tensor": Tensor(np.array([0x3FC0] * 2, np.uint16), "bf16")})
+            == 3.0
+        )
+        h = c.call("create_tensor", {"shape": [3], "dtype": "f16", "fill": 0.5})
+        assert h.dtype == np.float16 and h.tolist() == [0.5] * 3
+    vals = np.array(
+        [1.0, -2.5, 3.14159, 65504.0, np.inf, np.nan, 1.00390625], np.float32
+    )
+    back = bf16_to_f32(f32_to_bf16(vals))
+    assert back[0] == 1.0 and back[1] == -2.5 and abs(back[2] - 3.14159) < 0.02
+    assert np.isinf(back[4]) and np.isnan(back[5])
+    assert back[6] == 1.0  # a tie rounds to even
+
+
+def test_dlpack(demo: Server) -> None:
+    with Client.connect(demo.addr) as c:
+        t = c.call("create_tensor", {"shape": [8, 8], "dtype": "f32", "fill": 3})
+        wrapped = Tensor(t)
+        assert wrapped.__dlpack_device__() == (1, 0)
+        viewed = np.from_dlpack(wrapped)  # numpy asks for DLPack 1.0: no copy
+        assert np.shares_memory(viewed, t) and not viewed.flags.writeable
+        capsule = wrapped.__dlpack__()  # an old consumer: read-only memory is copied
+        assert type(capsule).__name__ == "PyCapsule"
+        with pytest.raises(BufferError):
+            wrapped.__dlpack__(copy=False)
+        writable = c.alloc((4,), "i64")
+        assert np.shares_memory(np.from_dlpack(Tensor(writable)), writable)
+
+
+def test_threads_share_a_client(demo: Server) -> None:
+    with Client.connect(demo.addr) as c:
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                for i in range(40):
+                    x = np.full((k + 1, 64), i, dtype=np.int32)
+                    assert np.array_equal(c.call("echo", {"tensor": x}), x)
+                    assert c.call("add", [k, i]) == k + i
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        assert not errors, errors
+
+
+def test_timeouts_cancel_on_the_server(demo: Server) -> None:
+    with Client.connect(demo.addr, timeout=0.3) as c:
+        t0 = time.monotonic()
+        with pytest.raises(CallTimeout):
+            c.call("sleep", {"ms": 5000})
+        assert time.monotonic() - t0 < 1.5
+        assert c.call("add", [1, 1], timeout=5) == 2.0
+        task = c.submit("sleep", {"ms": 200})
+        assert c.task_result(task, wait_ms=5000) == 200
+
+
+def test_limits_are_checked_before_sending(demo: Server) -> None:
+    from ferry_client._wire import Limits
+
+    with Client.connect(demo.addr, pool_limit=8 << 20) as c:
+        with pytest.raises(LimitError, match="pool_limit"):
+            c.alloc((16 << 20,), "u8")
+        c._session.peer_limits = Limits(max_tensors=1)
+        with pytest.raises(LimitError, match="max_tensors"):
+            c.call("echo", {"tensor": [np.zeros(2), np.zeros(2)]})
+        c._session.peer_limits = Limits(max_payload_bytes=100)
+        with pytest.raises(LimitError, match="max_payload_bytes"):
+            c.call("echo", {"tensor": np.zeros(1000, np.uint8)})
+        c._session.peer_limits = Limits()
+        assert c.call("add", [2, 3]) == 5.0  # nothing was half-sent
+
+
+def test_asyncio_client(demo: Server) -> None:
+    async def main() -> None:
+        async with await AsyncDemoClient.connect(demo.addr) as c:
+            sums = await asyncio.gather(
+                *(c.sum(np.full(100, i, np.float64)) for i in range(20))
+            )
+            assert sums == [100.0 * i for i in range(20)]
+            t = await c.create_tensor([1920, 1080, 3], "f32", fill=2.0)
+            assert isinstance(_base(t), _shm.PeerView)
+            back = await c.echo(t)
+            assert np.shares_memory(back, t)
+            slow = asyncio.ensure_future(c.sleep(10_000))
+            await asyncio.sleep(0.05)
+            slow.cancel()  # cancels the call on the server too
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            assert await c.add(1, 1) == 2.0
+        raw = await AsyncClient.connect(demo.addr, shm=False)
+        assert raw.channel == "inline"
+        assert (await raw.call("echo", {"tensor": np.arange(5)})).tolist() == list(
+            range(5)
+        )
+        await raw.close()
+        with pytest.raises(ConnectionClosed):
+            await raw.call("add", [1, 2])
+
+    asyncio.run(main())
+
+
+# ---- hostile servers on real sockets ----------------------------------------------------
+
+
+class FakeServer:
+    """A listening socket whose one connection is handled by `script(conn)` in a thread."""
+
+    def __init__(self, script: Callable[[socket.socket], None]) -> None:
+        self.addr = unique_addr("fake")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind("\0" + self.addr.split(":", 1)[1])
+        self.sock.listen(1)
+        self.received = b""
+        self.thread = threading.Thread(target=self._run, args=(script,), daemon=True)
+        self.thread.start()
+
+    def _run(self, script: Callable[[socket.socket], None]) -> None:
+        conn, _ = self.sock.accept()
+        conn.settimeout(5)
+        try:
+            script(conn)
+            while True:  # keep what the client sends (e.g. its CLOSE)
+                data = conn.recv(65536)
+                if not data:
+                    break
+                self.received += data
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def handshake(conn: socket.socket) -> None:
+    """Reads the client's preamble and HELLO, answers with a preamble and WELCOME."""
+    buf = b""
+    while len(buf) < len(PREAMBLE) + PREFIX.size:
+        buf += conn.recv(65536)
+    hlen = PREFIX.unpack_from(buf, len(PREAMBLE))[3]
+    while len(buf) < len(PREAMBLE) + PREFIX.size + hlen:
+        buf += conn.recv(65536)
+    welcome = {"version": 1, "channels": {"cpu": "shm"}, "limits": {}, "agent": "fake"}
+    conn.sendall(PREAMBLE + frame(WELCOME, welcome))
+
+
+def read_request(conn: socket.socket) -> None:
+    buf = conn.recv(65536)
+    assert buf
+
+
+@pytest.fixture
+def fake() -> Iterator[Callable[[Callable[[socket.socket], None]], FakeServer]]:
+    servers: list[FakeServer] = []
+
+    def make(script: Callable[[socket.socket], None]) -> FakeServer:
+        s = FakeServer(script)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_not_a_ferry_server(fake: Callable[..., FakeServer]) -> None:
+    s = fake(lambda conn: conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n"))
+    with pytest.raises(ProtocolError, match="not a ferry peer"):
+        Client.connect(s.addr, connect_timeout=5)
+
+
+def test_silent_server_times_out(fake: Callable[..., FakeServer]) -> None:
+    s = fake(lambda conn: time.sleep(2))
+    t0 = time.monotonic()
+    with pytest.raises(CallTimeout):
+        Client.connect(s.addr, connect_timeout=0.5)
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_refusal(fake: Callable[..., FakeServer]) -> None:
+    def refuse(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(PREAMBLE + frame(3, {"reason": "bad_token"}))
+
+    with pytest.raises(Refused) as e:
+        Client.connect(fake(refuse).addr)
+    assert e.value.reason == "bad_token"
+
+
+def test_unsealed_segment_closes_the_connection(
+    fake: Callable[..., FakeServer],
+) -> None:
+    def script(conn: socket.socket) -> None:
+        handshake(conn)
+        read_request(conn)
+        fd = os.memfd_create(
+            "evil", os.MFD_CLOEXEC
+        )  # no seals: could be shrunk under us
+        os.ftruncate(fd, 4096)
+        shm = {
+            "segment": 0,
+            "offset": 0,
+            "len": 4,
+            "lease": 1,
+            "announce": {"fd": 0, "size": 4096},
+        }
+        body = {
+            "header": {"jsonrpc": "2.0", "id": 1, "result": {"$tensor": 0}},
+            "tensors": [{"meta": {"dtype": "u8", "shape": [4]}, "data": {"shm": shm}}],
+        }
+        data = frame(MESSAGE, body, 0, 1)
+        socket.send_fds(conn, [data], [fd])
+        os.close(fd)
+
+    s = fake(script)
+    c = Client.connect(s.addr)
+    with pytest.raises(ProtocolError, match="SHRINK and GROW"):
+        c.call("x")
+    with pytest.raises(ConnectionClosed):  # the error once, then "closed"
+        c.call("x")
+    s.close()
+    assert s.received.startswith(bytes([CLOSE])), s.received[:40]
+    assert b"protocol_error" in s.received
+
+
+@pytest.mark.parametrize(
+    "evil",
+    [
+        lambda conn: conn.sendall(struct.pack("<BBHIQ", MESSAGE, 0, 0, 1 << 30, 0)),
+        lambda conn: conn.sendall(
+            struct.pack("<BBHIQ", MESSAGE, 0, 0, 10, 0) + b"{not json}"
+        ),
+        lambda conn: conn.sendall(frame(MESSAGE, {"header": [1, 2, 3]})),
+        lambda conn: conn.sendall(frame(MESSAGE, {"header": {"id": 1, "error": "x"}})),
+        lambda conn: conn.sendall(frame(WELCOME, {})),
+        lambda conn: (
+            conn.sendall(struct.pack("<BBHIQ", MESSAGE, 0, 0, 100, 0) + b"{"),
+            conn.shutdown(socket.SHUT_WR),  # end of stream inside a frame
+        ),
+    ],
+)
+def test_hostile_frames(
+    fake: Callable[..., FakeServer], evil: Callable[[socket.socket], None]
+) -> None:
+    def script(conn: socket.socket) -> None:
+        handshake(conn)
+        read_request(conn)
+        evil(conn)
+
+    s = fake(script)
+    c = Client.connect(s.addr, timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises((ProtocolError, ConnectionClosed)):
+        c.call("x")
+    assert time.monotonic() - t0 < 4
+    c.close()
+
+
+def test_server_gone(own_server: Server) -> None:
+    c = Client.connect(own_server.addr)
+    assert c.call("slow", {"ms": 1}) == 1
+    own_server.kill()
+    with pytest.raises(ConnectionClosed):
+        c.call("slow", {"ms": 1})
+    assert c.closed
+    c.close()
