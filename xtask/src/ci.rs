@@ -3,7 +3,7 @@
 //! Runs each step in order with a header and its elapsed time, stops at the first failure
 //! and prints a summary: fmt, clippy, tests (nextest plus doctests when `cargo nextest` is
 //! installed, else `cargo test`), the third-party JSON-RPC clients (`rpc-clients`),
-//! `codegen --check`, `tidy`, rustdoc with `-Dwarnings`,
+//! `codegen --check`, the Python SDK (`sdk-python`), `tidy`, rustdoc with `-Dwarnings`,
 //! `conformance` (all backends), then `cargo check` of the `ferry` facade with no default
 //! features and with each of its features alone.
 
@@ -125,6 +125,10 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
     notes.extend(crate::typescript_sdk::missing_tools(sh));
     steps.push(Step::new("npm ci && npm test (sdks/typescript)", crate::typescript_sdk::test));
     steps.push(Step::new("cargo xtask codegen --check", |sh| Codegen { check: true }.run(sh)));
+    if !crate::sdk::has_python(sh) {
+        notes.push("python3 is missing: `xtask sdk-python` (the Python SDK) was SKIPPED".to_owned());
+    }
+    steps.push(Step::new("cargo xtask sdk-python", |sh| crate::sdk::SdkPython.run(sh)));
     steps.push(Step::new("cargo xtask tidy", |sh| Tidy.run(sh)));
     steps.push(Step::new("RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked", |sh| {
         Ok(cmd!(sh, "cargo doc --workspace --no-deps --locked").env("RUSTDOCFLAGS", "-Dwarnings").run()?)

@@ -19,7 +19,8 @@
 //!
 //! SDK columns run after the backends (without `--backend`, or when named by `--backend` /
 //! `--require`): `typescript-sdk` is `npm run conformance` in `sdks/typescript`
-//! ([`crate::typescript_sdk`]), which writes the same report format.
+//! ([`crate::typescript_sdk`]), `python-sdk` the pytest scenario of `sdks/python`
+//! ([`crate::sdk`]); both write the same report format.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -85,6 +86,11 @@ impl Conformance {
             columns.push(column);
             failures.extend(problems);
         }
+        if self.runs_sdk(crate::sdk::PYTHON_SDK) {
+            let (column, problems) = crate::sdk::python_column(sh, &report_dir, self.release);
+            columns.push(column);
+            failures.extend(problems);
+        }
         if self.runs_sdk(crate::typescript_sdk::COLUMN) {
             let (column, problems) = crate::typescript_sdk::conformance_column(sh, &report_dir);
             columns.push(column);
@@ -115,7 +121,7 @@ impl Conformance {
 
 /// Columns that are SDK suites rather than `backends/` crates; `--backend` and `--require`
 /// accept them too.
-const SDK_COLUMNS: &[&str] = &[crate::typescript_sdk::COLUMN];
+const SDK_COLUMNS: &[&str] = &[crate::sdk::PYTHON_SDK, crate::typescript_sdk::COLUMN];
 
 impl Conformance {
     /// Whether the SDK column `name` runs: always without `--backend`, else when named

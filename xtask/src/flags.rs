@@ -47,6 +47,11 @@ impl Flags {
         Ok(values)
     }
 
+    /// Every argument not consumed yet (for commands that pass them on).
+    pub fn into_rest(self) -> Vec<String> {
+        self.rest
+    }
+
     /// Fails if any argument was not consumed.
     pub fn finish(self, command: &str) -> anyhow::Result<()> {
         if let Some(arg) = self.rest.first() {

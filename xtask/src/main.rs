@@ -8,6 +8,7 @@
 //! - [`tidy`]: repository rules that the compiler cannot check (also run as `#[test]`s).
 //! - [`conformance`]: runs every backend's conformance suite and prints one table.
 //! - [`rpc_clients`]: third-party JSON-RPC clients (PyPI, npm) against `ferry serve`.
+//! - [`sdk`]: the Python SDK's checks and tests, its conformance column, its benchmark.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
@@ -16,6 +17,7 @@ mod codegen;
 mod conformance;
 mod flags;
 mod rpc_clients;
+mod sdk;
 mod tidy;
 mod typescript_sdk;
 
@@ -37,9 +39,14 @@ commands:
                            conformance case registry
   conformance [--backend NAME].. [--require NAME].. [--release]
                            run `cargo test -p ferry-NAME --test conformance` for each backend
-                           (default: every directory in backends/), print a pass/FAIL/ignored
+                           (default: every directory in backends/) and the SDK scenarios
+                           (python-sdk, typescript-sdk), print a pass/FAIL/ignored
                            table and write target/conformance.json; a --require'd backend
                            fails on any ignored case or if it is not viable
+  sdk-python               the Python SDK in a venv (target/sdk-venv): pip install
+                           ./sdks/python, ruff, mypy --strict, pytest against ferry serve
+  bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
+                           bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
                            target/venv, @open-rpc/* from npm in rpc/tests/js) and the
                            OpenRPC meta-schema check against `ferry serve`
@@ -75,6 +82,8 @@ fn try_main() -> anyhow::Result<()> {
         Some("tidy") => tidy::Tidy::parse(flags)?.run(&sh),
         Some("conformance") => conformance::Conformance::parse(flags)?.run(&sh),
         Some("rpc-clients") => rpc_clients::RpcClients::parse(flags)?.run(&sh),
+        Some("sdk-python") => sdk::SdkPython::parse(flags)?.run(&sh),
+        Some("bench-sdk") => sdk::BenchSdk::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         None | Some("help" | "-h" | "--help") => {
             print!("{USAGE}");

@@ -1,0 +1,169 @@
+//! The Python SDK (`sdks/python`): `cargo xtask sdk-python` (its CI step), its column of
+//! `cargo xtask conformance` (`python-sdk`), and `cargo xtask bench-sdk`.
+//!
+//! - A venv at `target/sdk-venv` (`python3 -m venv`, made once) gets the pinned tools of
+//!   `sdks/python/requirements-dev.txt` (numpy, pytest, mypy, ruff) and, on every run, a
+//!   fresh `pip install ./sdks/python`, so the tests exercise the installed package, as a
+//!   user gets it.
+//! - `sdk-python` runs `ruff format --check` and `ruff check` (the package, its tests and
+//!   bench, and the generator's Python snapshots), `mypy --strict` (same files), then
+//!   `pytest` against real `ferry serve` processes (`FERRY_BIN`: the freshly built binary).
+//! - The conformance column runs `tests/test_conformance.py` with
+//!   `FERRY_CONFORMANCE_REPORT=target/conformance/python-sdk.json` (the report format of
+//!   [`crate::conformance`]).
+//! - `bench-sdk` builds `ferry` with `--release` and runs `sdks/python/bench/bench_rtt.py`.
+//!
+//! Without `python3` every one of these says so loudly and does not pass silently: the CI
+//! step is skipped with a banner and a note, the conformance column is "not viable".
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use xshell::{Shell, cmd};
+
+use crate::conformance::{Column, REPORT_ENV, Report};
+use crate::flags::Flags;
+
+/// The conformance column's name.
+pub const PYTHON_SDK: &str = "python-sdk";
+
+/// Whether `python3` runs here.
+pub fn has_python(sh: &Shell) -> bool {
+    cmd!(sh, "python3 --version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+}
+
+fn loud(msg: &str) {
+    let bar = "!".repeat(78);
+    eprintln!("\n{bar}\n!! SKIPPED: {msg}\n{bar}\n");
+}
+
+/// Makes (once) the venv, installs the pinned tools and (every time) the package itself;
+/// returns the venv's python.
+fn venv(sh: &Shell, root: &Path) -> anyhow::Result<PathBuf> {
+    let venv = root.join("target").join("sdk-venv");
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        cmd!(sh, "python3 -m venv {venv}").run()?;
+    }
+    let reqs = root.join("sdks/python/requirements-dev.txt");
+    cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check -r {reqs}").run()?;
+    let package = root.join("sdks/python");
+    cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall {package}")
+        .run()
+        .context("pip install ./sdks/python")?;
+    Ok(python)
+}
+
+/// Builds the `ferry` binary (debug, or release) and returns its path.
+fn ferry_bin(sh: &Shell, root: &Path, release: bool) -> anyhow::Result<PathBuf> {
+    let flag = release.then_some("--release");
+    cmd!(sh, "cargo build -p ferry --bin ferry --locked {flag...}").run()?;
+    Ok(root.join("target").join(if release { "release" } else { "debug" }).join("ferry"))
+}
+
+/// `cargo xtask sdk-python`.
+pub struct SdkPython;
+
+impl SdkPython {
+    /// Parses the (empty) argument list.
+    pub fn parse(flags: Flags) -> anyhow::Result<SdkPython> {
+        flags.finish("sdk-python")?;
+        Ok(SdkPython)
+    }
+
+    /// Format, lint and type checks, then the tests.
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let root = sh.current_dir();
+        if !has_python(sh) {
+            loud("python3 not found: the Python SDK was NOT installed, type-checked or tested");
+            return Ok(());
+        }
+        let python = venv(sh, &root)?;
+        let ferry = ferry_bin(sh, &root, false)?;
+        let _dir = sh.push_dir(root.join("sdks/python"));
+        let snapshots: Vec<PathBuf> = python_snapshots(&root)?;
+        let snaps = &snapshots;
+        let checked = ["ferry_client", "tests", "bench"];
+        cmd!(sh, "{python} -m ruff format --check {checked...} {snaps...}").run()?;
+        cmd!(sh, "{python} -m ruff check {checked...} {snaps...}").run()?;
+        // mypy also reads the package's config from pyproject.toml.
+        cmd!(sh, "{python} -m mypy --strict {checked...} {snaps...}").run()?;
+        cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests").env("FERRY_BIN", &ferry).run()?;
+        Ok(())
+    }
+}
+
+/// The generator's Python snapshot outputs (`sdk-gen/tests/data/*.py`), type-checked as
+/// well: they exercise every construct the emitter has.
+fn python_snapshots(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let dir = root.join("sdk-gen/tests/data");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "py") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The `python-sdk` column of `cargo xtask conformance`, and the problems running it.
+pub fn python_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, Vec<String>) {
+    let root = sh.current_dir();
+    let report_path = report_dir.join(format!("{PYTHON_SDK}.json"));
+    let _ = std::fs::remove_file(&report_path);
+    if !has_python(sh) {
+        loud("python3 not found: the python-sdk conformance column is NOT viable");
+        let report = Report::broken(PYTHON_SDK, "python3 not found".to_owned());
+        return (Column { name: PYTHON_SDK.to_owned(), report }, Vec::new());
+    }
+    let mut problems = Vec::new();
+    let run = || -> anyhow::Result<()> {
+        let python = venv(sh, &root)?;
+        let ferry = ferry_bin(sh, &root, release)?;
+        let _dir = sh.push_dir(root.join("sdks/python"));
+        cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests/test_conformance.py")
+            .env("FERRY_BIN", &ferry)
+            .env(REPORT_ENV, &report_path)
+            .run()?;
+        Ok(())
+    };
+    let status = run();
+    if let Err(e) = &status {
+        problems.push(format!("{PYTHON_SDK}: the scenario failed: {e:#}"));
+    }
+    let report = match std::fs::read_to_string(&report_path) {
+        Ok(text) => Report::parse(&text).unwrap_or_else(|e| Report::broken(PYTHON_SDK, format!("{e:#}"))),
+        Err(_) => {
+            problems.push(format!("{PYTHON_SDK}: no report at {}", report_path.display()));
+            Report::broken(PYTHON_SDK, "no report (see the output above)".to_owned())
+        }
+    };
+    (Column { name: PYTHON_SDK.to_owned(), report }, problems)
+}
+
+/// `cargo xtask bench-sdk [ARGS..]`: the Python SDK's round trips beside bare Python
+/// socket round trips, against a release `ferry serve` (arguments go to the script).
+pub struct BenchSdk {
+    args: Vec<String>,
+}
+
+impl BenchSdk {
+    /// Takes every argument for the script.
+    pub fn parse(flags: Flags) -> anyhow::Result<BenchSdk> {
+        Ok(BenchSdk { args: flags.into_rest() })
+    }
+
+    /// Builds, installs and runs the benchmark.
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let root = sh.current_dir();
+        anyhow::ensure!(has_python(sh), "python3 not found: the Python SDK benchmark needs python3 with numpy");
+        let python = venv(sh, &root)?;
+        let ferry = ferry_bin(sh, &root, true)?;
+        let script = root.join("sdks/python/bench/bench_rtt.py");
+        let args = self.args;
+        cmd!(sh, "{python} {script} {args...}").env("FERRY_BIN", &ferry).run()?;
+        Ok(())
+    }
+}
