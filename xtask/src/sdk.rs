@@ -88,9 +88,31 @@ impl SdkPython {
         cmd!(sh, "{python} -m ruff check {checked...} {snaps...}").run()?;
         // mypy also reads the package's config from pyproject.toml.
         cmd!(sh, "{python} -m mypy --strict {checked...} {snaps...}").run()?;
-        cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests").env("FERRY_BIN", &ferry).run()?;
-        Ok(())
+        drop(_dir);
+        pytest(sh, &root, &python, &ferry, "tests", None)
     }
+}
+
+/// Runs pytest on `sdks/python/{what}` from `target/`, so that `import ferry_client` finds
+/// the installed package (as a user gets it), not the source tree.
+fn pytest(
+    sh: &Shell,
+    root: &Path,
+    python: &Path,
+    ferry: &Path,
+    what: &str,
+    report: Option<&Path>,
+) -> anyhow::Result<()> {
+    let _dir = sh.push_dir(root.join("target"));
+    let tests = root.join("sdks/python").join(what);
+    let mut c = cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
+        .env("FERRY_BIN", ferry)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    if let Some(report) = report {
+        c = c.env(REPORT_ENV, report);
+    }
+    c.run()?;
+    Ok(())
 }
 
 /// The generator's Python snapshot outputs (`sdk-gen/tests/data/*.py`), type-checked as
@@ -122,12 +144,7 @@ pub fn python_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, V
     let run = || -> anyhow::Result<()> {
         let python = venv(sh, &root)?;
         let ferry = ferry_bin(sh, &root, release)?;
-        let _dir = sh.push_dir(root.join("sdks/python"));
-        cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests/test_conformance.py")
-            .env("FERRY_BIN", &ferry)
-            .env(REPORT_ENV, &report_path)
-            .run()?;
-        Ok(())
+        pytest(sh, &root, &python, &ferry, "tests/test_conformance.py", Some(&report_path))
     };
     let status = run();
     if let Err(e) = &status {

@@ -244,6 +244,15 @@ class Session:
         to be over the server's limits.
         """
         lim = self.peer_limits
+        if not tensors:
+            header = ('{"header":%s}' % app_json).encode()
+            if len(header) > lim.max_header_bytes:
+                raise LimitError(
+                    f"message header is {len(header)} bytes, over the server's limit "
+                    f"max_header_bytes = {lim.max_header_bytes}"
+                )
+            prefix = _PREFIX_PACK(MESSAGE, 0, 0, len(header), 0)
+            return Outgoing(self.releases(), [prefix + header], [], [], [])
         if len(tensors) > lim.max_tensors:
             raise LimitError(
                 f"tensors in one message is {len(tensors)}, over the server's limit max_tensors = {lim.max_tensors}"

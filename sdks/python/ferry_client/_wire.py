@@ -19,6 +19,8 @@ VERSION = 1
 PREAMBLE = MAGIC + struct.pack("<H", VERSION)
 PREFIX = struct.Struct("<BBHIQ")
 """kind, flags, descriptor count, header length, payload length."""
+_UNPACK = PREFIX.unpack_from
+_DECODER = json.JSONDecoder()
 
 HELLO, WELCOME, REFUSE, MESSAGE, CONTROL, CLOSE = 1, 2, 3, 4, 5, 6
 ALIGN = 64
@@ -77,9 +79,9 @@ def dumps(value: object) -> bytes:
 
 
 def loads(data: bytes | bytearray | memoryview, what: str) -> Any:
-    """Parses JSON from the peer; anything wrong is a `ProtocolError`."""
+    """Parses JSON (UTF-8) from the peer; anything wrong is a `ProtocolError`."""
     try:
-        return json.loads(bytes(data))
+        return _DECODER.decode(bytes(data).decode())
     except (ValueError, RecursionError) as e:
         raise ProtocolError(f"malformed {what}: {e}") from None
 
@@ -97,7 +99,7 @@ def frame(kind: int, header: object, payload_len: int = 0, fds: int = 0) -> byte
     return PREFIX.pack(kind, 0, fds, len(h), payload_len) + h
 
 
-@dataclass
+@dataclass(slots=True)
 class Frame:
     """One received frame: its kind, parsed JSON header, payload and descriptors.
 
@@ -170,6 +172,28 @@ class FrameReader:
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or `None` until more bytes arrive."""
+        buf = self._buf
+        if self._prefix is None and not self._preamble and len(buf) >= 16:
+            # Fast path: a whole frame without payload or descriptors (most of them).
+            kind, flags, nfds, hlen, plen = _UNPACK(buf)
+            end = 16 + hlen
+            if (
+                not flags
+                and not nfds
+                and not plen
+                and HELLO <= kind <= CLOSE
+                and len(buf) >= end
+                and hlen <= self.limits.max_header_bytes
+            ):
+                try:
+                    header = _DECODER.decode(buf[16:end].decode())
+                except (ValueError, RecursionError) as e:
+                    raise ProtocolError(f"malformed frame header: {e}") from None
+                del buf[:end]
+                return Frame(kind, header, bytearray(), [])
+        return self._next_frame()
+
+    def _next_frame(self) -> Frame | None:
         if self._preamble:
             if len(self._buf) < len(PREAMBLE):
                 return None

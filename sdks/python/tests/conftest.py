@@ -143,3 +143,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     report = {"backend": "python-sdk", "viable": True, "reason": None, "cases": _REPORT}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def pytest_report_header() -> str:
+    """Which ferry_client is under test (the installed package, in CI)."""
+    import ferry_client
+
+    return f"ferry_client {ferry_client.__version__} from {Path(ferry_client.__file__).parent}"
