@@ -354,12 +354,16 @@ fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(S
                 doc.push_str("\n\n@deprecated");
             }
             jsdoc(w, &doc);
+            // A method without params takes an (ignored) empty object, and sends no params at
+            // all: a server whose method takes none refuses `{}` and `[]`.
             let params_arg =
-                if m.params.is_empty() { format!("params: {params} = {{}}") } else { format!("params: {params}") };
+                if m.params.is_empty() { format!("_params: {params} = {{}}") } else { format!("params: {params}") };
             let args = [params_arg, "opts?: CallOptions".to_owned()];
             w.list(&format!("{name}("), &args, &format!("): Promise<{result}> {{"));
             w.indented(|w| {
-                let send = if m.param_structure == ParamStructure::ByPosition {
+                let send = if m.params.is_empty() {
+                    "undefined".to_owned()
+                } else if m.param_structure == ParamStructure::ByPosition {
                     let items: Vec<String> = m.params.iter().map(|p| format!("params{}", ts_access(&p.name))).collect();
                     format!("[{}]", items.join(", "))
                 } else {

@@ -183,8 +183,8 @@ export class KitchenSinkClient {
    *
    * @deprecated
    */
-  close(params: CloseParams = {}, opts?: CallOptions): Promise<CloseResult> {
-    return this.call<CloseResult>("close", params, opts);
+  close(_params: CloseParams = {}, opts?: CallOptions): Promise<CloseResult> {
+    return this.call<CloseResult>("close", undefined, opts);
   }
 
   /** Calls `load-weights`. */

@@ -471,8 +471,11 @@ export class ConformanceClient {
   }
 
   /** How the caller is connected */
-  whoami(params: WhoamiParams = {}, opts?: CallOptions): Promise<WhoamiResult> {
-    return this.call<WhoamiResult>("whoami", params, opts);
+  whoami(
+    _params: WhoamiParams = {},
+    opts?: CallOptions,
+  ): Promise<WhoamiResult> {
+    return this.call<WhoamiResult>("whoami", undefined, opts);
   }
 
   /**

@@ -362,15 +362,18 @@ export class DemoClient {
 
   /** A small MLP's weights, as a named tensor map */
   weights(
-    params: WeightsParams = {},
+    _params: WeightsParams = {},
     opts?: CallOptions,
   ): Promise<WeightsResult> {
-    return this.call<WeightsResult>("weights", params, opts);
+    return this.call<WeightsResult>("weights", undefined, opts);
   }
 
   /** How the caller is connected */
-  whoami(params: WhoamiParams = {}, opts?: CallOptions): Promise<WhoamiResult> {
-    return this.call<WhoamiResult>("whoami", params, opts);
+  whoami(
+    _params: WhoamiParams = {},
+    opts?: CallOptions,
+  ): Promise<WhoamiResult> {
+    return this.call<WhoamiResult>("whoami", undefined, opts);
   }
 
   /**
