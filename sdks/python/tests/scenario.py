@@ -1,5 +1,6 @@
 """The cross-language conformance scenario, Python side: every case against a real
-`ferry serve --api conformance`, through the generated client.
+`ferry serve --api conformance`, through the generated client (`sdk::*` rows of
+`cargo xtask conformance`, column `python-sdk`).
 
 `CASES` lists `(name, function)`; each function gets a `Ctx` and raises on failure. The
 names are the rows of `cargo xtask conformance`'s table (column `python-sdk`). The
@@ -109,24 +110,30 @@ def inline_only(ctx: Ctx) -> None:
 # ---- data ---------------------------------------------------------------------------
 
 
-def every_dtype(ctx: Ctx) -> None:
-    for shm in (True, False):
-        with client(ctx, shm=shm) as c:
-            for dtype in ferry_client.DTYPES:
-                for shape in ((3, 5), (64, 128)):  # inline-sized and shm-sized
+def dtype_case(dtype: str) -> Callable[[Ctx], None]:
+    """Every way a tensor of `dtype` travels: made by the server, echoed back, sent from
+    here (checksummed by the server), over shm and inline, small (inline-sized) and
+    larger (shm-sized)."""
+
+    def case(ctx: Ctx) -> None:
+        for shm in (True, False):
+            with client(ctx, shm=shm) as c:
+                for shape in ((3, 5), (64, 128)):
                     want = pattern(dtype, shape)
                     got = c.make(cast(api.DType, dtype), list(shape))
                     same(got, want, f"make {dtype}{shape} shm={shm}")
                     same(c.echo(got), want, f"echo {dtype}{shape} shm={shm}")
                     sent = want.copy()
                     info = c.inspect(sent)
-                    assert info["dtype"] == dtype and info["shape"] == list(shape), info
+                    assert info["dtype"] == dtype, info
+                    assert info["shape"] == list(shape), info
                     assert info["checksum"] == checksum(sent), (dtype, shape, info)
                     same(c.echo(sent), want, f"echo local {dtype}{shape} shm={shm}")
-            # bf16 from any uint16 array, via Tensor
-            bits = pattern("bf16", (4,)).view(np.uint16)
-            info = c.inspect(Tensor(bits, "bf16"))
-            assert info["dtype"] == "bf16", info
+                if dtype == "bf16":  # any uint16 array, sent as bf16 through `Tensor`
+                    bits = pattern("bf16", (4,)).view(np.uint16)
+                    assert c.inspect(Tensor(bits, "bf16"))["dtype"] == "bf16"
+
+    return case
 
 
 def empty_tensors(ctx: Ctx) -> None:
@@ -183,7 +190,7 @@ def zero_copy(ctx: Ctx) -> None:
         assert not receiver.held, receiver.held
 
 
-def named_maps(ctx: Ctx) -> None:
+def named_map_result(ctx: Ctx) -> None:
     names = ["fc1.weight", "fc1.bias", "layers/0/w", "ünïcode"]
     with client(ctx) as c:
         m = c.make_map(names, "bf16", [32, 16])
@@ -192,6 +199,10 @@ def named_maps(ctx: Ctx) -> None:
             same(t, pattern("bf16", (32, 16)), "make_map")
         back = c.echo_map(m)
         assert sorted(back) == sorted(names)
+
+
+def named_map_params(ctx: Ctx) -> None:
+    with client(ctx) as c:
         local = {
             "w": pattern("i64", (100, 100)),
             "b": pattern("f16", (7,)),
@@ -302,19 +313,33 @@ def error_table(ctx: Ctx) -> None:
             c.fail(4242, "application error")
         except RpcError as e:
             assert type(e) is RpcError and e.code == 4242, e
+
+
+def error_invalid_params(ctx: Ctx) -> None:
+    with client(ctx) as c:
         try:
             c.client.call("make", {"dtype": "f33", "shape": [1]})
         except RpcError as e:
             assert type(e) is RpcError, "the raw client raises RpcError itself"
             assert e.code == -32602
+        else:
+            raise AssertionError("no error")
         try:
             c.make("f33", [1])  # type: ignore[arg-type]
         except api.InvalidParamsError as e:
             assert isinstance(e.data, dict) and e.data.get("path") == "dtype", e.data
+        else:
+            raise AssertionError("no error")
+
+
+def error_method_not_found(ctx: Ctx) -> None:
+    with client(ctx) as c:
         try:
             c.client.call("no_such_method")
         except RpcError as e:
             assert e.code == -32601
+        else:
+            raise AssertionError("no error")
 
 
 def timeouts(ctx: Ctx) -> None:
@@ -450,22 +475,26 @@ def asyncio_server_gone(ctx: Ctx) -> None:
 
 
 CASES: list[tuple[str, Callable[[Ctx], None]]] = [
-    ("handshake::shm_negotiated", shm_negotiated),
-    ("handshake::inline_only", inline_only),
-    ("data::every_dtype", every_dtype),
-    ("data::empty_tensors", empty_tensors),
-    ("data::large_tensor", large_tensor),
-    ("data::zero_copy", zero_copy),
-    ("data::named_maps", named_maps),
-    ("data::nested_values", nested_values),
-    ("types::roundtrip", types_roundtrip),
-    ("rpc::batch", batch),
-    ("rpc::notifications", notifications),
-    ("errors::table", error_table),
-    ("errors::timeouts", timeouts),
-    ("faults::server_gone_mid_call", server_gone_mid_call),
-    ("tasks::lifecycle", tasks),
-    ("asyncio::concurrent", asyncio_concurrent),
-    ("asyncio::server_gone", asyncio_server_gone),
+    ("sdk::shm_negotiated", shm_negotiated),
+    ("sdk::inline_only", inline_only),
+    *[(f"sdk::dtype_{d}", dtype_case(d)) for d in ferry_client.DTYPES],
+    ("sdk::empty_tensors", empty_tensors),
+    ("sdk::large_tensor", large_tensor),
+    ("sdk::zero_copy", zero_copy),
+    ("sdk::named_map_result", named_map_result),
+    ("sdk::named_map_params", named_map_params),
+    ("sdk::nested_values", nested_values),
+    ("sdk::types_roundtrip", types_roundtrip),
+    ("sdk::batch", batch),
+    ("sdk::notifications", notifications),
+    ("sdk::error_table", error_table),
+    ("sdk::error_method_not_found", error_method_not_found),
+    ("sdk::error_invalid_params", error_invalid_params),
+    ("sdk::many_in_flight", asyncio_concurrent),
+    ("sdk::call_timeout", timeouts),
+    ("sdk::tasks", tasks),
+    ("sdk::server_gone_mid_call", server_gone_mid_call),
+    ("sdk::asyncio_server_gone", asyncio_server_gone),
 ]
-"""Every case, in the order the table lists them."""
+"""Every case, in the order the table lists them. Rows shared with the TypeScript SDK's
+scenario have its names (`sdk::dtype_f32`, `sdk::batch`, ...), so the table lines them up."""
