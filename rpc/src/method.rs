@@ -126,15 +126,19 @@ pub trait ErasedHandler: Send + Sync + 'static {
 }
 
 /// Decodes params of type `P`: by name (object), by position (array, in field order), or
-/// absent (as `{}`, then `null`, then `[]`). The error says where and why.
+/// absent or empty (as `{}`, then `null`, then `[]`). The error says where and why.
 pub fn decode_params<P: DeserializeOwned>(params: Option<Value>, tensors: &[Tensor]) -> Result<P, ErrorObject> {
     let to_err = |e: serde_path_to_error::Error<serde_json::Error>| {
         let path = e.path().to_string();
         ErrorObject::invalid_params(if path == "." { String::new() } else { path }, e.into_inner().to_string())
     };
+    // Empty params (`{}` or `[]`) are the same as none: a method without params accepts all
+    // three spellings, as its `paramStructure: "either"` promises.
+    let empty = matches!(&params, Some(Value::Object(m)) if m.is_empty())
+        || matches!(&params, Some(Value::Array(a)) if a.is_empty());
     match params {
-        Some(v) => tensor::from_value(v, tensors).map_err(to_err),
-        None => {
+        Some(v) if !empty => tensor::from_value(v, tensors).map_err(to_err),
+        _ => {
             let first = tensor::from_value(Value::Object(Default::default()), tensors);
             first
                 .or_else(|e| tensor::from_value(Value::Null, tensors).map_err(|_| e))

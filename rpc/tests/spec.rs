@@ -273,3 +273,18 @@ async fn discover_is_served() {
     let params: Vec<&str> = sub["params"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
     assert_eq!(params, ["minuend", "subtrahend"]);
 }
+
+#[tokio::test]
+async fn methods_without_params_accept_every_empty_spelling() {
+    let mut m = Methods::new();
+    m.register("ping", |_: ()| async move { Ok::<_, ErrorObject>("pong") }).unwrap();
+    let s = Server::new(m);
+    for req in [
+        r#"{"jsonrpc":"2.0","method":"ping","id":1}"#,
+        r#"{"jsonrpc":"2.0","method":"ping","params":{},"id":1}"#,
+        r#"{"jsonrpc":"2.0","method":"ping","params":[],"id":1}"#,
+    ] {
+        let reply = send(&s, req).await.unwrap();
+        assert_eq!(reply["result"], json!("pong"), "{req} -> {reply}");
+    }
+}
