@@ -13,6 +13,11 @@ Rows (p50/p99 in microseconds; GB/s counts the tensor's bytes both ways):
 - `sdk-rtt-zero-copy`: the SDK's `echo` of the f32[1920,1080,3] tensor made with
   `client.alloc` (in shared memory): it goes as a descriptor and comes back as a view of
   the same memory, with no copy either way.
+- `sdk-pipe-rtt-zero-copy`: the same tensor (made with `pipe.alloc`) sent as a ferry
+  message with an empty JSON header by the SDK's `Pipe` (no JSON-RPC) to `ferry __echo`
+  (the peer of `ferry bench`, which sends every message back) and received back: the
+  same framing, shm descriptors, leases and views as `sdk-rtt-zero-copy`, without the
+  JSON-RPC layer on either side, so the difference is what JSON-RPC costs.
 - `sdk-rtt-copy-in`: `echo` of an ordinary numpy array of that shape (one copy into
   shared memory on the way out; the answer is a view of it).
 - `sdk-recv-create`: `create_tensor` of that shape (the server fills it; this process
@@ -74,9 +79,11 @@ class Row:
 
 
 def start(
-    cmd: list[str], ready: bytes, timeout: float = 30.0
+    cmd: list[str], ready: bytes, timeout: float = 30.0, stdin: int | None = None
 ) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdin=stdin, stdout=subprocess.PIPE, start_new_session=True
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     line = b""
@@ -91,6 +98,8 @@ def start(
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdin is not None:
+        proc.stdin.close()  # (`ferry __echo` exits when its stdin closes)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -140,6 +149,10 @@ def main() -> None:
 
     server = start([ferry, "serve", f"unix:{tag}", "--api", "demo"], b"listening on")
     echo = start([sys.executable, "-c", ECHO_SERVER, f"{tag}-echo"], b"ready")
+    # `ferry __echo` serves until its stdin closes: keep a pipe to it open.
+    peer = start(
+        [ferry, "__echo", f"unix:{tag}-peer"], b"ready ", stdin=subprocess.PIPE
+    )
     try:
         bare = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         bare.connect(f"\0{tag}-echo")
@@ -156,6 +169,10 @@ def main() -> None:
         frame[...] = 1
         heap = np.ones(shape, dtype=ferry_client.NUMPY_DTYPES[args.dtype])
         nbytes = frame.nbytes
+        pipe = ferry_client.Pipe.connect(f"unix:{tag}-peer")
+        assert pipe.channel == "shm", f"shm was not negotiated ({pipe.channel})"
+        pipe_frame = pipe.alloc(shape, args.dtype)
+        pipe_frame[...] = 1
 
         def bare_rtt() -> None:
             bare.sendall(msg64)
@@ -173,6 +190,11 @@ def main() -> None:
             back = client.call("echo", {"tensor": frame})
             assert back.shape == shape
 
+        def pipe_zero_copy() -> None:
+            pipe.send({}, [pipe_frame])
+            back = pipe.recv().tensors[0]
+            assert back.shape == shape
+
         def copy_in() -> None:
             client.call("echo", {"tensor": heap})
 
@@ -184,6 +206,7 @@ def main() -> None:
             (Row("bare-py-json-rtt-64B", 0), json_rtt, args.small_iters),
             (Row("sdk-call-add", 0), add, args.small_iters),
             (Row("sdk-rtt-zero-copy", nbytes), zero_copy, args.iters),
+            (Row("sdk-pipe-rtt-zero-copy", nbytes), pipe_zero_copy, args.iters),
             (Row("sdk-rtt-copy-in", nbytes), copy_in, max(args.iters // 10, 10)),
             (Row("sdk-recv-create", nbytes), create, max(args.iters // 10, 10)),
         ]
@@ -198,9 +221,11 @@ def main() -> None:
                     f()
                     row.samples.append(time.perf_counter() - t)
         client.close()
+        pipe.close()
         bare.close()
         plain.close()
     finally:
+        stop(peer)
         stop(echo)
         stop(server)
 
@@ -242,6 +267,11 @@ def main() -> None:
         f"target: sdk-rtt-zero-copy p50 <= {TARGET}x bare-py-socket-rtt-64B p50: {zc:.1f} us vs "
         f"{TARGET * base:.1f} us: {verdict} ({zc / base:.2f}x; {zc / base_json:.2f}x the bare JSON round trip "
         "through the same server)"
+    )
+    pz = rows[4].p(0.5)
+    print(
+        f"without JSON-RPC: sdk-pipe-rtt-zero-copy p50 {pz:.1f} us ({pz / base:.2f}x the bare "
+        f"socket round trip); JSON-RPC adds {zc - pz:.1f} us"
     )
 
 

@@ -7,6 +7,8 @@ mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
 
 - `Client` (blocking) and `AsyncClient` (asyncio): `call`, `notify`, `batch`, tasks,
   `alloc` (an array in shared memory, sent without a copy), `discover`.
+- `Pipe` (blocking): the same connection at the message level, without JSON-RPC: `send`
+  a JSON header with tensors, `recv` the peer's next `Message`.
 - `Tensor`, `BF16`, `bf16_to_f32`, `f32_to_bf16`: dtypes numpy lacks, and DLPack export.
 - Exceptions: `FerryError` and its subclasses (`errors`).
 - Typed clients generated from OpenRPC documents live in `ferry_client.generated`
@@ -33,6 +35,7 @@ from .errors import (
     ResultError,
     RpcError,
 )
+from .pipe import Message, Pipe
 from .tensors import (
     BF16,
     DTYPES,
@@ -52,8 +55,10 @@ __all__ = [
     "DTYPES",
     "FerryError",
     "LimitError",
+    "Message",
     "NUMPY_DTYPES",
     "ParamsError",
+    "Pipe",
     "ProtocolError",
     "Refused",
     "ResultError",

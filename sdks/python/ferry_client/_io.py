@@ -13,6 +13,8 @@ from .errors import FerryError, ProtocolError
 ANCILLARY = socket.CMSG_SPACE(MAX_FDS_PER_RECV * 4)
 """Room for the most descriptors one recvmsg may carry."""
 
+_CTRUNC = int(socket.MSG_CTRUNC)
+
 MAX_IOV = 512
 """The most buffers handed to one sendmsg (Linux allows 1024)."""
 
@@ -56,7 +58,7 @@ def received_fds(ancdata: list[tuple[int, int, bytes]], flags: int) -> list[int]
             a = array.array("i")
             a.frombytes(data[: len(data) - len(data) % a.itemsize])
             fds.extend(a)
-    if flags & socket.MSG_CTRUNC:
+    if flags & _CTRUNC:
         for fd in fds:
             os.close(fd)
         raise ProtocolError("descriptors were truncated (MSG_CTRUNC)")

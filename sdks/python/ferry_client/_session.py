@@ -14,6 +14,7 @@ import binascii
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -29,6 +30,7 @@ from ._wire import (
     MESSAGE,
     PREAMBLE,
     REFUSE,
+    U64_MAX,
     VERSION,
     WELCOME,
     Frame,
@@ -36,6 +38,7 @@ from ._wire import (
     Limits,
     byte_span,
     frame,
+    plain_span,
     uint,
 )
 from .errors import (
@@ -64,6 +67,12 @@ _DESC_STRIDED = (
 )
 
 
+_METHODS: dict[str, str] = {}
+"""`'{"jsonrpc":"2.0","method":"NAME"'` for each method name called so far (up to
+`_MAX_METHODS` of them)."""
+_MAX_METHODS = 4096
+
+
 def _request_json(
     method: str,
     params: object,
@@ -72,15 +81,29 @@ def _request_json(
 ) -> str:
     """One JSON-RPC request (tensors in `params` become references into `tensors`)."""
     try:
-        text = '{"jsonrpc":"2.0","method":' + _ENCODER.encode(method)
+        text = _METHODS.get(method) if type(method) is str else None
+        if text is None:
+            text = '{"jsonrpc":"2.0","method":' + _ENCODER.encode(method)
+            if type(method) is str and len(_METHODS) < _MAX_METHODS:
+                _METHODS[method] = text
         if params is not None:
-            text += ',"params":' + _ENCODER.encode(encode_params(params, tensors))
+            text += ',"params":' + params_json(params, tensors)
     except ValueError as e:  # NaN or infinity
         raise ParamsError(f"params cannot be sent as JSON: {e}") from None
     if call_id is not None:
         text += ',"id":%d' % call_id
     return text + "}"
 
+
+_PEER_FAULTS = (
+    KeyError,
+    TypeError,
+    ValueError,
+    IndexError,
+    OverflowError,
+    RecursionError,
+)
+"""What a malformed frame that no check foresaw can raise while it is decoded."""
 
 Outcome = Union[object, RpcError, ResultError]
 """A call's result, or the error it ended with."""
@@ -403,19 +426,34 @@ class Session:
         does not allow (the caller then closes the connection with that error's code).
         """
         try:
+            if f.kind == MESSAGE:  # (the usual frame first)
+                app, arrays = self.decode_message(f)
+                return responses(app, arrays)
             return self._on_frame(f)
-        except (
-            KeyError,
-            TypeError,
-            ValueError,
-            IndexError,
-            OverflowError,
-            RecursionError,
-        ) as e:
+        except _PEER_FAULTS as e:
             # Anything the checks did not foresee is still the peer's fault, never a crash.
             raise ProtocolError(f"malformed frame: {e!r:.300}") from None
         finally:
-            _close_fds(f.fds)
+            if f.fds:
+                _close_fds(f.fds)
+
+    def receive(self, f: Frame) -> tuple[object, list[npt.NDArray[Any]]] | None:
+        """A frame after the handshake, at the message level (no JSON-RPC) -> the message
+        it carries (its application JSON and its tensors as arrays), or `None` for a frame
+        that carries none (the shm channel's control frames).
+
+        Raises as `on_frame` does.
+        """
+        try:
+            if f.kind == MESSAGE:
+                return self.decode_message(f)
+            self._on_frame(f)  # (control: applied; close: raises)
+            return None
+        except _PEER_FAULTS as e:
+            raise ProtocolError(f"malformed frame: {e!r:.300}") from None
+        finally:
+            if f.fds:
+                _close_fds(f.fds)
 
     def _on_frame(self, f: Frame) -> list[tuple[object, Outcome]]:
         if f.kind == MESSAGE:
@@ -471,15 +509,14 @@ class Session:
     def _tensor(self, d: object, f: Frame) -> npt.NDArray[Any]:
         if (
             not isinstance(d, dict)
-            or not isinstance(d.get("meta"), dict)
-            or not isinstance(d.get("data"), dict)
+            or not isinstance(meta := d.get("meta"), dict)
+            or not isinstance(data := d.get("data"), dict)
         ):
             raise ProtocolError(f"malformed tensor descriptor {d!r}")
-        meta, data = d["meta"], d["data"]
         name = meta.get("dtype")
-        if not isinstance(name, str) or name not in NUMPY_DTYPES:
+        dtype = NUMPY_DTYPES.get(name) if isinstance(name, str) else None
+        if dtype is None:
             raise ProtocolError(f"unknown dtype {name!r}")
-        dtype = NUMPY_DTYPES[name]
         device = meta.get("device", "cpu")
         if device != "cpu":
             raise ProtocolError(
@@ -491,12 +528,20 @@ class Session:
         if kind == "inline":
             if not isinstance(loc, dict):
                 raise ProtocolError(f"inline location must be an object, got {loc!r}")
-            off, n = uint(loc.get("offset"), "offset"), uint(loc.get("len"), "len")
+            off, n = loc.get("offset"), loc.get("len")
+            if type(off) is not int or not 0 <= off <= U64_MAX:
+                off = uint(off, "offset")
+            if type(n) is not int or not 0 <= n <= U64_MAX:
+                n = uint(n, "len")
             if off + n > len(f.payload):
                 raise ProtocolError(
                     f"range {off}+{n} is outside the payload of {len(f.payload)} bytes"
                 )
-            span, strided = byte_span(meta, dtype.itemsize)
+            plain = plain_span(meta, dtype.itemsize)
+            if plain is not None:
+                span, strided = plain, False
+            else:
+                span, strided = byte_span(meta, dtype.itemsize)
             if span > n or (not strided and span != n):
                 raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
             shape = tuple(meta["shape"])
@@ -523,6 +568,83 @@ class Session:
                 )
             return self.pool.returned(loc, meta, dtype)
         raise ProtocolError(f"unknown location {kind!r}")
+
+
+class _Slow(Exception):
+    """`_fast_json` met something it leaves to `encode_params` and the JSON encoder."""
+
+
+_FAST_DEPTH = 32
+_FAST_ITEMS = 64
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring
+_int_repr = int.__repr__
+_float_repr = float.__repr__
+_INF = float("inf")
+
+
+def params_json(params: object, tensors: list[tuple[npt.NDArray[Any], str]]) -> str:
+    """`params` as compact JSON text, numpy arrays and `Tensor`s replaced by
+    `{"$tensor": i}` (appended to `tensors`): `_ENCODER.encode(encode_params(..))`, with
+    the same text and the same errors.
+
+    Small params of the built-in JSON types and arrays (nearly all calls) are written in
+    one pass; anything else (NaN, non-string keys, subclasses, numpy scalars, deep or long
+    containers) goes the general way, from the start."""
+    start = len(tensors)
+    try:
+        return _fast_json(params, tensors, 0)
+    except _Slow:
+        del tensors[start:]
+        return _ENCODER.encode(encode_params(params, tensors))
+
+
+def _fast_json(
+    v: object, tensors: list[tuple[npt.NDArray[Any], str]], depth: int
+) -> str:
+    t = type(v)
+    if t is str:
+        assert isinstance(v, str)
+        return _encode_str(v)
+    if t is dict:
+        assert isinstance(v, dict)
+        if not v:
+            return "{}"
+        if depth >= _FAST_DEPTH or len(v) > _FAST_ITEMS:
+            raise _Slow
+        items = []
+        for k, x in v.items():
+            if type(k) is not str:
+                raise _Slow
+            items.append(_encode_str(k) + ":" + _fast_json(x, tensors, depth + 1))
+        return "{" + ",".join(items) + "}"
+    if t is np.ndarray:
+        assert isinstance(v, np.ndarray)
+        tensors.append((_little_endian(v), ferry_dtype(v.dtype)))
+        return '{"$tensor":%d}' % (len(tensors) - 1)
+    if t is int:
+        return _int_repr(v)
+    if t is float:
+        if v != v or v == _INF or v == -_INF:
+            raise _Slow  # the general way raises the encoder's own ValueError
+        return _float_repr(v)
+    if t is list or t is tuple:
+        assert isinstance(v, (list, tuple))
+        if not v:
+            return "[]"
+        if depth >= _FAST_DEPTH or len(v) > _FAST_ITEMS:
+            raise _Slow
+        return "[" + ",".join([_fast_json(x, tensors, depth + 1) for x in v]) + "]"
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if t is Tensor:
+        assert isinstance(v, Tensor)
+        tensors.append((_little_endian(v.array), v.dtype))
+        return '{"$tensor":%d}' % (len(tensors) - 1)
+    raise _Slow
 
 
 def encode_params(
@@ -621,6 +743,8 @@ def resolve_tensors(value: object, arrays: list[npt.NDArray[Any]]) -> object:
             )
         return arrays[i]
 
+    if not isinstance(value, (dict, list)):
+        return value  # a number, string, bool or null: no tensor in it
     if _is_ref(value):
         assert isinstance(value, dict)
         return tensor(value)

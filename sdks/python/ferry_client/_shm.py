@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._wire import byte_span, uint
+from ._wire import U64_MAX, byte_span, plain_span, uint
 from .errors import LimitError, ProtocolError
 
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
@@ -81,7 +81,8 @@ def make_array(holder: Any, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
     """The array `holder.__array_interface__` describes, with `dtype` (which may carry
     metadata, e.g. bf16's tag); its base is `holder`."""
     arr: npt.NDArray[Any] = np.asarray(holder)
-    if arr.dtype != dtype or arr.dtype.metadata != dtype.metadata:
+    got = arr.dtype
+    if got is not dtype and (got != dtype or got.metadata != dtype.metadata):
         arr = arr.view(dtype)
     return arr
 
@@ -162,18 +163,24 @@ class ShmReceiver:
         seg = self.segments.get(seg_id)
         if seg is None:
             raise ProtocolError(f"unknown segment {seg_id}")
-        off, n, lease = (
-            uint(r.get("offset"), "offset"),
-            uint(r.get("len"), "len"),
-            uint(r.get("lease"), "lease"),
-        )
+        off, n, lease = r.get("offset"), r.get("len"), r.get("lease")
+        if type(off) is not int or not 0 <= off <= U64_MAX:
+            off = uint(off, "offset")
+        if type(n) is not int or not 0 <= n <= U64_MAX:
+            n = uint(n, "len")
+        if type(lease) is not int or not 0 <= lease <= U64_MAX:
+            lease = uint(lease, "lease")
         if off + n > len(seg):
             raise ProtocolError(
                 f"range {off}+{n} is outside segment {seg_id} of {len(seg)} bytes"
             )
         if lease in self.held:
             raise ProtocolError(f"lease {lease} granted twice")
-        span, strided = byte_span(meta, dtype.itemsize)
+        plain = plain_span(meta, dtype.itemsize)
+        if plain is not None:
+            span, strided = plain, False
+        else:
+            span, strided = byte_span(meta, dtype.itemsize)
         if span > n or (not strided and span != n):
             raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
         start = _address(seg) + off
@@ -414,14 +421,20 @@ class ShmPool:
         """The server's CONTROL body `{"release": [..]}` (strict, PROTOCOL.md 11.5)."""
         if (
             not isinstance(ids, dict)
-            or set(ids) != {"release"}
+            or len(ids) != 1
+            or "release" not in ids
             or not isinstance(ids["release"], list)
         ):
             raise ProtocolError(f"malformed shm control body {ids!r}")
+        granted = self.granted
         with self.lock:
             for raw in ids["release"]:
-                lease = uint(raw, "release")
-                entry = self.granted.pop(lease, None)
+                lease = (
+                    raw
+                    if type(raw) is int and 0 <= raw <= U64_MAX
+                    else uint(raw, "release")
+                )
+                entry = granted.pop(lease, None)
                 if entry is None:
                     raise ProtocolError(
                         f"release of lease {lease}, which is not granted"
@@ -435,8 +448,13 @@ class ShmPool:
         """An `shm_return` descriptor: a read-only array of this side's own memory."""
         if not isinstance(r, dict):
             raise ProtocolError(f"shm_return descriptor must be an object, got {r!r}")
-        lease = uint(r.get("lease"), "lease")
-        off, n = uint(r.get("offset"), "offset"), uint(r.get("len"), "len")
+        lease, off, n = r.get("lease"), r.get("offset"), r.get("len")
+        if type(lease) is not int or not 0 <= lease <= U64_MAX:
+            lease = uint(lease, "lease")
+        if type(off) is not int or not 0 <= off <= U64_MAX:
+            off = uint(off, "offset")
+        if type(n) is not int or not 0 <= n <= U64_MAX:
+            n = uint(n, "len")
         with self.lock:
             entry = self.granted.get(lease)
             if entry is None:
@@ -447,15 +465,18 @@ class ShmPool:
                     f"returned range {off}+{n} is outside lease {lease} of {length} bytes"
                 )
             slot.refs += 1
-        span, strided = byte_span(meta, dtype.itemsize)
+        itemsize = dtype.itemsize
+        plain = plain_span(meta, itemsize)
+        if plain is not None:
+            span, strided = plain, False
+        else:
+            span, strided = byte_span(meta, itemsize)
         if span > n or (not strided and span != n):
             with self.lock:
                 self._unref(slot)
             raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
         shape = tuple(meta["shape"])
-        strides = (
-            tuple(s * dtype.itemsize for s in meta["strides"]) if strided else None
-        )
+        strides = tuple(s * itemsize for s in meta["strides"]) if strided else None
         address = slot.segment.address + start + off
         holder = OwnView(
             self, slot, array_interface(shape, dtype, strides, address, True)

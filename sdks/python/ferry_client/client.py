@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -47,29 +47,33 @@ from .tensors import BF16, numpy_dtype
 
 _SCRATCH = 1 << 16
 _NO_DEADLINE = math.inf
+_CTRUNC = int(socket.MSG_CTRUNC)  # a plain int: `&` on the IntFlag runs Python code
+_C = TypeVar("_C", bound="_Connection")
 
 
-class Client:
-    """A connection to a ferry JSON-RPC server. Make one with `Client.connect(addr)`."""
+class _Connection:
+    """What `Client` and `Pipe` share: one ferry connection (handshake, frames, shm), its
+    socket, its deadlines, and how it ends. Make one with `connect(addr)`."""
 
     def __init__(self, sock: socket.socket, session: Session, timeout: float) -> None:
         self._sock = sock
         self._session = session
         self.timeout = timeout
-        """Default seconds a call waits for its answer."""
+        """Default seconds a call (or a receive) waits."""
         self._send_lock = threading.Lock()
-        self._cond = threading.Condition(threading.Lock())
-        self._reading = False
-        self._pending: set[object] = set()
-        self._results: dict[object, Outcome] = {}
+        self._lock = threading.Lock()
+        """Guards the connection's state (`with self._lock` is the cheap way into
+        `self._cond`)."""
+        self._cond = threading.Condition(self._lock)
         self._dead: FerryError | None = None
         self._scratch = bytearray(_SCRATCH)
+        self._scratch_view = memoryview(self._scratch)
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
 
     @classmethod
     def connect(
-        cls,
+        cls: type[_C],
         addr: str,
         *,
         timeout: float = 60.0,
@@ -81,7 +85,7 @@ class Client:
         pool_limit: int = 2 << 30,
         max_peer_bytes: int = 16 << 30,
         limits: Limits | None = None,
-    ) -> Client:
+    ) -> _C:
         """Connects to `addr` (`unix:NAME` or `unix:/path`) and performs the handshake.
 
         Args:
@@ -159,6 +163,219 @@ class Client:
         """Whether the connection is closed (by either side)."""
         return self._dead is not None
 
+    def alloc(self, shape: Sequence[int], dtype: str = "f32") -> npt.NDArray[Any]:
+        """A writable, zeroed-or-not array in this connection's shared memory: fill it and
+        send it without a copy. Without shm, an ordinary array."""
+        return alloc(self._session, shape, dtype)
+
+    def flush_releases(self) -> None:
+        """Tells the server now which of its tensors this process no longer uses (this
+        otherwise happens with the next call)."""
+        self._check()
+        with self._send_lock:
+            rel = self._session.releases()
+            if rel:
+                self._send_all([rel], [], self._deadline(None))
+
+    def close(self) -> None:
+        """Closes the connection (a CLOSE frame, then end of stream). Arrays received over
+        shm stay valid."""
+        with self._cond:
+            if self._dead is None:
+                self._dead = ConnectionClosed(
+                    "the connection was closed by this client", "normal"
+                )
+            first = self._sock.fileno() >= 0
+        if first:
+            try:
+                with self._send_lock:
+                    self._send_all(
+                        [self._session.close_frame()], [], time.monotonic() + 1.0
+                    )
+                    self._sock.shutdown(socket.SHUT_WR)
+            except (FerryError, OSError):
+                pass
+        self._teardown()
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None) -> float:
+        t = self.timeout if timeout is None else timeout
+        if t < 0 or math.isnan(t):
+            raise ValueError(f"a timeout must be >= 0 seconds, got {t}")
+        return time.monotonic() + t if math.isfinite(t) else _NO_DEADLINE
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise ConnectionClosed(
+                f"the connection is closed ({self._dead})", self._dead_code()
+            )
+
+    def _dead_code(self) -> str | None:
+        return getattr(self._dead, "code", None) if self._dead is not None else None
+
+    def _send(self, build: Callable[[], Outgoing], deadline: float) -> None:
+        """Builds a message and writes it, both under the send lock: building decides
+        segment announcements and lease ids, so frames go out in the order they were built."""
+        with self._send_lock:
+            self._check_open()
+            self._write(build(), deadline)
+
+    def _write(self, out: Outgoing, deadline: float) -> None:
+        """Writes a built message (under the send lock): pending releases and the frame in
+        one `sendmsg` when no descriptors go with it."""
+        try:
+            if out.fds:
+                if out.before:
+                    self._send_all([out.before], [], deadline)
+                self._send_all(out.parts, out.fds, deadline)
+            elif out.before:
+                self._send_all([out.before, *out.parts], [], deadline)
+            else:
+                self._send_all(out.parts, [], deadline)
+        finally:
+            out.done()
+
+    def _send_all(
+        self, parts: list[bytes | memoryview], fds: list[int], deadline: float
+    ) -> None:
+        """Writes `parts` whole (`fds` with the first byte) or kills the connection: a
+        frame cut short cannot be resumed."""
+        self._check_open()
+        anc = rights(fds) if fds else []
+        while parts:
+            try:
+                n = self._sock.sendmsg(parts[:MAX_IOV], anc)
+            except BlockingIOError:
+                if not self._wait_fd(select.POLLOUT, deadline):
+                    err = CallTimeout(
+                        "the server did not take the request in time; the connection is closed"
+                    )
+                    self._fail(ConnectionClosed(str(err)))
+                    raise err from None
+                continue
+            except OSError as e:
+                self._fail(ConnectionClosed(f"the connection is gone: {e}"))
+                raise ConnectionClosed(f"the connection is gone: {e}") from None
+            if len(parts) == 1 and n == len(parts[0]):
+                return  # all of it (the usual case)
+            anc = []
+            parts = advance(parts, n)
+
+    def _check_open(self) -> None:
+        if self._dead is not None and self._sock.fileno() < 0:
+            raise ConnectionClosed(
+                f"the connection is closed ({self._dead})", self._dead_code()
+            )
+
+    def _wait_fd(self, event: int, deadline: float) -> bool:
+        """Waits until the socket is ready for `event`; False at the deadline."""
+        p = select.poll()
+        p.register(self._sock.fileno(), event)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            ms = (
+                -1
+                if remaining == math.inf
+                else max(1, math.ceil(min(remaining, 3600.0) * 1000))
+            )
+            if p.poll(ms):
+                return True
+
+    def _recv(self, deadline: float) -> None:
+        """Reads what the socket has (waiting for it until `deadline`) into the reader."""
+        reader = self._session.reader
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimeout("no answer in time")
+            ms = (
+                -1
+                if remaining == math.inf
+                else max(1, math.ceil(min(remaining, 3600.0) * 1000))
+            )
+            if not self._poll.poll(ms):
+                continue
+            # (Only in the middle of a payload can it be read in place.)
+            direct = reader.direct() if reader.in_payload else None
+            target = direct if direct is not None else self._scratch
+            try:
+                n, anc, flags, _ = self._sock.recvmsg_into([target], ANCILLARY)
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                raise ConnectionClosed(f"the connection is gone: {e}") from None
+            fds = received_fds(anc, flags) if anc or flags & _CTRUNC else []
+            if n == 0 and not fds:
+                raise ConnectionClosed(
+                    "the server closed the connection (end of stream)"
+                )
+            if direct is not None:
+                reader.filled(n, fds)
+            else:
+                reader.feed(self._scratch_view[:n], fds)
+            return
+
+    def _dead_error(self) -> FerryError:
+        dead = self._dead
+        assert dead is not None
+        if isinstance(dead, ProtocolError):
+            return ProtocolError(str(dead), dead.code)
+        return ConnectionClosed(str(dead), self._dead_code())
+
+    def _fail(self, err: FerryError) -> None:
+        """The connection is over: tells the server why (if it broke the protocol), closes
+        the socket and fails every waiting call."""
+        with self._cond:
+            if self._dead is None:
+                self._dead = err
+            self._cond.notify_all()
+        if isinstance(err, ProtocolError) and self._sock.fileno() >= 0:
+            try:
+                frame = self._session.close_frame(err.code, str(err))
+                self._sock.send(frame)
+                self._sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self._sock.fileno() >= 0:
+            try:
+                self._poll.unregister(self._sock.fileno())
+            except (KeyError, ValueError):
+                pass
+            self._sock.close()
+        for fd in self._session.reader.take_stray_fds():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self._session.pool is not None:
+            self._session.pool.forget_leases()
+
+
+class Client(_Connection):
+    """A connection to a ferry JSON-RPC server. Make one with `Client.connect(addr)`."""
+
+    def __init__(self, sock: socket.socket, session: Session, timeout: float) -> None:
+        super().__init__(sock, session, timeout)
+        self._waiting = 0
+        """Threads inside `self._cond.wait` (notified only when there are some)."""
+        self._reading = False
+        self._pending: set[object] = set()
+        self._results: dict[object, Outcome] = {}
+
+    # ---- public API ---------------------------------------------------------------------
+
     def call(
         self, method: str, params: object = None, *, timeout: float | None = None
     ) -> Any:
@@ -175,12 +392,23 @@ class Client:
             LimitError: The message is over the server's limits, or the shm pool is full.
         """
         deadline = self._deadline(timeout)
-        call_id = self._begin()
+        session = self._session
+        with self._lock:  # (`_begin`, inline)
+            if self._dead is not None:
+                self._check()
+            call_id = session.next_id()
+            self._pending.add(call_id)
+        ids = [call_id]
+        done = False
         try:
-            self._send(lambda: self._session.request(method, params, call_id), deadline)
-            outcome = self._wait([call_id], deadline, timeout)[0]
+            with self._send_lock:
+                self._check_open()  # before building: nothing granted on a closed one
+                self._write(session.request(method, params, call_id), deadline)
+            outcome = self._wait(ids, deadline, timeout)[0]
+            done = True  # _wait took the call out of the table
         finally:
-            self._end([call_id])
+            if not done:
+                self._end(ids)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -210,13 +438,8 @@ class Client:
             )
             outcomes = self._wait(ids, deadline, timeout)
         finally:
-            self._end(ids)
+            self._end(ids)  # (already out of the table unless it failed)
         return list(outcomes)
-
-    def alloc(self, shape: Sequence[int], dtype: str = "f32") -> npt.NDArray[Any]:
-        """A writable, zeroed-or-not array in this connection's shared memory: fill it and
-        send it without a copy. Without shm, an ordinary array."""
-        return alloc(self._session, shape, dtype)
 
     def submit(self, method: str, params: object = None, *, keep: bool = False) -> str:
         """Starts `method` as a task on the server (`ferry.task.submit`); returns its id."""
@@ -264,207 +487,86 @@ class Client:
             )
         return r
 
-    def flush_releases(self) -> None:
-        """Tells the server now which of its tensors this process no longer uses (this
-        otherwise happens with the next call)."""
-        self._check()
-        with self._send_lock:
-            rel = self._session.releases()
-            if rel:
-                self._send_all([rel], [], self._deadline(None))
-
-    def close(self) -> None:
-        """Closes the connection (a CLOSE frame, then end of stream). Arrays received over
-        shm stay valid."""
-        with self._cond:
-            if self._dead is None:
-                self._dead = ConnectionClosed(
-                    "the connection was closed by this client", "normal"
-                )
-            first = self._sock.fileno() >= 0
-        if first:
-            try:
-                with self._send_lock:
-                    self._send_all(
-                        [self._session.close_frame()], [], time.monotonic() + 1.0
-                    )
-                    self._sock.shutdown(socket.SHUT_WR)
-            except (FerryError, OSError):
-                pass
-        self._teardown()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- internals ----------------------------------------------------------------------
 
-    def _deadline(self, timeout: float | None) -> float:
-        t = self.timeout if timeout is None else timeout
-        if t < 0 or math.isnan(t):
-            raise ValueError(f"a timeout must be >= 0 seconds, got {t}")
-        return time.monotonic() + t if math.isfinite(t) else _NO_DEADLINE
-
-    def _check(self) -> None:
-        if self._dead is not None:
-            raise ConnectionClosed(
-                f"the connection is closed ({self._dead})", self._dead_code()
-            )
-
-    def _dead_code(self) -> str | None:
-        return getattr(self._dead, "code", None) if self._dead is not None else None
-
     def _begin(self) -> int:
-        with self._cond:
+        with self._lock:
             self._check()
             call_id = self._session.next_id()
             self._pending.add(call_id)
             return call_id
 
     def _end(self, ids: list[int]) -> None:
-        with self._cond:
+        with self._lock:
             for i in ids:
                 self._pending.discard(i)
                 self._results.pop(i, None)
 
-    def _send(self, build: Callable[[], Outgoing], deadline: float) -> None:
-        """Builds a message and writes it, both under the send lock: building decides
-        segment announcements and lease ids, so frames go out in the order they were built."""
-        with self._send_lock:
-            self._check_open()
-            out = build()
-            try:
-                if out.fds:
-                    if out.before:
-                        self._send_all([out.before], [], deadline)
-                    self._send_all(out.parts, out.fds, deadline)
-                elif out.before:
-                    self._send_all([out.before, *out.parts], [], deadline)
-                else:
-                    self._send_all(out.parts, [], deadline)
-            finally:
-                out.done()
-
-    def _send_all(
-        self, parts: list[bytes | memoryview], fds: list[int], deadline: float
-    ) -> None:
-        """Writes `parts` whole (`fds` with the first byte) or kills the connection: a
-        frame cut short cannot be resumed."""
-        self._check_open()
-        anc = rights(fds)
-        while parts:
-            try:
-                n = self._sock.sendmsg(parts[:MAX_IOV], anc)
-            except BlockingIOError:
-                if not self._wait_fd(select.POLLOUT, deadline):
-                    err = CallTimeout(
-                        "the server did not take the request in time; the connection is closed"
-                    )
-                    self._fail(ConnectionClosed(str(err)))
-                    raise err from None
-                continue
-            except OSError as e:
-                self._fail(ConnectionClosed(f"the connection is gone: {e}"))
-                raise ConnectionClosed(f"the connection is gone: {e}") from None
-            anc = []
-            parts = advance(parts, n)
-
-    def _check_open(self) -> None:
-        if self._dead is not None and self._sock.fileno() < 0:
-            raise ConnectionClosed(
-                f"the connection is closed ({self._dead})", self._dead_code()
-            )
-
-    def _wait_fd(self, event: int, deadline: float) -> bool:
-        """Waits until the socket is ready for `event`; False at the deadline."""
-        p = select.poll()
-        p.register(self._sock.fileno(), event)
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            ms = (
-                -1
-                if remaining == math.inf
-                else max(1, math.ceil(min(remaining, 3600.0) * 1000))
-            )
-            if p.poll(ms):
-                return True
-
-    def _recv(self, deadline: float) -> None:
-        """Reads what the socket has (waiting for it until `deadline`) into the reader."""
-        reader = self._session.reader
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CallTimeout("no answer in time")
-            ms = (
-                -1
-                if remaining == math.inf
-                else max(1, math.ceil(min(remaining, 3600.0) * 1000))
-            )
-            if not self._poll.poll(ms):
-                continue
-            direct = reader.direct()
-            target = direct if direct is not None else self._scratch
-            try:
-                n, anc, flags, _ = self._sock.recvmsg_into([target], ANCILLARY)
-            except BlockingIOError:
-                continue
-            except OSError as e:
-                raise ConnectionClosed(f"the connection is gone: {e}") from None
-            fds = received_fds(anc, flags)
-            if n == 0 and not fds:
-                raise ConnectionClosed(
-                    "the server closed the connection (end of stream)"
-                )
-            if direct is not None:
-                reader.filled(n, fds)
-            else:
-                reader.feed(memoryview(self._scratch)[:n], fds)
-            return
-
     def _wait(
         self, ids: list[int], deadline: float, timeout: float | None
     ) -> list[Outcome]:
-        """Waits for the answers to `ids`, taking turns with other threads at reading."""
+        """Waits for the answers to `ids`, taking turns with other threads at reading:
+        whoever holds the read turn reads the socket itself (no reader thread, so no thread
+        switch per call) and stores the answers of the others. The answers returned are
+        out of the call table."""
+        lock = self._lock
+        results = self._results
+        single = len(ids) == 1
         while True:
-            late = False
-            with self._cond:
+            mine = False
+            with lock:
                 while True:
-                    if all(i in self._results for i in ids):
-                        return [self._results.pop(i) for i in ids]
+                    if ids[0] in results if single else all(i in results for i in ids):
+                        return self._take(ids)
                     if self._dead is not None:
                         raise self._dead_error()
                     if not self._reading:
-                        self._reading = True
+                        self._reading = mine = True
                         break
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        late = True
                         break
-                    self._cond.wait(None if remaining == math.inf else remaining)
-            if late:
+                    self._waiting += 1
+                    try:
+                        self._cond.wait(None if remaining == math.inf else remaining)
+                    finally:
+                        self._waiting -= 1
+            if not mine:
                 self._timed_out(ids, timeout)
+            # The read turn is ours: read (and handle frames) without the lock.
+            late = False
             try:
                 self._pump(deadline)
             except CallTimeout:
-                self._timed_out(ids, timeout)
-            finally:
-                with self._cond:
+                late = True
+            except BaseException:
+                with lock:
                     self._reading = False
+                    if self._waiting:
+                        self._cond.notify_all()
+                raise
+            with lock:  # the turn back, and (usually) the answer, in one go
+                self._reading = False
+                if self._waiting:
                     self._cond.notify_all()
+                if not late and (
+                    ids[0] in results if single else all(i in results for i in ids)
+                ):
+                    return self._take(ids)
+            if late:
+                self._timed_out(ids, timeout)
 
-    def _dead_error(self) -> FerryError:
-        dead = self._dead
-        assert dead is not None
-        if isinstance(dead, ProtocolError):
-            return ProtocolError(str(dead), dead.code)
-        return ConnectionClosed(str(dead), self._dead_code())
+    def _take(self, ids: list[int]) -> list[Outcome]:
+        """The answers to `ids`, taken out of the call table (under the lock)."""
+        results = self._results
+        pending = self._pending
+        out = []
+        for i in ids:
+            out.append(results.pop(i))
+            pending.discard(i)
+        return out
 
-    def _timed_out(self, ids: list[int], timeout: float | None) -> None:
+    def _timed_out(self, ids: list[int], timeout: float | None) -> NoReturn:
         """Cancels `ids` on the server and raises `CallTimeout`."""
         for i in ids:
             try:
@@ -483,16 +585,21 @@ class Client:
 
     def _pump(self, deadline: float) -> None:
         """Reads at least once and handles every complete frame (the read turn is ours)."""
+        session = self._session
+        reader = session.reader
         try:
             self._recv(deadline)
             while True:
-                f = self._session.reader.next_frame()
+                f = reader.next_frame()
                 if f is None:
                     return
-                for rid, outcome in self._session.on_frame(f):
-                    with self._cond:
-                        if rid in self._pending:
-                            self._results[rid] = outcome
+                answers = session.on_frame(f)
+                if answers:
+                    with self._lock:
+                        pending = self._pending
+                        for rid, outcome in answers:
+                            if rid in pending:
+                                self._results[rid] = outcome
         except (ProtocolError, ConnectionClosed) as e:
             self._fail(e)
         except CallTimeout:
@@ -500,37 +607,6 @@ class Client:
         except Exception as e:  # a bug here must not leave other calls waiting forever
             self._fail(ProtocolError(f"internal error while reading: {e!r:.300}"))
             raise
-
-    def _fail(self, err: FerryError) -> None:
-        """The connection is over: tells the server why (if it broke the protocol), closes
-        the socket and fails every waiting call."""
-        with self._cond:
-            if self._dead is None:
-                self._dead = err
-            self._cond.notify_all()
-        if isinstance(err, ProtocolError) and self._sock.fileno() >= 0:
-            try:
-                frame = self._session.close_frame(err.code, str(err))
-                self._sock.send(frame)
-                self._sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-        self._teardown()
-
-    def _teardown(self) -> None:
-        if self._sock.fileno() >= 0:
-            try:
-                self._poll.unregister(self._sock.fileno())
-            except (KeyError, ValueError):
-                pass
-            self._sock.close()
-        for fd in self._session.reader.take_stray_fds():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        if self._session.pool is not None:
-            self._session.pool.forget_leases()
 
 
 def alloc(session: Session, shape: Sequence[int], dtype: str) -> npt.NDArray[Any]:

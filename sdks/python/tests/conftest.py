@@ -86,6 +86,44 @@ class Server:
             self.proc.stdout.close()
 
 
+class EchoPeer:
+    """A `ferry __echo` child process: serves ferry pipes, sending every message back
+    (the peer of `ferry bench`); it exits when its stdin closes."""
+
+    def __init__(self) -> None:
+        self.addr = unique_addr("echo")
+        self.proc = subprocess.Popen(
+            [ferry_bin(), "__echo", self.addr],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30.0)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line.startswith(b"ready "):
+            self.kill()
+            pytest.fail(f"ferry __echo {self.addr} did not start (got {line!r})")
+
+    def kill(self) -> None:
+        """SIGKILL, and reap."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+
+
+@pytest.fixture(scope="session")
+def echo_peer() -> Iterator[EchoPeer]:
+    """One `ferry __echo` for the whole run."""
+    p = EchoPeer()
+    yield p
+    p.kill()
+
+
 @pytest.fixture(scope="session")
 def demo() -> Iterator[Server]:
     """One `ferry serve --api demo` for the whole run."""

@@ -438,3 +438,90 @@ def test_params_encoding() -> None:
         deep = [deep]
     with pytest.raises(ParamsError):
         encode_params(deep, [])
+
+
+def _general(params: object) -> tuple[str, str, list[tuple[str, str]]]:
+    """`params` encoded the general way (two passes), or the error it ends with."""
+    from ferry_client._session import _ENCODER
+
+    t: list[Any] = []
+    try:
+        text = _ENCODER.encode(encode_params(params, t))
+    except (ParamsError, ValueError) as e:
+        return ("error", f"{type(e).__name__}: {e}", [])
+    return ("ok", text, [(a.dtype.str, d) for a, d in t])
+
+
+def test_fast_params_are_the_general_params() -> None:
+    from enum import IntEnum
+
+    from ferry_client import Tensor
+    from ferry_client._session import params_json
+
+    class Small(IntEnum):
+        A = 1
+
+    class Key(str):
+        pass
+
+    deep: list[Any] = [1]
+    for _ in range(40):
+        deep = [deep]
+    a = np.arange(3, dtype=np.float32)
+    cases: list[object] = [
+        [1, 2],
+        {"a": 1, "b": [True, False, None, -0.0, 1e300, 2**70, 'é\u2028"\\']},
+        {"tensor": a, "more": [a, Tensor(a), {"x": np.arange(2, dtype=">i4")}]},
+        {"$tensor": 0},
+        ((1, 2), [], {}, ""),
+        {"nan": float("nan")},
+        [float("inf")],
+        {1: "non-string key"},
+        {Key("k"): 1},
+        [Small.A, np.int64(3), np.float32(0.5)],
+        [0] * 65,
+        {"deep": deep},
+        {"x": np.zeros(2, dtype=np.complex64)},
+        {"x": object()},
+    ]
+    for params in cases:
+        t1: list[Any] = []
+        t2: list[Any] = []
+        try:
+            fast = ("ok", params_json(params, t1), [(x.dtype.str, d) for x, d in t1])
+        except (ParamsError, ValueError) as e:
+            fast = ("error", f"{type(e).__name__}: {e}", [])
+        assert fast == _general(params), params
+        if fast[0] == "ok":
+            # references number on from the tensors already there
+            t2.append((a, "f32"))
+            again = params_json(params, t2)
+            assert again.count('{"$tensor":') == fast[1].count('{"$tensor":')
+            assert len(t2) == 1 + len(t1)
+
+
+def test_decode_json_is_the_decoder() -> None:
+    from ferry_client._wire import decode_json
+
+    for text in [
+        '{"a":[1,2.5,"x",null,true]}',
+        ' {"a":1}',
+        '{"a":1} ',
+        '{"a":1}{"b":2}',
+        '{"a":1} x',
+        "",
+        "   ",
+        "[1,",
+        '"\\ud800"',
+        "NaN",
+        "[" * 100_000,
+    ]:
+        try:
+            want: object = ("ok", json.JSONDecoder().decode(text))
+        except (ValueError, RecursionError) as e:
+            want = ("error", type(e).__name__, str(e))
+        try:
+            got: object = ("ok", decode_json(text))
+        except (ValueError, RecursionError) as e:
+            got = ("error", type(e).__name__, str(e))
+        assert got == want, text[:40]
