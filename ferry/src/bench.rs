@@ -94,7 +94,7 @@ fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
     (pick(0.5), pick(0.99), us(samples[0]))
 }
 
-fn row(
+pub(crate) fn row(
     backend: &str,
     channel: &str,
     case: &str,

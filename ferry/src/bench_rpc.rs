@@ -40,26 +40,9 @@ pub const CLIENTS: usize = 16;
 /// One measured row: the keys of [`crate::bench::Row`] plus `calls_per_s`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RpcRow {
-    /// Transport backend (`pipe`).
-    pub backend: String,
-    /// Channel (`shm`, `inline`).
-    pub channel: String,
-    /// What was measured (see the module docs).
-    pub case: String,
-    /// The tensor, e.g. `f32[1920,1080,3]`, or `-`.
-    pub tensor: String,
-    /// Tensor bytes per one-way trip.
-    pub bytes: u64,
-    /// Timed calls.
-    pub iters: usize,
-    /// Median call time, microseconds.
-    pub p50_us: f64,
-    /// 99th percentile, microseconds.
-    pub p99_us: f64,
-    /// Fastest call, microseconds.
-    pub min_us: f64,
-    /// Tensor data moved per second at the median (both directions for `echo`).
-    pub gbps: f64,
+    /// The common keys (backend, channel, case, tensor, bytes, iters, p50/p99/min, GB/s).
+    #[serde(flatten)]
+    pub row: crate::bench::Row,
     /// Calls completed per second of wall time (all clients together).
     pub calls_per_s: f64,
     /// p50 over the p50 of the plain round trip measured interleaved with it, if any.
@@ -67,31 +50,18 @@ pub struct RpcRow {
 }
 
 fn row(pair: (&str, &str), case: &str, tensor: &str, bytes: u64, factor: f64, s: &Samples) -> RpcRow {
-    let mut v = s.times.clone();
-    v.sort();
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    let pick = |q: f64| v.get(((v.len().max(1) - 1) as f64 * q).round() as usize).map(|d| us(*d)).unwrap_or(0.0);
-    let p50 = pick(0.5);
+    let n = s.times.len();
     RpcRow {
-        backend: pair.0.into(),
-        channel: pair.1.into(),
-        case: case.into(),
-        tensor: tensor.into(),
-        bytes,
-        iters: v.len(),
-        p50_us: p50,
-        p99_us: pick(0.99),
-        min_us: v.first().map(|d| us(*d)).unwrap_or(0.0),
-        gbps: if p50 > 0.0 { factor * bytes as f64 / (p50 * 1e-6) / 1e9 } else { 0.0 },
-        calls_per_s: if s.wall.is_zero() { 0.0 } else { v.len() as f64 / s.wall.as_secs_f64() },
+        row: crate::bench::row(pair.0, pair.1, case, tensor.into(), bytes, factor, s.times.clone()),
+        calls_per_s: if s.wall.is_zero() { 0.0 } else { n as f64 / s.wall.as_secs_f64() },
         x_base: None,
     }
 }
 
 /// `call`'s row with `x_base` set against `base`.
 fn versus(mut call: RpcRow, base: &RpcRow) -> RpcRow {
-    if base.p50_us > 0.0 {
-        call.x_base = Some(call.p50_us / base.p50_us);
+    if base.row.p50_us > 0.0 {
+        call.x_base = Some(call.row.p50_us / base.row.p50_us);
     }
     call
 }
@@ -342,7 +312,17 @@ pub fn table(rows: &[RpcRow]) -> String {
         let x = r.x_base.map(|x| format!("{x:.2}")).unwrap_or_default();
         out += &format!(
             "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2} {:>10.0} {:>6}\n",
-            r.backend, r.channel, r.case, r.tensor, r.bytes, r.iters, r.p50_us, r.p99_us, r.gbps, r.calls_per_s, x
+            r.row.backend,
+            r.row.channel,
+            r.row.case,
+            r.row.tensor,
+            r.row.bytes,
+            r.row.iters,
+            r.row.p50_us,
+            r.row.p99_us,
+            r.row.gbps,
+            r.calls_per_s,
+            x
         );
     }
     out
