@@ -9,19 +9,25 @@ Call order: `hello()`, then feed frames to `on_handshake()` until it returns Tru
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import os
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _shm
+from . import _cuda, _shm
+from ._jsonrpc import (
+    ENCODER,
+    Outcome,
+    TensorRefs,
+    encode_params,
+    little_endian,
+    params_json,
+    request_json,
+    responses,
+)
 from ._wire import (
     ALIGN,
     CLOSE,
@@ -44,55 +50,33 @@ from ._wire import (
 from .errors import (
     ConnectionClosed,
     LimitError,
-    ParamsError,
     ProtocolError,
     Refused,
-    ResultError,
-    RpcError,
 )
-from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype
+from .tensors import NUMPY_DTYPES
 
 INLINE_BELOW = 16384
 """Tensors smaller than this that are not in shared memory travel inline (as ferry's own
 sender does); larger ones are copied into the pool once."""
 
-MAX_PARAM_DEPTH = 256
 _ZEROS = bytes(ALIGN)
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _PREFIX_PACK = struct.Struct("<BBHIQ").pack
 _SHM = '{"shm":{"segment":%d,"offset":%d,"len":%d,"lease":%d}}'
-_DESC = '{"meta":{"dtype":"%s","shape":[%s],"device":"cpu"},"data":%s}'
+_DESC = '{"meta":{"dtype":"%s","shape":[%s],"device":"%s"},"data":%s}'
 _DESC_STRIDED = (
-    '{"meta":{"dtype":"%s","shape":[%s],"strides":[%s],"device":"cpu"},"data":%s}'
+    '{"meta":{"dtype":"%s","shape":[%s],"strides":[%s],"device":"%s"},"data":%s}'
 )
 
-
-_METHODS: dict[str, str] = {}
-"""`'{"jsonrpc":"2.0","method":"NAME"'` for each method name called so far (up to
-`_MAX_METHODS` of them)."""
-_MAX_METHODS = 4096
-
-
-def _request_json(
-    method: str,
-    params: object,
-    call_id: int | None,
-    tensors: list[tuple[npt.NDArray[Any], str]],
-) -> str:
-    """One JSON-RPC request (tensors in `params` become references into `tensors`)."""
-    try:
-        text = _METHODS.get(method) if type(method) is str else None
-        if text is None:
-            text = '{"jsonrpc":"2.0","method":' + _ENCODER.encode(method)
-            if type(method) is str and len(_METHODS) < _MAX_METHODS:
-                _METHODS[method] = text
-        if params is not None:
-            text += ',"params":' + params_json(params, tensors)
-    except ValueError as e:  # NaN or infinity
-        raise ParamsError(f"params cannot be sent as JSON: {e}") from None
-    if call_id is not None:
-        text += ',"id":%d' % call_id
-    return text + "}"
+__all__ = [
+    "ENCODER",
+    "Outcome",
+    "Outgoing",
+    "Session",
+    "encode_params",
+    "little_endian",
+    "params_json",
+    "responses",
+]
 
 
 _PEER_FAULTS = (
@@ -104,9 +88,6 @@ _PEER_FAULTS = (
     RecursionError,
 )
 """What a malformed frame that no check foresaw can raise while it is decoded."""
-
-Outcome = Union[object, RpcError, ResultError]
-"""A call's result, or the error it ended with."""
 
 
 @dataclass
@@ -151,6 +132,10 @@ class Session:
         limits: Limits,
         pool_limit: int,
         max_peer_bytes: int,
+        cuda: _cuda.Driver | None = None,
+        cuda_unavailable: str = "",
+        cuda_pool_limit: int = 4 << 30,
+        cuda_max_peer_allocs: int = 4096,
     ) -> None:
         self.limits = limits
         self.reader = FrameReader(limits)
@@ -166,6 +151,17 @@ class Session:
         self.pool: _shm.ShmPool | None = None
         self._next_id = 1
         self.offered: list[str] = []
+        self.cuda_driver = cuda
+        self.cuda_domain = _cuda.domain(cuda) if cuda is not None else None
+        self.cuda: _cuda.CudaChannel | None = None
+        self.cuda_unavailable = cuda_unavailable or (
+            "this client did not offer the cuda-ipc channel (connect with cuda=True)"
+        )
+        """Why `cuda` is None: what a CUDA tensor's error says."""
+        if cuda is not None and self.cuda_domain is None:
+            self.cuda_unavailable = "no usable CUDA device, or /proc cannot be read"
+        self.cuda_pool_limit = cuda_pool_limit
+        self.cuda_max_peer_allocs = cuda_max_peer_allocs
 
     # ---- handshake ----------------------------------------------------------------------
 
@@ -174,6 +170,10 @@ class Session:
         channels: list[dict[str, Any]] = []
         if self.domain is not None:
             channels.append({"name": "shm", "devices": ["cpu"], "domain": self.domain})
+        if self.cuda_domain is not None:
+            channels.append(
+                {"name": _cuda.NAME, "devices": ["cuda"], "domain": self.cuda_domain}
+            )
         channels.append({"name": "inline", "devices": ["cpu"], "domain": {}})
         self.offered = [c["name"] for c in channels]
         hello: dict[str, Any] = {
@@ -223,6 +223,24 @@ class Session:
             if cpu == "shm":
                 self.receiver = _shm.ShmReceiver(self.max_peer_bytes)
                 self.pool = _shm.ShmPool(self.pool_limit)
+            cuda = chosen.get("cuda")
+            if cuda is not None and (cuda != _cuda.NAME or self.cuda_domain is None):
+                raise ProtocolError(
+                    f"the server chose channel {cuda!r} for cuda, which was not offered"
+                )
+            if cuda is not None and self.cuda_driver is not None:
+                self.cuda = _cuda.CudaChannel(
+                    self.cuda_driver,
+                    max_peer_bytes=self.max_peer_bytes,
+                    max_peer_allocs=self.cuda_max_peer_allocs,
+                    pool_limit=self.cuda_pool_limit,
+                )
+            elif self.cuda_domain is not None:
+                self.cuda_unavailable = (
+                    "the server did not accept the cuda-ipc channel (it has no usable "
+                    "CUDA device shared with this process, runs in another pid namespace "
+                    "or host, or was built without the cuda-ipc feature)"
+                )
         finally:
             _close_fds(f.fds)
 
@@ -236,28 +254,50 @@ class Session:
 
     def request(self, method: str, params: object, call_id: int | None) -> Outgoing:
         """A call (or, with `call_id=None`, a notification) as frames to write."""
-        tensors: list[tuple[npt.NDArray[Any], str]] = []
-        return self.message(_request_json(method, params, call_id, tensors), tensors)
+        tensors: TensorRefs = []
+        return self.message(request_json(method, params, call_id, tensors), tensors)
 
     def batch(self, calls: list[tuple[str, object, int]]) -> Outgoing:
         """Several calls in one message (tensor references numbered across them)."""
-        tensors: list[tuple[npt.NDArray[Any], str]] = []
-        reqs = [_request_json(m, p, i, tensors) for m, p, i in calls]
+        tensors: TensorRefs = []
+        reqs = [request_json(m, p, i, tensors) for m, p, i in calls]
         return self.message("[" + ",".join(reqs) + "]", tensors)
 
     def releases(self) -> bytes:
-        """A CONTROL frame releasing every lease whose arrays are gone (or nothing)."""
+        """CONTROL frames releasing every lease whose arrays are gone (or nothing)."""
+        out = b""
+        cuda = self.cuda
+        if cuda is not None and cuda.done:
+            for body in cuda.take_releases():
+                out += frame(CONTROL, {"channel": _cuda.NAME, "body": body})
         receiver = self.receiver
         if receiver is None or not receiver.done:
-            return b""
+            return out
         ids = receiver.take_releases()
         if not ids:
-            return b""
-        return frame(CONTROL, {"channel": "shm", "body": {"release": ids}})
+            return out
+        return out + frame(CONTROL, {"channel": "shm", "body": {"release": ids}})
 
-    def message(
-        self, app_json: str, tensors: list[tuple[npt.NDArray[Any], str]]
-    ) -> Outgoing:
+    def close_channels(self) -> None:
+        """The connection ended: the server holds no lease of this side any more, and
+        this side's leases on the server's memory are void (PROTOCOL.md 11.5, 17.3)."""
+        if self.pool is not None:
+            self.pool.forget_leases()
+        if self.cuda is not None:
+            self.cuda.close()
+
+    def alloc_cuda(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], device: str
+    ) -> Any:
+        """A writable device array in this connection's cuda-ipc pool."""
+        dev = _cuda_ordinal(device)
+        if self.cuda is None:
+            raise _cuda.CudaUnavailable(
+                f"cannot allocate on {device}: {self.cuda_unavailable}"
+            )
+        return self.cuda.alloc(shape, dtype, dev)
+
+    def message(self, app_json: str, tensors: TensorRefs) -> Outgoing:
         """One MESSAGE frame carrying the application JSON (text) and `tensors`, preceded by
         the pending releases.
 
@@ -287,9 +327,14 @@ class Session:
         segments: list[_shm.Segment] = []
         keep: list[object] = []
         granted: list[int] = []
+        cuda_granted: list[int] = []
         pool = self.pool
         try:
             for arr, dtype in tensors:
+                if type(arr) is _cuda.CudaArray:
+                    descs.append(self._cuda_desc(arr, dtype, cuda_granted))
+                    keep.append(arr.obj)
+                    continue
                 nbytes = arr.nbytes
                 data: str | None = None
                 strides: list[int] | None = None
@@ -329,11 +374,17 @@ class Session:
                     offset += nbytes
                 shape = ",".join([str(d) for d in arr.shape])
                 if strides is None:
-                    descs.append(_DESC % (dtype, shape, data))
+                    descs.append(_DESC % (dtype, shape, "cpu", data))
                 else:
                     descs.append(
                         _DESC_STRIDED
-                        % (dtype, shape, ",".join([str(x) for x in strides]), data)
+                        % (
+                            dtype,
+                            shape,
+                            ",".join([str(x) for x in strides]),
+                            "cpu",
+                            data,
+                        )
                     )
             if offset > lim.max_payload_bytes:
                 raise LimitError(
@@ -356,10 +407,31 @@ class Session:
                 pool.revoke(granted)
                 for s in segments:
                     s.announced = False
+            if self.cuda is not None:
+                self.cuda.revoke(cuda_granted)
             raise
         prefix = _PREFIX_PACK(MESSAGE, 0, len(fds), len(header), offset)
         return Outgoing(
             self.releases(), [prefix + header, *payload], fds, segments, keep
+        )
+
+    def _cuda_desc(self, arr: _cuda.CudaArray, dtype: str, granted: list[int]) -> str:
+        """The descriptor of a CUDA array (section 17.2): sent back, zero-copy from the
+        pool, or copied once into it."""
+        if self.cuda is None:
+            raise _cuda.CudaUnavailable(
+                f"cannot send a CUDA tensor on this connection: {self.cuda_unavailable}"
+            )
+        data, device, strides = self.cuda.encode(arr, granted)
+        shape = ",".join([str(d) for d in arr.shape])
+        if strides is None:
+            return _DESC % (dtype, shape, device, data)
+        return _DESC_STRIDED % (
+            dtype,
+            shape,
+            ",".join([str(x) for x in strides]),
+            device,
+            data,
         )
 
     def _zero_copy(
@@ -463,6 +535,9 @@ class Session:
             h = f.header
             if not isinstance(h, dict) or "channel" not in h or "body" not in h:
                 raise ProtocolError(f"malformed frame header: control frame {h!r:.200}")
+            if h["channel"] == _cuda.NAME and self.cuda is not None:
+                self.cuda.control(h["body"])
+                return []
             if h["channel"] != "shm" or self.pool is None:
                 raise ProtocolError(
                     f"malformed frame header: control frame for channel {h['channel']!r:.100}, "
@@ -481,7 +556,7 @@ class Session:
             )
         raise ProtocolError(f"unexpected frame kind {f.kind} (after the handshake)")
 
-    def decode_message(self, f: Frame) -> tuple[object, list[npt.NDArray[Any]]]:
+    def decode_message(self, f: Frame) -> tuple[object, list[Any]]:
         """A MESSAGE frame -> its application JSON and its tensors as arrays (validated)."""
         body = f.header
         if not isinstance(body, dict) or "header" not in body:
@@ -498,7 +573,7 @@ class Session:
                 f"tensors in a received message is {len(descs)}, over the limit max_tensors = {self.limits.max_tensors}",
                 "limit",
             )
-        arrays: list[npt.NDArray[Any]] = []
+        arrays: list[Any] = []
         for i, d in enumerate(descs):
             try:
                 arrays.append(self._tensor(d, f))
@@ -506,7 +581,7 @@ class Session:
                 raise ProtocolError(f"tensor {i}: {e}", e.code) from None
         return body["header"], arrays
 
-    def _tensor(self, d: object, f: Frame) -> npt.NDArray[Any]:
+    def _tensor(self, d: object, f: Frame) -> Any:
         if (
             not isinstance(d, dict)
             or not isinstance(meta := d.get("meta"), dict)
@@ -518,13 +593,22 @@ class Session:
         if dtype is None:
             raise ProtocolError(f"unknown dtype {name!r}")
         device = meta.get("device", "cpu")
-        if device != "cpu":
-            raise ProtocolError(
-                f"a {device!r} tensor, but this connection has no channel for that device"
-            )
         if len(data) != 1:
             raise ProtocolError(f"a location has exactly one key, got {sorted(data)}")
         ((kind, loc),) = data.items()
+        if device != "cpu":
+            if self.cuda is None:
+                raise ProtocolError(
+                    f"a {device!r:.40} tensor, but this connection has no channel for that "
+                    f"device ({self.cuda_unavailable})"
+                )
+            if kind == "cuda_ipc":
+                return self.cuda.decode(meta, loc, dtype)
+            if kind == "cuda_ipc_return":
+                return self.cuda.returned(loc, meta, dtype)
+            raise ProtocolError(
+                f"location {kind!r:.40} cannot carry a {device!r:.40} tensor"
+            )
         if kind == "inline":
             if not isinstance(loc, dict):
                 raise ProtocolError(f"inline location must be an object, got {loc!r}")
@@ -570,238 +654,9 @@ class Session:
         raise ProtocolError(f"unknown location {kind!r}")
 
 
-class _Slow(Exception):
-    """`_fast_json` met something it leaves to `encode_params` and the JSON encoder."""
-
-
-_FAST_DEPTH = 32
-_FAST_ITEMS = 64
-_encode_str: Callable[[str], str] = json.encoder.encode_basestring
-_int_repr = int.__repr__
-_float_repr = float.__repr__
-_INF = float("inf")
-
-
-def params_json(params: object, tensors: list[tuple[npt.NDArray[Any], str]]) -> str:
-    """`params` as compact JSON text, numpy arrays and `Tensor`s replaced by
-    `{"$tensor": i}` (appended to `tensors`): `_ENCODER.encode(encode_params(..))`, with
-    the same text and the same errors.
-
-    Small params of the built-in JSON types and arrays (nearly all calls) are written in
-    one pass; anything else (NaN, non-string keys, subclasses, numpy scalars, deep or long
-    containers) goes the general way, from the start."""
-    start = len(tensors)
-    try:
-        return _fast_json(params, tensors, 0)
-    except _Slow:
-        del tensors[start:]
-        return _ENCODER.encode(encode_params(params, tensors))
-
-
-def _fast_json(
-    v: object, tensors: list[tuple[npt.NDArray[Any], str]], depth: int
-) -> str:
-    t = type(v)
-    if t is str:
-        assert isinstance(v, str)
-        return _encode_str(v)
-    if t is dict:
-        assert isinstance(v, dict)
-        if not v:
-            return "{}"
-        if depth >= _FAST_DEPTH or len(v) > _FAST_ITEMS:
-            raise _Slow
-        items = []
-        for k, x in v.items():
-            if type(k) is not str:
-                raise _Slow
-            items.append(_encode_str(k) + ":" + _fast_json(x, tensors, depth + 1))
-        return "{" + ",".join(items) + "}"
-    if t is np.ndarray:
-        assert isinstance(v, np.ndarray)
-        tensors.append((_little_endian(v), ferry_dtype(v.dtype)))
-        return '{"$tensor":%d}' % (len(tensors) - 1)
-    if t is int:
-        return _int_repr(v)
-    if t is float:
-        if v != v or v == _INF or v == -_INF:
-            raise _Slow  # the general way raises the encoder's own ValueError
-        return _float_repr(v)
-    if t is list or t is tuple:
-        assert isinstance(v, (list, tuple))
-        if not v:
-            return "[]"
-        if depth >= _FAST_DEPTH or len(v) > _FAST_ITEMS:
-            raise _Slow
-        return "[" + ",".join([_fast_json(x, tensors, depth + 1) for x in v]) + "]"
-    if v is None:
-        return "null"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if t is Tensor:
-        assert isinstance(v, Tensor)
-        tensors.append((_little_endian(v.array), v.dtype))
-        return '{"$tensor":%d}' % (len(tensors) - 1)
-    raise _Slow
-
-
-def encode_params(
-    value: object, tensors: list[tuple[npt.NDArray[Any], str]], depth: int = 0
-) -> object:
-    """`value` as JSON, numpy arrays and `Tensor`s replaced by `{"$tensor": i}` (appended
-    to `tensors` with their ferry dtype)."""
-    if depth > MAX_PARAM_DEPTH:
-        raise ParamsError(f"params nested deeper than {MAX_PARAM_DEPTH} levels")
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Tensor):
-        tensors.append((_little_endian(value.array), value.dtype))
-        return {"$tensor": len(tensors) - 1}
-    if isinstance(value, np.ndarray):
-        tensors.append((_little_endian(value), ferry_dtype(value.dtype)))
-        return {"$tensor": len(tensors) - 1}
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        out: dict[str, object] = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ParamsError(f"object keys must be strings, got {k!r}")
-            out[k] = encode_params(v, tensors, depth + 1)
-        return out
-    if isinstance(value, (list, tuple)):
-        return [encode_params(v, tensors, depth + 1) for v in value]
-    raise ParamsError(f"a {type(value).__name__} cannot be sent as JSON: {value!r:.80}")
-
-
-def _little_endian(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    if a.dtype.byteorder == ">":
-        return a.astype(a.dtype.newbyteorder("<"))
-    return a
-
-
-def _is_ref(v: object) -> bool:
-    """`{"$tensor": i}` (an index) or `{"$tensor": {"dtype", "shape", "data", ..}}` (inline).
-
-    Only those two shapes are tensors; other objects whose only key is `$tensor` (an
-    OpenRPC document describing the tensor schema has one) are left as they are.
-    """
-    if type(v) is not dict or len(v) != 1 or "$tensor" not in v:
-        return False
-    inner = v["$tensor"]
-    if type(inner) is int:
-        return True
-    return (
-        type(inner) is dict
-        and "dtype" in inner
-        and "shape" in inner
-        and "data" in inner
-    )
-
-
-def inline_tensor(value: dict[str, Any]) -> npt.NDArray[Any]:
-    """The inline form `{"dtype", "shape", "strides"?, "data": base64}` as an array."""
-    name = value.get("dtype")
-    if not isinstance(name, str) or name not in NUMPY_DTYPES:
-        raise ResultError(f"inline tensor of unknown dtype {name!r}")
-    dtype = NUMPY_DTYPES[name]
-    data = value.get("data")
-    if not isinstance(data, str):
-        raise ResultError("inline tensor without base64 `data`")
-    try:
-        raw = base64.b64decode(data, validate=True)
-        span, strided = byte_span(value, dtype.itemsize)
-    except (binascii.Error, ValueError, ProtocolError) as e:
-        raise ResultError(f"malformed inline tensor: {e}") from None
-    if span > len(raw) or (not strided and span != len(raw)):
-        raise ResultError(f"inline tensor needs {span} bytes but has {len(raw)}")
-    shape = tuple(value["shape"])
-    buf = np.frombuffer(raw, dtype=np.uint8)
-    if strided:
-        strides = tuple(s * dtype.itemsize for s in value["strides"])
-        out: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
-            buf[:span].view(dtype), shape, strides
-        )
-        return out
-    return buf.view(dtype).reshape(shape)
-
-
-def resolve_tensors(value: object, arrays: list[npt.NDArray[Any]]) -> object:
-    """Replaces every tensor in `value` (parsed JSON, changed in place): `{"$tensor": i}`
-    by `arrays[i]`, the inline form by its array. Raises `ResultError` for an index the
-    message does not have or a malformed inline tensor."""
-
-    def tensor(ref: dict[str, Any]) -> npt.NDArray[Any]:
-        i = ref["$tensor"]
-        if type(i) is dict:
-            return inline_tensor(i)
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(arrays):
-            raise ResultError(
-                f"tensor reference {ref!r} does not name one of the message's {len(arrays)} tensors"
-            )
-        return arrays[i]
-
-    if not isinstance(value, (dict, list)):
-        return value  # a number, string, bool or null: no tensor in it
-    if _is_ref(value):
-        assert isinstance(value, dict)
-        return tensor(value)
-    stack: list[object] = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            for k, x in v.items():
-                if _is_ref(x):
-                    v[k] = tensor(x)
-                elif isinstance(x, (dict, list)):
-                    stack.append(x)
-        elif isinstance(v, list):
-            for i, x in enumerate(v):
-                if _is_ref(x):
-                    v[i] = tensor(x)
-                elif isinstance(x, (dict, list)):
-                    stack.append(x)
-    return value
-
-
-def responses(
-    app: object, arrays: list[npt.NDArray[Any]]
-) -> list[tuple[object, Outcome]]:
-    """The JSON-RPC responses in a message: (id, result or error) for each."""
-    items = app if isinstance(app, list) else [app]
-    out: list[tuple[object, Outcome]] = []
-    for r in items:
-        if not isinstance(r, dict) or "id" not in r:
-            raise ProtocolError(f"not a JSON-RPC response: {r!r:.200}")
-        rid = r["id"]
-        if "error" in r:
-            e = r["error"]
-            if (
-                not isinstance(e, dict)
-                or isinstance(e.get("code"), bool)
-                or not isinstance(e.get("code"), int)
-            ):
-                raise ProtocolError(f"malformed JSON-RPC error object: {e!r:.200}")
-            message = e.get("message")
-            out.append(
-                (
-                    rid,
-                    RpcError(
-                        e["code"],
-                        message if isinstance(message, str) else str(message),
-                        e.get("data"),
-                    ),
-                )
-            )
-        elif "result" in r:
-            try:
-                out.append((rid, resolve_tensors(r["result"], arrays)))
-            except ResultError as err:
-                out.append((rid, err))
-        else:
-            raise ProtocolError(
-                f"a JSON-RPC response needs `result` or `error`: {r!r:.200}"
-            )
-    return out
+def _cuda_ordinal(device: str) -> int:
+    """`"cuda:N"` -> N (this process's ordinal)."""
+    name, _, num = device.partition(":")
+    if name != "cuda" or not num.isdigit():
+        raise ValueError(f"device must be 'cpu' or 'cuda:N', got {device!r}")
+    return int(num)

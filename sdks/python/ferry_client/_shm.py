@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._freelist import FreeList
 from ._wire import U64_MAX, byte_span, plain_span, uint
 from .errors import LimitError, ProtocolError
 
@@ -264,8 +265,8 @@ class OwnView:
         self._dropped.append(self.slot)
 
 
-class Segment:
-    """One sealed memfd of this side, mapped read-write."""
+class Segment(FreeList):
+    """One sealed memfd of this side, mapped read-write (carved into slots)."""
 
     def __init__(self, seg_id: int, size: int) -> None:
         fd = os.memfd_create("ferry-shm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -278,51 +279,19 @@ class Segment:
         except BaseException:
             os.close(fd)
             raise
+        super().__init__(size)
         self.id = seg_id
         self.size = size
         self.fd = fd  # until announced
         self.announced = False
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
         self.address = _address(self.bytes)
-        self.free: list[tuple[int, int]] = [(0, size)]
 
     def close_fd(self) -> None:
         """Closes the descriptor (after it was sent, or when the pool goes)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def carve(self, n: int, align: int) -> int | None:
-        """The offset of `n` free bytes aligned to `align` (first fit), now taken."""
-        for i, (off, size) in enumerate(self.free):
-            start = -(-off // align) * align
-            if start + n <= off + size:
-                rest: list[tuple[int, int]] = []
-                if start > off:
-                    rest.append((off, start - off))
-                if start + n < off + size:
-                    rest.append((start + n, off + size - start - n))
-                self.free[i : i + 1] = rest
-                return start
-        return None
-
-    def give_back(self, off: int, n: int) -> None:
-        """Returns `off..off+n` to the free list, merging neighbours."""
-        free = self.free
-        lo, hi = 0, len(free)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if free[mid][0] < off:
-                lo = mid + 1
-            else:
-                hi = mid
-        free.insert(lo, (off, n))
-        if lo + 1 < len(free) and free[lo][0] + free[lo][1] == free[lo + 1][0]:
-            free[lo] = (free[lo][0], free[lo][1] + free[lo + 1][1])
-            del free[lo + 1]
-        if lo > 0 and free[lo - 1][0] + free[lo - 1][1] == free[lo][0]:
-            free[lo - 1] = (free[lo - 1][0], free[lo - 1][1] + free[lo][1])
-            del free[lo]
 
 
 class ShmPool:

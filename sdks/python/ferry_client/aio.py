@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy.typing as npt
 
 from . import __version__
 from ._io import (
@@ -33,7 +32,7 @@ from ._io import (
 )
 from ._session import Outcome, Outgoing, Session
 from ._wire import Limits
-from .client import _status, alloc
+from .client import _status, alloc, cuda_options
 from .errors import (
     CallTimeout,
     ConnectionClosed,
@@ -78,8 +77,12 @@ class AsyncClient:
         pool_limit: int = 2 << 30,
         max_peer_bytes: int = 16 << 30,
         limits: Limits | None = None,
+        cuda: bool | None = None,
+        cuda_pool_limit: int = 4 << 30,
+        cuda_max_peer_allocs: int = 4096,
     ) -> AsyncClient:
-        """Connects to `addr` and performs the handshake; arguments as `Client.connect`."""
+        """Connects to `addr` and performs the handshake; arguments as `Client.connect`
+        (including `cuda`)."""
         session = Session(
             shm=shm,
             token=token,
@@ -87,6 +90,7 @@ class AsyncClient:
             limits=limits or Limits(),
             pool_limit=pool_limit,
             max_peer_bytes=max_peer_bytes,
+            **cuda_options(cuda, cuda_pool_limit, cuda_max_peer_allocs),
         )
         target = socket_address(addr)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -168,9 +172,12 @@ class AsyncClient:
             lambda: self._session.request(method, params, None), self._deadline(None)
         )
 
-    def alloc(self, shape: Sequence[int], dtype: str = "f32") -> npt.NDArray[Any]:
-        """A writable array in this connection's shared memory (see `Client.alloc`)."""
-        return alloc(self._session, shape, dtype)
+    def alloc(
+        self, shape: Sequence[int], dtype: str = "f32", device: str = "cpu"
+    ) -> Any:
+        """A writable array in this connection's memory, on `device` (see
+        `Client.alloc`)."""
+        return alloc(self._session, shape, dtype, device)
 
     async def submit(
         self, method: str, params: object = None, *, keep: bool = False
@@ -446,8 +453,7 @@ class AsyncClient:
                 os.close(fd)
             except OSError:
                 pass
-        if self._session.pool is not None:
-            self._session.pool.forget_leases()
+        self._session.close_channels()
 
 
 def _copy(err: FerryError) -> FerryError:

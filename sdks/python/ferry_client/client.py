@@ -40,6 +40,7 @@ from ._io import (
     rights,
     socket_address,
 )
+from ._cupy import make_driver
 from ._session import Outcome, Outgoing, Session
 from ._wire import Limits
 from .errors import CallTimeout, ConnectionClosed, FerryError, ProtocolError, RpcError
@@ -85,6 +86,9 @@ class _Connection:
         pool_limit: int = 2 << 30,
         max_peer_bytes: int = 16 << 30,
         limits: Limits | None = None,
+        cuda: bool | None = None,
+        cuda_pool_limit: int = 4 << 30,
+        cuda_max_peer_allocs: int = 4096,
     ) -> _C:
         """Connects to `addr` (`unix:NAME` or `unix:/path`) and performs the handshake.
 
@@ -100,9 +104,17 @@ class _Connection:
             pool_limit: Bytes of shared memory this client may create for sending.
             max_peer_bytes: Bytes of the server's shared memory this client may map.
             limits: This side's receive limits (announced to the server).
+            cuda: Offer the cuda-ipc channel (CUDA tensors without a copy, through
+                CuPy): `None` (default) offers it when the application has imported
+                `cupy` and a device is usable; `True` requires it (`CudaUnavailable`
+                naming what is missing otherwise); `False` never offers it.
+            cuda_pool_limit: Bytes of device memory this client may allocate for
+                sending CUDA tensors (per connection).
+            cuda_max_peer_allocs: Distinct server allocations this client may map.
 
         Raises:
             Refused: The server refused the handshake.
+            CudaUnavailable: `cuda=True` and CuPy or a usable device is missing.
             CallTimeout: No connection or handshake within `connect_timeout`.
             FerryError: Any other failure to connect.
         """
@@ -114,6 +126,7 @@ class _Connection:
             limits=limits or Limits(),
             pool_limit=pool_limit,
             max_peer_bytes=max_peer_bytes,
+            **cuda_options(cuda, cuda_pool_limit, cuda_max_peer_allocs),
         )
         target = socket_address(addr)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -163,10 +176,14 @@ class _Connection:
         """Whether the connection is closed (by either side)."""
         return self._dead is not None
 
-    def alloc(self, shape: Sequence[int], dtype: str = "f32") -> npt.NDArray[Any]:
-        """A writable, zeroed-or-not array in this connection's shared memory: fill it and
-        send it without a copy. Without shm, an ordinary array."""
-        return alloc(self._session, shape, dtype)
+    def alloc(
+        self, shape: Sequence[int], dtype: str = "f32", device: str = "cpu"
+    ) -> Any:
+        """A writable, uninitialised array in this connection's memory: fill it and send it
+        without a copy. `device="cpu"`: a numpy array in shared memory (without shm, an
+        ordinary array). `device="cuda:N"`: a CuPy array in the cuda-ipc pool
+        (`CudaUnavailable` when the connection has no cuda-ipc channel, saying why)."""
+        return alloc(self._session, shape, dtype, device)
 
     def flush_releases(self) -> None:
         """Tells the server now which of its tensors this process no longer uses (this
@@ -359,8 +376,7 @@ class _Connection:
                 os.close(fd)
             except OSError:
                 pass
-        if self._session.pool is not None:
-            self._session.pool.forget_leases()
+        self._session.close_channels()
 
 
 class Client(_Connection):
@@ -609,17 +625,34 @@ class Client(_Connection):
             raise
 
 
-def alloc(session: Session, shape: Sequence[int], dtype: str) -> npt.NDArray[Any]:
+def alloc(
+    session: Session, shape: Sequence[int], dtype: str, device: str = "cpu"
+) -> Any:
     """`Client.alloc` for both clients."""
     dims = tuple(int(d) for d in shape)
     if any(d < 0 for d in dims):
         raise ValueError(f"dimensions must be >= 0, got {list(shape)}")
     dt = numpy_dtype(dtype)
+    if device != "cpu":
+        return session.alloc_cuda(dims, dt, device)
     nbytes = int(np.prod(dims, dtype=object)) * dt.itemsize
     if session.pool is None or nbytes == 0:
         arr: npt.NDArray[Any] = np.zeros(dims, dtype=np.dtype(dt.str))
         return arr.view(BF16) if dt is BF16 else arr
     return session.pool.alloc(dims, dt)
+
+
+def cuda_options(
+    cuda: bool | None, pool_limit: int, max_peer_allocs: int
+) -> dict[str, Any]:
+    """`Session`'s cuda arguments for a client's `cuda` options."""
+    driver, why = make_driver(cuda)
+    return {
+        "cuda": driver,
+        "cuda_unavailable": why,
+        "cuda_pool_limit": pool_limit,
+        "cuda_max_peer_allocs": max_peer_allocs,
+    }
 
 
 def _status(r: object) -> dict[str, Any]:

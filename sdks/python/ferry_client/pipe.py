@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
-from ._session import _ENCODER, Session, _little_endian
+from ._cuda import cuda_array
+from ._session import ENCODER, Session, little_endian
 from .client import _Connection
 from .errors import CallTimeout, ConnectionClosed, ParamsError, ProtocolError
 from .tensors import Tensor, TensorIn, ferry_dtype
@@ -37,7 +37,8 @@ class Message(NamedTuple):
     """One received message: its JSON header and its tensors, in order."""
 
     header: Any
-    tensors: list[npt.NDArray[Any]]
+    tensors: list[Any]
+    """numpy arrays, and CuPy arrays for CUDA tensors."""
 
 
 class Pipe(_Connection):
@@ -51,12 +52,12 @@ class Pipe(_Connection):
     def send(
         self,
         header: object,
-        tensors: Sequence[TensorIn] = (),
+        tensors: Sequence[TensorIn | Any] = (),
         *,
         timeout: float | None = None,
     ) -> None:
-        """Sends one message: `header` (any JSON value) and `tensors` (numpy arrays or
-        `Tensor`s), waiting at most `timeout` seconds for the socket to take it.
+        """Sends one message: `header` (any JSON value) and `tensors` (numpy arrays,
+        `Tensor`s, or CUDA arrays on a connection with the cuda-ipc channel), waiting at most `timeout` seconds for the socket to take it.
 
         Raises:
             ParamsError: `header` is not JSON, or a tensor is not an array.
@@ -67,18 +68,21 @@ class Pipe(_Connection):
         """
         deadline = self._deadline(timeout)
         self._check()
-        items: list[tuple[npt.NDArray[Any], str]] = []
+        items: list[tuple[Any, str]] = []
         for t in tensors:
             if isinstance(t, Tensor):
-                items.append((_little_endian(t.array), t.dtype))
+                items.append((little_endian(t.array), t.dtype))
             elif isinstance(t, np.ndarray):
-                items.append((_little_endian(t), ferry_dtype(t.dtype)))
+                items.append((little_endian(t), ferry_dtype(t.dtype)))
+            elif (cu := cuda_array(t)) is not None:
+                items.append((cu, ferry_dtype(cu.dtype)))
             else:
                 raise ParamsError(
-                    f"a tensor must be a numpy array or a Tensor, got {type(t).__name__}"
+                    "a tensor must be a numpy array, a Tensor or a CUDA array, got "
+                    f"{type(t).__name__}"
                 )
         try:
-            app = _ENCODER.encode(header)
+            app = ENCODER.encode(header)
         except (TypeError, ValueError) as e:
             raise ParamsError(f"the header cannot be sent as JSON: {e}") from None
         with self._send_lock:

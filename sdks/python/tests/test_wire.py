@@ -442,7 +442,7 @@ def test_params_encoding() -> None:
 
 def _general(params: object) -> tuple[str, str, list[tuple[str, str]]]:
     """`params` encoded the general way (two passes), or the error it ends with."""
-    from ferry_client._session import _ENCODER
+    from ferry_client._session import ENCODER as _ENCODER
 
     t: list[Any] = []
     try:

@@ -1,0 +1,295 @@
+"""JSON-RPC 2.0 over ferry messages: requests as JSON text with tensors as
+`{"$tensor": i}` references (`request_json`, `params_json`), and responses back to
+results with their tensors resolved (`responses`, `resolve_tensors`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from typing import Any, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from ._cuda import cuda_array
+from ._wire import byte_span
+from .errors import ParamsError, ProtocolError, ResultError, RpcError
+from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype
+
+MAX_PARAM_DEPTH = 256
+ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+Outcome = Union[object, RpcError, ResultError]
+"""A call's result, or the error it ended with."""
+
+TensorRefs = list[tuple[Any, str]]
+"""The tensors a message carries, in reference order: (numpy array or `CudaArray`,
+ferry dtype)."""
+
+
+_METHODS: dict[str, str] = {}
+"""`'{"jsonrpc":"2.0","method":"NAME"'` for each method name called so far (up to
+`_MAX_METHODS` of them)."""
+_MAX_METHODS = 4096
+
+
+def request_json(
+    method: str,
+    params: object,
+    call_id: int | None,
+    tensors: TensorRefs,
+) -> str:
+    """One JSON-RPC request (tensors in `params` become references into `tensors`)."""
+    try:
+        text = _METHODS.get(method) if type(method) is str else None
+        if text is None:
+            text = '{"jsonrpc":"2.0","method":' + ENCODER.encode(method)
+            if type(method) is str and len(_METHODS) < _MAX_METHODS:
+                _METHODS[method] = text
+        if params is not None:
+            text += ',"params":' + params_json(params, tensors)
+    except ValueError as e:  # NaN or infinity
+        raise ParamsError(f"params cannot be sent as JSON: {e}") from None
+    if call_id is not None:
+        text += ',"id":%d' % call_id
+    return text + "}"
+
+
+class _Slow(Exception):
+    """`_fast_json` met something it leaves to `encode_params` and the JSON encoder."""
+
+
+_FAST_DEPTH = 32
+_FAST_ITEMS = 64
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring
+_int_repr = int.__repr__
+_float_repr = float.__repr__
+_INF = float("inf")
+
+
+def params_json(params: object, tensors: TensorRefs) -> str:
+    """`params` as compact JSON text, numpy arrays and `Tensor`s replaced by
+    `{"$tensor": i}` (appended to `tensors`): `ENCODER.encode(encode_params(..))`, with
+    the same text and the same errors.
+
+    Small params of the built-in JSON types and arrays (nearly all calls) are written in
+    one pass; anything else (NaN, non-string keys, subclasses, numpy scalars, deep or long
+    containers) goes the general way, from the start."""
+    start = len(tensors)
+    try:
+        return _fast_json(params, tensors, 0)
+    except _Slow:
+        del tensors[start:]
+        return ENCODER.encode(encode_params(params, tensors))
+
+
+def _fast_json(v: object, tensors: TensorRefs, depth: int) -> str:
+    t = type(v)
+    if t is str:
+        assert isinstance(v, str)
+        return _encode_str(v)
+    if t is dict:
+        assert isinstance(v, dict)
+        if not v:
+            return "{}"
+        if depth >= _FAST_DEPTH or len(v) > _FAST_ITEMS:
+            raise _Slow
+        items = []
+        for k, x in v.items():
+            if type(k) is not str:
+                raise _Slow
+            items.append(_encode_str(k) + ":" + _fast_json(x, tensors, depth + 1))
+        return "{" + ",".join(items) + "}"
+    if t is np.ndarray:
+        assert isinstance(v, np.ndarray)
+        tensors.append((little_endian(v), ferry_dtype(v.dtype)))
+        return '{"$tensor":%d}' % (len(tensors) - 1)
+    if t is int:
+        return _int_repr(v)
+    if t is float:
+        if v != v or v == _INF or v == -_INF:
+            raise _Slow  # the general way raises the encoder's own ValueError
+        return _float_repr(v)
+    if t is list or t is tuple:
+        assert isinstance(v, (list, tuple))
+        if not v:
+            return "[]"
+        if depth >= _FAST_DEPTH or len(v) > _FAST_ITEMS:
+            raise _Slow
+        return "[" + ",".join([_fast_json(x, tensors, depth + 1) for x in v]) + "]"
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if t is Tensor:
+        assert isinstance(v, Tensor)
+        tensors.append((little_endian(v.array), v.dtype))
+        return '{"$tensor":%d}' % (len(tensors) - 1)
+    raise _Slow
+
+
+def encode_params(value: object, tensors: TensorRefs, depth: int = 0) -> object:
+    """`value` as JSON, numpy arrays and `Tensor`s replaced by `{"$tensor": i}` (appended
+    to `tensors` with their ferry dtype)."""
+    if depth > MAX_PARAM_DEPTH:
+        raise ParamsError(f"params nested deeper than {MAX_PARAM_DEPTH} levels")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Tensor):
+        tensors.append((little_endian(value.array), value.dtype))
+        return {"$tensor": len(tensors) - 1}
+    if isinstance(value, np.ndarray):
+        tensors.append((little_endian(value), ferry_dtype(value.dtype)))
+        return {"$tensor": len(tensors) - 1}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ParamsError(f"object keys must be strings, got {k!r}")
+            out[k] = encode_params(v, tensors, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [encode_params(v, tensors, depth + 1) for v in value]
+    cu = cuda_array(value)
+    if cu is not None:
+        tensors.append((cu, ferry_dtype(cu.dtype)))
+        return {"$tensor": len(tensors) - 1}
+    raise ParamsError(f"a {type(value).__name__} cannot be sent as JSON: {value!r:.80}")
+
+
+def little_endian(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    if a.dtype.byteorder == ">":
+        return a.astype(a.dtype.newbyteorder("<"))
+    return a
+
+
+def _is_ref(v: object) -> bool:
+    """`{"$tensor": i}` (an index) or `{"$tensor": {"dtype", "shape", "data", ..}}` (inline).
+
+    Only those two shapes are tensors; other objects whose only key is `$tensor` (an
+    OpenRPC document describing the tensor schema has one) are left as they are.
+    """
+    if type(v) is not dict or len(v) != 1 or "$tensor" not in v:
+        return False
+    inner = v["$tensor"]
+    if type(inner) is int:
+        return True
+    return (
+        type(inner) is dict
+        and "dtype" in inner
+        and "shape" in inner
+        and "data" in inner
+    )
+
+
+def inline_tensor(value: dict[str, Any]) -> npt.NDArray[Any]:
+    """The inline form `{"dtype", "shape", "strides"?, "data": base64}` as an array."""
+    name = value.get("dtype")
+    if not isinstance(name, str) or name not in NUMPY_DTYPES:
+        raise ResultError(f"inline tensor of unknown dtype {name!r}")
+    dtype = NUMPY_DTYPES[name]
+    data = value.get("data")
+    if not isinstance(data, str):
+        raise ResultError("inline tensor without base64 `data`")
+    try:
+        raw = base64.b64decode(data, validate=True)
+        span, strided = byte_span(value, dtype.itemsize)
+    except (binascii.Error, ValueError, ProtocolError) as e:
+        raise ResultError(f"malformed inline tensor: {e}") from None
+    if span > len(raw) or (not strided and span != len(raw)):
+        raise ResultError(f"inline tensor needs {span} bytes but has {len(raw)}")
+    shape = tuple(value["shape"])
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    if strided:
+        strides = tuple(s * dtype.itemsize for s in value["strides"])
+        out: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
+            buf[:span].view(dtype), shape, strides
+        )
+        return out
+    return buf.view(dtype).reshape(shape)
+
+
+def resolve_tensors(value: object, arrays: list[npt.NDArray[Any]]) -> object:
+    """Replaces every tensor in `value` (parsed JSON, changed in place): `{"$tensor": i}`
+    by `arrays[i]`, the inline form by its array. Raises `ResultError` for an index the
+    message does not have or a malformed inline tensor."""
+
+    def tensor(ref: dict[str, Any]) -> npt.NDArray[Any]:
+        i = ref["$tensor"]
+        if type(i) is dict:
+            return inline_tensor(i)
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(arrays):
+            raise ResultError(
+                f"tensor reference {ref!r} does not name one of the message's {len(arrays)} tensors"
+            )
+        return arrays[i]
+
+    if not isinstance(value, (dict, list)):
+        return value  # a number, string, bool or null: no tensor in it
+    if _is_ref(value):
+        assert isinstance(value, dict)
+        return tensor(value)
+    stack: list[object] = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if _is_ref(x):
+                    v[k] = tensor(x)
+                elif isinstance(x, (dict, list)):
+                    stack.append(x)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                if _is_ref(x):
+                    v[i] = tensor(x)
+                elif isinstance(x, (dict, list)):
+                    stack.append(x)
+    return value
+
+
+def responses(
+    app: object, arrays: list[npt.NDArray[Any]]
+) -> list[tuple[object, Outcome]]:
+    """The JSON-RPC responses in a message: (id, result or error) for each."""
+    items = app if isinstance(app, list) else [app]
+    out: list[tuple[object, Outcome]] = []
+    for r in items:
+        if not isinstance(r, dict) or "id" not in r:
+            raise ProtocolError(f"not a JSON-RPC response: {r!r:.200}")
+        rid = r["id"]
+        if "error" in r:
+            e = r["error"]
+            if (
+                not isinstance(e, dict)
+                or isinstance(e.get("code"), bool)
+                or not isinstance(e.get("code"), int)
+            ):
+                raise ProtocolError(f"malformed JSON-RPC error object: {e!r:.200}")
+            message = e.get("message")
+            out.append(
+                (
+                    rid,
+                    RpcError(
+                        e["code"],
+                        message if isinstance(message, str) else str(message),
+                        e.get("data"),
+                    ),
+                )
+            )
+        elif "result" in r:
+            try:
+                out.append((rid, resolve_tensors(r["result"], arrays)))
+            except ResultError as err:
+                out.append((rid, err))
+        else:
+            raise ProtocolError(
+                f"a JSON-RPC response needs `result` or `error`: {r!r:.200}"
+            )
+    return out
