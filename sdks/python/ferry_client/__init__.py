@@ -10,6 +10,11 @@ mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
 - `Pipe` (blocking): the same connection at the message level, without JSON-RPC: `send`
   a JSON header with tensors, `recv` the peer's next `Message`.
 - `Tensor`, `BF16`, `bf16_to_f32`, `f32_to_bf16`: dtypes numpy lacks, and DLPack export.
+- CUDA tensors (optional, through CuPy): `connect(..., cuda=True)`, `alloc(...,
+  device="cuda:0")`; CuPy arrays (and anything with `__cuda_array_interface__`, e.g.
+  torch CUDA tensors) travel over the cuda-ipc channel without a copy, and come back as
+  CuPy arrays (`torch.from_dlpack` takes them without a copy). `CudaUnavailable` names
+  what is missing; `is_orphaned` tells a tensor whose connection closed.
 - Exceptions: `FerryError` and its subclasses (`errors`).
 - Typed clients generated from OpenRPC documents live in `ferry_client.generated`
   (`demo`, `conformance`); `ferry sdk --lang python` generates one for any server.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._cuda import CudaUnavailable, is_orphaned
 from .aio import AsyncClient
 from .client import Client
 from .errors import (
@@ -52,6 +58,7 @@ __all__ = [
     "CallTimeout",
     "Client",
     "ConnectionClosed",
+    "CudaUnavailable",
     "DTYPES",
     "FerryError",
     "LimitError",
@@ -68,4 +75,5 @@ __all__ = [
     "__version__",
     "bf16_to_f32",
     "f32_to_bf16",
+    "is_orphaned",
 ]

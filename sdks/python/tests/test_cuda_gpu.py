@@ -1,0 +1,95 @@
+"""CUDA tensors through CuPy against real ferry peers, on a machine with a GPU.
+
+Skipped (with the reason) where CuPy, a device, or a `ferry` built with the `cuda-ipc`
+feature is missing; `FERRY_REQUIRE_CUDA=1` turns those skips into failures. On a GPU
+machine:
+
+    cargo build --release -p ferry --features cuda-ipc
+    pip install ./sdks/python cupy-cuda12x        # torch too, for the DLPack check
+    FERRY_BIN=target/release/ferry FERRY_REQUIRE_CUDA=1 \\
+        python -m pytest sdks/python/tests/test_cuda_gpu.py -v
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import time
+from typing import Any
+
+import pytest
+
+from conftest import EchoPeer, Server
+from ferry_client import Client, Pipe
+
+
+def _need(reason: str) -> None:
+    if os.environ.get("FERRY_REQUIRE_CUDA") == "1":
+        pytest.fail(f"FERRY_REQUIRE_CUDA=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def cp() -> Any:
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError:
+        _need("cupy is not installed")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            _need("no CUDA device")
+    except Exception as e:
+        _need(f"no usable CUDA device: {e}")
+    return cupy
+
+
+def _cuda_pipe(peer: EchoPeer) -> Pipe:
+    p = Pipe.connect(peer.addr, cuda=True)
+    if p.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
+        p.close()
+        _need("the ferry binary was built without the cuda-ipc feature")
+    return p
+
+
+def test_echo_round_trip_is_zero_copy(cp: Any, echo_peer: EchoPeer) -> None:
+    with _cuda_pipe(echo_peer) as p:
+        a = p.alloc([1920, 1080, 3], "f32", device="cuda:0")
+        a[...] = cp.arange(a.size, dtype=cp.float32).reshape(a.shape)
+        p.send({"n": 1}, [a])
+        msg = p.recv(timeout=30)
+        [back] = msg.tensors
+        assert isinstance(back, cp.ndarray)
+        assert back.data.ptr == a.data.ptr  # this side's own memory, sent back
+        assert bool((back == a).all())
+        try:
+            torch = importlib.import_module("torch")
+        except ImportError:
+            return
+        t = torch.from_dlpack(back)
+        assert t.is_cuda and t.data_ptr() == back.data.ptr
+
+
+def test_other_cupy_arrays_go_with_one_copy(cp: Any, conformance: Server) -> None:
+    with Client.connect(conformance.addr, cuda=True) as c:
+        if c.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
+            _need("the ferry binary was built without the cuda-ipc feature")
+        x = cp.arange(1000, dtype=cp.float32).reshape(10, 100)
+        y = c.call("echo", {"tensor": x.T})  # strided: copied contiguous into the pool
+        assert isinstance(y, cp.ndarray) and bool((y == x.T).all())
+
+
+def test_round_trip_time_is_reported(cp: Any, echo_peer: EchoPeer) -> None:
+    """Not a pass/fail on speed (no timing thresholds in tests): prints the p50."""
+    with _cuda_pipe(echo_peer) as p:
+        a = p.alloc([1920, 1080, 3], "f32", device="cuda:0")
+        samples = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            p.send({}, [a])
+            [back] = p.recv(timeout=30).tensors
+            samples.append(time.perf_counter() - t0)
+            del back
+        print(
+            f"cuda-ipc f32[1920,1080,3] round trip p50 {statistics.median(samples) * 1e6:.1f} us"
+        )
