@@ -137,6 +137,15 @@ class Driver(Protocol):
         ...
 
 
+class CudaArrayLike(Protocol):
+    """Anything with `__cuda_array_interface__` (CuPy, torch CUDA tensors, numba)."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The array's CUDA Array Interface (version 2 or 3)."""
+        ...
+
+
 class CudaArray:
     """What `__cuda_array_interface__` says about an array to send."""
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._cuda import cuda_array
+from ._cuda import CudaArrayLike, cuda_array
 from ._session import ENCODER, Session, little_endian
 from .client import _Connection
 from .errors import CallTimeout, ConnectionClosed, ParamsError, ProtocolError
@@ -52,7 +52,7 @@ class Pipe(_Connection):
     def send(
         self,
         header: object,
-        tensors: Sequence[TensorIn | Any] = (),
+        tensors: Sequence[TensorIn | CudaArrayLike] = (),
         *,
         timeout: float | None = None,
     ) -> None:
