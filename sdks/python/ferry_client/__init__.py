@@ -27,7 +27,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._cuda import CudaUnavailable, is_orphaned
+from ._cuda import CudaUnavailable
+from ._cuda_channel import is_orphaned
 from .aio import AsyncClient
 from .client import Client
 from .errors import (

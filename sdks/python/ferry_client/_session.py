@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _cuda, _shm
+from . import _cuda, _cuda_channel, _shm
 from ._jsonrpc import (
     ENCODER,
     Outcome,
@@ -153,7 +153,7 @@ class Session:
         self.offered: list[str] = []
         self.cuda_driver = cuda
         self.cuda_domain = _cuda.domain(cuda) if cuda is not None else None
-        self.cuda: _cuda.CudaChannel | None = None
+        self.cuda: _cuda_channel.CudaChannel | None = None
         self.cuda_unavailable = cuda_unavailable or (
             "this client did not offer the cuda-ipc channel (connect with cuda=True)"
         )
@@ -229,7 +229,7 @@ class Session:
                     f"the server chose channel {cuda!r} for cuda, which was not offered"
                 )
             if cuda is not None and self.cuda_driver is not None:
-                self.cuda = _cuda.CudaChannel(
+                self.cuda = _cuda_channel.CudaChannel(
                     self.cuda_driver,
                     max_peer_bytes=self.max_peer_bytes,
                     max_peer_allocs=self.cuda_max_peer_allocs,

@@ -18,12 +18,8 @@ import pytest
 from conftest import Server
 from fake_cuda import FakeCudaArray, FakeDeviceArray, FakeDriver, World, address
 from ferry_client import Client, Pipe, ProtocolError
-from ferry_client._cuda import (
-    CUPY_HINT,
-    CudaUnavailable,
-    format_uuid,
-    is_orphaned,
-)
+from ferry_client import is_orphaned
+from ferry_client._cuda import CUPY_HINT, CudaUnavailable, format_uuid
 from ferry_client._cupy import make_driver
 from ferry_client._session import Session
 from ferry_client._wire import CONTROL, MESSAGE, PREAMBLE, WELCOME, Frame, Limits
