@@ -128,6 +128,20 @@ impl Conn {
         })
     }
 
+    /// True if the answer to `v` (a request or a batch) may be polled in the connection's
+    /// read loop: every entry calls a built-in method, an unknown one (an error), or one
+    /// marked [`crate::method::MethodDoc::inline`], or is invalid (an error).
+    pub(crate) fn runs_inline(&self, v: &Value) -> bool {
+        let one = |e: &Value| match e.get("method").and_then(Value::as_str) {
+            Some(name) => self.shared.methods.map.get(name).is_none_or(|m| m.inline),
+            None => true,
+        };
+        match v {
+            Value::Array(entries) => entries.iter().all(one),
+            e => one(e),
+        }
+    }
+
     /// Starts answering `v` (a request or a batch), whose `{"$tensor": i}` refer to `tensors`.
     pub(crate) fn start(self: &Arc<Self>, v: Value, tensors: Vec<Tensor>) -> Work {
         match jsonrpc::classify(v, self.shared.limits.max_batch) {

@@ -212,6 +212,8 @@ impl std::fmt::Debug for MethodInfo {
 pub(crate) struct Method {
     pub(crate) handler: Arc<dyn ErasedHandler>,
     pub(crate) info: MethodInfo,
+    /// Started in the connection's read loop (see [`MethodDoc::inline`]).
+    pub(crate) inline: bool,
 }
 
 /// A registration was refused.
@@ -243,25 +245,37 @@ pub struct Methods {
     pub(crate) map: BTreeMap<String, Method>,
 }
 
-/// Documentation setters for a method just registered.
-pub struct MethodDoc<'a>(&'a mut MethodInfo);
+/// Documentation and scheduling setters for a method just registered.
+pub struct MethodDoc<'a>(&'a mut Method);
 
 impl MethodDoc<'_> {
     /// Sets the one-line summary.
     pub fn summary(self, s: impl Into<String>) -> Self {
-        self.0.summary = Some(s.into());
+        self.0.info.summary = Some(s.into());
         self
     }
 
     /// Sets the description.
     pub fn description(self, s: impl Into<String>) -> Self {
-        self.0.description = Some(s.into());
+        self.0.info.description = Some(s.into());
         self
     }
 
     /// Marks the method deprecated.
     pub fn deprecated(self) -> Self {
-        self.0.deprecated = true;
+        self.0.info.deprecated = true;
+        self
+    }
+
+    /// Marks the handler as cheap: it returns quickly, without long synchronous work
+    /// before its first `.await` (jsonrpsee's "sync method"). A call to it is polled once
+    /// in the connection's read loop, and if it finishes there it is answered from there,
+    /// which saves a task spawn per call; if it waits, it goes on in its own task like any
+    /// other call. Peers see no difference. Do not use it for handlers that compute (a
+    /// `matmul`, a checksum over a tensor): while one runs inline, the connection's next
+    /// calls wait.
+    pub fn inline(self) -> Self {
+        self.0.inline = true;
         self
     }
 }
@@ -323,7 +337,7 @@ impl Methods {
         use std::collections::btree_map::Entry;
         match self.map.entry(info.name.clone()) {
             Entry::Occupied(_) => Err(RegisterError::Duplicate(info.name)),
-            Entry::Vacant(v) => Ok(MethodDoc(&mut v.insert(Method { handler, info }).info)),
+            Entry::Vacant(v) => Ok(MethodDoc(v.insert(Method { handler, info, inline: false }))),
         }
     }
 
@@ -344,6 +358,11 @@ impl Methods {
     /// The handler of `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn ErasedHandler>> {
         self.map.get(name).map(|m| &m.handler)
+    }
+
+    /// True if `name` is registered and marked [`MethodDoc::inline`].
+    pub fn is_inline(&self, name: &str) -> bool {
+        self.map.get(name).is_some_and(|m| m.inline)
     }
 
     /// The docs of every method, sorted by name.

@@ -3,7 +3,9 @@
 //!
 //! - Every connection runs in its own task; every call in its own task. A slow handler
 //!   blocks neither other calls on its connection nor other connections; responses go out
-//!   as they finish, matched by id.
+//!   as they finish, matched by id. (Calls to cheap methods, built-in ones and those marked
+//!   [`crate::method::MethodDoc::inline`], are first polled in the connection's task and
+//!   answered from there when they finish at once; only if they wait do they get a task.)
 //! - Calls in flight per connection are bounded ([`RpcLimits::max_in_flight`]); a call over
 //!   the limit is answered at once with a limit error. A slot is freed only once its
 //!   response is written, so a peer that stops reading cannot grow the server's memory.
@@ -11,6 +13,7 @@
 //!   (`ferry.task.*`) are not: they belong to the server.
 
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Waker};
 
 use ferry_core::{Accepted, ForeignConn, Message, Pipe, PipeError, PipeListener};
 use serde_json::Value;
@@ -180,18 +183,17 @@ impl Server {
                 _ = self.shutdown.cancelled() => break,
             };
             let Ok(msg) = msg else { break };
+            let inline = conn.runs_inline(&msg.header);
             let work = conn.start(msg.header, msg.tensors);
-            // Every call in its own task, even one that would finish at once: a handler
-            // doing long synchronous work before its first await must not stop this loop
-            // from reading the connection's next calls.
             let pipe = pipe.clone();
-            tokio::spawn(async move {
+            let answer = async move {
                 let out = work.await;
                 if let Some(reply) = out.reply {
                     send_reply(&pipe, reply).await;
                 }
                 drop(out.slots);
-            });
+            };
+            answer_here_or_spawn(answer, inline);
         }
         conn.closed.cancel();
     }
@@ -235,15 +237,17 @@ impl Server {
                 Ok(Line::Data) => match serde_json::from_slice::<Value>(&buf) {
                     Err(e) => failure(Value::Null, ErrorObject::parse_error(e)),
                     Ok(v) => {
+                        let inline = conn.runs_inline(&v);
                         let work = conn.start(v, Vec::new());
                         let tx = tx.clone();
-                        tokio::spawn(async move {
+                        let answer = async move {
                             let out = work.await;
                             if let Some(reply) = out.reply {
                                 let _ = tx.send(inline_line(reply)).await;
                             }
                             drop(out.slots);
-                        });
+                        };
+                        answer_here_or_spawn(answer, inline);
                         continue;
                     }
                 },
@@ -275,6 +279,27 @@ impl Server {
             line.pop();
             line
         })
+    }
+}
+
+/// Runs the answer to one request or batch (the call, then writing its response).
+///
+/// Normally in a task of its own, even one that would finish at once: a handler doing long
+/// synchronous work before its first await must not stop the connection's read loop from
+/// reading the next calls. When every method it calls is cheap (`inline`: built-in ones
+/// and those marked [`crate::method::MethodDoc::inline`]), it is polled once right here
+/// instead, and only spawned if it is not done by then (the handler or the write waits),
+/// which saves a task spawn and a wake-up per call. Futures may be polled with a different
+/// waker each time, so the first poll's no-op waker is harmless: the task's first poll
+/// registers its own.
+fn answer_here_or_spawn(answer: impl Future<Output = ()> + Send + 'static, inline: bool) {
+    if !inline {
+        tokio::spawn(answer);
+        return;
+    }
+    let mut answer = Box::pin(answer);
+    if answer.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
+        tokio::spawn(answer);
     }
 }
 

@@ -79,6 +79,34 @@ async fn a_blocking_handler_does_not_stop_its_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_handler_that_waits_does_not_stop_its_connection() {
+    let fx = serve(RpcLimits::default()).await;
+    let c = client(&fx.addr).await;
+    let naps: Vec<_> = (0..3)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.call::<_, u64>("nap", &Sleep { ms: 60_000 }).await })
+        })
+        .collect();
+    // Were a waiting inline call kept in the read loop, nothing after it would be answered.
+    for i in 0..20 {
+        assert_eq!(t(c.call::<_, f64>("add", &(i, 1))).await.unwrap(), f64::from(i + 1));
+    }
+    assert_eq!(t(c.call::<_, u64>("nap", &Sleep { ms: 1 })).await.unwrap(), 1);
+    let mut p = Plain::connect(&fx.addr).await;
+    p.send("{\"jsonrpc\":\"2.0\",\"method\":\"nap\",\"params\":[60000],\"id\":1}\n").await;
+    p.send("{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[2,2],\"id\":2}\n").await;
+    assert_eq!(p.line().await["result"], 4.0);
+    for n in &naps {
+        assert!(!n.is_finished());
+    }
+    c.close().await;
+    for n in naps {
+        assert!(t(n).await.unwrap().is_err(), "a nap ended by closing the connection");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_typed() {
     let fx = serve(RpcLimits::default()).await;
     let c = client(&fx.addr).await;

@@ -69,7 +69,15 @@ impl Drop for Unfinished {
 
 pub fn methods(seen: Arc<Seen>) -> Methods {
     let mut m = Methods::new();
-    m.register("add", |(a, b): (f64, f64)| async move { Ok::<_, ErrorObject>(a + b) }).unwrap();
+    // Inline: answered from the connection's task when it finishes at once.
+    m.register("add", |(a, b): (f64, f64)| async move { Ok::<_, ErrorObject>(a + b) }).unwrap().inline();
+    // Inline but waiting: must go on in its own task.
+    m.register("nap", |p: Sleep| async move {
+        tokio::time::sleep(Duration::from_millis(p.ms)).await;
+        Ok::<_, ErrorObject>(p.ms)
+    })
+    .unwrap()
+    .inline();
     m.register_ctx("scale", |p: Scale, ctx: CallContext| async move {
         let mut out = ctx.alloc(p.x.meta().clone()).await?;
         let src = p.x.as_slice::<f32>().map_err(ErrorObject::tensor)?;
