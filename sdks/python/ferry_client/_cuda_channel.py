@@ -29,6 +29,7 @@ from ._cuda import (
 from ._freelist import FreeList
 from ._wire import byte_span, uint
 from .errors import LimitError, ProtocolError
+from .tensors import NUMPY_DTYPES, ferry_dtype
 
 
 class Mapping:
@@ -58,7 +59,16 @@ class PeerLease:
     """Keeps a lease on a range of the server's device memory while arrays use it (the
     memory owner of the arrays `decode` returns)."""
 
-    __slots__ = ("mapping", "lease", "dev", "start", "length", "_done", "__weakref__")
+    __slots__ = (
+        "mapping",
+        "lease",
+        "dev",
+        "start",
+        "length",
+        "dtype",
+        "_done",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -68,8 +78,11 @@ class PeerLease:
         start: int,
         length: int,
         done: deque[tuple[int, int]],
+        dtype: str = "",
     ) -> None:
         self.mapping = mapping
+        self.dtype = dtype
+        """The ferry dtype it arrived as (so a bf16 tensor goes back as bf16)."""
         self.lease = lease
         self.dev = dev
         self.start = start
@@ -119,10 +132,12 @@ class Slot:
 class OwnSlot:
     """Keeps a slot of this side's pool in use while arrays use it."""
 
-    __slots__ = ("slot", "_dropped", "__weakref__")
+    __slots__ = ("slot", "dtype", "_dropped", "__weakref__")
 
-    def __init__(self, slot: Slot, dropped: deque[Slot]) -> None:
+    def __init__(self, slot: Slot, dropped: deque[Slot], dtype: str = "") -> None:
         self.slot = slot
+        self.dtype = dtype
+        """The ferry dtype it was made or returned as."""
         self._dropped = dropped
 
     def __del__(self) -> None:
@@ -144,7 +159,9 @@ class CudaChannel:
     ) -> None:
         self.driver = driver
         self.uuids = driver.uuids()
-        self.local = {u: i for i, u in enumerate(self.uuids)}
+        self.local = {u: i for i, u in enumerate(self.uuids) if u}
+        """This process's ordinal of each usable device, by UUID ("" marks an ordinal
+        whose device is not usable, e.g. compute mode prohibited)."""
         self.max_peer_bytes = max_peer_bytes
         self.max_peer_allocs = max_peer_allocs
         self.pool_limit = pool_limit
@@ -219,7 +236,9 @@ class CudaChannel:
                 raise _bad(f"lease {lease} granted twice")
             mapping = self._mapping(alloc_id, alloc_size, mem, dev)
             self._wait(dev, event)
-            holder = PeerLease(mapping, lease, dev, mapping.ptr + off, n, self.done)
+            holder = PeerLease(
+                mapping, lease, dev, mapping.ptr + off, n, self.done, str(meta["dtype"])
+            )
             self.held[lease] = weakref.ref(holder)
         shape = tuple(meta["shape"])
         strides = (
@@ -326,7 +345,7 @@ class CudaChannel:
             dev = slot.slab.dev
             self._wait(dev, event)
             slot.refs += 1
-        holder = OwnSlot(slot, self.dropped)
+        holder = OwnSlot(slot, self.dropped, str(meta["dtype"]))
         shape = tuple(meta["shape"])
         strides = (
             tuple(s * dtype.itemsize for s in meta["strides"]) if strided else None
@@ -383,31 +402,49 @@ class CudaChannel:
 
     def take_releases(self) -> list[dict[str, Any]]:
         """CONTROL bodies releasing every lease whose arrays are gone, one per device,
-        each with an event recorded after this side's last use."""
+        each with an event recorded after this side's last use. If recording fails, the
+        leases not released stay queued (and the error is raised)."""
         by_dev: dict[int, list[int]] = {}
-        while self.done:
-            lease, dev = self.done.popleft()
-            if self.held.pop(lease, None) is not None:
-                by_dev.setdefault(dev, []).append(lease)
+        with self.lock:
+            while self.done:
+                lease, dev = self.done.popleft()
+                if self.held.pop(lease, None) is not None:
+                    by_dev.setdefault(dev, []).append(lease)
         out = []
-        for dev, ids in by_dev.items():
-            ev = self.driver.record(dev)
+        items = list(by_dev.items())
+        for i, (dev, ids) in enumerate(items):
+            try:
+                ev = self.driver.record(dev)
+            except BaseException:
+                with self.lock:  # not released: queued again, for the next try
+                    for d, rest in items[i:]:
+                        for lease in rest:
+                            self.held[lease] = _gone
+                            self.done.append((lease, d))
+                raise
             out.append({"release": ids, "device": self.uuids[dev], "event": b64(ev)})
         return out
 
     # ---- sending ------------------------------------------------------------------------
 
     def encode(
-        self, arr: CudaArray, granted: list[int]
+        self, arr: CudaArray, granted: list[int], keep: list[object]
     ) -> tuple[str, str, list[int] | None]:
-        """A CUDA array to send -> (location JSON, device, element strides or None);
-        leases granted are appended to `granted` (revoked if the message is not sent)."""
+        """A CUDA array to send -> (location JSON, device, element strides or None).
+        Leases granted are appended to `granted` (revoked if the message is not sent);
+        what must outlive the write (the lease holder of a tensor sent back) to `keep`."""
         if self.closed:
             raise CudaUnavailable("the connection is closed")
-        dev = self.driver.device_of(arr.ptr)
-        if not 0 <= dev < len(self.uuids):
+        owner = _owner(arr.obj)
+        if isinstance(owner, PeerLease) and owner.mapping.orphaned:
             raise CudaUnavailable(
-                f"the array is on device {dev}, which is not usable here"
+                "this CUDA tensor came over a connection that has closed; its memory is no "
+                "longer guaranteed (pipe closed), so it cannot be sent"
+            )
+        dev = _device_hint(arr.obj) if arr.ptr == 0 else self.driver.device_of(arr.ptr)
+        if not 0 <= dev < len(self.uuids) or not self.uuids[dev]:
+            raise CudaUnavailable(
+                f"the array is on cuda:{dev}, which is not a usable device here"
             )
         itemsize = arr.dtype.itemsize
         strides: list[int] | None = None
@@ -423,19 +460,14 @@ class CudaChannel:
         if arr.stream is not None and arr.stream != 1:
             self.driver.after_stream(dev, arr.stream)
         with self.lock:
-            if span >= 0:
-                found = self._peer_range(dev, arr.ptr, span)
-                if found is not None:
-                    holder, off = found
-                    if holder.mapping.orphaned:
-                        raise CudaUnavailable(
-                            "this CUDA tensor came over a connection that is closed; its "
-                            "memory is no longer guaranteed (pipe closed)"
-                        )
+            if span > 0:
+                holder = self._peer_lease(owner, dev, arr.ptr, span)
+                if holder is not None:
                     ev = self.driver.record(dev)
+                    keep.append(holder)  # its release must not overtake this message
                     loc = (
                         '{"cuda_ipc_return":{"lease":%d,"offset":"%d","len":"%d","event_handle":"%s"}}'
-                        % (holder.lease, off, span, b64(ev))
+                        % (holder.lease, arr.ptr - holder.start, span, b64(ev))
                     )
                     return loc, f"cuda:{dev}", strides
                 slot = self._own_slot(dev, arr.ptr, span)
@@ -450,27 +482,32 @@ class CudaChannel:
         try:
             if arr.nbytes:
                 self.driver.copy(dev, slot.slab.ptr + slot.offset, arr)
-        except BaseException:
             with self.lock:
-                self._unref(slot)
-            raise
-        with self.lock:
-            loc = self._grant(slot, slot.offset, arr.nbytes, granted)
-            self._unref(slot)  # the lease holds it now
+                loc = self._grant(slot, slot.offset, arr.nbytes, granted)
+        finally:
+            with self.lock:
+                self._unref(slot)  # the lease holds it now (if granted)
         return loc, f"cuda:{dev}", None
 
-    def _peer_range(
-        self, dev: int, ptr: int, span: int
-    ) -> tuple[PeerLease, int] | None:
+    def _peer_lease(
+        self, owner: object, dev: int, ptr: int, span: int
+    ) -> PeerLease | None:
+        """The live lease on the server's memory holding `ptr..ptr+span`: the array's
+        own (its memory owner) first, else any lease covering the range (e.g. a torch
+        tensor made from a received array with DLPack)."""
+        candidates: list[PeerLease] = []
+        if isinstance(owner, PeerLease):
+            candidates.append(owner)
         for ref in self.held.values():
             h = ref()
-            if (
-                h is not None
-                and h.dev == dev
-                and h.start <= ptr
-                and ptr + span <= h.start + h.length
-            ):
-                return h, ptr - h.start
+            if h is not None:
+                candidates.append(h)
+        for h in candidates:
+            live = self.held.get(h.lease)
+            if live is None or live() is not h:
+                continue
+            if h.dev == dev and h.start <= ptr and ptr + span <= h.start + h.length:
+                return h
         return None
 
     def _own_slot(self, dev: int, ptr: int, span: int) -> Slot | None:
@@ -481,13 +518,13 @@ class CudaChannel:
         return None
 
     def _grant(self, slot: Slot, start: int, n: int, granted: list[int]) -> str:
+        slab = slot.slab
+        ev = self.driver.record(slab.dev)  # (first: nothing to undo if it fails)
         lease = self.next_lease
         self.next_lease += 1
         slot.refs += 1
         self.granted[lease] = (slot, start, n)
         granted.append(lease)
-        slab = slot.slab
-        ev = self.driver.record(slab.dev)
         return (
             '{"cuda_ipc":{"device_uuid":"%s","mem_handle":"%s","alloc_id":"%d","alloc_size":"%d",'
             '"offset":"%d","len":"%d","event_handle":"%s","lease":%d}}'
@@ -515,9 +552,10 @@ class CudaChannel:
         """A writable device array in this side's pool: sending it costs no copy."""
         if self.closed:
             raise CudaUnavailable("the connection is closed")
-        if not 0 <= dev < len(self.uuids):
+        if not 0 <= dev < len(self.uuids) or not self.uuids[dev]:
+            usable = ", ".join(f"cuda:{i}" for i, u in enumerate(self.uuids) if u)
             raise CudaUnavailable(
-                f"cuda:{dev} is not a usable device here ({len(self.uuids)} usable)"
+                f"cuda:{dev} is not a usable device here (usable: {usable or 'none'})"
             )
         n = dtype.itemsize
         for d in shape:
@@ -526,7 +564,7 @@ class CudaChannel:
             return self.driver.wrap(dev, 0, shape, dtype, None, None)
         with self.lock:
             slot = self._slot(dev, n)
-        holder = OwnSlot(slot, self.dropped)
+        holder = OwnSlot(slot, self.dropped, ferry_dtype(dtype))
         return self.driver.wrap(
             dev, slot.slab.ptr + slot.offset, shape, dtype, None, holder
         )
@@ -629,3 +667,32 @@ def _owner(array: object) -> object:
             return None
         array = base
     return None
+
+
+class _Gone:
+    __slots__ = ("__weakref__",)
+
+
+_gone: weakref.ref[Any] = weakref.ref(_Gone())
+"""A dead reference: a lease queued again for release after a failed attempt."""
+
+
+def _device_hint(obj: object) -> int:
+    """The device of an array without memory (pointer 0, which the driver cannot look
+    up): CuPy's `device.id`, torch's `device.index`, else 0."""
+    device = getattr(obj, "device", None)
+    for attr in ("id", "index"):
+        v = getattr(device, attr, None)
+        if type(v) is int and v >= 0:
+            return v
+    return 0
+
+
+def dtype_of(arr: CudaArray) -> str:
+    """The ferry dtype to send a CUDA array as: the one ferry received or allocated it
+    as (so bf16, which CuPy lacks, stays bf16), else its interface's."""
+    owner = _owner(arr.obj)
+    if isinstance(owner, (PeerLease, OwnSlot)) and owner.dtype in NUMPY_DTYPES:
+        if NUMPY_DTYPES[owner.dtype].itemsize == arr.dtype.itemsize:
+            return owner.dtype
+    return ferry_dtype(arr.dtype)

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._cuda import cuda_array
+from ._cuda_channel import dtype_of
 from ._wire import byte_span
 from .errors import ParamsError, ProtocolError, ResultError, RpcError
 from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype
@@ -159,7 +160,7 @@ def encode_params(value: object, tensors: TensorRefs, depth: int = 0) -> object:
         return [encode_params(v, tensors, depth + 1) for v in value]
     cu = cuda_array(value)
     if cu is not None:
-        tensors.append((cu, ferry_dtype(cu.dtype)))
+        tensors.append((cu, dtype_of(cu)))
         return {"$tensor": len(tensors) - 1}
     raise ParamsError(f"a {type(value).__name__} cannot be sent as JSON: {value!r:.80}")
 

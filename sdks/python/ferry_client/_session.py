@@ -332,7 +332,7 @@ class Session:
         try:
             for arr, dtype in tensors:
                 if type(arr) is _cuda.CudaArray:
-                    descs.append(self._cuda_desc(arr, dtype, cuda_granted))
+                    descs.append(self._cuda_desc(arr, dtype, cuda_granted, keep))
                     keep.append(arr.obj)
                     continue
                 nbytes = arr.nbytes
@@ -402,6 +402,7 @@ class Session:
                     f"message header is {len(header)} bytes, over the server's limit max_header_bytes = "
                     f"{lim.max_header_bytes}"
                 )
+            before = self.releases()
         except BaseException:
             if pool is not None:
                 pool.revoke(granted)
@@ -411,18 +412,22 @@ class Session:
                 self.cuda.revoke(cuda_granted)
             raise
         prefix = _PREFIX_PACK(MESSAGE, 0, len(fds), len(header), offset)
-        return Outgoing(
-            self.releases(), [prefix + header, *payload], fds, segments, keep
-        )
+        return Outgoing(before, [prefix + header, *payload], fds, segments, keep)
 
-    def _cuda_desc(self, arr: _cuda.CudaArray, dtype: str, granted: list[int]) -> str:
+    def _cuda_desc(
+        self,
+        arr: _cuda.CudaArray,
+        dtype: str,
+        granted: list[int],
+        keep: list[object],
+    ) -> str:
         """The descriptor of a CUDA array (section 17.2): sent back, zero-copy from the
         pool, or copied once into it."""
         if self.cuda is None:
             raise _cuda.CudaUnavailable(
                 f"cannot send a CUDA tensor on this connection: {self.cuda_unavailable}"
             )
-        data, device, strides = self.cuda.encode(arr, granted)
+        data, device, strides = self.cuda.encode(arr, granted, keep)
         shape = ",".join([str(d) for d in arr.shape])
         if strides is None:
             return _DESC % (dtype, shape, device, data)

@@ -285,6 +285,25 @@ class _Connection:
             anc = []
             parts = advance(parts, n)
 
+    def _release_now(self, deadline: float) -> None:
+        """Sends the pending releases now, unless another thread is sending (it carries
+        them): a loop that only receives must not hold the peer's memory forever."""
+        session = self._session
+        cuda, receiver = session.cuda, session.receiver
+        if not (
+            (cuda is not None and cuda.done) or (receiver is not None and receiver.done)
+        ):
+            return
+        if not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            self._check_open()
+            rel = session.releases()
+            if rel:
+                self._send_all([rel], [], deadline)
+        finally:
+            self._send_lock.release()
+
     def _check_open(self) -> None:
         if self._dead is not None and self._sock.fileno() < 0:
             raise ConnectionClosed(

@@ -11,6 +11,8 @@ requests, so a peer's messages come out of `recv()` in the order it sent them.
   inline when small or without shm. Received tensors are numpy arrays; over shm they are
   read-only views of the peer's memory (or of this side's own, for a tensor sent back).
 - Any thread may `send()`; `recv()` serves one thread at a time (others wait their turn).
+- Received tensors' leases are released when their arrays are gone: with the next
+  `send()`, or at the next `recv()` (a loop that only receives frees the peer's memory).
 - `recv()` waits up to its `timeout` (default: the pipe's `timeout`) and then raises
   `CallTimeout`; the pipe stays usable. When the peer goes away or breaks the protocol,
   `recv()` raises `ConnectionClosed` or `ProtocolError` once, and every later call
@@ -27,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._cuda import CudaArrayLike, cuda_array
+from ._cuda_channel import dtype_of
 from ._session import ENCODER, Session, little_endian
 from .client import _Connection
 from .errors import CallTimeout, ConnectionClosed, ParamsError, ProtocolError
@@ -75,7 +78,7 @@ class Pipe(_Connection):
             elif isinstance(t, np.ndarray):
                 items.append((little_endian(t), ferry_dtype(t.dtype)))
             elif (cu := cuda_array(t)) is not None:
-                items.append((cu, ferry_dtype(cu.dtype)))
+                items.append((cu, dtype_of(cu)))
             else:
                 raise ParamsError(
                     "a tensor must be a numpy array, a Tensor or a CUDA array, got "
@@ -102,6 +105,8 @@ class Pipe(_Connection):
         with self._recv_lock:
             session = self._session
             reader = session.reader
+            if self._dead is None:
+                self._release_now(deadline)  # (arrays dropped since the last recv)
             while True:
                 self._check()
                 try:

@@ -589,3 +589,85 @@ def test_without_cupy_a_real_connection_says_so(
 
 def test_missing_cupy_hint_names_the_install_command() -> None:
     assert "pip install cupy-cuda12x" in CUPY_HINT and "cupy" in CUPY_HINT
+
+
+# ---- review fixes: dtype kept, empty arrays, foreign orphans, failed releases ------------
+
+
+def test_bf16_goes_back_as_bf16() -> None:
+    world = World()
+    h, _ = world.export(4096)
+    s = cuda_session(FakeDriver(world))
+    [a] = receive(s, [cuda_desc(h, dtype="bf16", length="8", lease=1)])
+    from ferry_client._cuda import cuda_array
+    from ferry_client._cuda_channel import dtype_of
+
+    cu = cuda_array(a)
+    assert cu is not None and dtype_of(cu) == "bf16"  # not the u16 the interface says
+    own = s.alloc_cuda(
+        (4,), np.dtype(np.uint16, metadata={"ferry_dtype": "bf16"}), "cuda:0"
+    )
+    cu = cuda_array(own)
+    assert cu is not None and dtype_of(cu) == "bf16"
+    plain = cuda_array(FakeCudaArray(np.zeros(4, dtype=np.uint16)))
+    assert plain is not None and dtype_of(plain) == "u16"
+
+
+def test_empty_cuda_arrays_are_sent_without_asking_the_driver_for_pointer_0() -> None:
+    drv = FakeDriver(World())
+    s = cuda_session(drv)
+
+    class Dev:
+        id = 1
+
+    empty = FakeCudaArray(np.zeros((0, 3), dtype=np.float32))
+    empty.__cuda_array_interface__["data"] = (0, False)
+    empty.device = Dev()  # type: ignore[attr-defined]
+    _, [d] = sent_descs(s, [empty])
+    assert d["meta"] == {"dtype": "f32", "shape": [0, 3], "device": "cuda:1"}
+    assert d["data"]["cuda_ipc"]["len"] == "0"
+
+
+def test_an_orphan_cannot_be_sent_on_another_connection_either() -> None:
+    world = World()
+    h, _ = world.export(4096)
+    drv = FakeDriver(world)
+    first, second = cuda_session(drv), cuda_session(drv)
+    [a] = receive(first, [cuda_desc(h, lease=1)])
+    first.close_channels()
+    with pytest.raises(CudaUnavailable, match="connection that has closed"):
+        sent_descs(second, [a])
+    assert drv.copies == 0
+
+
+def test_releases_stay_queued_when_the_event_cannot_be_recorded() -> None:
+    world = World()
+    h, _ = world.export(4096)
+    drv = FakeDriver(world)
+    s = cuda_session(drv)
+    [a] = receive(s, [cuda_desc(h, lease=3)])
+    del a
+    gc.collect()
+    real = drv.record
+
+    def broken(dev: int) -> bytes:
+        raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+
+    drv.record = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        s.releases()
+    drv.record = real  # type: ignore[method-assign]
+    body = json.loads(s.releases()[16:])
+    assert body["body"]["release"] == [3]
+
+
+def test_a_returned_tensor_names_its_own_lease() -> None:
+    world = World()
+    h, _ = world.export(4096)
+    s = cuda_session(FakeDriver(world))
+    # Two leases on the same bytes (the server sent one tensor twice).
+    [a, b] = receive(s, [cuda_desc(h, lease=1), cuda_desc(h, lease=2)])
+    _, [d] = sent_descs(s, [b])
+    assert d["data"]["cuda_ipc_return"]["lease"] == 2
+    _, [d] = sent_descs(s, [a])
+    assert d["data"]["cuda_ipc_return"]["lease"] == 1

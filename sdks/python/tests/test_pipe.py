@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from conftest import EchoPeer
+from conftest import EchoPeer, Server
 from test_client import FakeServer, handshake, read_request
 
 from ferry_client import (
@@ -160,3 +160,26 @@ def test_peer_gone() -> None:
         p.recv()
     assert p.closed
     p.close()
+
+
+def test_a_receive_only_loop_releases_the_peers_memory(conformance: Server) -> None:
+    """Leases of received tensors go back at the next `recv()` even when nothing is
+    sent: a consumer that only receives must not pin the server's pool."""
+    with Pipe.connect(conformance.addr) as p:
+        assert p.channel == "shm"
+        request = {
+            "jsonrpc": "2.0",
+            "method": "make",
+            "params": {"dtype": "f32", "shape": [256, 1024]},
+            "id": 1,
+        }
+        p.send(request)
+        msg = p.recv(timeout=10)
+        [arr] = msg.tensors
+        assert arr.shape == (256, 1024) and not arr.flags.writeable
+        receiver = p._session.receiver
+        assert receiver is not None and len(receiver.held) == 1
+        del arr, msg
+        with pytest.raises(CallTimeout):
+            p.recv(timeout=0.05)  # nothing comes, but the release went out first
+        assert receiver.held == set() and not receiver.done
