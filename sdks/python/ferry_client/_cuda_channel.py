@@ -27,7 +27,7 @@ from ._cuda import (
     valid_uuid,
 )
 from ._freelist import FreeList
-from ._wire import byte_span, uint
+from ._wire import layout, uint
 from .errors import LimitError, ProtocolError
 from .tensors import NUMPY_DTYPES, ferry_dtype
 
@@ -446,17 +446,8 @@ class CudaChannel:
             raise CudaUnavailable(
                 f"the array is on cuda:{dev}, which is not a usable device here"
             )
-        itemsize = arr.dtype.itemsize
-        strides: list[int] | None = None
-        if arr.strides is None:
-            span = arr.nbytes
-        elif all(s >= 0 and s % itemsize == 0 for s in arr.strides):
-            strides = [s // itemsize for s in arr.strides]
-            span, _ = byte_span(
-                {"shape": list(arr.shape), "strides": strides}, itemsize
-            )
-        else:
-            span = -1  # negative or odd strides: copied
+        found = layout(arr.shape, arr.strides, arr.dtype.itemsize, arr.nbytes)
+        span, strides = found if found is not None else (-1, None)  # (-1: copied)
         if arr.stream is not None and arr.stream != 1:
             self.driver.after_stream(dev, arr.stream)
         with self.lock:

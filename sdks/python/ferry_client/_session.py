@@ -44,6 +44,7 @@ from ._wire import (
     Limits,
     byte_span,
     frame,
+    layout,
     plain_span,
     uint,
 )
@@ -453,17 +454,15 @@ class Session:
         own = type(base) is _shm.OwnView
         if not own and type(base) is not _shm.PeerView:
             return None
-        itemsize = arr.dtype.itemsize
-        strides: list[int] | None = None
-        if arr.flags.c_contiguous:
-            span = arr.nbytes
-        elif all(s >= 0 and s % itemsize == 0 for s in arr.strides):
-            strides = [s // itemsize for s in arr.strides]
-            span, _ = byte_span(
-                {"shape": list(arr.shape), "strides": strides}, itemsize
-            )
-        else:
+        found = layout(
+            arr.shape,
+            None if arr.flags.c_contiguous else arr.strides,
+            arr.dtype.itemsize,
+            arr.nbytes,
+        )
+        if found is None:
             return None
+        span, strides = found
         address: int = arr.__array_interface__["data"][0]
         if own:
             assert isinstance(base, _shm.OwnView)

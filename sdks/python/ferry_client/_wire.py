@@ -349,3 +349,18 @@ def byte_span(meta: dict[str, Any], itemsize: int) -> tuple[int, bool]:
     if (last + 1) * itemsize > U64_MAX:
         raise ProtocolError("tensor size overflows 64 bits")
     return (last + 1) * itemsize, True
+
+
+def layout(
+    shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int, nbytes: int
+) -> tuple[int, list[int] | None] | None:
+    """How an array of `shape` with byte `strides` (`None`: C-contiguous) goes on the
+    wire: (byte span, element strides or `None` for C-contiguous), or `None` when its
+    strides cannot be described (negative, or not whole elements)."""
+    if strides is None:
+        return nbytes, None
+    if not all(s >= 0 and s % itemsize == 0 for s in strides):
+        return None
+    elems = [s // itemsize for s in strides]
+    span, _ = byte_span({"shape": list(shape), "strides": elems}, itemsize)
+    return span, elems
