@@ -51,6 +51,18 @@ pub struct MakeParams {
     pub shape: Vec<u64>,
 }
 
+/// Params of `make_cuda`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct MakeCudaParams {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions (`[]` for a scalar).
+    pub shape: Vec<u64>,
+    /// The server's CUDA device ordinal.
+    #[serde(default)]
+    pub device: u32,
+}
+
 /// Params of `echo` and `inspect`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct TensorParams {
@@ -222,6 +234,12 @@ pub fn methods() -> Methods {
         "A tensor of the pattern",
         PATTERN_DOC,
     );
+    reg(
+        m.register_ctx("make_cuda", |p: MakeCudaParams, ctx: CallContext| async move { make_cuda(p, &ctx).await }),
+        "The tensor of make, in the server's CUDA memory (a cuda-ipc pipe only)",
+        "Needs a server built with the `cuda-ipc` feature and a caller whose pipe negotiated the cuda-ipc \
+         channel; the answer is a cuda:N tensor of the server's pool, leased to the caller.",
+    );
     reg(m.register("echo", |p: TensorParams| async move { Ok::<_, ErrorObject>(p.tensor) }), "Returns the tensor", "");
     reg(
         m.register("inspect", |p: TensorParams| async move { info(&p.tensor, "tensor") }),
@@ -295,6 +313,25 @@ pub fn methods() -> Methods {
         "",
     );
     m
+}
+
+/// `make`'s tensor copied into the server's CUDA memory (cuda-ipc pool of the caller's pipe).
+async fn make_cuda(p: MakeCudaParams, ctx: &CallContext) -> Result<RpcTensor, ErrorObject> {
+    let host = make(&p.dtype, p.shape, ctx).await?.0;
+    let meta = host.meta().clone().with_device(ferry_core::Device::Cuda(p.device));
+    let dev = ctx.alloc_device(meta).await?;
+    copy_to_device(&dev, host.as_bytes())?;
+    Ok(RpcTensor(dev))
+}
+
+#[cfg(feature = "cuda-ipc")]
+fn copy_to_device(t: &ferry_core::Tensor, bytes: &[u8]) -> Result<(), ErrorObject> {
+    ferry_cuda_ipc::CudaIpcChannel::new().copy_from_host(t, bytes).map_err(ErrorObject::tensor)
+}
+
+#[cfg(not(feature = "cuda-ipc"))]
+fn copy_to_device(_: &ferry_core::Tensor, _: &[u8]) -> Result<(), ErrorObject> {
+    Err(ErrorObject::tensor("this server was built without the cuda-ipc feature"))
 }
 
 /// The value of element `i` of `make`'s tensors, as an f64 (bool: 0 or 1).
@@ -385,7 +422,7 @@ mod tests {
     fn document_names_every_method() {
         let doc = server().discover().clone();
         let names: Vec<&str> = doc["methods"].as_array().unwrap().iter().filter_map(|m| m["name"].as_str()).collect();
-        for m in ["make", "echo", "inspect", "make_map", "echo_map", "inspect_map", "roundtrip", "fail", "slow"] {
+        for m in ["make", "make_cuda", "echo", "inspect", "make_map", "echo_map", "inspect_map", "roundtrip", "fail", "slow"] {
             assert!(names.contains(&m), "{m} missing from {names:?}");
         }
     }

@@ -98,6 +98,20 @@ impl CallContext {
             None => TensorMut::zeros(meta).map_err(ErrorObject::tensor),
         }
     }
+
+    /// A device tensor for `meta` (e.g. `cuda:0`) in the memory of the caller's pipe's
+    /// device channel (cuda-ipc: answering with it costs no copy); its bytes are
+    /// unspecified until written. Fails with a tensor error when the caller has no
+    /// channel for that device (a plain JSON connection never has one).
+    pub async fn alloc_device(&self, meta: TensorMeta) -> Result<Tensor, ErrorObject> {
+        match &self.pipe {
+            Some(p) => p.alloc_device(meta).await.map_err(ErrorObject::tensor),
+            None => Err(ErrorObject::tensor(format!(
+                "{} tensors need a ferry pipe with a channel for them; this caller is a plain JSON connection",
+                meta.device
+            ))),
+        }
+    }
 }
 
 impl std::fmt::Debug for CallContext {

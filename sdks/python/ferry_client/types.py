@@ -70,7 +70,11 @@ NUMBER: Spec = _Simple(
     "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
 )
 STRING: Spec = _Simple("a string", lambda v: isinstance(v, str))
-TENSOR: Spec = _Simple("a tensor", lambda v: isinstance(v, np.ndarray))
+TENSOR: Spec = _Simple(
+    "a tensor",
+    lambda v: isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"),
+)
+"""A numpy array, or a CUDA array (CuPy) on a connection with the cuda-ipc channel."""
 
 
 class ListOf(Spec):

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Server
 from fake_cuda import FakeCudaArray, FakeDeviceArray, FakeDriver, World, address
-from ferry_client import Client, Pipe, ProtocolError
+from ferry_client import Client, Pipe, ProtocolError, RpcError
 from ferry_client import is_orphaned
 from ferry_client._cuda import CUPY_HINT, CudaUnavailable, format_uuid
 from ferry_client._cupy import make_driver
@@ -582,6 +582,9 @@ def test_without_cupy_a_real_connection_says_so(
         with pytest.raises(CudaUnavailable, match="cannot allocate on cuda:0"):
             c.alloc([4], "f32", device="cuda:0")
         assert (c.call("echo", {"tensor": ok}) == ok).all()  # still fine
+        # The server's CUDA tensors need the channel too: a typed error, not a hang.
+        with pytest.raises(RpcError, match="no channel was negotiated for Cuda"):
+            c.call("make_cuda", {"dtype": "f32", "shape": [4]})
     with Pipe.connect(server.addr, cuda=False) as p:
         with pytest.raises(CudaUnavailable, match="cuda=False"):
             p.send({}, [FakeCudaArray(np.zeros(4, dtype=np.float32))])

@@ -79,6 +79,32 @@ def test_other_cupy_arrays_go_with_one_copy(cp: Any, conformance: Server) -> Non
         assert isinstance(y, cp.ndarray) and bool((y == x.T).all())
 
 
+def test_server_memory_arrives_zero_copy(cp: Any, conformance: Server) -> None:
+    """A CUDA tensor the server allocated and filled: mapped here (cuIpcOpenMemHandle),
+    read after the server's event, released when dropped."""
+    from ferry_client.generated.conformance import ConformanceClient
+
+    with ConformanceClient(Client.connect(conformance.addr, cuda=True)) as c:
+        if c.client.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
+            _need("the ferry binary was built without the cuda-ipc feature")
+        want = c.make("f32", [64, 128])
+        for _ in range(3):  # the second and third map nothing new (the cache)
+            got = c.make_cuda("f32", [64, 128])
+            assert isinstance(got, cp.ndarray)
+            assert bool((cp.asnumpy(got) == want).all())
+            view = got[3:5]
+            del got
+            assert float(view[0, 0]) == float(want[3, 0])
+            del view
+        c.client.flush_releases()
+        try:
+            torch = importlib.import_module("torch")
+        except ImportError:
+            return
+        t = torch.from_dlpack(c.make_cuda("f32", [8]))
+        assert t.is_cuda and t.shape == (8,)
+
+
 def test_round_trip_time_is_reported(cp: Any, echo_peer: EchoPeer) -> None:
     """Not a pass/fail on speed (no timing thresholds in tests): prints the p50."""
     with _cuda_pipe(echo_peer) as p:

@@ -536,6 +536,33 @@ class ConformanceClient:
         result = self._call("make", params, timeout)
         return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "make", _TYPES))
 
+    def make_cuda(
+        self,
+        dtype: DType,
+        shape: Sequence[int],
+        *,
+        device: int | None = None,
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any]:
+        """The tensor of make, in the server's CUDA memory (a cuda-ipc pipe only)
+
+        Needs a server built with the `cuda-ipc` feature and a caller whose pipe
+        negotiated the cuda-ipc channel; the answer is a cuda:N tensor of the
+        server's pool, leased to the caller.
+
+        Args:
+            dtype: Element type.
+            shape: Dimensions (`[]` for a scalar).
+            device: The server's CUDA device ordinal. Default (applied by the
+                server): `0`.
+            timeout: Seconds to wait for the answer (default: the client's timeout).
+        """
+        params: dict[str, object] = {"dtype": dtype, "shape": shape}
+        if device is not None:
+            params["device"] = device
+        result = self._call("make_cuda", params, timeout)
+        return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "make_cuda", _TYPES))
+
     def make_map(
         self,
         names: Sequence[str],
@@ -781,6 +808,33 @@ class AsyncConformanceClient:
         params: dict[str, object] = {"dtype": dtype, "shape": shape}
         result = await self._call("make", params, timeout)
         return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "make", _TYPES))
+
+    async def make_cuda(
+        self,
+        dtype: DType,
+        shape: Sequence[int],
+        *,
+        device: int | None = None,
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any]:
+        """The tensor of make, in the server's CUDA memory (a cuda-ipc pipe only)
+
+        Needs a server built with the `cuda-ipc` feature and a caller whose pipe
+        negotiated the cuda-ipc channel; the answer is a cuda:N tensor of the
+        server's pool, leased to the caller.
+
+        Args:
+            dtype: Element type.
+            shape: Dimensions (`[]` for a scalar).
+            device: The server's CUDA device ordinal. Default (applied by the
+                server): `0`.
+            timeout: Seconds to wait for the answer (default: the client's timeout).
+        """
+        params: dict[str, object] = {"dtype": dtype, "shape": shape}
+        if device is not None:
+            params["device"] = device
+        result = await self._call("make_cuda", params, timeout)
+        return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "make_cuda", _TYPES))
 
     async def make_map(
         self,

@@ -173,6 +173,19 @@ export interface MakeParams {
 /** Result of `make`. */
 export type MakeResult = Tensor;
 
+/** Params of `make_cuda`. */
+export interface MakeCudaParams {
+  /** Element type. */
+  dtype: DType;
+  /** Dimensions (`[]` for a scalar). */
+  shape: number[];
+  /** The server's CUDA device ordinal. Default (applied by the server): `0`. */
+  device?: number;
+}
+
+/** Result of `make_cuda`. */
+export type MakeCudaResult = Tensor;
+
 /** Params of `make_map`. */
 export interface MakeMapParams {
   /** The names, one tensor each. */
@@ -444,6 +457,20 @@ export class ConformanceClient {
    */
   make(params: MakeParams, opts?: CallOptions): Promise<MakeResult> {
     return this.call<MakeResult>("make", params, opts);
+  }
+
+  /**
+   * The tensor of make, in the server's CUDA memory (a cuda-ipc pipe only)
+   *
+   * Needs a server built with the `cuda-ipc` feature and a caller whose pipe
+   * negotiated the cuda-ipc channel; the answer is a cuda:N tensor of the
+   * server's pool, leased to the caller.
+   */
+  makeCuda(
+    params: MakeCudaParams,
+    opts?: CallOptions,
+  ): Promise<MakeCudaResult> {
+    return this.call<MakeCudaResult>("make_cuda", params, opts);
   }
 
   /**
