@@ -422,7 +422,9 @@ mod tests {
     fn document_names_every_method() {
         let doc = server().discover().clone();
         let names: Vec<&str> = doc["methods"].as_array().unwrap().iter().filter_map(|m| m["name"].as_str()).collect();
-        for m in ["make", "make_cuda", "echo", "inspect", "make_map", "echo_map", "inspect_map", "roundtrip", "fail", "slow"] {
+        for m in
+            ["make", "make_cuda", "echo", "inspect", "make_map", "echo_map", "inspect_map", "roundtrip", "fail", "slow"]
+        {
             assert!(names.contains(&m), "{m} missing from {names:?}");
         }
     }
