@@ -607,11 +607,6 @@ class CudaChannel:
         while self.dropped:
             self._unref(self.dropped.popleft())
 
-    def collect(self) -> None:
-        """Applies the drops of arrays garbage-collected since the last call."""
-        with self.lock:
-            self._collect()
-
     # ---- closing ------------------------------------------------------------------------
 
     def close(self) -> None:
