@@ -594,6 +594,7 @@ fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool)
         (format!("{class}Client"), "Client", "", "def")
     };
     let title = &cx.api.title;
+    cx.imports.insert("Any"); // (`connect`'s `**options`)
     w.line(format!("class {name}:"));
     w.indented(|w| {
         let (kind, how) = if asynchronous {
@@ -635,17 +636,25 @@ fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool)
                 "timeout: float = 60.0".into(),
                 "shm: bool = True".into(),
                 "token: str | None = None".into(),
+                "**options: Any".into(),
             ],
             &format!(") -> {name}:"),
         );
         w.indented(|w| {
             docstring(
                 w,
-                "Connects to the server at `addr` (`unix:NAME` or `unix:/path`).\n\n\
-                 `timeout` is the default for every call, in seconds; `shm` offers shared memory (zero-copy \
-                 tensors on one Linux host); `token` is the server's bearer token, if it needs one.",
+                &format!(
+                    "Connects to the server at `addr` (`unix:NAME` or `unix:/path`).\n\n\
+                     `timeout` is the default for every call, in seconds; `shm` offers shared memory (zero-copy \
+                     tensors on one Linux host); `token` is the server's bearer token, if it needs one; \
+                     `options` are the other options of `ferry_client.{runtime}.connect` (e.g. `cuda=True`)."
+                ),
             );
-            expr(w, &format!("return cls({aw}{runtime}.connect(addr, timeout=timeout, shm=shm, token=token))"), "");
+            expr(
+                w,
+                &format!("return cls({aw}{runtime}.connect(addr, timeout=timeout, shm=shm, token=token, **options))"),
+                "",
+            );
         });
         w.line("");
         w.line(format!("{def} close(self) -> None:"));

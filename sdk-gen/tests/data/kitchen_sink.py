@@ -142,14 +142,18 @@ class KitchenSinkClient:
         timeout: float = 60.0,
         shm: bool = True,
         token: str | None = None,
+        **options: Any,
     ) -> KitchenSinkClient:
         """Connects to the server at `addr` (`unix:NAME` or `unix:/path`).
 
         `timeout` is the default for every call, in seconds; `shm` offers shared
         memory (zero-copy tensors on one Linux host); `token` is the server's bearer
-        token, if it needs one.
+        token, if it needs one; `options` are the other options of
+        `ferry_client.Client.connect` (e.g. `cuda=True`).
         """
-        return cls(Client.connect(addr, timeout=timeout, shm=shm, token=token))
+        return cls(
+            Client.connect(addr, timeout=timeout, shm=shm, token=token, **options),
+        )
 
     def close(self) -> None:
         """Closes the connection."""
@@ -320,15 +324,23 @@ class AsyncKitchenSinkClient:
         timeout: float = 60.0,
         shm: bool = True,
         token: str | None = None,
+        **options: Any,
     ) -> AsyncKitchenSinkClient:
         """Connects to the server at `addr` (`unix:NAME` or `unix:/path`).
 
         `timeout` is the default for every call, in seconds; `shm` offers shared
         memory (zero-copy tensors on one Linux host); `token` is the server's bearer
-        token, if it needs one.
+        token, if it needs one; `options` are the other options of
+        `ferry_client.AsyncClient.connect` (e.g. `cuda=True`).
         """
         return cls(
-            await AsyncClient.connect(addr, timeout=timeout, shm=shm, token=token),
+            await AsyncClient.connect(
+                addr,
+                timeout=timeout,
+                shm=shm,
+                token=token,
+                **options,
+            ),
         )
 
     async def close(self) -> None:

@@ -9,7 +9,7 @@ errors the server returns are raised as this module's exception classes, subclas
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from ferry_client import AsyncClient, Client, RpcError
 from ferry_client import types as t
@@ -51,14 +51,18 @@ class MinimalClient:
         timeout: float = 60.0,
         shm: bool = True,
         token: str | None = None,
+        **options: Any,
     ) -> MinimalClient:
         """Connects to the server at `addr` (`unix:NAME` or `unix:/path`).
 
         `timeout` is the default for every call, in seconds; `shm` offers shared
         memory (zero-copy tensors on one Linux host); `token` is the server's bearer
-        token, if it needs one.
+        token, if it needs one; `options` are the other options of
+        `ferry_client.Client.connect` (e.g. `cuda=True`).
         """
-        return cls(Client.connect(addr, timeout=timeout, shm=shm, token=token))
+        return cls(
+            Client.connect(addr, timeout=timeout, shm=shm, token=token, **options),
+        )
 
     def close(self) -> None:
         """Closes the connection."""
@@ -110,15 +114,23 @@ class AsyncMinimalClient:
         timeout: float = 60.0,
         shm: bool = True,
         token: str | None = None,
+        **options: Any,
     ) -> AsyncMinimalClient:
         """Connects to the server at `addr` (`unix:NAME` or `unix:/path`).
 
         `timeout` is the default for every call, in seconds; `shm` offers shared
         memory (zero-copy tensors on one Linux host); `token` is the server's bearer
-        token, if it needs one.
+        token, if it needs one; `options` are the other options of
+        `ferry_client.AsyncClient.connect` (e.g. `cuda=True`).
         """
         return cls(
-            await AsyncClient.connect(addr, timeout=timeout, shm=shm, token=token),
+            await AsyncClient.connect(
+                addr,
+                timeout=timeout,
+                shm=shm,
+                token=token,
+                **options,
+            ),
         )
 
     async def close(self) -> None:

@@ -21,6 +21,7 @@ from ferry_client import Client, Pipe, ProtocolError, RpcError
 from ferry_client import is_orphaned
 from ferry_client._cuda import CUPY_HINT, CudaUnavailable, format_uuid
 from ferry_client._cupy import make_driver
+from ferry_client.generated.conformance import ConformanceClient
 from ferry_client._session import Session
 from ferry_client._wire import CONTROL, MESSAGE, PREAMBLE, WELCOME, Frame, Limits
 from ferry_client.errors import LimitError
@@ -573,6 +574,12 @@ def test_without_cupy_a_real_connection_says_so(
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(CudaUnavailable, match="`cupy` package"):
         Client.connect(server.addr, cuda=True)
+    with pytest.raises(
+        CudaUnavailable, match="`cupy` package"
+    ):  # generated clients too
+        ConformanceClient.connect(server.addr, cuda=True)
+    with ConformanceClient.connect(server.addr, busy_poll_us=0, cuda=False) as gen:
+        assert gen.client._spin == 0.0 and gen.client.channel == "shm"
     with Client.connect(server.addr) as c:  # the default: no CUDA, no error
         ok = np.arange(3, dtype=np.float32)
         assert (c.call("echo", {"tensor": ok}) == ok).all()

@@ -84,7 +84,7 @@ def test_server_memory_arrives_zero_copy(cp: Any, conformance: Server) -> None:
     read after the server's event, released when dropped."""
     from ferry_client.generated.conformance import ConformanceClient
 
-    with ConformanceClient(Client.connect(conformance.addr, cuda=True)) as c:
+    with ConformanceClient.connect(conformance.addr, cuda=True) as c:
         if c.client.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
             _need("the ferry binary was built without the cuda-ipc feature")
         want = c.make("f32", [64, 128])
