@@ -388,3 +388,19 @@ def test_server_gone(own_server: Server) -> None:
         c.call("slow", {"ms": 1})
     assert c.closed
     c.close()
+
+
+def test_busy_polling_is_an_option(demo: Server) -> None:
+    """`busy_poll_us`: 0 sleeps at once, a positive value polls first, and both answer
+    the same; a negative value is refused."""
+    for us in (0, 200):
+        with ferry_client.Client.connect(demo.addr, busy_poll_us=us) as c:
+            assert c._spin == us / 1e6
+            assert c.call("add", [1, 2]) == 3
+            with pytest.raises(ferry_client.CallTimeout):  # the deadline still holds
+                c.call("sleep", {"ms": 500}, timeout=0.05)
+    with pytest.raises(ValueError, match="busy_poll_us"):
+        ferry_client.Client.connect(demo.addr, busy_poll_us=-1)
+    cpus = len(os.sched_getaffinity(0))
+    with ferry_client.Client.connect(demo.addr) as c:
+        assert c._spin == (50e-6 if cpus >= 2 else 0.0)
