@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._wire import U64_MAX, byte_span, plain_span
+from ._wire import U64_MAX
 from .errors import FerryError, ProtocolError
 
 NAME = "cuda-ipc"
@@ -264,11 +264,3 @@ def b64(raw: bytes) -> str:
 def valid_uuid(v: object) -> bool:
     """Whether `v` has the form of a device UUID (`GPU-`/`MIG-`, hex digits, dashes)."""
     return isinstance(v, str) and len(v) <= MAX_UUID and bool(_UUID.fullmatch(v))
-
-
-def _span(meta: dict[str, Any], itemsize: int, n: int) -> tuple[int, bool]:
-    plain = plain_span(meta, itemsize)
-    span, strided = (plain, False) if plain is not None else byte_span(meta, itemsize)
-    if span > n or (not strided and span != n):
-        raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
-    return span, strided

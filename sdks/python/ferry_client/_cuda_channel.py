@@ -20,14 +20,13 @@ from ._cuda import (
     CudaUnavailable,
     Driver,
     _bad,
-    _span,
     b64,
     decimal,
     handle,
     valid_uuid,
 )
 from ._freelist import FreeList
-from ._wire import layout, uint
+from ._wire import checked_span, layout, uint
 from .errors import LimitError, ProtocolError
 from .tensors import NUMPY_DTYPES, ferry_dtype
 
@@ -230,7 +229,7 @@ class CudaChannel:
         dev = self.local.get(uuid)
         if dev is None:
             raise _bad(f"device {uuid} is not visible here")
-        span, strided = _span(meta, dtype.itemsize, n)
+        span, strided = checked_span(meta, dtype.itemsize, n)
         with self.lock:
             if lease in self.held:
                 raise _bad(f"lease {lease} granted twice")
@@ -341,7 +340,7 @@ class CudaChannel:
                 raise _bad(
                     f"returned range {off}+{n} is outside lease {lease} of {length} bytes"
                 )
-            span, strided = _span(meta, dtype.itemsize, n)
+            span, strided = checked_span(meta, dtype.itemsize, n)
             dev = slot.slab.dev
             self._wait(dev, event)
             slot.refs += 1

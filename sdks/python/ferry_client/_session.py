@@ -42,10 +42,9 @@ from ._wire import (
     Frame,
     FrameReader,
     Limits,
-    byte_span,
     frame,
     layout,
-    plain_span,
+    checked_span,
     uint,
 )
 from .errors import (
@@ -625,13 +624,7 @@ class Session:
                 raise ProtocolError(
                     f"range {off}+{n} is outside the payload of {len(f.payload)} bytes"
                 )
-            plain = plain_span(meta, dtype.itemsize)
-            if plain is not None:
-                span, strided = plain, False
-            else:
-                span, strided = byte_span(meta, dtype.itemsize)
-            if span > n or (not strided and span != n):
-                raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
+            span, strided = checked_span(meta, dtype.itemsize, n)
             shape = tuple(meta["shape"])
             if span == 0:
                 return np.empty(shape, dtype)

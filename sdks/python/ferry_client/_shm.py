@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._freelist import FreeList
-from ._wire import U64_MAX, byte_span, plain_span, uint
+from ._wire import U64_MAX, checked_span, uint
 from .errors import LimitError, ProtocolError
 
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
@@ -177,13 +177,7 @@ class ShmReceiver:
             )
         if lease in self.held:
             raise ProtocolError(f"lease {lease} granted twice")
-        plain = plain_span(meta, dtype.itemsize)
-        if plain is not None:
-            span, strided = plain, False
-        else:
-            span, strided = byte_span(meta, dtype.itemsize)
-        if span > n or (not strided and span != n):
-            raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
+        span, strided = checked_span(meta, dtype.itemsize, n)
         start = _address(seg) + off
         shape = tuple(meta["shape"])
         strides = (
@@ -435,15 +429,12 @@ class ShmPool:
                 )
             slot.refs += 1
         itemsize = dtype.itemsize
-        plain = plain_span(meta, itemsize)
-        if plain is not None:
-            span, strided = plain, False
-        else:
-            span, strided = byte_span(meta, itemsize)
-        if span > n or (not strided and span != n):
+        try:
+            span, strided = checked_span(meta, itemsize, n)
+        except ProtocolError:
             with self.lock:
                 self._unref(slot)
-            raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
+            raise
         shape = tuple(meta["shape"])
         strides = tuple(s * itemsize for s in meta["strides"]) if strided else None
         address = slot.segment.address + start + off

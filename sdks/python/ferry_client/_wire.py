@@ -364,3 +364,14 @@ def layout(
     elems = [s // itemsize for s in strides]
     span, _ = byte_span({"shape": list(shape), "strides": elems}, itemsize)
     return span, elems
+
+
+def checked_span(meta: dict[str, Any], itemsize: int, n: int) -> tuple[int, bool]:
+    """`byte_span` of a received tensor whose location holds `n` bytes, checked against
+    them: (bytes it needs, whether it has strides). A `ProtocolError` when it needs more
+    than `n`, or (without strides) not exactly `n`."""
+    plain = plain_span(meta, itemsize)
+    span, strided = (plain, False) if plain is not None else byte_span(meta, itemsize)
+    if span > n or (not strided and span != n):
+        raise ProtocolError(f"tensor needs {span} bytes but {n} are present")
+    return span, strided
