@@ -121,6 +121,14 @@ pub trait ChannelSession: Send + Sync + 'static {
             reason: "this channel takes no control messages".into(),
         })
     }
+    /// A CONTROL body that is due now and may ride behind the message frame being written
+    /// (e.g. the leases its tensors held, released as the message is sent), so that it
+    /// costs no write of its own. `None` when nothing is due. Only bodies without
+    /// descriptors; the pipe calls it while it holds the write side, after the message's
+    /// own tensors are dropped.
+    fn due_control(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The message frame being built: payload parts and descriptors to send.

@@ -4,11 +4,14 @@
 //! [`FramePrefix`] and the preamble functions are sans-IO; [`FrameReader`] and
 //! [`FrameWriter`] drive them over a connection's byte streams.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use crate::error::{LimitError, PipeError, ProtocolError};
 use crate::tensor::AlignedBuf;
+use crate::transport::BusyPoll;
 use crate::transport::FdQueueRef as FdQueue;
 use crate::wire::Limits;
 
@@ -170,12 +173,26 @@ pub struct FrameReader {
     inner: BufReader<Box<dyn AsyncRead + Send + Unpin>>,
     fds: Option<FdQueue>,
     limits: Limits,
+    busy_poll: Option<Arc<BusyPoll>>,
 }
 
 impl FrameReader {
     /// Wraps a read half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(read: Box<dyn AsyncRead + Send + Unpin>, fds: Option<FdQueue>, limits: Limits) -> Self {
-        FrameReader { inner: BufReader::with_capacity(READ_BUF, read), fds, limits }
+        FrameReader { inner: BufReader::with_capacity(READ_BUF, read), fds, limits, busy_poll: None }
+    }
+
+    /// With the connection's busy-polling control (see [`BusyPoll`]).
+    pub fn with_busy_poll(mut self, busy_poll: Option<Arc<BusyPoll>>) -> Self {
+        self.busy_poll = busy_poll;
+        self
+    }
+
+    /// Allows (or forbids) the next reads to busy-poll, where the transport can.
+    pub fn arm_busy_poll(&self, yes: bool) {
+        if let Some(b) = &self.busy_poll {
+            b.arm(yes);
+        }
     }
 
     /// Waits for the first byte of the stream without consuming it (`None` at end of stream).
@@ -314,7 +331,18 @@ impl FrameWriter {
     }
 
     /// Writes one frame. Small frames go out in one write.
-    pub async fn write_frame(&mut self, kind: FrameKind, mut frame: OutFrame) -> Result<(), PipeError> {
+    pub async fn write_frame(&mut self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
+        self.write_frame_then(kind, frame, &[]).await
+    }
+
+    /// Writes a frame followed by `trailing` header-only frames (kind and JSON header: no
+    /// payload, no descriptors), in one write where they fit together.
+    pub async fn write_frame_then(
+        &mut self,
+        kind: FrameKind,
+        mut frame: OutFrame,
+        trailing: &[(FrameKind, Vec<u8>)],
+    ) -> Result<(), PipeError> {
         let header_len =
             u32::try_from(frame.header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
         #[cfg(unix)]
@@ -335,7 +363,7 @@ impl FrameWriter {
             };
             q.attach(std::mem::take(&mut frame.fds));
         }
-        let r = self.write_parts(prefix, &frame).await;
+        let r = self.write_parts(prefix, &frame, trailing).await;
         #[cfg(unix)]
         if r.is_err()
             && let Some(q) = &self.fds
@@ -346,7 +374,12 @@ impl FrameWriter {
         r
     }
 
-    async fn write_parts(&mut self, prefix: FramePrefix, frame: &OutFrame) -> Result<(), PipeError> {
+    async fn write_parts(
+        &mut self,
+        prefix: FramePrefix,
+        frame: &OutFrame,
+        trailing: &[(FrameKind, Vec<u8>)],
+    ) -> Result<(), PipeError> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&prefix.encode());
         self.scratch.extend_from_slice(&frame.header);
@@ -355,12 +388,22 @@ impl FrameWriter {
             for p in &frame.payload {
                 self.scratch.extend_from_slice(p);
             }
-            self.inner.write_all(&self.scratch).await?;
         } else {
             self.inner.write_all(&self.scratch).await?;
             for p in &frame.payload {
                 self.inner.write_all(p).await?;
             }
+            self.scratch.clear();
+        }
+        for (kind, header) in trailing {
+            let header_len =
+                u32::try_from(header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
+            let p = FramePrefix { kind: *kind as u8, flags: 0, fds: 0, header_len, payload_len: 0 };
+            self.scratch.extend_from_slice(&p.encode());
+            self.scratch.extend_from_slice(header);
+        }
+        if !self.scratch.is_empty() {
+            self.inner.write_all(&self.scratch).await?;
         }
         self.inner.flush().await?;
         Ok(())

@@ -2,9 +2,10 @@
 //! any number of tensors per message and any number of messages in flight.
 //!
 //! A background task reads frames, decodes messages (validating every descriptor) and
-//! handles channel control frames. When the peer goes away or breaks the protocol, every
-//! pending and later operation fails: `recv` returns the error once, then
-//! [`PipeError::Closed`].
+//! handles channel control frames. It queues messages for `recv`, or hands each to a
+//! handler set with [`Pipe::set_handler`] (a server's fast path: no queue, no second task).
+//! When the peer goes away or breaks the protocol, every pending and later operation
+//! fails: `recv` returns the error once, then [`PipeError::Closed`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -47,7 +48,13 @@ struct Shared {
     limits: Limits,
     closed_tx: watch::Sender<bool>,
     error: StdMutex<Option<PipeError>>,
+    handler: StdMutex<Option<MessageHandler>>,
 }
+
+/// Takes each received message in the pipe's reader task (see [`Pipe::set_handler`]).
+/// Returns true when it has answered the message, or started nothing that still waits to
+/// run: the reader may then busy-poll for the next one ([`crate::BusyPoll`]).
+pub type MessageHandler = Box<dyn FnMut(Message) -> bool + Send>;
 
 /// One negotiated connection. `send` and `recv` take `&self`: share a pipe between tasks
 /// with an `Arc` (concurrent sends are serialised; each message goes out whole).
@@ -85,6 +92,7 @@ impl Pipe {
             limits: cfg.limits,
             closed_tx,
             error: StdMutex::new(None),
+            handler: StdMutex::new(None),
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);
         let task = tokio::spawn(read_loop(reader, shared.clone(), tx));
@@ -131,7 +139,7 @@ impl Pipe {
         match self.encode(&msg, &mut out).await {
             Ok(header) => {
                 let (frame, committed) = out.finish(header);
-                self.write(FrameKind::Message, frame).await?;
+                self.shared.write_message(frame, msg).await?;
                 committed.run();
                 Ok(())
             }
@@ -211,6 +219,27 @@ impl Pipe {
             m.insert(s.name().to_string(), s.stats());
         }
         serde_json::Value::Object(m)
+    }
+
+    /// Hands every message received from now on to `handler`, called in the pipe's reader
+    /// task as soon as the message is decoded, instead of queueing it for [`Pipe::recv`]:
+    /// no queue and no second task between the socket and the handler, the lowest latency
+    /// (a server answering requests). `handler` must return quickly: it may answer at once
+    /// what is cheap, and should spawn anything that waits. Its return value allows the
+    /// reader to busy-poll ([`crate::EndpointBuilder::busy_poll`]).
+    ///
+    /// Messages received before the call are still queued for `recv`; after them, `recv`
+    /// returns only the error that ends the pipe. The handler is dropped when the pipe
+    /// ends (it may hold what holds the pipe). It must not call `set_handler` itself.
+    pub fn set_handler(&self, handler: MessageHandler) {
+        *self.shared.handler.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+    }
+
+    /// Drops the handler set with [`Pipe::set_handler`]; later messages are queued for
+    /// `recv` again.
+    pub fn clear_handler(&self) {
+        let handler = self.shared.handler.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(handler);
     }
 
     /// Receives the next message, in the order the peer sent them.
@@ -294,6 +323,45 @@ impl Shared {
         self.closed_tx.send_replace(true);
     }
 
+    /// Writes a MESSAGE frame. Once the write side is ours, the message (its tensors) is
+    /// dropped, so a lease on the peer's memory that only it held is released now, and the
+    /// channels' due CONTROL bodies (such releases) go behind the frame in the same write:
+    /// after the frame that may still name the lease (`shm_return`), never before it.
+    async fn write_message(&self, frame: OutFrame, msg: Message) -> Result<(), PipeError> {
+        let mut closed = self.closed_tx.subscribe();
+        if *closed.borrow() {
+            return Err(self.closed_error());
+        }
+        let r = tokio::select! {
+            r = async {
+                let mut w = self.writer.lock().await;
+                drop(msg);
+                let trailing = self.due_controls();
+                w.write_frame_then(FrameKind::Message, frame, &trailing).await
+            } => r,
+            _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
+        };
+        if let Err(e) = &r
+            && e.is_closed()
+        {
+            self.mark_closed(e.clone());
+        }
+        r
+    }
+
+    /// The channels' due CONTROL frames (see [`ChannelSession::due_control`]).
+    fn due_controls(&self) -> Vec<(FrameKind, Vec<u8>)> {
+        let mut out = Vec::new();
+        for s in self.sessions.values() {
+            if let Some(body) = s.due_control() {
+                let header =
+                    serde_json::to_vec(&ControlHeader { channel: s.name().to_string(), body }).unwrap_or_default();
+                out.push((FrameKind::Control, header));
+            }
+        }
+        out
+    }
+
     async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
         let mut closed = self.closed_tx.subscribe();
         if *closed.borrow() {
@@ -327,21 +395,41 @@ impl Shared {
     }
 }
 
-async fn read_loop(mut reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sender<Result<Message, PipeError>>) {
+async fn read_loop(reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sender<Result<Message, PipeError>>) {
+    read_frames(reader, &shared, tx).await;
+    // The handler may hold what holds this pipe: let it go.
+    let handler = shared.handler.lock().unwrap_or_else(|e| e.into_inner()).take();
+    drop(handler);
+}
+
+async fn read_frames(mut reader: FrameReader, shared: &Shared, tx: mpsc::Sender<Result<Message, PipeError>>) {
     loop {
         let result = match reader.read_frame().await {
             Err(e) => Err(e),
-            Ok(frame) => handle_frame(&shared, frame).await,
+            Ok(frame) => handle_frame(shared, frame).await,
         };
         match result {
             Ok(Some(msg)) => {
-                if tx.send(Ok(msg)).await.is_err() {
-                    return;
+                // The handler is taken out while it runs, so that it may use the pipe freely.
+                let handler = shared.handler.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let Some(mut handler) = handler else {
+                    reader.arm_busy_poll(false);
+                    if tx.send(Ok(msg)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                };
+                let idle = handler(msg);
+                reader.arm_busy_poll(idle);
+                let mut slot = shared.handler.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.is_none() {
+                    *slot = Some(handler);
                 }
             }
             Ok(None) => {}
             Err(e) => {
                 let peer_fault = !matches!(e, PipeError::Closed | PipeError::ClosedByPeer(_) | PipeError::Transport(_));
+                reader.arm_busy_poll(false);
                 if peer_fault {
                     tracing::warn!(error = %e, "closing pipe: peer sent bad data");
                     shared.fail(&e).await;

@@ -11,14 +11,28 @@ use serde_json::Value;
 /// The address `ferry serve` uses when none is given.
 pub const DEFAULT_ADDR: &str = "unix:ferry-demo";
 
+/// `ferry serve`'s default busy-polling window: 50 µs when this process may use 2 or more
+/// CPUs (a spinning reader then leaves the peer a CPU), else none.
+pub fn default_busy_poll() -> std::time::Duration {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    std::time::Duration::from_micros(if cpus >= 2 { 50 } else { 0 })
+}
+
 /// Serves `api` (the demo API unless told otherwise) on `addr` (ferry pipes and plain
 /// JSON-RPC on the same socket) and, if `http` is given (`HOST:PORT`, feature `http`), over
 /// HTTP POST, until interrupted. Prints `listening on ADDR` (and `http on http://HOST:PORT`)
-/// to stdout once ready.
-pub async fn serve(addr: &str, http: Option<&str>, api: crate::sdk::Api) -> anyhow::Result<()> {
+/// to stdout once ready. Ferry connections busy-poll for `busy_poll` after each
+/// answer ([`crate::EndpointBuilder::busy_poll`]).
+pub async fn serve(
+    addr: &str,
+    http: Option<&str>,
+    api: crate::sdk::Api,
+    busy_poll: std::time::Duration,
+) -> anyhow::Result<()> {
     let server = api.server();
     let listener = crate::endpoint()
         .accept_foreign(true)
+        .busy_poll(busy_poll)
         .build()
         .listen(addr)
         .await

@@ -177,24 +177,21 @@ impl Server {
         };
         let pipe = Arc::new(pipe);
         let conn = Conn::new(self.shared.clone(), peer, Some(pipe.clone()));
+        // Requests are answered in the pipe's reader task as they are decoded: no queue and
+        // no second task between the socket and the call. (The handler holds the pipe
+        // through `conn`; the pipe drops it when it ends, and so does this loop.)
+        let (c, weak) = (conn.clone(), Arc::downgrade(&pipe));
+        pipe.set_handler(Box::new(move |msg| weak.upgrade().is_some_and(|pipe| answer_message(&c, pipe, msg))));
+        // What `recv` still gives: messages that came before the handler, then the end.
         loop {
             let msg = tokio::select! {
                 m = pipe.recv() => m,
                 _ = self.shutdown.cancelled() => break,
             };
             let Ok(msg) = msg else { break };
-            let inline = conn.runs_inline(&msg.header);
-            let work = conn.start(msg.header, msg.tensors);
-            let pipe = pipe.clone();
-            let answer = async move {
-                let out = work.await;
-                if let Some(reply) = out.reply {
-                    send_reply(&pipe, reply).await;
-                }
-                drop(out.slots);
-            };
-            answer_here_or_spawn(answer, inline);
+            answer_message(&conn, pipe.clone(), msg);
         }
+        pipe.clear_handler();
         conn.closed.cancel();
     }
 
@@ -282,6 +279,21 @@ impl Server {
     }
 }
 
+/// Starts answering one ferry message (a request or a batch); true when it is answered
+/// already (nothing was left running).
+fn answer_message(conn: &Arc<Conn>, pipe: Arc<Pipe>, msg: Message) -> bool {
+    let inline = conn.runs_inline(&msg.header);
+    let work = conn.start(msg.header, msg.tensors);
+    let answer = async move {
+        let out = work.await;
+        if let Some(reply) = out.reply {
+            send_reply(&pipe, reply).await;
+        }
+        drop(out.slots);
+    };
+    answer_here_or_spawn(answer, inline)
+}
+
 /// Runs the answer to one request or batch (the call, then writing its response).
 ///
 /// Normally in a task of its own, even one that would finish at once: a handler doing long
@@ -292,15 +304,18 @@ impl Server {
 /// which saves a task spawn and a wake-up per call. Futures may be polled with a different
 /// waker each time, so the first poll's no-op waker is harmless: the task's first poll
 /// registers its own.
-fn answer_here_or_spawn(answer: impl Future<Output = ()> + Send + 'static, inline: bool) {
+/// Returns true when it finished here.
+fn answer_here_or_spawn(answer: impl Future<Output = ()> + Send + 'static, inline: bool) -> bool {
     if !inline {
         tokio::spawn(answer);
-        return;
+        return false;
     }
     let mut answer = Box::pin(answer);
     if answer.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
         tokio::spawn(answer);
+        return false;
     }
+    true
 }
 
 /// Sends a response; if it cannot go (a tensor over the peer's limits, a device tensor

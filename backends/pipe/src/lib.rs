@@ -191,7 +191,7 @@ mod windows {
         }
         fn split(self: Box<Self>) -> Split {
             let (r, w) = self.stream.split();
-            Split { read: Box::new(r), write: Box::new(w), fds: None }
+            Split { read: Box::new(r), write: Box::new(w), fds: None, busy_poll: None }
         }
     }
 }

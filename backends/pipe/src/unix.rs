@@ -4,10 +4,12 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
-use ferry_core::{Address, ConnInfo, Connection, FdQueue, Split, TransportError};
+use ferry_core::{Address, BusyPoll, ConnInfo, Connection, FdQueue, Split, TransportError};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
     SendFlags,
@@ -61,10 +63,17 @@ impl Connection for PipeConnection {
 
     fn split(self: Box<Self>) -> Split {
         let fds = FdQueue::new();
+        let busy = Arc::new(BusyPoll::default());
         Split {
-            read: Box::new(ReadHalf { stream: self.stream.clone(), fds: fds.clone() }),
+            read: Box::new(ReadHalf {
+                stream: self.stream.clone(),
+                fds: fds.clone(),
+                busy: busy.clone(),
+                last_data: None,
+            }),
             write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
             fds: Some(fds),
+            busy_poll: Some(busy),
         }
     }
 }
@@ -72,6 +81,73 @@ impl Connection for PipeConnection {
 struct ReadHalf {
     stream: Arc<UnixStream>,
     fds: Arc<FdQueue>,
+    busy: Arc<BusyPoll>,
+    /// When bytes last arrived; `None` once a busy poll found none (cold until they do).
+    last_data: Option<Instant>,
+}
+
+/// Read halves busy-polling right now, in this process.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
+/// At most half the CPUs this process may use (and at least one) busy-poll at once.
+fn max_spinning() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)))
+}
+
+/// A place among the busy-polling read halves, given back on drop.
+struct Spinning;
+
+impl Spinning {
+    fn enter() -> Option<Spinning> {
+        let max = max_spinning();
+        SPINNING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Spinning)
+    }
+}
+
+impl Drop for Spinning {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ReadHalf {
+    /// Polls the socket (non-blocking `recvmsg`) for up to `window`. `None`: nothing came
+    /// (or no place to spin); read the ordinary way.
+    fn spin(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>, window: Duration) -> Option<Poll<io::Result<()>>> {
+        let _place = Spinning::enter()?;
+        // Within Tokio's cooperative budget, like its own I/O: a task that always finds
+        // bytes still yields now and then.
+        let coop = match tokio::task::coop::poll_proceed(cx) {
+            Poll::Ready(c) => c,
+            Poll::Pending => return Some(Poll::Pending),
+        };
+        let until = Instant::now() + window;
+        loop {
+            match recv_with_fds(&self.stream, buf.initialize_unfilled(), &self.fds) {
+                Ok(n) => {
+                    coop.made_progress();
+                    buf.advance(n);
+                    self.last_data = Some(Instant::now());
+                    return Some(Poll::Ready(Ok(())));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= until {
+                        self.last_data = None;
+                        return None;
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) => {
+                    coop.made_progress();
+                    return Some(Poll::Ready(Err(e)));
+                }
+            }
+        }
+    }
 }
 
 fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Result<usize> {
@@ -95,12 +171,20 @@ fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Resu
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let window = this.busy.spin_window();
+        if !window.is_zero()
+            && this.last_data.is_some_and(|t| t.elapsed() < window)
+            && let Some(r) = this.spin(cx, buf, window)
+        {
+            return r;
+        }
         loop {
             ready!(this.stream.poll_read_ready(cx))?;
             let dst = buf.initialize_unfilled();
             match this.stream.try_io(Interest::READABLE, || recv_with_fds(&this.stream, dst, &this.fds)) {
                 Ok(n) => {
                     buf.advance(n);
+                    this.last_data = Some(Instant::now());
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,

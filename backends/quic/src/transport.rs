@@ -293,6 +293,7 @@ impl Connection for QuicConnection {
             read: Box::new(ReadHalf { recv: this.recv }),
             write: Box::new(WriteHalf { send: Some(this.send), conn: this.conn }),
             fds: None,
+            busy_poll: None,
         }
     }
 }

@@ -81,6 +81,14 @@ pub struct ShmOptions {
     pub inline_below: usize,
     /// Most bytes of the peer's segments this side maps (default 16 GiB).
     pub max_peer_bytes: u64,
+    /// Releases of the peer's leases wait to go out together: behind the next message this
+    /// side sends once this many are pending (default 32), else at most
+    /// [`ShmOptions::release_delay`] after the first. One CONTROL frame per call would cost
+    /// a request-response peer more than the call itself.
+    pub release_batch: usize,
+    /// The longest a release of the peer's lease waits to be batched (default 1 ms; zero:
+    /// every release goes out at once, behind the next message or in a frame of its own).
+    pub release_delay: Duration,
 }
 
 impl Default for ShmOptions {
@@ -91,6 +99,8 @@ impl Default for ShmOptions {
             full_wait: Duration::from_secs(10),
             inline_below: 16 << 10,
             max_peer_bytes: 16 << 30,
+            release_batch: 32,
+            release_delay: Duration::from_millis(1),
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -54,6 +55,21 @@ struct Batcher {
     notify: Notify,
     /// The pipe is gone: releases have nowhere to go.
     closed: std::sync::atomic::AtomicBool,
+    /// [`ShmOptions::release_batch`] (at least 1).
+    batch: usize,
+    /// [`ShmOptions::release_delay`].
+    delay: Duration,
+}
+
+impl Batcher {
+    fn new(opts: &ShmOptions) -> Self {
+        Batcher { batch: opts.release_batch.max(1), delay: opts.release_delay, ..Batcher::default() }
+    }
+
+    /// Whether `n` pending releases are due now.
+    fn due(&self, n: usize) -> bool {
+        n > 0 && (n >= self.batch || self.delay.is_zero())
+    }
 }
 
 /// CONTROL bodies of the shm channel.
@@ -83,11 +99,11 @@ impl ShmSession {
         let s = Arc::new(ShmSession {
             pool: Pool::new(opts.clone()),
             ctx,
+            batcher: Arc::new(Batcher::new(&opts)),
             opts,
             granted: Arc::default(),
             next_lease: AtomicU64::new(1),
             peer: Arc::default(),
-            batcher: Arc::default(),
         });
         tokio::spawn(flush_loop(s.ctx.clone(), s.batcher.clone(), s.granted.clone(), s.peer.clone()));
         s
@@ -305,6 +321,15 @@ impl ChannelSession for ShmSession {
         })
     }
 
+    fn due_control(&self) -> Option<serde_json::Value> {
+        let mut pending = lock(&self.batcher.pending);
+        if !self.batcher.due(pending.len()) {
+            return None;
+        }
+        let ids = std::mem::take(&mut *pending);
+        Some(serde_json::json!({ "release": ids }))
+    }
+
     fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
         let c: Control = serde_json::from_value(body).map_err(|e| bad(format!("control message: {e}")))?;
         let mut granted = lock(&self.granted);
@@ -321,7 +346,8 @@ impl ChannelSession for ShmSession {
     }
 }
 
-/// Sends batched releases; when the pipe closes, forgets every lease the peer held
+/// Sends batched releases (those that no message took along first: see
+/// [`ShmOptions::release_batch`]); when the pipe closes, forgets every lease the peer held
 /// (reclaiming the slots) and the peer's segments.
 async fn flush_loop(
     ctx: SessionCtx,
@@ -334,6 +360,15 @@ async fn flush_loop(
         tokio::select! {
             _ = batcher.notify.notified() => {}
             _ = closed.wait_for(|c| *c) => break,
+        }
+        // Give later releases `delay` to join this one (a full batch cuts it short).
+        let pending = lock(&batcher.pending).len();
+        if pending > 0 && !batcher.due(pending) {
+            tokio::select! {
+                _ = tokio::time::sleep(batcher.delay) => {}
+                _ = batcher.notify.notified() => {}
+                _ = closed.wait_for(|c| *c) => break,
+            }
         }
         let ids = std::mem::take(&mut *lock(&batcher.pending));
         if ids.is_empty() {
@@ -381,8 +416,14 @@ impl Drop for LeaseBytes {
         if let Some(b) = self.batcher.upgrade()
             && !b.closed.load(Ordering::Relaxed)
         {
-            lock(&b.pending).push(self.lease);
-            b.notify.notify_one();
+            let mut pending = lock(&b.pending);
+            pending.push(self.lease);
+            // The first starts the delay; a full batch ends it.
+            let wake = pending.len() == 1 || pending.len() == b.batch;
+            drop(pending);
+            if wake {
+                b.notify.notify_one();
+            }
         }
     }
 }

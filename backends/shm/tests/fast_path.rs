@@ -1,0 +1,167 @@
+//! The server fast path over unix sockets and shm: messages handed to a handler in the
+//! pipe's reader task (`Pipe::set_handler`), the reader busy-polling after a message the
+//! handler answered at once (`EndpointBuilder::busy_poll`), and releases of the peer's
+//! leases batched behind outgoing messages (`ShmOptions::release_batch`, `release_delay`).
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use ferry_core::{DType, Endpoint, InlineChannel, Message, Pipe, PipeListener, TensorMeta};
+use ferry_pipe::PipeTransport;
+use ferry_shm::{ShmChannel, ShmOptions};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(20);
+
+fn endpoint(opts: ShmOptions, busy_poll: Duration) -> Endpoint {
+    Endpoint::builder()
+        .transport(Arc::new(PipeTransport::new()))
+        .channel(Arc::new(ShmChannel::with_options(opts)))
+        .channel(Arc::new(InlineChannel))
+        .busy_poll(busy_poll)
+        .build()
+}
+
+async fn pair(opts: ShmOptions, busy_poll: Duration, tag: &str) -> (PipeListener, Pipe, Arc<Pipe>) {
+    let addr = format!("unix:ferry-fast-test-{}", ferry_conformance::unique(tag));
+    let ep = endpoint(opts, busy_poll);
+    let mut l = ep.listen(&addr).await.unwrap();
+    let c = ep.connect(&addr).await.unwrap();
+    let s = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
+    assert_eq!(c.channel(), "shm");
+    (l, c, Arc::new(s))
+}
+
+/// Sends `msg` back: at once when the send finishes on its first poll (then true, as a
+/// server answering inline), else in a task (false).
+fn echo_now(pipe: Weak<Pipe>, msg: Message) -> bool {
+    let Some(pipe) = pipe.upgrade() else { return false };
+    let mut send = Box::pin(async move {
+        let _ = pipe.send(msg).await;
+    });
+    if let Poll::Ready(()) = send.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        return true;
+    }
+    tokio::spawn(send);
+    false
+}
+
+/// Polls `f` until it is true (bounded).
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
+
+fn stat(p: &Pipe, key: &str) -> u64 {
+    p.stats()["shm"][key].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_answering_inline_with_busy_polling_echoes_every_message_intact() {
+    let (_l, c, s) = pair(ShmOptions::default(), Duration::from_millis(2), "inline").await;
+    let weak = Arc::downgrade(&s);
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = handled.clone();
+    s.set_handler(Box::new(move |m| {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        echo_now(weak.clone(), m)
+    }));
+    let mut t = c.alloc(TensorMeta::new(DType::U32, vec![256, 1024])).await.unwrap();
+    for (i, x) in t.as_mut_slice::<u32>().unwrap().iter_mut().enumerate() {
+        *x = i as u32;
+    }
+    let t = t.freeze();
+    for i in 0..300u32 {
+        c.send(Message::with_tensors(json!(i), vec![t.clone()])).await.unwrap();
+        let back = c.recv_timeout(T).await.unwrap();
+        assert_eq!(back.header, json!(i));
+        // Zero copy both ways, and the bytes intact.
+        assert_eq!(back.tensors[0].as_bytes().as_ptr(), t.as_bytes().as_ptr());
+        assert_eq!(back.tensors[0].as_slice::<u32>().unwrap()[1000 + i as usize], 1000 + i);
+    }
+    assert_eq!(handled.load(std::sync::atomic::Ordering::Relaxed), 300, "every message went to the handler");
+    // Every lease the server held (one per message) is released: in batches behind the
+    // answers, the rest after the batching delay.
+    eventually("all leases released", || stat(&c, "leases_granted") == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_spawns_is_not_held_up_by_busy_polling() {
+    // A minute of busy polling: were the reader to spin after a message whose answer is in a
+    // task (on its worker's queue), each answer would wait out the spin and `recv_timeout`
+    // would fail.
+    let (_l, c, s) = pair(ShmOptions::default(), Duration::from_secs(60), "spawn").await;
+    let weak = Arc::downgrade(&s);
+    s.set_handler(Box::new(move |m| {
+        let pipe = weak.clone();
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            if let Some(p) = pipe.upgrade() {
+                let _ = p.send(m).await;
+            }
+        });
+        false
+    }));
+    for i in 0..50 {
+        c.send(Message::new(json!(i))).await.unwrap();
+        assert_eq!(c.recv_timeout(T).await.unwrap().header, json!(i));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_ride_behind_messages_once_a_batch_is_pending() {
+    // A delay far longer than the test: releases can only come back behind the answers.
+    let opts = ShmOptions { release_batch: 4, release_delay: Duration::from_secs(3600), ..Default::default() };
+    let (_l, c, s) = pair(opts, Duration::ZERO, "batch").await;
+    let weak = Arc::downgrade(&s);
+    s.set_handler(Box::new(move |m| echo_now(weak.clone(), m)));
+    let t = c.alloc(TensorMeta::new(DType::U8, vec![1 << 20])).await.unwrap().freeze();
+    let mut most = 0;
+    for i in 0..40 {
+        c.send(Message::with_tensors(json!(i), vec![t.clone()])).await.unwrap();
+        drop(c.recv_timeout(T).await.unwrap());
+        most = most.max(stat(&c, "leases_granted"));
+    }
+    // Without batching behind messages, 40 leases would be outstanding.
+    assert!(most <= 5, "at most a batch (4) and the one in flight stay granted, saw {most}");
+    assert!(stat(&c, "leases_granted") >= 1, "the last releases wait for their batch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_release_goes_out_after_the_delay() {
+    let opts = ShmOptions { release_batch: 1000, release_delay: Duration::from_millis(5), ..Default::default() };
+    let (_l, c, s) = pair(opts, Duration::ZERO, "delay").await;
+    let t = c.alloc(TensorMeta::new(DType::U8, vec![1 << 20])).await.unwrap().freeze();
+    c.send(Message::with_tensors(json!(1), vec![t])).await.unwrap();
+    let got = s.recv_timeout(T).await.unwrap();
+    assert_eq!(stat(&c, "leases_granted"), 1);
+    drop(got); // no message goes back: the release must go out on its own
+    eventually("the lone release", || stat(&c, "leases_granted") == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_is_dropped_when_the_pipe_ends() {
+    let (_l, c, s) = pair(ShmOptions::default(), Duration::ZERO, "drop").await;
+    // The handler holds the server's pipe strongly (as a server's connection state does).
+    let held = s.clone();
+    let witness = Arc::new(());
+    let w = witness.clone();
+    s.set_handler(Box::new(move |m| {
+        let _ = (&held, &w);
+        drop(m);
+        true
+    }));
+    c.send(Message::new(json!("hi"))).await.unwrap();
+    c.close().await;
+    // The reader sees the end, `recv` reports it, and the handler (with its references) is gone.
+    assert!(s.recv_timeout(T).await.is_err());
+    eventually("handler dropped", || Arc::strong_count(&witness) == 1).await;
+    assert_eq!(Arc::strong_count(&s), 1, "the handler's reference to the pipe is gone");
+}
