@@ -272,11 +272,13 @@ def main() -> None:
                 "gbps": None if r.gbps() is None else round(r.gbps() or 0, 2),
                 "x_bare_socket": round(r.p(0.5) / base, 2),
                 "x_bare_json": round(r.p(0.5) / base_json, 2),
+                "compiled": ferry_client.COMPILED,
             }
             print(json.dumps(out))
         return
     print(
-        f"python {sys.version.split()[0]}, numpy {np.__version__}, ferry_client {ferry_client.__version__}, "
+        f"python {sys.version.split()[0]}, numpy {np.__version__}, ferry_client {ferry_client.__version__} "
+        f"({'compiled with mypyc' if ferry_client.COMPILED else 'interpreted'}), "
         f"{os.cpu_count()} CPUs; ferry serve = {ferry}"
     )
     head = f"{'case':<28} {'tensor':<18} {'iters':>6} {'p50_us':>10} {'p99_us':>10} {'GB/s':>8} {'x_socket':>9} {'x_json':>7}"

@@ -20,7 +20,8 @@ mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
   (`demo`, `conformance`); `ferry sdk --lang python` generates one for any server.
 
 Standard library and numpy only; Linux for shared memory (elsewhere, or with
-`shm=False`, tensors travel inline).
+`shm=False`, tensors travel inline). The hot modules are compiled with mypyc at install
+time where a C compiler is present (`COMPILED`); else the same code runs interpreted.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ from .tensors import (
     f32_to_bf16,
 )
 
+from . import client as _client
+
+COMPILED: bool = not (_client.__file__ or "").endswith(".py")
+"""Whether the hot modules run compiled (mypyc, at install time) rather than interpreted."""
+
 __all__ = [
+    "COMPILED",
     "AsyncClient",
     "BF16",
     "CallTimeout",

@@ -115,7 +115,6 @@ def frame(kind: int, header: object, payload_len: int = 0, fds: int = 0) -> byte
     return PREFIX.pack(kind, 0, fds, len(h), payload_len) + h
 
 
-@dataclass(slots=True)
 class Frame:
     """One received frame: its kind, parsed JSON header, payload and descriptors.
 
@@ -123,10 +122,23 @@ class Frame:
     the rest are closed by `close_fds`.
     """
 
-    kind: int
-    header: Any
-    payload: bytearray
-    fds: list[int]
+    # (A plain class, not a dataclass: mypyc cannot compile a dataclass field typed
+    # `bytearray`.)
+    __slots__ = ("kind", "header", "payload", "fds")
+
+    def __init__(
+        self, kind: int, header: Any, payload: bytearray, fds: list[int]
+    ) -> None:
+        self.kind = kind
+        self.header = header
+        self.payload = payload
+        self.fds = fds
+
+    def __repr__(self) -> str:
+        return (
+            f"Frame(kind={self.kind}, header={self.header!r:.200}, "
+            f"payload={len(self.payload)} bytes, fds={self.fds})"
+        )
 
 
 _SCRATCH = 1 << 16

@@ -525,3 +525,15 @@ def test_decode_json_is_the_decoder() -> None:
         except (ValueError, RecursionError) as e:
             got = ("error", type(e).__name__, str(e))
         assert got == want, text[:40]
+
+
+def test_the_package_runs_compiled_or_interpreted_as_expected() -> None:
+    """`pip install` compiles the hot modules with mypyc where a C compiler is; `cargo
+    xtask sdk-python` says which it expects, so that a silent fallback shows."""
+    import ferry_client
+
+    expect = os.environ.get("FERRY_EXPECT_COMPILED")
+    if expect is None:
+        pytest.skip("FERRY_EXPECT_COMPILED is not set (cargo xtask sdk-python sets it)")
+    where = ferry_client.client.__file__
+    assert ferry_client.COMPILED == (expect == "1"), f"ferry_client.client is {where}"
