@@ -85,10 +85,22 @@ class Row:
 
 
 def start(
-    cmd: list[str], ready: bytes, timeout: float = 30.0, stdin: int | None = None
+    cmd: list[str],
+    ready: bytes,
+    timeout: float = 30.0,
+    stdin: int | None = None,
+    cpus: set[int] | None = None,
 ) -> subprocess.Popen[bytes]:
+    def pin() -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
     proc = subprocess.Popen(
-        cmd, stdin=stdin, stdout=subprocess.PIPE, start_new_session=True
+        cmd,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=pin,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
@@ -147,14 +159,37 @@ def main() -> None:
         default=5,
         help="interleaved rounds the samples are split into",
     )
+    ap.add_argument(
+        "--pin-bare",
+        choices=["auto", "off"],
+        default="auto",
+        help="auto (default, with 2 or more CPUs): the bare echo process runs on one "
+        "CPU, and this process moves to another for the bare rows, so that the bare round "
+        "trip crosses between two CPUs as the SDK's does (its server polls on a CPU of its "
+        "own); off: wherever the OS puts them (an echo on this process's CPU answers "
+        "sooner: the bare rows then swing between about 5 and 12 us from run to run on a "
+        "2-CPU VM)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object per row")
     args = ap.parse_args()
+    all_cpus = os.sched_getaffinity(0)
+    ordered = sorted(all_cpus)
+    split = args.pin_bare == "auto" and len(ordered) >= 2
+    echo_cpus = {ordered[1]} if split else None
+    client_cpus = {ordered[0]} if split else None
+    pinned = (
+        f"; bare rows: this process on CPU {ordered[0]}, the echo on CPU {ordered[1]}"
+        if split
+        else ""
+    )
     ferry = os.environ.get("FERRY_BIN", "ferry")
     shape = tuple(int(x) for x in args.shape.split(","))
     tag = f"ferry-bench-py-{os.getpid()}"
 
     server = start([ferry, "serve", f"unix:{tag}", "--api", "demo"], b"listening on")
-    echo = start([sys.executable, "-c", ECHO_SERVER, f"{tag}-echo"], b"ready")
+    echo = start(
+        [sys.executable, "-c", ECHO_SERVER, f"{tag}-echo"], b"ready", cpus=echo_cpus
+    )
     # `ferry __echo` serves until its stdin closes: keep a pipe to it open.
     peer = start(
         [ferry, "__echo", f"unix:{tag}-peer"], b"ready ", stdin=subprocess.PIPE
@@ -234,16 +269,26 @@ def main() -> None:
             (Row("sdk-rtt-copy-in", nbytes), copy_in, max(args.iters // 10, 10)),
             (Row("sdk-recv-create", nbytes), create, max(args.iters // 10, 10)),
         ]
+        bare_rows = (bare_rtt, busy_rtt)
+
+        def place(f: Callable[[], None]) -> None:
+            """Moves this process to its bare-row CPU for the bare rows, back after."""
+            if client_cpus is not None:
+                os.sched_setaffinity(0, client_cpus if f in bare_rows else all_cpus)
+
         for _, f, n in cases:  # warm up
+            place(f)
             for _ in range(max(n // 20, 5)):
                 f()
         rounds = max(args.rounds, 1)
         for _ in range(rounds):
             for row, f, n in cases:
+                place(f)
                 for _ in range(max(n // rounds, 1)):
                     t = time.perf_counter()
                     f()
                     row.samples.append(time.perf_counter() - t)
+        place(add)
         client.close()
         sleeper.close()
         pipe.close()
@@ -279,7 +324,7 @@ def main() -> None:
     print(
         f"python {sys.version.split()[0]}, numpy {np.__version__}, ferry_client {ferry_client.__version__} "
         f"({'compiled with mypyc' if ferry_client.COMPILED else 'interpreted'}), "
-        f"{os.cpu_count()} CPUs; ferry serve = {ferry}"
+        f"{os.cpu_count()} CPUs; ferry serve = {ferry}{pinned}"
     )
     head = f"{'case':<28} {'tensor':<18} {'iters':>6} {'p50_us':>10} {'p99_us':>10} {'GB/s':>8} {'x_socket':>9} {'x_json':>7}"
     print(head)

@@ -217,39 +217,40 @@ def inline_tensor(value: dict[str, Any]) -> npt.NDArray[Any]:
     return buf.view(dtype).reshape(shape)
 
 
+def _resolve_ref(ref: dict[str, Any], arrays: list[npt.NDArray[Any]]) -> Any:
+    """The array a `{"$tensor": ...}` value stands for (see `resolve_tensors`)."""
+    i = ref["$tensor"]
+    if type(i) is dict:
+        return inline_tensor(i)
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(arrays):
+        raise ResultError(
+            f"tensor reference {ref!r} does not name one of the message's {len(arrays)} tensors"
+        )
+    return arrays[i]
+
+
 def resolve_tensors(value: object, arrays: list[npt.NDArray[Any]]) -> object:
     """Replaces every tensor in `value` (parsed JSON, changed in place): `{"$tensor": i}`
     by `arrays[i]`, the inline form by its array. Raises `ResultError` for an index the
     message does not have or a malformed inline tensor."""
-
-    def tensor(ref: dict[str, Any]) -> npt.NDArray[Any]:
-        i = ref["$tensor"]
-        if type(i) is dict:
-            return inline_tensor(i)
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(arrays):
-            raise ResultError(
-                f"tensor reference {ref!r} does not name one of the message's {len(arrays)} tensors"
-            )
-        return arrays[i]
-
     if not isinstance(value, (dict, list)):
         return value  # a number, string, bool or null: no tensor in it
     if _is_ref(value):
         assert isinstance(value, dict)
-        return tensor(value)
+        return _resolve_ref(value, arrays)
     stack: list[object] = [value]
     while stack:
         v = stack.pop()
         if isinstance(v, dict):
             for k, x in v.items():
                 if _is_ref(x):
-                    v[k] = tensor(x)
+                    v[k] = _resolve_ref(x, arrays)
                 elif isinstance(x, (dict, list)):
                     stack.append(x)
         elif isinstance(v, list):
             for i, x in enumerate(v):
                 if _is_ref(x):
-                    v[i] = tensor(x)
+                    v[i] = _resolve_ref(x, arrays)
                 elif isinstance(x, (dict, list)):
                     stack.append(x)
     return value

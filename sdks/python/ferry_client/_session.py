@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,65 @@ class Outgoing:
         self.keep.clear()
 
 
+class _Sent:
+    """What a zero-copy descriptor of one pool array looked like (`Session._sent`): sending
+    the same array again (a buffer filled and sent in a loop) then costs a lease and a
+    string join, not the checks and formatting of the first time."""
+
+    __slots__ = (
+        "ref",
+        "holder",
+        "shape",
+        "strides",
+        "dtype",
+        "slot",
+        "start",
+        "span",
+        "head",
+    )
+
+    def __init__(
+        self,
+        arr: npt.NDArray[Any],
+        holder: _shm.OwnView,
+        slot: _shm.Slot,
+        start: int,
+        span: int,
+        head: str,
+    ) -> None:
+        self.ref = weakref.ref(arr)
+        self.holder = holder
+        self.shape = arr.shape
+        self.strides = arr.strides
+        self.dtype = arr.dtype
+        self.slot = slot
+        self.start = start
+        self.span = span
+        self.head = head
+        """The descriptor up to the lease number (its end is `}}}`)."""
+
+    def matches(self, arr: npt.NDArray[Any]) -> bool:
+        """Whether `arr` is the same array as then, with the same layout. (An array's data
+        cannot move without its base changing, and its base holder owns the slot.)"""
+        return (
+            self.ref() is arr
+            and _base(arr) is self.holder
+            and arr.dtype is self.dtype
+            and arr.shape == self.shape
+            and arr.strides == self.strides
+        )
+
+
+def _base(arr: npt.NDArray[Any]) -> object:
+    """`arr.base` (numpy's stubs type it as an array or None; a pool array's is a holder)."""
+    base: object = arr.base
+    return base
+
+
+_SENT_MAX = 256
+"""Most arrays `Session._sent` remembers (it starts over when full)."""
+
+
 def _close_fds(fds: list[int]) -> None:
     for fd in fds:
         if fd >= 0:
@@ -162,6 +222,8 @@ class Session:
             self.cuda_unavailable = "no usable CUDA device, or /proc cannot be read"
         self.cuda_pool_limit = cuda_pool_limit
         self.cuda_max_peer_allocs = cuda_max_peer_allocs
+        self._sent: dict[int, _Sent] = {}
+        """Pool arrays sent before, by `id` (see `_Sent`)."""
 
     # ---- handshake ----------------------------------------------------------------------
 
@@ -330,19 +392,29 @@ class Session:
         cuda_granted: list[int] = []
         pool = self.pool
         try:
+            sent = self._sent
             for arr, dtype in tensors:
                 if type(arr) is _cuda.CudaArray:
                     descs.append(self._cuda_desc(arr, dtype, cuda_granted, keep))
                     keep.append(arr.obj)
                     continue
+                if pool is not None:
+                    memo = sent.get(id(arr))
+                    if memo is not None and memo.matches(arr):
+                        lease = pool.grant(memo.slot, memo.start, memo.span)
+                        granted.append(lease)
+                        descs.append(memo.head + str(lease) + "}}}")
+                        keep.append(arr)
+                        continue
                 nbytes = arr.nbytes
                 data: str | None = None
                 strides: list[int] | None = None
                 seg: _shm.Segment | None = None
+                own: tuple[_shm.OwnView, _shm.Slot, int, int] | None = None
                 if pool is not None and nbytes > 0:
                     found = self._zero_copy(pool, arr, granted)
                     if found is not None:
-                        data, strides, seg = found
+                        data, strides, seg, own = found
                         keep.append(arr)
                     elif nbytes >= INLINE_BELOW:
                         src = (
@@ -361,6 +433,7 @@ class Session:
                         fds.append(seg.fd)
                         segments.append(seg)
                         seg.announced = True
+                        own = None  # (remembered once its segment is announced)
                 if data is None:
                     pad = -offset % ALIGN
                     if pad:
@@ -374,18 +447,22 @@ class Session:
                     offset += nbytes
                 shape = ",".join([str(d) for d in arr.shape])
                 if strides is None:
-                    descs.append(_DESC % (dtype, shape, "cpu", data))
+                    desc = _DESC % (dtype, shape, "cpu", data)
                 else:
-                    descs.append(
-                        _DESC_STRIDED
-                        % (
-                            dtype,
-                            shape,
-                            ",".join([str(x) for x in strides]),
-                            "cpu",
-                            data,
-                        )
+                    desc = _DESC_STRIDED % (
+                        dtype,
+                        shape,
+                        ",".join([str(x) for x in strides]),
+                        "cpu",
+                        data,
                     )
+                descs.append(desc)
+                if own is not None:
+                    if len(sent) >= _SENT_MAX:
+                        sent.clear()
+                    holder, slot, start, span = own
+                    head = desc[: desc.rindex('"lease":') + 8]
+                    sent[id(arr)] = _Sent(arr, holder, slot, start, span, head)
             if offset > lim.max_payload_bytes:
                 raise LimitError(
                     f"message payload is {offset} bytes, over the server's limit max_payload_bytes = "
@@ -441,11 +518,21 @@ class Session:
 
     def _zero_copy(
         self, pool: _shm.ShmPool, arr: npt.NDArray[Any], granted: list[int]
-    ) -> tuple[str, list[int] | None, _shm.Segment | None] | None:
-        """A descriptor (location JSON, element strides, segment to announce) for an array
+    ) -> (
+        tuple[
+            str,
+            list[int] | None,
+            _shm.Segment | None,
+            tuple[_shm.OwnView, _shm.Slot, int, int] | None,
+        ]
+        | None
+    ):
+        """A descriptor (location JSON, element strides, segment to announce, and what
+        `_Sent` remembers of an array made straight from a pool holder) for an array
         already in shared memory: this side's pool, or a lease of the server's (sent back
         as `shm_return`). `None` for any other array."""
         base: object = arr.base
+        direct = type(base) is _shm.OwnView or type(base) is _shm.PeerView
         for _ in range(64):
             if not isinstance(base, np.ndarray):
                 break
@@ -462,7 +549,14 @@ class Session:
         if found is None:
             return None
         span, strides = found
-        address: int = arr.__array_interface__["data"][0]
+        # An array made straight from a view holder (`alloc`, a received array) starts at
+        # the holder's address; only a view of it needs the array's own (a slower lookup:
+        # `__array_interface__` builds a new dict).
+        if direct:
+            assert isinstance(base, (_shm.OwnView, _shm.PeerView))
+            address: int = base.__array_interface__["data"][0]
+        else:
+            address = arr.__array_interface__["data"][0]
         if own:
             assert isinstance(base, _shm.OwnView)
             slot = base.slot
@@ -473,7 +567,13 @@ class Session:
                 return None
             lease = pool.grant(slot, start, span)
             granted.append(lease)
-            return _SHM % (slot.segment.id, start, span, lease), strides, slot.segment
+            memo = (base, slot, start, span) if direct else None
+            return (
+                _SHM % (slot.segment.id, start, span, lease),
+                strides,
+                slot.segment,
+                memo,
+            )
         assert isinstance(base, _shm.PeerView)
         receiver = self.receiver
         if receiver is None or base.lease not in receiver.held:
@@ -485,6 +585,7 @@ class Session:
             '{"shm_return":{"lease":%d,"offset":%d,"len":%d}}'
             % (base.lease, off, span),
             strides,
+            None,
             None,
         )
 

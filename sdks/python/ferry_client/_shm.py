@@ -61,6 +61,10 @@ def _address(a: npt.NDArray[Any]) -> int:
     return int(a.__array_interface__["data"][0])
 
 
+_TYPESTR: dict[np.dtype[Any], str] = {}
+"""`dtype.str` by dtype, for `array_interface`."""
+
+
 def array_interface(
     shape: tuple[int, ...],
     dtype: np.dtype[Any],
@@ -69,10 +73,15 @@ def array_interface(
     readonly: bool,
 ) -> dict[str, Any]:
     """A numpy `__array_interface__` for memory at `address`."""
+    typestr = _TYPESTR.get(dtype)
+    if typestr is None:
+        typestr = dtype.str  # (a property that builds the string each time)
+        if len(_TYPESTR) < 64:
+            _TYPESTR[dtype] = typestr
     return {
         "version": 3,
         "shape": shape,
-        "typestr": dtype.str,
+        "typestr": typestr,
         "strides": strides,
         "data": (address, readonly),
     }

@@ -278,7 +278,10 @@ class _Connection:
         anc = rights(fds) if fds else []
         while parts:
             try:
-                n = self._sock.sendmsg(parts[:MAX_IOV], anc)
+                if not anc and len(parts) == 1:
+                    n = self._sock.send(parts[0])  # (cheaper than sendmsg)
+                else:
+                    n = self._sock.sendmsg(parts[:MAX_IOV], anc)
             except BlockingIOError:
                 if not self._wait_fd(select.POLLOUT, deadline):
                     err = CallTimeout(
