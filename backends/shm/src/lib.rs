@@ -82,10 +82,15 @@ pub struct ShmOptions {
     /// Most bytes of the peer's segments this side maps (default 16 GiB).
     pub max_peer_bytes: u64,
     /// Releases of the peer's leases wait to go out together: behind the next message this
-    /// side sends once this many are pending (default 32), else at most
-    /// [`ShmOptions::release_delay`] after the first. One CONTROL frame per call would cost
-    /// a request-response peer more than the call itself.
+    /// side sends once this many are pending (default 32) or they cover
+    /// [`ShmOptions::release_batch_bytes`], else at most [`ShmOptions::release_delay`] after
+    /// the first. A CONTROL frame per call costs a request-response peer (a Python client)
+    /// about as much as a tenth of the call.
     pub release_batch: usize,
+    /// Pending releases that cover this many bytes of the peer's memory are due at once
+    /// (default 16 MiB), so that a peer allocating a large tensor per call gets its memory
+    /// back with the answer instead of growing its pool.
+    pub release_batch_bytes: u64,
     /// The longest a release of the peer's lease waits to be batched (default 1 ms; zero:
     /// every release goes out at once, behind the next message or in a frame of its own).
     pub release_delay: Duration,
@@ -100,6 +105,7 @@ impl Default for ShmOptions {
             inline_below: 16 << 10,
             max_peer_bytes: 16 << 30,
             release_batch: 32,
+            release_batch_bytes: 16 << 20,
             release_delay: Duration::from_millis(1),
         }
     }

@@ -51,24 +51,46 @@ struct PeerState {
 /// Releases waiting to be sent.
 #[derive(Default)]
 struct Batcher {
-    pending: Mutex<Vec<u64>>,
+    pending: Mutex<Pending>,
     notify: Notify,
     /// The pipe is gone: releases have nowhere to go.
     closed: std::sync::atomic::AtomicBool,
     /// [`ShmOptions::release_batch`] (at least 1).
     batch: usize,
+    /// [`ShmOptions::release_batch_bytes`].
+    batch_bytes: u64,
     /// [`ShmOptions::release_delay`].
     delay: Duration,
 }
 
+/// Releases not sent yet.
+#[derive(Default)]
+struct Pending {
+    ids: Vec<u64>,
+    /// Bytes the leases in `ids` cover.
+    bytes: u64,
+}
+
+impl Pending {
+    fn take(&mut self) -> Vec<u64> {
+        self.bytes = 0;
+        std::mem::take(&mut self.ids)
+    }
+}
+
 impl Batcher {
     fn new(opts: &ShmOptions) -> Self {
-        Batcher { batch: opts.release_batch.max(1), delay: opts.release_delay, ..Batcher::default() }
+        Batcher {
+            batch: opts.release_batch.max(1),
+            batch_bytes: opts.release_batch_bytes,
+            delay: opts.release_delay,
+            ..Batcher::default()
+        }
     }
 
-    /// Whether `n` pending releases are due now.
-    fn due(&self, n: usize) -> bool {
-        n > 0 && (n >= self.batch || self.delay.is_zero())
+    /// Whether the pending releases are due now.
+    fn due(&self, p: &Pending) -> bool {
+        !p.ids.is_empty() && (p.ids.len() >= self.batch || p.bytes >= self.batch_bytes || self.delay.is_zero())
     }
 }
 
@@ -323,10 +345,10 @@ impl ChannelSession for ShmSession {
 
     fn due_control(&self) -> Option<serde_json::Value> {
         let mut pending = lock(&self.batcher.pending);
-        if !self.batcher.due(pending.len()) {
+        if !self.batcher.due(&pending) {
             return None;
         }
-        let ids = std::mem::take(&mut *pending);
+        let ids = pending.take();
         Some(serde_json::json!({ "release": ids }))
     }
 
@@ -362,15 +384,18 @@ async fn flush_loop(
             _ = closed.wait_for(|c| *c) => break,
         }
         // Give later releases `delay` to join this one (a full batch cuts it short).
-        let pending = lock(&batcher.pending).len();
-        if pending > 0 && !batcher.due(pending) {
+        let waiting = {
+            let p = lock(&batcher.pending);
+            !p.ids.is_empty() && !batcher.due(&p)
+        };
+        if waiting {
             tokio::select! {
                 _ = tokio::time::sleep(batcher.delay) => {}
                 _ = batcher.notify.notified() => {}
                 _ = closed.wait_for(|c| *c) => break,
             }
         }
-        let ids = std::mem::take(&mut *lock(&batcher.pending));
+        let ids = lock(&batcher.pending).take();
         if ids.is_empty() {
             continue;
         }
@@ -380,7 +405,7 @@ async fn flush_loop(
         }
     }
     batcher.closed.store(true, Ordering::Relaxed);
-    lock(&batcher.pending).clear();
+    lock(&batcher.pending).take();
     let leases = std::mem::take(&mut *lock(&granted));
     tracing::debug!(reclaimed = leases.len(), "shm pipe closed: reclaiming leases the peer held");
     drop(leases);
@@ -417,9 +442,11 @@ impl Drop for LeaseBytes {
             && !b.closed.load(Ordering::Relaxed)
         {
             let mut pending = lock(&b.pending);
-            pending.push(self.lease);
+            let was_due = b.due(&pending);
+            pending.ids.push(self.lease);
+            pending.bytes = pending.bytes.saturating_add(self.len as u64);
             // The first starts the delay; a full batch ends it.
-            let wake = pending.len() == 1 || pending.len() == b.batch;
+            let wake = pending.ids.len() == 1 || (!was_due && b.due(&pending));
             drop(pending);
             if wake {
                 b.notify.notify_one();

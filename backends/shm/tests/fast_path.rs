@@ -124,12 +124,13 @@ async fn releases_ride_behind_messages_once_a_batch_is_pending() {
     s.set_handler(Box::new(move |m| echo_now(weak.clone(), m)));
     let t = c.alloc(TensorMeta::new(DType::U8, vec![1 << 20])).await.unwrap().freeze();
     let mut most = 0;
-    for i in 0..40 {
+    // 41: one release short of a whole batch at the end.
+    for i in 0..41 {
         c.send(Message::with_tensors(json!(i), vec![t.clone()])).await.unwrap();
         drop(c.recv_timeout(T).await.unwrap());
         most = most.max(stat(&c, "leases_granted"));
     }
-    // Without batching behind messages, 40 leases would be outstanding.
+    // Without batching behind messages, 41 leases would be outstanding.
     assert!(most <= 5, "at most a batch (4) and the one in flight stay granted, saw {most}");
     assert!(stat(&c, "leases_granted") >= 1, "the last releases wait for their batch");
 }
@@ -164,4 +165,26 @@ async fn the_handler_is_dropped_when_the_pipe_ends() {
     assert!(s.recv_timeout(T).await.is_err());
     eventually("handler dropped", || Arc::strong_count(&witness) == 1).await;
     assert_eq!(Arc::strong_count(&s), 1, "the handler's reference to the pipe is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_covering_many_bytes_go_out_at_once() {
+    // Neither the count nor the delay would send it in this test's lifetime: the bytes do.
+    let opts = ShmOptions {
+        release_batch: 1000,
+        release_batch_bytes: 16 << 20,
+        release_delay: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let (_l, c, s) = pair(opts, Duration::ZERO, "bytes").await;
+    let weak = Arc::downgrade(&s);
+    s.set_handler(Box::new(move |m| echo_now(weak.clone(), m)));
+    for i in 0..5 {
+        let t = c.alloc(TensorMeta::new(DType::U8, vec![20 << 20])).await.unwrap().freeze();
+        c.send(Message::with_tensors(json!(i), vec![t])).await.unwrap();
+        drop(c.recv_timeout(T).await.unwrap());
+        // The release came behind the answer: the slot is free before the next alloc.
+        eventually("the large lease released", || stat(&c, "leases_granted") == 0).await;
+    }
+    assert_eq!(stat(&c, "segments"), 1, "the pool reused its memory");
 }

@@ -404,3 +404,41 @@ def test_busy_polling_is_an_option(demo: Server) -> None:
     cpus = len(os.sched_getaffinity(0))
     with ferry_client.Client.connect(demo.addr) as c:
         assert c._spin == (50e-6 if cpus >= 2 else 0.0)
+
+
+def test_an_array_sent_again_reuses_its_descriptor_and_keeps_no_slot() -> None:
+    """A pool array sent repeatedly takes the remembered descriptor (`_Sent`), which holds
+    neither the array nor its slot: arrays dropped after their calls give their memory back."""
+    server = Server("demo")
+    try:
+        with Client.connect(server.addr) as c:
+            pool = c._session.pool
+            assert pool is not None
+            for _ in range(30):
+                a = c.alloc((1920, 1080, 3), "f32")
+                a[...] = 0.5
+                for _ in range(3):  # the 2nd and 3rd sends use the memo
+                    back = c.call("echo", {"tensor": a})
+                    assert np.shares_memory(back, a) and back[1, 2, 0] == 0.5
+                    del back
+                del a
+            assert c._session._sent, "the memo was used"
+            assert len(pool.segments) <= 2, [s.size for s in pool.segments]
+    finally:
+        server.kill()
+
+
+def test_a_resent_array_with_a_new_layout_is_described_anew(demo: Server) -> None:
+    with Client.connect(demo.addr) as c:
+        a = c.alloc((4, 6), "i32")
+        a[...] = np.arange(24, dtype=np.int32).reshape(4, 6)
+        for _ in range(2):
+            assert np.array_equal(c.call("echo", {"tensor": a}), a)
+        a.shape = (6, 4)  # the same array object, another shape
+        back = c.call("echo", {"tensor": a})
+        assert back.shape == (6, 4) and np.array_equal(back, a)
+        assert np.shares_memory(back, a)
+        view = a[:, ::2]  # a view of it: its own descriptor (strided)
+        for _ in range(2):
+            got = c.call("echo", {"tensor": view})
+            assert got.shape == (6, 2) and np.array_equal(got, view)
