@@ -138,6 +138,7 @@ pub struct Outgoing {
     len: u64,
     on_abort: Vec<Box<dyn FnOnce() + Send>>,
     on_commit: Vec<Box<dyn FnOnce() + Send>>,
+    on_ordered: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -195,9 +196,21 @@ impl Outgoing {
         self.on_commit.push(Box::new(f));
     }
 
-    /// The message will not be sent: runs the undo actions, newest first.
+    /// Registers an action to run once nothing can reach the wire before this message any
+    /// more (the pipe holds the write side for it), or once it will not be sent at all.
+    /// E.g. let a lease that the message names go: its release may now be written, since it
+    /// can only follow the message.
+    pub fn on_ordered(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.on_ordered.push(Box::new(f));
+    }
+
+    /// The message will not be sent: runs the undo actions, newest first, then the
+    /// [`Outgoing::on_ordered`] ones.
     pub fn abort(mut self) {
         while let Some(f) = self.on_abort.pop() {
+            f();
+        }
+        for f in std::mem::take(&mut self.on_ordered) {
             f();
         }
     }
@@ -205,20 +218,43 @@ impl Outgoing {
     /// Finishes with the JSON header.
     pub fn finish(mut self, header: Vec<u8>) -> (OutFrame, Committed) {
         self.frame.header = header;
-        (self.frame, Committed(std::mem::take(&mut self.on_commit)))
+        let committed =
+            Committed { after: std::mem::take(&mut self.on_commit), ordered: std::mem::take(&mut self.on_ordered) };
+        (self.frame, committed)
     }
 }
 
-/// The actions to run once a message frame is written (see [`Outgoing::on_commit`]).
+/// The actions to run once a message frame is written (see [`Outgoing::on_commit`]), and
+/// those to run once its place on the wire is fixed ([`Outgoing::on_ordered`]; run when
+/// this is dropped if they have not been).
 #[must_use = "run() it once the frame is written"]
-pub struct Committed(Vec<Box<dyn FnOnce() + Send>>);
+pub struct Committed {
+    after: Vec<Box<dyn FnOnce() + Send>>,
+    ordered: Vec<Box<dyn FnOnce() + Send>>,
+}
 
 impl Committed {
-    /// Runs the actions, oldest first.
-    pub fn run(self) {
-        for f in self.0 {
+    /// Runs the [`Outgoing::on_ordered`] actions (the pipe holds the write side).
+    pub fn run_ordered(&mut self) {
+        for f in std::mem::take(&mut self.ordered) {
             f();
         }
+    }
+
+    /// Runs the actions, oldest first (the ordered ones first, if they have not run).
+    pub fn run(mut self) {
+        self.run_ordered();
+        for f in std::mem::take(&mut self.after) {
+            f();
+        }
+    }
+}
+
+impl Drop for Committed {
+    fn drop(&mut self) {
+        // Not written after all: the ordered actions still run (they let go of what the
+        // message held); the after-write ones do not.
+        self.run_ordered();
     }
 }
 

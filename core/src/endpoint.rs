@@ -368,7 +368,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     }
     tracing::debug!(addr = %info.addr, channels = ?welcome.channels, "connected");
     let pipe_info = PipeInfo { conn: info, channels: welcome.channels, peer_agent: welcome.agent, is_server: false };
-    Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, control_rx))
+    Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, (ctx.control, control_rx)))
 }
 
 async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Accepted, PipeError> {
@@ -436,7 +436,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
                 peer_limits,
                 &cfg,
                 closed_tx,
-                control_rx,
+                (ctx.control, control_rx),
             )))
         }
     }

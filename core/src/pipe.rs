@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{Mutex, mpsc, watch};
 
-use crate::channel::{ChannelSession, ControlOut, Incoming, Outgoing};
+use crate::channel::{ChannelSession, Committed, ControlOut, ControlSender, Incoming, Outgoing};
 use crate::dtype::DeviceKind;
 use crate::endpoint::Config;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
@@ -48,7 +48,18 @@ struct Shared {
     limits: Limits,
     closed_tx: watch::Sender<bool>,
     error: StdMutex<Option<PipeError>>,
-    handler: StdMutex<Option<MessageHandler>>,
+    handler: StdMutex<HandlerSlot>,
+    /// For due CONTROL bodies a cancelled or failed `write_message` took but did not write.
+    control: ControlSender,
+}
+
+/// The handler and a count of `set_handler` / `clear_handler` calls, so that the reader,
+/// which takes the handler out while it runs, does not put back one that was replaced or
+/// cleared meanwhile.
+#[derive(Default)]
+struct HandlerSlot {
+    handler: Option<MessageHandler>,
+    generation: u64,
 }
 
 /// Takes each received message in the pipe's reader task (see [`Pipe::set_handler`]).
@@ -82,7 +93,7 @@ impl Pipe {
         peer_limits: Limits,
         cfg: &Config,
         closed_tx: watch::Sender<bool>,
-        control_rx: mpsc::UnboundedReceiver<ControlOut>,
+        (control, control_rx): (ControlSender, mpsc::UnboundedReceiver<ControlOut>),
     ) -> Pipe {
         let shared = Arc::new(Shared {
             writer: Mutex::new(writer),
@@ -92,7 +103,8 @@ impl Pipe {
             limits: cfg.limits,
             closed_tx,
             error: StdMutex::new(None),
-            handler: StdMutex::new(None),
+            handler: StdMutex::new(HandlerSlot::default()),
+            control,
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);
         let task = tokio::spawn(read_loop(reader, shared.clone(), tx));
@@ -138,8 +150,8 @@ impl Pipe {
         let mut out = Outgoing::default();
         match self.encode(&msg, &mut out).await {
             Ok(header) => {
-                let (frame, committed) = out.finish(header);
-                self.shared.write_message(frame, msg).await?;
+                let (frame, mut committed) = out.finish(header);
+                self.shared.write_message(frame, msg, &mut committed).await?;
                 committed.run();
                 Ok(())
             }
@@ -232,14 +244,13 @@ impl Pipe {
     /// returns only the error that ends the pipe. The handler is dropped when the pipe
     /// ends (it may hold what holds the pipe). It must not call `set_handler` itself.
     pub fn set_handler(&self, handler: MessageHandler) {
-        *self.shared.handler.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+        self.shared.replace_handler(Some(handler));
     }
 
     /// Drops the handler set with [`Pipe::set_handler`]; later messages are queued for
     /// `recv` again.
     pub fn clear_handler(&self) {
-        let handler = self.shared.handler.lock().unwrap_or_else(|e| e.into_inner()).take();
-        drop(handler);
+        self.shared.replace_handler(None);
     }
 
     /// Receives the next message, in the order the peer sent them.
@@ -308,6 +319,20 @@ fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> 
 }
 
 impl Shared {
+    fn handler_slot(&self) -> std::sync::MutexGuard<'_, HandlerSlot> {
+        self.handler.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the handler (`None`: clears it); the old one is dropped outside the lock.
+    fn replace_handler(&self, new: Option<MessageHandler>) {
+        let old = {
+            let mut slot = self.handler_slot();
+            slot.generation = slot.generation.wrapping_add(1);
+            std::mem::replace(&mut slot.handler, new)
+        };
+        drop(old);
+    }
+
     fn closed_error(&self) -> PipeError {
         match &*self.error.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(e @ PipeError::ClosedByPeer(_)) => e.clone(),
@@ -323,11 +348,13 @@ impl Shared {
         self.closed_tx.send_replace(true);
     }
 
-    /// Writes a MESSAGE frame. Once the write side is ours, the message (its tensors) is
-    /// dropped, so a lease on the peer's memory that only it held is released now, and the
-    /// channels' due CONTROL bodies (such releases) go behind the frame in the same write:
-    /// after the frame that may still name the lease (`shm_return`), never before it.
-    async fn write_message(&self, frame: OutFrame, msg: Message) -> Result<(), PipeError> {
+    /// Writes a MESSAGE frame. Once the write side is ours, the ordered actions run
+    /// ([`Outgoing::on_ordered`]: leases the frame names may be released again), the message
+    /// (its tensors) is dropped, so a lease on the peer's memory that only it held is
+    /// released now, and the channels' due CONTROL bodies (such releases) go behind the frame
+    /// in the same write: after the frame that may still name the lease (`shm_return`),
+    /// never before it.
+    async fn write_message(&self, frame: OutFrame, msg: Message, committed: &mut Committed) -> Result<(), PipeError> {
         let mut closed = self.closed_tx.subscribe();
         if *closed.borrow() {
             return Err(self.closed_error());
@@ -335,9 +362,16 @@ impl Shared {
         let r = tokio::select! {
             r = async {
                 let mut w = self.writer.lock().await;
+                committed.run_ordered();
                 drop(msg);
-                let trailing = self.due_controls();
-                w.write_frame_then(FrameKind::Message, frame, &trailing).await
+                let mut due = DueControls { taken: self.due_controls(), control: &self.control };
+                let trailing: Vec<(FrameKind, Vec<u8>)> =
+                    due.taken.iter().map(|(_, h)| (FrameKind::Control, h.clone())).collect();
+                let r = w.write_frame_then(FrameKind::Message, frame, &trailing).await;
+                if r.is_ok() {
+                    due.taken.clear();
+                }
+                r
             } => r,
             _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
         };
@@ -349,14 +383,15 @@ impl Shared {
         r
     }
 
-    /// The channels' due CONTROL frames (see [`ChannelSession::due_control`]).
-    fn due_controls(&self) -> Vec<(FrameKind, Vec<u8>)> {
+    /// The channels' due CONTROL bodies (see [`ChannelSession::due_control`]), each with
+    /// its frame header.
+    fn due_controls(&self) -> Vec<(ControlOut, Vec<u8>)> {
         let mut out = Vec::new();
         for s in self.sessions.values() {
             if let Some(body) = s.due_control() {
-                let header =
-                    serde_json::to_vec(&ControlHeader { channel: s.name().to_string(), body }).unwrap_or_default();
-                out.push((FrameKind::Control, header));
+                let header = serde_json::to_vec(&ControlHeader { channel: s.name().to_string(), body: body.clone() })
+                    .unwrap_or_default();
+                out.push((ControlOut { channel: s.name(), body, fds: Vec::new() }, header));
             }
         }
         out
@@ -395,14 +430,38 @@ impl Shared {
     }
 }
 
-async fn read_loop(reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sender<Result<Message, PipeError>>) {
-    read_frames(reader, &shared, tx).await;
-    // The handler may hold what holds this pipe: let it go.
-    let handler = shared.handler.lock().unwrap_or_else(|e| e.into_inner()).take();
-    drop(handler);
+/// Due CONTROL bodies taken for a write: any not written (the send was cancelled, or the
+/// write failed) go out through the control queue instead, never lost.
+struct DueControls<'a> {
+    taken: Vec<(ControlOut, Vec<u8>)>,
+    control: &'a ControlSender,
 }
 
-async fn read_frames(mut reader: FrameReader, shared: &Shared, tx: mpsc::Sender<Result<Message, PipeError>>) {
+impl Drop for DueControls<'_> {
+    fn drop(&mut self) {
+        for (c, _) in self.taken.drain(..) {
+            let _ = self.control.send(c);
+        }
+    }
+}
+
+async fn read_loop(reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sender<Result<Message, PipeError>>) {
+    let end = read_frames(reader, &shared, &tx).await;
+    // The handler may hold what holds this pipe: let it go before waiting for room in the
+    // queue (whose reader may be what the handler keeps alive).
+    shared.replace_handler(None);
+    if let Some(e) = end {
+        let _ = tx.send(Err(e)).await;
+    }
+}
+
+/// Reads until the pipe ends; returns the error to report to `recv` (`None`: `recv`'s side
+/// is gone).
+async fn read_frames(
+    mut reader: FrameReader,
+    shared: &Shared,
+    tx: &mpsc::Sender<Result<Message, PipeError>>,
+) -> Option<PipeError> {
     loop {
         let result = match reader.read_frame().await {
             Err(e) => Err(e),
@@ -411,19 +470,26 @@ async fn read_frames(mut reader: FrameReader, shared: &Shared, tx: mpsc::Sender<
         match result {
             Ok(Some(msg)) => {
                 // The handler is taken out while it runs, so that it may use the pipe freely.
-                let handler = shared.handler.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let (handler, generation) = {
+                    let mut slot = shared.handler_slot();
+                    (slot.handler.take(), slot.generation)
+                };
                 let Some(mut handler) = handler else {
                     reader.arm_busy_poll(false);
                     if tx.send(Ok(msg)).await.is_err() {
-                        return;
+                        return None;
                     }
                     continue;
                 };
                 let idle = handler(msg);
                 reader.arm_busy_poll(idle);
-                let mut slot = shared.handler.lock().unwrap_or_else(|e| e.into_inner());
-                if slot.is_none() {
-                    *slot = Some(handler);
+                let mut slot = shared.handler_slot();
+                // Unless it was replaced or cleared meanwhile.
+                if slot.generation == generation && slot.handler.is_none() {
+                    slot.handler = Some(handler);
+                } else {
+                    drop(slot);
+                    drop(handler);
                 }
             }
             Ok(None) => {}
@@ -435,8 +501,7 @@ async fn read_frames(mut reader: FrameReader, shared: &Shared, tx: mpsc::Sender<
                     shared.fail(&e).await;
                 }
                 shared.mark_closed(e.clone());
-                let _ = tx.send(Err(e)).await;
-                return;
+                return Some(e);
             }
         }
     }

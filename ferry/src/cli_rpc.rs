@@ -11,6 +11,9 @@ use serde_json::Value;
 /// The address `ferry serve` uses when none is given.
 pub const DEFAULT_ADDR: &str = "unix:ferry-demo";
 
+/// The longest busy-polling window `ferry serve --busy-poll-us` takes, in µs.
+pub const MAX_BUSY_POLL_US: u64 = 1000;
+
 /// `ferry serve`'s default busy-polling window: 50 µs when this process may use 2 or more
 /// CPUs (a spinning reader then leaves the peer a CPU), else none.
 pub fn default_busy_poll() -> std::time::Duration {

@@ -65,7 +65,8 @@ enum Cmd {
         api: ferry::sdk::Api,
         /// Microseconds a connection that was just answered polls its socket for the next
         /// request before it sleeps: saves a wake-up per call, costs a spinning CPU (at most
-        /// half the CPUs). Default: 50 when this process may use 2 or more CPUs, else 0.
+        /// half the CPUs). Default: 50 when this process may use 2 or more CPUs, else 0; at
+        /// most 1000.
         #[arg(long, value_name = "US")]
         busy_poll_us: Option<u64>,
     },
@@ -202,6 +203,13 @@ fn main() -> ExitCode {
             }
             #[cfg(feature = "rpc")]
             Cmd::Serve { addr, http, api, busy_poll_us } => {
+                if let Some(us) = busy_poll_us.filter(|&us| us > ferry::cli_rpc::MAX_BUSY_POLL_US) {
+                    anyhow::bail!(
+                        "--busy-poll-us {us} is over the most allowed, {} µs: a polling connection holds a \
+                         runtime thread that long after each answer",
+                        ferry::cli_rpc::MAX_BUSY_POLL_US
+                    );
+                }
                 let busy_poll =
                     busy_poll_us.map_or_else(ferry::cli_rpc::default_busy_poll, std::time::Duration::from_micros);
                 ferry::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll).await

@@ -51,6 +51,12 @@ fn call_and_discover_from_the_command_line() {
     assert!(!ok && err.contains("connecting to"), "{err}");
 }
 
+#[test]
+fn serve_refuses_a_busy_poll_window_over_the_maximum() {
+    let (ok, _, err) = ferry(&["serve", "unix:ferry-rpc-test-busy-poll-refused", "--busy-poll-us", "5000"]);
+    assert!(!ok && err.contains("--busy-poll-us 5000 is over the most allowed, 1000 µs"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_client_against_the_demo_process() {
     let s = Served::start(false);

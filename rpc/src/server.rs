@@ -182,6 +182,9 @@ impl Server {
         // through `conn`; the pipe drops it when it ends, and so does this loop.)
         let (c, weak) = (conn.clone(), Arc::downgrade(&pipe));
         pipe.set_handler(Box::new(move |msg| weak.upgrade().is_some_and(|pipe| answer_message(&c, pipe, msg))));
+        // However this ends (the pipe ends, shutdown, or this future is dropped): no more
+        // answers, calls still running cancelled, the cycle through the handler broken.
+        let _end = EndServing { pipe: pipe.clone(), conn: conn.clone() };
         // What `recv` still gives: messages that came before the handler, then the end.
         loop {
             let msg = tokio::select! {
@@ -191,8 +194,6 @@ impl Server {
             let Ok(msg) = msg else { break };
             answer_message(&conn, pipe.clone(), msg);
         }
-        pipe.clear_handler();
-        conn.closed.cancel();
     }
 
     /// Serves one plain JSON connection (newline-delimited JSON-RPC, tensors inline)
@@ -276,6 +277,20 @@ impl Server {
             line.pop();
             line
         })
+    }
+}
+
+/// Ends serving a pipe when dropped: clears its handler (which holds the connection state,
+/// which holds the pipe) and cancels the calls still running.
+struct EndServing {
+    pipe: Arc<Pipe>,
+    conn: Arc<Conn>,
+}
+
+impl Drop for EndServing {
+    fn drop(&mut self) {
+        self.pipe.clear_handler();
+        self.conn.closed.cancel();
     }
 }
 

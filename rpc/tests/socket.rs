@@ -339,3 +339,24 @@ async fn oversized_results_become_errors() {
     assert_eq!(e.code(), Some(ferry_rpc::codes::TENSOR_ERROR), "{e}");
     assert!(e.to_string().contains("max_payload_bytes"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_serve_pipe_ends_the_connection() {
+    // `serve_pipe` hands requests to a handler that holds the connection's state, which
+    // holds the pipe: dropping the future must still end serving and close the pipe.
+    let seen = std::sync::Arc::new(common::Seen::default());
+    let server = ferry_rpc::Server::new(common::methods(seen));
+    let addr = common::addr();
+    let mut listener = t(common::endpoint().listen(&addr)).await.unwrap();
+    let (c, accepted) = tokio::join!(client(&addr), listener.accept());
+    let pipe = accepted.unwrap();
+    let s = server.clone();
+    let task = tokio::spawn(async move { s.serve_pipe(pipe).await });
+    let sum: f64 = t(c.call("add", &(1.0, 2.0))).await.unwrap();
+    assert_eq!(sum, 3.0);
+    task.abort();
+    let _ = task.await;
+    // The server side is gone: the call fails (closed), it is not answered.
+    let r = t(c.call::<_, f64>("add", &(1.0, 2.0))).await;
+    assert!(matches!(r, Err(CallError::Closed(_)) | Err(CallError::Pipe(_))), "{r:?}");
+}

@@ -99,6 +99,12 @@ impl SdkPython {
         let _expect = sh.push_env("FERRY_EXPECT_COMPILED", if compiler { "1" } else { "0" });
         pytest(sh, &root, &python, &ferry, "tests", None)?;
         if compiler {
+            let stray = stray_extensions(&root)?;
+            anyhow::ensure!(
+                stray.is_empty(),
+                "compiled modules in the source tree would shadow its .py files (left by `pip install -e`?); \
+                 remove them: {stray:?}"
+            );
             // And the same source interpreted, as a machine without a compiler runs it.
             let _pure = sh.push_env("PYTHONPATH", root.join("sdks/python"));
             let _expect = sh.push_env("FERRY_EXPECT_COMPILED", "0");
@@ -109,11 +115,28 @@ impl SdkPython {
     }
 }
 
-/// Whether a C compiler is on PATH (`cc`, or `$CC`): then `pip install ./sdks/python`
-/// compiles the hot modules.
+/// Whether `pip install ./sdks/python` compiles the hot modules here: a C compiler (`$CC`'s
+/// program, else `cc`) answers, and `FERRY_PURE_PYTHON` does not ask for pure Python.
 fn has_c_compiler(sh: &Shell) -> bool {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    if std::env::var("FERRY_PURE_PYTHON").is_ok_and(|v| !v.is_empty() && v != "0") {
+        return false;
+    }
+    let cc = std::env::var("CC").ok().and_then(|v| v.split_whitespace().next().map(str::to_owned));
+    let cc = cc.unwrap_or_else(|| "cc".into());
     cmd!(sh, "{cc} --version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+}
+
+/// Compiled modules in the source tree (`pip install -e` puts them there) would shadow the
+/// `.py` files the interpreted test run means to test.
+fn stray_extensions(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root.join("sdks/python/ferry_client"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "so" || x == "pyd") {
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 /// Runs pytest on `sdks/python/{what}` from `target/`, so that `import ferry_client` finds

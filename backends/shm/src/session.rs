@@ -46,6 +46,11 @@ struct PeerState {
     /// The ids of `held`.
     held_ids: HashSet<u64>,
     mapped: u64,
+    /// Leases named (`shm_return`) by messages whose place on the wire is not fixed yet, and
+    /// by how many: a release of one must wait, or it could overtake the message.
+    named: HashMap<u64, u32>,
+    /// Leases dropped while named: (lease, length), released once no message names them.
+    deferred: HashMap<u64, usize>,
 }
 
 /// Releases waiting to be sent.
@@ -85,6 +90,24 @@ impl Batcher {
             batch_bytes: opts.release_batch_bytes,
             delay: opts.release_delay,
             ..Batcher::default()
+        }
+    }
+
+    /// Queues the release of `lease` (covering `len` bytes), waking the flush task when it
+    /// starts a batch or makes the pending ones due.
+    fn push(&self, lease: u64, len: usize) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut pending = lock(&self.pending);
+        let was_due = self.due(&pending);
+        pending.ids.push(lease);
+        pending.bytes = pending.bytes.saturating_add(len as u64);
+        // The first starts the delay; a full batch ends it.
+        let wake = pending.ids.len() == 1 || (!was_due && self.due(&pending));
+        drop(pending);
+        if wake {
+            self.notify.notify_one();
         }
     }
 
@@ -166,9 +189,22 @@ impl ShmSession {
         Ok(Location::Shm(ShmRef { segment: u64::from(segment), offset, len: len as u64, lease, announce }))
     }
 
+    /// The lease (and offset in it) through which `[ptr, ptr+len)` is the peer's memory,
+    /// named by the message being built in `out` until its place on the wire is fixed, so
+    /// that the lease's release (if its last handle is dropped meanwhile: it need not be
+    /// this tensor's own lease when several cover the range) cannot overtake the message.
+    fn name_held(&self, ptr: usize, len: usize, out: &mut Outgoing) -> Option<(u64, u64)> {
+        let mut peer = lock(&self.peer);
+        let (lease, offset) = Self::find_held(&peer, ptr, len)?;
+        *peer.named.entry(lease).or_insert(0) += 1;
+        drop(peer);
+        let (peer, batcher) = (Arc::downgrade(&self.peer), Arc::downgrade(&self.batcher));
+        out.on_ordered(move || unname(&peer, &batcher, lease));
+        Some((lease, offset))
+    }
+
     /// The lease (and offset in it) through which `[ptr, ptr+len)` is the peer's memory.
-    fn find_held(&self, ptr: usize, len: usize) -> Option<(u64, u64)> {
-        let peer = lock(&self.peer);
+    fn find_held(peer: &PeerState, ptr: usize, len: usize) -> Option<(u64, u64)> {
         let (&base, &seg_id) = peer.by_addr.range(..=ptr).next_back()?;
         let seg = peer.segs.get(&seg_id)?;
         let off = ptr - base;
@@ -293,7 +329,7 @@ impl ChannelSession for ShmSession {
             return self.grant(core, start, n, out);
         }
         // The peer's own memory, leased to us: send it back by reference.
-        if let Some((lease, offset)) = self.find_held(ptr, n) {
+        if let Some((lease, offset)) = self.name_held(ptr, n, out) {
             return Ok(Location::ShmReturn(ShmReturnRef { lease, offset, len: n as u64 }));
         }
         if n < self.opts.inline_below {
@@ -437,21 +473,32 @@ impl Drop for LeaseBytes {
             let mut p = lock(&p);
             p.held.remove(&(self.seg_id, self.start, self.lease));
             p.held_ids.remove(&self.lease);
-        }
-        if let Some(b) = self.batcher.upgrade()
-            && !b.closed.load(Ordering::Relaxed)
-        {
-            let mut pending = lock(&b.pending);
-            let was_due = b.due(&pending);
-            pending.ids.push(self.lease);
-            pending.bytes = pending.bytes.saturating_add(self.len as u64);
-            // The first starts the delay; a full batch ends it.
-            let wake = pending.ids.len() == 1 || (!was_due && b.due(&pending));
-            drop(pending);
-            if wake {
-                b.notify.notify_one();
+            if p.named.contains_key(&self.lease) {
+                p.deferred.insert(self.lease, self.len);
+                return; // released by `unname`, after the message that names it
             }
         }
+        if let Some(b) = self.batcher.upgrade() {
+            b.push(self.lease, self.len);
+        }
+    }
+}
+
+/// A message that named `lease` has its place on the wire (or will not be sent): if no
+/// other names it and it was dropped meanwhile, release it now.
+fn unname(peer: &Weak<Mutex<PeerState>>, batcher: &Weak<Batcher>, lease: u64) {
+    let Some(p) = peer.upgrade() else { return };
+    let mut p = lock(&p);
+    let Some(n) = p.named.get_mut(&lease) else { return };
+    *n -= 1;
+    if *n > 0 {
+        return;
+    }
+    p.named.remove(&lease);
+    let Some(len) = p.deferred.remove(&lease) else { return };
+    drop(p);
+    if let Some(b) = batcher.upgrade() {
+        b.push(lease, len);
     }
 }
 

@@ -188,3 +188,26 @@ async fn releases_covering_many_bytes_go_out_at_once() {
     }
     assert_eq!(stat(&c, "segments"), 1, "the pool reused its memory");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_cleared_while_it_runs_is_not_put_back() {
+    let (_l, c, s) = pair(ShmOptions::default(), Duration::ZERO, "clear").await;
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (n, weak) = (calls.clone(), Arc::downgrade(&s));
+    s.set_handler(Box::new(move |m| {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Cleared while it runs (as `clear_handler` from another task would).
+        if let Some(p) = weak.upgrade() {
+            p.clear_handler();
+        }
+        drop(m);
+        true
+    }));
+    for i in 0..3 {
+        c.send(Message::new(json!(i))).await.unwrap();
+    }
+    // The first went to the handler; the others are queued for `recv` again.
+    assert_eq!(s.recv_timeout(T).await.unwrap().header, json!(1));
+    assert_eq!(s.recv_timeout(T).await.unwrap().header, json!(2));
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 1);
+}

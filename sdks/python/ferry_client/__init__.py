@@ -54,9 +54,11 @@ from .tensors import (
     f32_to_bf16,
 )
 
+from importlib.machinery import EXTENSION_SUFFIXES as _EXTENSION_SUFFIXES
+
 from . import client as _client
 
-COMPILED: bool = not (_client.__file__ or "").endswith(".py")
+COMPILED: bool = (_client.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
 """Whether the hot modules run compiled (mypyc, at install time) rather than interpreted."""
 
 __all__ = [

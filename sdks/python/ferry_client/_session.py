@@ -118,11 +118,13 @@ class _Sent:
     string join, not the checks and formatting of the first time."""
 
     __slots__ = (
+        "key",
         "ref",
         "holder",
         "shape",
         "strides",
         "dtype",
+        "wire",
         "slot",
         "start",
         "span",
@@ -132,30 +134,36 @@ class _Sent:
     def __init__(
         self,
         arr: npt.NDArray[Any],
+        wire: str,
         holder: _shm.OwnView,
         slot: _shm.Slot,
         start: int,
         span: int,
         head: str,
     ) -> None:
+        self.key = id(arr)
         self.ref = weakref.ref(arr)
         self.holder = id(holder)
         """The holder's id, not the holder: a reference would keep its slot in use."""
         self.shape = arr.shape
         self.strides = arr.strides
         self.dtype = arr.dtype
+        self.wire = wire
+        """The ferry dtype it went as (numpy's u16 and bf16 compare equal)."""
         self.slot = slot
         self.start = start
         self.span = span
         self.head = head
         """The descriptor up to the lease number (its end is `}}}`)."""
 
-    def matches(self, arr: npt.NDArray[Any]) -> bool:
-        """Whether `arr` is the same array as then, with the same layout. (An array's data
-        cannot move without its base changing; while `arr` lives, so does its base holder,
-        which owns the slot.)"""
+    def matches(self, arr: npt.NDArray[Any], wire: str) -> bool:
+        """Whether `arr` is the same array as then, going as the same dtype, with the same
+        layout, in a segment the server knows. (An array's data cannot move without its
+        base changing; while `arr` lives, so does its base holder, which owns the slot.)"""
         return (
             self.ref() is arr
+            and wire == self.wire
+            and self.slot.segment.announced
             and id(_base(arr)) == self.holder
             and arr.dtype is self.dtype
             and arr.shape == self.shape
@@ -398,7 +406,7 @@ class Session:
         cuda_granted: list[int] = []
         pool = self.pool
         try:
-            sent = self._sent
+            memos: list[_Sent] = []
             for arr, dtype in tensors:
                 if type(arr) is _cuda.CudaArray:
                     descs.append(self._cuda_desc(arr, dtype, cuda_granted, keep))
@@ -456,11 +464,9 @@ class Session:
                     )
                 descs.append(desc)
                 if own is not None:
-                    if len(sent) >= _SENT_MAX:
-                        sent.clear()
                     holder, slot, start, span = own
                     head = desc[: desc.rindex('"lease":') + 8]
-                    sent[id(arr)] = _Sent(arr, holder, slot, start, span, head)
+                    memos.append(_Sent(arr, dtype, holder, slot, start, span, head))
             if offset > lim.max_payload_bytes:
                 raise LimitError(
                     f"message payload is {offset} bytes, over the server's limit max_payload_bytes = "
@@ -486,6 +492,13 @@ class Session:
             if self.cuda is not None:
                 self.cuda.revoke(cuda_granted)
             raise
+        # Remembered only now: a message that failed left its segments unannounced.
+        if memos:
+            sent = self._sent
+            if len(sent) + len(memos) > _SENT_MAX:
+                sent.clear()
+            for memo in memos:
+                sent[memo.key] = memo
         prefix = _PREFIX_PACK(MESSAGE, 0, len(fds), len(header), offset)
         return Outgoing(before, [prefix + header, *payload], fds, segments, keep)
 
@@ -497,9 +510,13 @@ class Session:
         `None` (nothing granted) when any is not, or the header is over the limit."""
         sent = self._sent
         memos: list[_Sent] = []
-        for arr, _ in tensors:
+        for arr, wire in tensors:
             memo = sent.get(id(arr))
-            if memo is None or type(arr) is not np.ndarray or not memo.matches(arr):
+            if (
+                memo is None
+                or type(arr) is not np.ndarray
+                or not memo.matches(arr, wire)
+            ):
                 return None
             memos.append(memo)
         granted: list[int] = []

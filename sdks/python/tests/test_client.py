@@ -19,6 +19,7 @@ from conftest import Server, unique_addr
 
 import ferry_client
 from ferry_client import (
+    BF16,
     AsyncClient,
     CallTimeout,
     Client,
@@ -442,3 +443,35 @@ def test_a_resent_array_with_a_new_layout_is_described_anew(demo: Server) -> Non
         for _ in range(2):
             got = c.call("echo", {"tensor": view})
             assert got.shape == (6, 2) and np.array_equal(got, view)
+
+
+def test_a_message_that_fails_remembers_no_descriptor(demo: Server) -> None:
+    """Two arrays of a new segment: the first announces it, the second would be remembered
+    without the announcement. If the message then fails (here its header is over the
+    server's limit), the segment is unannounced again, and the next send of the second
+    array must announce it, not reuse a remembered descriptor."""
+    with Client.connect(demo.addr) as c:
+        a = c.alloc((64, 64), "f32")
+        b = c.alloc((64, 64), "f32")
+        a[...] = 1.0
+        b[...] = 2.0
+        limit = c._session.peer_limits.max_header_bytes
+        with pytest.raises(LimitError, match="max_header_bytes"):
+            c.call("echo", {"tensor": [a, b], "pad": "x" * (limit + 1)})
+        for _ in range(3):
+            back = c.call("echo", {"tensor": b})
+            assert np.shares_memory(back, b) and back[0, 0] == 2.0
+
+
+def test_an_array_sent_as_another_dtype_is_not_described_as_before(
+    demo: Server,
+) -> None:
+    """numpy's u16 and bf16 dtypes compare equal: the remembered descriptor must not carry
+    one for the other."""
+    with Client.connect(demo.addr) as c:
+        u = c.alloc((8,), "u16")
+        u[...] = 0x3FC0  # 1.5 as bf16
+        for _ in range(2):
+            assert c.call("echo", {"tensor": u}).dtype == np.uint16
+        back = c.call("echo", {"tensor": Tensor(u, "bf16")})
+        assert back.dtype == BF16 and float(bf16_to_f32(back)[0]) == 1.5
