@@ -341,7 +341,7 @@ impl FrameWriter {
         &mut self,
         kind: FrameKind,
         mut frame: OutFrame,
-        trailing: &[(FrameKind, Vec<u8>)],
+        trailing: &[(FrameKind, &[u8])],
     ) -> Result<(), PipeError> {
         let header_len =
             u32::try_from(frame.header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
@@ -378,7 +378,7 @@ impl FrameWriter {
         &mut self,
         prefix: FramePrefix,
         frame: &OutFrame,
-        trailing: &[(FrameKind, Vec<u8>)],
+        trailing: &[(FrameKind, &[u8])],
     ) -> Result<(), PipeError> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&prefix.encode());

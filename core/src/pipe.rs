@@ -365,8 +365,8 @@ impl Shared {
                 committed.run_ordered();
                 drop(msg);
                 let mut due = DueControls { taken: self.due_controls(), control: &self.control };
-                let trailing: Vec<(FrameKind, Vec<u8>)> =
-                    due.taken.iter().map(|(_, h)| (FrameKind::Control, h.clone())).collect();
+                let trailing: Vec<(FrameKind, &[u8])> =
+                    due.taken.iter().map(|(_, h)| (FrameKind::Control, h.as_slice())).collect();
                 let r = w.write_frame_then(FrameKind::Message, frame, &trailing).await;
                 if r.is_ok() {
                     due.taken.clear();
