@@ -23,6 +23,7 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [
     "ferry_client/_io.py",
     "ferry_client/_jsonrpc.py",
+    "ferry_client/_outgoing.py",
     "ferry_client/_session.py",
     "ferry_client/_shm.py",
     "ferry_client/_wire.py",
