@@ -245,7 +245,9 @@ class Session:
 
     def close_channels(self) -> None:
         """The connection ended: the server holds no lease of this side any more, and
-        this side's leases on the server's memory are void (PROTOCOL.md 11.5, 17.3)."""
+        this side's leases on the server's memory are void (PROTOCOL.md 11.5, 17.3).
+        Descriptors that arrived without a frame to claim them are closed."""
+        _close_fds(self.reader.take_stray_fds())
         if self.pool is not None:
             self.pool.forget_leases()
         if self.cuda is not None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -448,11 +447,6 @@ class AsyncClient:
             self._loop.remove_reader(self._fd)
             self._loop.remove_writer(self._fd)
             self._sock.close()
-        for fd in self._session.reader.take_stray_fds():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         self._session.close_channels()
 
 

@@ -417,11 +417,6 @@ class _Connection:
             except (KeyError, ValueError):
                 pass
             self._sock.close()
-        for fd in self._session.reader.take_stray_fds():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         self._session.close_channels()
 
 
