@@ -20,6 +20,7 @@ import fcntl
 import mmap
 import os
 import threading
+import weakref
 from collections import deque
 from typing import Any
 
@@ -60,6 +61,8 @@ def shm_domain() -> dict[str, str] | None:
 def _address(a: npt.NDArray[Any]) -> int:
     return int(a.__array_interface__["data"][0])
 
+
+_U8 = np.dtype(np.uint8)
 
 _TYPESTR: dict[np.dtype[Any], str] = {}
 """`dtype.str` by dtype, for `array_interface`."""
@@ -244,25 +247,30 @@ def open_segment(fd: int, size: int, seg_id: int) -> npt.NDArray[np.uint8]:
 class Slot:
     """A range of one of this side's segments, in use by arrays or leases."""
 
-    __slots__ = ("segment", "offset", "size", "refs")
+    __slots__ = ("segment", "offset", "size", "refs", "ro")
 
     def __init__(self, segment: Segment, offset: int, size: int) -> None:
         self.segment = segment
         self.offset = offset
         self.size = size
         self.refs = 0
+        self.ro: weakref.ref[npt.NDArray[np.uint8]] | None = None
+        """A read-only byte view of the whole slot, while an `alloc`'d array on it lives:
+        the base of what the server sends back into it (`ShmPool.returned`)."""
 
 
 class OwnView:
     """Keeps a slot of this side's pool in use while arrays refer to it."""
 
-    __slots__ = ("__array_interface__", "slot", "pool", "_dropped")
+    __slots__ = ("__array_interface__", "slot", "pool", "_dropped", "ro")
 
     def __init__(self, pool: ShmPool, slot: Slot, interface: dict[str, Any]) -> None:
         self.pool = pool
         self.slot = slot
         self._dropped = pool.dropped
         self.__array_interface__ = interface
+        self.ro: npt.NDArray[np.uint8] | None = None
+        """`Slot.ro`, kept alive by the `alloc`'d array this holds."""
 
     def __del__(self) -> None:
         self._dropped.append(self.slot)
@@ -328,11 +336,18 @@ class ShmPool:
         n = int(np.prod(shape, dtype=object)) * dtype.itemsize
         with self.lock:
             slot = self._slot(n)
-            slot.refs += 1
+            slot.refs += 2  # (the array's holder and the read-only view's)
         address = slot.segment.address + slot.offset
         holder = OwnView(
             self, slot, array_interface(shape, dtype, None, address, False)
         )
+        # What the server sends back into this slot views it through `ro` (no holder
+        # per answer); `ro` lives while the array does, or longer if what viewed it does.
+        ro = make_array(
+            OwnView(self, slot, array_interface((n,), _U8, None, address, True)), _U8
+        )
+        holder.ro = ro
+        slot.ro = weakref.ref(ro)
         return make_array(holder, dtype)
 
     def _slot(self, n: int) -> Slot:
@@ -436,16 +451,26 @@ class ShmPool:
                 raise ProtocolError(
                     f"returned range {off}+{n} is outside lease {lease} of {length} bytes"
                 )
-            slot.refs += 1
+            ro_ref = slot.ro
+            ro = ro_ref() if ro_ref is not None else None
+            if ro is None:
+                slot.refs += 1
         itemsize = dtype.itemsize
         try:
             span, strided = checked_span(meta, itemsize, n)
         except ProtocolError:
-            with self.lock:
-                self._unref(slot)
+            if ro is None:
+                with self.lock:
+                    self._unref(slot)
             raise
         shape = tuple(meta["shape"])
         strides = tuple(s * itemsize for s in meta["strides"]) if strided else None
+        if ro is not None:
+            # A view of the slot's read-only view, which keeps the slot in use.
+            arr: npt.NDArray[Any] = np.ndarray(
+                shape, dtype, ro, start - slot.offset + off, strides
+            )
+            return arr
         address = slot.segment.address + start + off
         holder = OwnView(
             self, slot, array_interface(shape, dtype, strides, address, True)
