@@ -238,6 +238,12 @@ pub struct ShmRef {
     /// descriptor travels with this frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announce: Option<SegmentAnnounce>,
+    /// The sender keeps this memory in use after the message (a buffer it sends again and
+    /// again), so the lease's prompt return frees nothing it waits for: the receiver may
+    /// batch the release by count and time alone, not by its size (PROTOCOL.md 11.5).
+    /// Absent means false; receivers that do not know the field ignore it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lazy_release: bool,
 }
 
 /// A new shared-memory segment: a sealed memfd attached to the frame.

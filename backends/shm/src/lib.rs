@@ -89,7 +89,9 @@ pub struct ShmOptions {
     pub release_batch: usize,
     /// Pending releases that cover this many bytes of the peer's memory are due at once
     /// (default 16 MiB), so that a peer allocating a large tensor per call gets its memory
-    /// back with the answer instead of growing its pool.
+    /// back with the answer instead of growing its pool. A lease the peer granted with
+    /// `lazy_release` (memory it keeps using: a buffer it sends again and again) counts
+    /// zero bytes.
     pub release_batch_bytes: u64,
     /// The longest a release of the peer's lease waits to be batched (default 1 ms; zero:
     /// every release goes out at once, behind the next message or in a frame of its own).

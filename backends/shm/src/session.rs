@@ -49,7 +49,7 @@ struct PeerState {
     /// Leases named (`shm_return`) by messages whose place on the wire is not fixed yet, and
     /// by how many: a release of one must wait, or it could overtake the message.
     named: HashMap<u64, u32>,
-    /// Leases dropped while named: (lease, length), released once no message names them.
+    /// Leases dropped while named: (lease, weight), released once no message names them.
     deferred: HashMap<u64, usize>,
 }
 
@@ -93,7 +93,7 @@ impl Batcher {
         }
     }
 
-    /// Queues the release of `lease` (covering `len` bytes), waking the flush task when it
+    /// Queues the release of `lease` (counting `len` bytes toward the batch), waking the flush task when it
     /// starts a batch or makes the pending ones due.
     fn push(&self, lease: u64, len: usize) {
         if self.closed.load(Ordering::Relaxed) {
@@ -186,7 +186,14 @@ impl ShmSession {
                 lock(&g).remove(&lease);
             }
         });
-        Ok(Location::Shm(ShmRef { segment: u64::from(segment), offset, len: len as u64, lease, announce }))
+        Ok(Location::Shm(ShmRef {
+            segment: u64::from(segment),
+            offset,
+            len: len as u64,
+            lease,
+            announce,
+            lazy_release: false,
+        }))
     }
 
     /// The lease (and offset in it) through which `[ptr, ptr+len)` is the peer's memory,
@@ -278,6 +285,7 @@ impl ShmSession {
             seg_id: r.segment,
             start,
             len,
+            weight: if r.lazy_release { 0 } else { len },
             lease: r.lease,
             peer: Arc::downgrade(&self.peer),
             batcher: Arc::downgrade(&self.batcher),
@@ -455,6 +463,9 @@ struct LeaseBytes {
     seg_id: u64,
     start: usize,
     len: usize,
+    /// Bytes its release counts toward [`ShmOptions::release_batch_bytes`]: `len`, or 0
+    /// when the peer said it keeps the memory in use (`lazy_release`).
+    weight: usize,
     lease: u64,
     peer: Weak<Mutex<PeerState>>,
     batcher: Weak<Batcher>,
@@ -474,12 +485,12 @@ impl Drop for LeaseBytes {
             p.held.remove(&(self.seg_id, self.start, self.lease));
             p.held_ids.remove(&self.lease);
             if p.named.contains_key(&self.lease) {
-                p.deferred.insert(self.lease, self.len);
+                p.deferred.insert(self.lease, self.weight);
                 return; // released by `unname`, after the message that names it
             }
         }
         if let Some(b) = self.batcher.upgrade() {
-            b.push(self.lease, self.len);
+            b.push(self.lease, self.weight);
         }
     }
 }
@@ -495,10 +506,10 @@ fn unname(peer: &Weak<Mutex<PeerState>>, batcher: &Weak<Batcher>, lease: u64) {
         return;
     }
     p.named.remove(&lease);
-    let Some(len) = p.deferred.remove(&lease) else { return };
+    let Some(weight) = p.deferred.remove(&lease) else { return };
     drop(p);
     if let Some(b) = batcher.upgrade() {
-        b.push(lease, len);
+        b.push(lease, weight);
     }
 }
 

@@ -345,3 +345,37 @@ async fn a_failed_send_leaves_the_pipe_usable() {
     assert_eq!(m.header, json!("a"));
     assert_eq!(m.tensors[0], a);
 }
+
+/// A lease granted with `lazy_release` counts no bytes toward `release_batch_bytes`: its
+/// release waits for the next due batch (here: a large lease without the flag), and both
+/// go back in one CONTROL frame (PROTOCOL.md 11.5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_release_lease_waits_for_a_batch_however_large() {
+    // Neither the count nor the delay sends anything in this test's lifetime: only bytes.
+    let opts = ShmOptions {
+        release_batch: 1000,
+        release_batch_bytes: 16 << 20,
+        release_delay: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let (_l, mut raw, pipe) = raw_shm(opts, "lazy").await;
+    let size = 64 << 20;
+    let fd = ferry_shm::testing::sealed_memfd(size, 0, &[]).unwrap();
+    let len = 20u64 << 20;
+    let lazy = json!({"segment": 1, "offset": 0, "len": len, "lease": 1, "lazy_release": true,
+        "announce": {"fd": 0, "size": size}});
+    send_raw(&mut raw, FrameKind::Message, shm_msg(lazy, len), vec![fd]).await;
+    let got = pipe.recv_timeout(T).await.unwrap();
+    assert_eq!(got.tensors[0].as_bytes().len(), len as usize);
+    drop(got); // 20 MiB, but the peer keeps that memory: not due
+    let eager = json!({"segment": 1, "offset": len, "len": len, "lease": 2});
+    send_raw(&mut raw, FrameKind::Message, shm_msg(eager, len), vec![]).await;
+    drop(pipe.recv_timeout(T).await.unwrap()); // 20 MiB: due at once, with the waiting one
+    let f = tokio::time::timeout(T, raw.reader.read_frame()).await.unwrap().unwrap();
+    assert_eq!(f.kind, FrameKind::Control);
+    let mut body: Value = f.parse().unwrap();
+    let mut ids: Vec<u64> = serde_json::from_value(body["body"]["release"].take()).unwrap();
+    ids.sort_unstable();
+    assert_eq!(body["channel"], "shm");
+    assert_eq!(ids, [1, 2], "the lazy lease waited and went back with the due one");
+}

@@ -119,6 +119,11 @@ def _base(arr: npt.NDArray[Any]) -> object:
     return base
 
 
+_LAZY = ',"lazy_release":true}}}'
+"""The end of a re-sent array's descriptor: this side keeps that memory in use (the
+array lives on), so the server may batch the lease's release by count and time instead
+of returning it with the answer because it is large (PROTOCOL.md 11.5)."""
+
 _SENT_MAX = 256
 """Most arrays `Session._sent` remembers (it starts over when full)."""
 
@@ -273,7 +278,7 @@ def _resend(
     for memo in memos:
         lease = pool.grant(memo.slot, memo.start, memo.span)
         granted.append(lease)
-        descs.append(memo.head + str(lease) + "}}}")
+        descs.append(memo.head + str(lease) + _LAZY)
     header = ('{"header":%s,"tensors":[%s]}' % (app_json, ",".join(descs))).encode()
     if len(header) > s.peer_limits.max_header_bytes:
         pool.revoke(granted)

@@ -429,6 +429,32 @@ def test_an_array_sent_again_reuses_its_descriptor_and_keeps_no_slot() -> None:
         server.kill()
 
 
+def test_an_array_sent_again_is_marked_lazy_release(demo: Server) -> None:
+    """The first send of a pool array is an ordinary lease (released with the answer when
+    large); a send of the same array again says `lazy_release` (this side keeps that
+    memory, so the server may batch the release: PROTOCOL.md 11.5)."""
+    with Client.connect(demo.addr) as c:
+        session = c._session
+        pool = session.pool
+        assert pool is not None
+        a = c.alloc((256, 1024), "f32")
+        for _ in range(
+            2
+        ):  # (the first announces the segment, the second remembers `a`)
+            c.call("echo", {"tensor": a})
+        b = c.alloc((256, 1024), "f32")  # (in the same segment)
+        for arr, lazy in ((b, False), (a, True)):
+            out = session.request("echo", {"tensor": arr}, 1000)
+            assert (b',"lazy_release":true}}' in bytes(out.parts[0])) is lazy
+            out.done()
+            pool.revoke([max(pool.granted)])  # (never sent)
+        for _ in range(50):  # and the server takes it, batching those releases
+            back = c.call("echo", {"tensor": a})
+            assert np.shares_memory(back, a)
+            del back
+        c.flush_releases()
+
+
 def test_a_resent_array_with_a_new_layout_is_described_anew(demo: Server) -> None:
     with Client.connect(demo.addr) as c:
         a = c.alloc((4, 6), "i32")
