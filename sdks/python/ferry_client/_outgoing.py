@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import struct
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,19 +32,29 @@ _DESC_STRIDED = (
 )
 
 
-@dataclass
 class Outgoing:
     """What to write for one message: `before` (pending releases, a CONTROL frame, or
     empty), then the MESSAGE frame's `parts`, with `fds` attached to the first byte of
     `parts` (PROTOCOL.md section 8)."""
 
-    before: bytes
-    parts: list[bytes | memoryview]
-    fds: list[int]
-    segments: list[_shm.Segment]
-    """Segments announced by this message: close their descriptors once it is written."""
-    keep: list[object]
-    """Arrays whose memory the frame refers to, kept alive until it is written."""
+    __slots__ = ("before", "parts", "fds", "segments", "keep")
+
+    def __init__(
+        self,
+        before: bytes,
+        parts: list[bytes | memoryview],
+        fds: list[int],
+        segments: list[_shm.Segment],
+        keep: list[object],
+    ) -> None:
+        self.before = before
+        self.parts = parts
+        self.fds = fds
+        self.segments = segments
+        """Segments announced by this message: close their descriptors once it is
+        written."""
+        self.keep = keep
+        """Arrays whose memory the frame refers to, kept alive until it is written."""
 
     def done(self) -> None:
         """The message was written (or never will be): closes announced descriptors."""

@@ -34,6 +34,7 @@ from ._wire import (
     MESSAGE,
     PREAMBLE,
     REFUSE,
+    SMALL_UINT,
     U64_MAX,
     VERSION,
     WELCOME,
@@ -397,9 +398,11 @@ class Session:
             if not isinstance(loc, dict):
                 raise ProtocolError(f"inline location must be an object, got {loc!r}")
             off, n = loc.get("offset"), loc.get("len")
-            if type(off) is not int or not 0 <= off <= U64_MAX:
+            if type(off) is not int or not (
+                0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX
+            ):
                 off = uint(off, "offset")
-            if type(n) is not int or not 0 <= n <= U64_MAX:
+            if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
                 n = uint(n, "len")
             if off + n > len(f.payload):
                 raise ProtocolError(

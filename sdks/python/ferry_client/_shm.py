@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._freelist import FreeList
-from ._wire import U64_MAX, checked_span, uint
+from ._wire import SMALL_UINT, U64_MAX, checked_span, uint
 from .errors import LimitError, ProtocolError
 
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
@@ -177,11 +177,13 @@ class ShmReceiver:
         if seg is None:
             raise ProtocolError(f"unknown segment {seg_id}")
         off, n, lease = r.get("offset"), r.get("len"), r.get("lease")
-        if type(off) is not int or not 0 <= off <= U64_MAX:
+        if type(off) is not int or not (0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX):
             off = uint(off, "offset")
-        if type(n) is not int or not 0 <= n <= U64_MAX:
+        if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
             n = uint(n, "len")
-        if type(lease) is not int or not 0 <= lease <= U64_MAX:
+        if type(lease) is not int or not (
+            0 <= lease <= SMALL_UINT or 0 <= lease <= U64_MAX
+        ):
             lease = uint(lease, "lease")
         if off + n > len(seg):
             raise ProtocolError(
@@ -418,7 +420,8 @@ class ShmPool:
             for raw in ids["release"]:
                 lease = (
                     raw
-                    if type(raw) is int and 0 <= raw <= U64_MAX
+                    if type(raw) is int
+                    and (0 <= raw <= SMALL_UINT or 0 <= raw <= U64_MAX)
                     else uint(raw, "release")
                 )
                 entry = granted.pop(lease, None)
@@ -436,24 +439,29 @@ class ShmPool:
         if not isinstance(r, dict):
             raise ProtocolError(f"shm_return descriptor must be an object, got {r!r}")
         lease, off, n = r.get("lease"), r.get("offset"), r.get("len")
-        if type(lease) is not int or not 0 <= lease <= U64_MAX:
+        if type(lease) is not int or not (
+            0 <= lease <= SMALL_UINT or 0 <= lease <= U64_MAX
+        ):
             lease = uint(lease, "lease")
-        if type(off) is not int or not 0 <= off <= U64_MAX:
+        if type(off) is not int or not (0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX):
             off = uint(off, "offset")
-        if type(n) is not int or not 0 <= n <= U64_MAX:
+        if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
             n = uint(n, "len")
-        with self.lock:
-            entry = self.granted.get(lease)
-            if entry is None:
-                raise ProtocolError(f"returned lease {lease} was never granted")
-            slot, start, length = entry
-            if off + n > length:
-                raise ProtocolError(
-                    f"returned range {off}+{n} is outside lease {lease} of {length} bytes"
-                )
-            ro_ref = slot.ro
-            ro = ro_ref() if ro_ref is not None else None
-            if ro is None:
+        # Only this connection's reader calls this, and only it applies releases: the
+        # lease stays granted while this runs, so it is read without the lock (the lock
+        # guards `refs`, which the fast path leaves alone).
+        entry = self.granted.get(lease)
+        if entry is None:
+            raise ProtocolError(f"returned lease {lease} was never granted")
+        slot, start, length = entry
+        if off + n > length:
+            raise ProtocolError(
+                f"returned range {off}+{n} is outside lease {lease} of {length} bytes"
+            )
+        ro_ref = slot.ro
+        ro = ro_ref() if ro_ref is not None else None
+        if ro is None:
+            with self.lock:
                 slot.refs += 1
         itemsize = dtype.itemsize
         try:

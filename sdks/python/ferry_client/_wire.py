@@ -11,7 +11,7 @@ import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from .errors import ProtocolError
 
@@ -28,7 +28,10 @@ _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignor
 HELLO, WELCOME, REFUSE, MESSAGE, CONTROL, CLOSE = 1, 2, 3, 4, 5, 6
 ALIGN = 64
 MAX_DIMS = 64
-U64_MAX = 2**64 - 1
+U64_MAX: Final = 2**64 - 1
+SMALL_UINT: Final = 2**62 - 1
+"""The largest integer a compiled module compares without a call (mypyc's short ints):
+checks test `0 <= x <= SMALL_UINT` first and only larger values against `U64_MAX`."""
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 MAX_FDS_PER_RECV = 253
 """Linux SCM_MAX_FD: the most descriptors one recvmsg may carry."""
@@ -323,7 +326,7 @@ def plain_span(meta: dict[str, Any], itemsize: int) -> int | None:
             return None
         numel *= d
     # Every factor is >= 1, so no partial product exceeds the whole.
-    return numel if numel <= U64_MAX else None
+    return numel if numel <= SMALL_UINT or numel <= U64_MAX else None
 
 
 def byte_span(meta: dict[str, Any], itemsize: int) -> tuple[int, bool]:

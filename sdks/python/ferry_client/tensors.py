@@ -61,8 +61,23 @@ _BY_NUMPY: dict[tuple[str, int], str] = {
 }
 
 
+_FERRY_BY_ID: dict[int, tuple[np.dtype[Any], str]] = {}
+"""`ferry_dtype`'s answers by the dtype's id (each entry holds its dtype, so the id
+stays that dtype's): a dtype's attributes cost more to read than a dict lookup."""
+
+
 def ferry_dtype(dtype: np.dtype[Any]) -> str:
     """The ferry dtype of a numpy dtype (`BF16`-tagged `uint16` is `bf16`)."""
+    hit = _FERRY_BY_ID.get(id(dtype))
+    if hit is not None and hit[0] is dtype:
+        return hit[1]
+    name = _ferry_dtype(dtype)
+    if len(_FERRY_BY_ID) < 256:
+        _FERRY_BY_ID[id(dtype)] = (dtype, name)
+    return name
+
+
+def _ferry_dtype(dtype: np.dtype[Any]) -> str:
     meta = dtype.metadata
     if meta is not None and meta.get("ferry_dtype") in NUMPY_DTYPES:
         return str(meta["ferry_dtype"])
