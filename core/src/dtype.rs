@@ -166,7 +166,11 @@ impl FromStr for Device {
 
 impl Serialize for Device {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        match self {
+            // (the common case without the formatting machinery of `collect_str`)
+            Device::Cpu => s.serialize_str("cpu"),
+            Device::Cuda(_) => s.collect_str(self),
+        }
     }
 }
 

@@ -31,7 +31,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use ferry_core::{AlignedBuf, DType, Device, Tensor, TensorMeta};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{DeserializeOwned, Error as _};
-use serde::ser::Error as _;
+use serde::ser::{Error as _, SerializeMap as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -173,7 +173,12 @@ pub fn from_value<T: DeserializeOwned>(
     tensors: &[Tensor],
 ) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
     let guard = Installed::new(Table::Decode { tensors: tensors.to_vec() });
-    let r = serde_path_to_error::deserialize(value);
+    // Most params decode: try without tracking the path (a third of the cost), and only
+    // on failure again with it, for the error's path.
+    let r = match T::deserialize(&value) {
+        Ok(t) => Ok(t),
+        Err(_) => serde_path_to_error::deserialize(value),
+    };
     drop(guard);
     r
 }
@@ -192,16 +197,12 @@ impl Serialize for RpcTensor {
             // Outside the RPC layer (e.g. `serde_json::json!`), the inline form: lossless.
             _ => InlineTensor::encode(&self.0).map(Out::Inline),
         });
-        let mut map = BTreeMap::new();
+        let mut map = s.serialize_map(Some(1))?;
         match out.map_err(S::Error::custom)? {
-            Out::Index(i) => {
-                map.insert(TENSOR_KEY, Value::from(i));
-            }
-            Out::Inline(t) => {
-                map.insert(TENSOR_KEY, serde_json::to_value(t).map_err(S::Error::custom)?);
-            }
+            Out::Index(i) => map.serialize_entry(TENSOR_KEY, &i)?,
+            Out::Inline(t) => map.serialize_entry(TENSOR_KEY, &t)?,
         }
-        map.serialize(s)
+        map.end()
     }
 }
 
