@@ -69,6 +69,12 @@ enum Cmd {
         /// most 1000.
         #[arg(long, value_name = "US")]
         busy_poll_us: Option<u64>,
+        /// Runtime worker threads. Default: when busy polling, half the CPUs this process
+        /// may use (at least one), else all of them: an idle worker still wakes for every
+        /// request a polling one reads, and would take a CPU from the clients. At most
+        /// 1024.
+        #[arg(long, value_name = "N")]
+        workers: Option<usize>,
     },
     /// Generate a typed client (python or typescript) from a server's OpenRPC document.
     #[cfg(feature = "rpc")]
@@ -132,13 +138,53 @@ fn seconds(s: f64) -> anyhow::Result<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("bad timeout {s}: {e}"))
 }
 
+/// `ferry serve --busy-poll-us`, checked, or its default.
+#[cfg(feature = "rpc")]
+fn serve_busy_poll(busy_poll_us: Option<u64>) -> anyhow::Result<std::time::Duration> {
+    if let Some(us) = busy_poll_us.filter(|&us| us > ferry::cli_rpc::MAX_BUSY_POLL_US) {
+        anyhow::bail!(
+            "--busy-poll-us {us} is over the most allowed, {} µs: a polling connection holds a \
+             runtime thread that long after each answer",
+            ferry::cli_rpc::MAX_BUSY_POLL_US
+        );
+    }
+    Ok(busy_poll_us.map_or_else(ferry::cli_rpc::default_busy_poll, std::time::Duration::from_micros))
+}
+
+/// `ferry serve --workers`, checked, or its default for the busy-polling window.
+#[cfg(feature = "rpc")]
+fn serve_workers(busy_poll_us: Option<u64>, workers: Option<usize>) -> anyhow::Result<usize> {
+    let busy_poll = serve_busy_poll(busy_poll_us)?;
+    match workers {
+        None => Ok(ferry::cli_rpc::default_workers(busy_poll)),
+        Some(0) => anyhow::bail!("--workers 0: a server needs at least 1 runtime worker thread"),
+        Some(n) if n > ferry::cli_rpc::MAX_WORKERS => {
+            anyhow::bail!("--workers {n} is over the most allowed, {}", ferry::cli_rpc::MAX_WORKERS)
+        }
+        Some(n) => Ok(n),
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("FERRY_LOG"))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    #[cfg(feature = "rpc")]
+    if let Cmd::Serve { busy_poll_us, workers, .. } = &cli.command {
+        match serve_workers(*busy_poll_us, *workers) {
+            Ok(n) => {
+                builder.worker_threads(n);
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ferry: cannot start the runtime: {e}");
@@ -202,16 +248,8 @@ fn main() -> ExitCode {
                 Ok(())
             }
             #[cfg(feature = "rpc")]
-            Cmd::Serve { addr, http, api, busy_poll_us } => {
-                if let Some(us) = busy_poll_us.filter(|&us| us > ferry::cli_rpc::MAX_BUSY_POLL_US) {
-                    anyhow::bail!(
-                        "--busy-poll-us {us} is over the most allowed, {} µs: a polling connection holds a \
-                         runtime thread that long after each answer",
-                        ferry::cli_rpc::MAX_BUSY_POLL_US
-                    );
-                }
-                let busy_poll =
-                    busy_poll_us.map_or_else(ferry::cli_rpc::default_busy_poll, std::time::Duration::from_micros);
+            Cmd::Serve { addr, http, api, busy_poll_us, workers: _ } => {
+                let busy_poll = serve_busy_poll(busy_poll_us)?;
                 ferry::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll).await
             }
             #[cfg(feature = "rpc")]

@@ -57,6 +57,51 @@ fn serve_refuses_a_busy_poll_window_over_the_maximum() {
     assert!(!ok && err.contains("--busy-poll-us 5000 is over the most allowed, 1000 µs"), "{err}");
 }
 
+#[test]
+fn serve_refuses_a_worker_count_of_zero_or_over_the_maximum() {
+    let (ok, _, err) = ferry(&["serve", "unix:ferry-rpc-test-workers-0", "--workers", "0"]);
+    assert!(!ok && err.contains("--workers 0: a server needs at least 1 runtime worker thread"), "{err}");
+    let (ok, _, err) = ferry(&["serve", "unix:ferry-rpc-test-workers-big", "--workers", "5000"]);
+    assert!(!ok && err.contains("--workers 5000 is over the most allowed, 1024"), "{err}");
+}
+
+/// Threads of process `pid` named like Tokio's runtime workers.
+fn runtime_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "tokio-rt-worker")
+        .count()
+}
+
+/// `--workers N` runs N runtime workers; by default half the CPUs when busy polling (an
+/// idle worker wakes for every request a polling one reads), all of them when not.
+#[test]
+fn serve_runs_the_runtime_workers_asked_for() {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    for (args, want) in [
+        (&["--workers", "3"][..], 3),
+        (&["--workers", "1", "--busy-poll-us", "0"][..], 1),
+        (&["--busy-poll-us", "20"][..], (cpus / 2).max(1)),
+        (&["--busy-poll-us", "0"][..], cpus),
+    ] {
+        let s = Served::start_with(args);
+        // Workers start with the runtime, but name themselves once running: wait (bounded).
+        let mut seen = 0;
+        for _ in 0..200 {
+            seen = runtime_workers(s.pid());
+            if seen == want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        assert_eq!(seen, want, "ferry serve {args:?} on {cpus} CPUs");
+        let (ok, out, err) = ferry(&["call", &s.addr, "add", "[1, 2]"]);
+        assert!(ok && out.trim() == "3.0", "{args:?}: {out} {err}");
+        assert_eq!(runtime_workers(s.pid()), want, "no more after serving a call");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_client_against_the_demo_process() {
     let s = Served::start(false);

@@ -29,7 +29,18 @@ impl Served {
     /// Serves on a unique abstract name.
     pub fn start(http: bool) -> Served {
         let addr = format!("unix:ferry-rpc-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        Self::start_at(addr, None, http)
+        Self::start_at(addr, None, http, &[])
+    }
+
+    /// The server process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Serves on a unique abstract name, with more `ferry serve` options.
+    pub fn start_with(args: &[&str]) -> Served {
+        let addr = format!("unix:ferry-rpc-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        Self::start_at(addr, None, false, args)
     }
 
     /// Serves on a socket file in a fresh temporary directory (Node cannot reach abstract
@@ -37,12 +48,12 @@ impl Served {
     pub fn start_in_dir(http: bool) -> Served {
         let dir = tempfile::Builder::new().prefix("ferry-rpc-test-").tempdir().unwrap();
         let addr = format!("unix:{}/rpc.sock", dir.path().display());
-        Self::start_at(addr, Some(dir), http)
+        Self::start_at(addr, Some(dir), http, &[])
     }
 
-    fn start_at(addr: String, dir: Option<tempfile::TempDir>, http: bool) -> Served {
+    fn start_at(addr: String, dir: Option<tempfile::TempDir>, http: bool, args: &[&str]) -> Served {
         let mut cmd = Command::new(exe());
-        cmd.args(["serve", &addr]);
+        cmd.args(["serve", &addr]).args(args);
         if http {
             cmd.args(["--http", "127.0.0.1:0"]);
         }
