@@ -296,6 +296,7 @@ impl RawConn {
             token: None,
             agent: "ferry-conformance-raw".into(),
             limits: None,
+            features: Vec::new(),
         };
         let h = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
         self.write_frame(FrameKind::Hello as u8, &h, &[]).await?;

@@ -367,7 +367,13 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         sessions.insert(*kind, c.open(ctx.clone())?);
     }
     tracing::debug!(addr = %info.addr, channels = ?welcome.channels, "connected");
-    let pipe_info = PipeInfo { conn: info, channels: welcome.channels, peer_agent: welcome.agent, is_server: false };
+    let pipe_info = PipeInfo {
+        conn: info,
+        channels: welcome.channels,
+        peer_agent: welcome.agent,
+        is_server: false,
+        features: welcome.features,
+    };
     Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, (ctx.control, control_rx)))
 }
 
@@ -424,8 +430,13 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             }
             writer.write_frame(FrameKind::Welcome, OutFrame::json(&welcome)).await?;
             tracing::debug!(addr = %info.addr, peer = %hello.agent, channels = ?welcome.channels, "accepted");
-            let pipe_info =
-                PipeInfo { conn: info, channels: welcome.channels, peer_agent: hello.agent, is_server: true };
+            let pipe_info = PipeInfo {
+                conn: info,
+                channels: welcome.channels,
+                peer_agent: hello.agent,
+                is_server: true,
+                features: welcome.features,
+            };
             // A client that announces no limits accepts what this side accepts.
             let peer_limits = hello.limits.unwrap_or(cfg.limits);
             Ok(Accepted::Pipe(Pipe::start(

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::channel::Channel;
+use crate::compact::FEATURES;
 use crate::dtype::DeviceKind;
 use crate::transport::ConnInfo;
 use crate::wire::{Hello, Limits, PROTOCOL, Refusal, Welcome};
@@ -30,6 +31,7 @@ pub fn client_hello(
         token,
         agent: agent(),
         limits: Some(limits),
+        features: FEATURES.iter().map(|f| (*f).to_string()).collect(),
     }
 }
 
@@ -63,7 +65,8 @@ pub fn server_choose(
             supported: channels.iter().map(|c| c.name().to_string()).collect(),
         });
     }
-    Ok(Welcome { version, channels: chosen, limits, agent: agent() })
+    let features = hello.features.iter().filter(|f| FEATURES.contains(&f.as_str())).cloned().collect();
+    Ok(Welcome { version, channels: chosen, limits, agent: agent(), features })
 }
 
 #[cfg(test)]

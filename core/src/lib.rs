@@ -23,6 +23,7 @@
 
 pub mod channel;
 pub mod codec;
+pub mod compact;
 pub mod dtype;
 pub mod endpoint;
 pub mod error;

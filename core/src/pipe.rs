@@ -15,6 +15,7 @@ use serde::Serialize;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::channel::{ChannelSession, Committed, ControlOut, ControlSender, Incoming, Outgoing};
+use crate::compact::{DescOut, FEATURE_COMPACT_TENSORS};
 use crate::dtype::DeviceKind;
 use crate::endpoint::Config;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
@@ -36,6 +37,8 @@ pub struct PipeInfo {
     pub peer_agent: String,
     /// True on the accepting side.
     pub is_server: bool,
+    /// The protocol features both sides use ([`crate::wire::Welcome::features`]).
+    pub features: Vec<String>,
 }
 
 struct Shared {
@@ -51,6 +54,8 @@ struct Shared {
     handler: StdMutex<HandlerSlot>,
     /// For due CONTROL bodies a cancelled or failed `write_message` took but did not write.
     control: ControlSender,
+    /// The peer takes compact tensor descriptors ([`crate::compact`]).
+    compact: bool,
 }
 
 /// The handler and a count of `set_handler` / `clear_handler` calls, so that the reader,
@@ -80,7 +85,13 @@ pub struct Pipe {
 #[derive(Serialize)]
 struct HeaderRef<'a> {
     header: &'a serde_json::Value,
-    tensors: &'a [TensorDesc],
+    #[serde(serialize_with = "descs_out")]
+    tensors: (&'a [TensorDesc], bool),
+}
+
+/// The descriptors, compact where the peer takes it (`.1`).
+fn descs_out<S: serde::Serializer>(t: &(&[TensorDesc], bool), s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(t.0.iter().map(|desc| DescOut { desc, compact: t.1 }))
 }
 
 impl Pipe {
@@ -105,6 +116,7 @@ impl Pipe {
             error: StdMutex::new(None),
             handler: StdMutex::new(HandlerSlot::default()),
             control,
+            compact: info.features.iter().any(|f| f == FEATURE_COMPACT_TENSORS),
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);
         let task = tokio::spawn(read_loop(reader, shared.clone(), tx));
@@ -170,7 +182,7 @@ impl Pipe {
             let loc = session.encode(t, out).await?;
             descs.push(TensorDesc { meta: t.meta().clone(), data: loc });
         }
-        let header = serde_json::to_vec(&HeaderRef { header: &msg.header, tensors: &descs })
+        let header = serde_json::to_vec(&HeaderRef { header: &msg.header, tensors: (&descs, self.shared.compact) })
             .map_err(|e| PipeError::ApiMisuse(format!("header does not serialize: {e}").into()))?;
         let (h, p, f) = (header.len() as u64, out.payload_len(), out.fd_count() as u64);
         if h > u64::from(limits.max_header_bytes) {

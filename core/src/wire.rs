@@ -35,6 +35,10 @@ pub struct Hello {
     /// assumes its own limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// Protocol features the client understands (e.g. `"compact_tensors"`,
+    /// [`crate::compact::FEATURE_COMPACT_TENSORS`]); unknown ones are ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 /// One channel a client offers.
@@ -62,6 +66,10 @@ pub struct Welcome {
     /// Free text naming the server implementation.
     #[serde(default)]
     pub agent: String,
+    /// The features of [`Hello::features`] the server understands too: both sides may use
+    /// them on this connection.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 /// The server's answer when it refuses (kind REFUSE); the connection closes after it.
@@ -144,8 +152,10 @@ pub struct MessageHeader {
     pub tensors: Vec<TensorDesc>,
 }
 
-/// Describes one tensor of a message: what it is and where its bytes are.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// Describes one tensor of a message: what it is and where its bytes are. Serializes as the
+/// object; reads the object or the compact array ([`crate::compact`], which also gives its
+/// schema).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TensorDesc {
     /// dtype, shape, strides, device.
     pub meta: TensorMeta,

@@ -139,7 +139,9 @@ impl ReadHalf {
                         self.last_data = None;
                         return None;
                     }
-                    std::hint::spin_loop();
+                    // Not `spin_loop`: a peer that shares this CPU (a client on a small machine)
+                    // gets to run, and answer, at once instead of after our window.
+                    std::thread::yield_now();
                 }
                 Err(e) => {
                     coop.made_progress();

@@ -182,6 +182,39 @@ pub fn unknown_dtype<F: Fixture>(fx: &F) -> Outcome {
     bad_input(fx, "dtype", Limits::default(), bytes, false, Want::Protocol)
 }
 
+/// A compact tensor descriptor (PROTOCOL.md §7.3) with an element missing.
+pub fn compact_descriptor_short<F: Fixture>(fx: &F) -> Outcome {
+    let bytes = message(json!({"header": null, "tensors": [["u8", [4], "inline", 0]]}), &[0u8; 4]);
+    bad_input(fx, "compact-short", Limits::default(), bytes, false, Want::Protocol)
+}
+
+/// Compact and object descriptors side by side are read alike, from a peer that did not
+/// even ask for the feature (receivers take both forms, PROTOCOL.md §7.3).
+pub fn compact_descriptors_are_read<F: Fixture>(fx: &F) -> Outcome {
+    run_async(LIMIT, async {
+        let addr = fx.addr("compact-read");
+        let mut l = fx.endpoint().build().listen(&addr).await.map_err(fail("listen"))?;
+        let mut raw = RawConn::connect(fx, &addr).await?;
+        let welcome = raw.handshake().await?;
+        ensure!(welcome.features.is_empty(), "features granted that were not asked for: {:?}", welcome.features);
+        let pipe = l.accept().await.map_err(fail("accept"))?;
+        let header = json!({"header": "both", "tensors": [
+            ["u16", [2, 2], "inline", 0, 8],
+            {"meta": {"dtype": "u8", "shape": [3]}, "data": {"inline": {"offset": 64, "len": 3}}},
+        ]});
+        let mut payload = vec![0u8; 67];
+        payload[..8].copy_from_slice(&[1, 0, 2, 0, 3, 0, 4, 0]);
+        payload[64..].copy_from_slice(&[7, 8, 9]);
+        raw.write_raw(&message(header, &payload)).await?;
+        let m = pipe.recv_timeout(Duration::from_secs(5)).await.map_err(fail("recv"))?;
+        ensure!(m.header == json!("both") && m.tensors.len() == 2, "got {:?}", m.header);
+        ensure!(m.tensors[0].meta() == &ferry_core::TensorMeta::new(ferry_core::DType::U16, vec![2, 2]), "meta");
+        ensure!(m.tensors[0].as_bytes() == [1, 0, 2, 0, 3, 0, 4, 0], "compact tensor bytes");
+        ensure!(m.tensors[1].as_bytes() == [7, 8, 9], "object tensor bytes");
+        Ok(())
+    })
+}
+
 /// Half a frame, then end of stream: `Closed`, and nothing delivered.
 pub fn truncated_frame<F: Fixture>(fx: &F) -> Outcome {
     let mut bytes = message(one_tensor(json!({"dtype": "u8", "shape": [4096]}), 0, 4096), &[1u8; 4096]);

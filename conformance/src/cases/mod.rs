@@ -56,6 +56,8 @@ pub fn all<F: Fixture>() -> Vec<(String, Case<F>)> {
     one(&mut v, "malformed::too_many_dims", malformed::too_many_dims::<F>);
     one(&mut v, "malformed::too_many_tensors", malformed::too_many_tensors::<F>);
     one(&mut v, "malformed::unknown_dtype", malformed::unknown_dtype::<F>);
+    one(&mut v, "malformed::compact_descriptor_short", malformed::compact_descriptor_short::<F>);
+    one(&mut v, "malformed::compact_descriptors_are_read", malformed::compact_descriptors_are_read::<F>);
     one(&mut v, "malformed::truncated_frame", malformed::truncated_frame::<F>);
     one(&mut v, "malformed::second_hello", malformed::second_hello::<F>);
     one(&mut v, "malformed::bad_magic", malformed::bad_magic::<F>);

@@ -80,6 +80,7 @@ class _Sent:
         "start",
         "span",
         "head",
+        "tail",
     )
 
     def __init__(
@@ -91,6 +92,7 @@ class _Sent:
         start: int,
         span: int,
         head: str,
+        tail: str,
     ) -> None:
         self.key = id(arr)
         self.ref = weakref.ref(arr)
@@ -105,7 +107,9 @@ class _Sent:
         self.start = start
         self.span = span
         self.head = head
-        """The descriptor up to the lease number (its end is `}}}`)."""
+        """The descriptor up to the lease number."""
+        self.tail = tail
+        """The descriptor after the lease number when sent again (with `lazy_release`)."""
 
     def matches(self, arr: npt.NDArray[Any], wire: str) -> bool:
         """Whether `arr` is the same array as then, going as the same dtype, with the same
@@ -132,6 +136,8 @@ _LAZY = ',"lazy_release":true}}}'
 """The end of a re-sent array's descriptor: this side keeps that memory in use (the
 array lives on), so the server may batch the lease's release by count and time instead
 of returning it with the answer because it is large (PROTOCOL.md 11.5)."""
+_LAZY_COMPACT = ",true]"
+"""`_LAZY` in the compact form (PROTOCOL.md 7.3)."""
 
 _SENT_MAX = 256
 """Most arrays `Session._sent` remembers (it starts over when full)."""
@@ -231,8 +237,19 @@ def build_message(s: Session, app_json: str, tensors: TensorRefs) -> Outgoing:
             descs.append(desc)
             if own is not None:
                 holder, slot, start, span = own
-                head = desc[: desc.rindex('"lease":') + 8]
-                memos.append(_Sent(arr, dtype, holder, slot, start, span, head))
+                if s.compact and strides is None:
+                    head = '["%s",[%s],"shm",%d,%d,%d,' % (
+                        dtype,
+                        shape,
+                        slot.segment.id,
+                        start,
+                        span,
+                    )
+                    tail = _LAZY_COMPACT
+                else:
+                    head = desc[: desc.rindex('"lease":') + 8]
+                    tail = _LAZY
+                memos.append(_Sent(arr, dtype, holder, slot, start, span, head, tail))
         if offset > lim.max_payload_bytes:
             raise LimitError(
                 f"message payload is {offset} bytes, over the server's limit max_payload_bytes = "
@@ -287,7 +304,7 @@ def _resend(
     for memo in memos:
         lease = pool.grant(memo.slot, memo.start, memo.span)
         granted.append(lease)
-        descs.append(memo.head + str(lease) + _LAZY)
+        descs.append(memo.head + str(lease) + memo.tail)
     header = ('{"header":%s,"tensors":[%s]}' % (app_json, ",".join(descs))).encode()
     if len(header) > s.peer_limits.max_header_bytes:
         pool.revoke(granted)

@@ -126,6 +126,8 @@ class Session:
             self.cuda_unavailable = "no usable CUDA device, or /proc cannot be read"
         self.cuda_pool_limit = cuda_pool_limit
         self.cuda_max_peer_allocs = cuda_max_peer_allocs
+        self.compact = False
+        """Both sides take compact tensor descriptors (PROTOCOL.md 7.3)."""
         self._sent: dict[int, _Sent] = {}
         """Pool arrays sent before, by `id` (see `_Sent`)."""
 
@@ -151,6 +153,8 @@ class Session:
             hello["token"] = self.token
         hello["agent"] = self.agent
         hello["limits"] = self.limits.to_json()
+        if FEATURES:
+            hello["features"] = list(FEATURES)
         return PREAMBLE + frame(HELLO, hello)
 
     def on_handshake(self, f: Frame) -> None:
@@ -184,6 +188,14 @@ class Session:
                     f"the server chose channel {cpu!r}, which was not offered"
                 )
             self.peer_limits = Limits.from_json(w.get("limits"))
+            features = w.get("features", [])
+            if not isinstance(features, list):
+                raise ProtocolError(
+                    f"WELCOME features must be a list, got {features!r}"
+                )
+            self.compact = (
+                "compact_tensors" in features and "compact_tensors" in FEATURES
+            )
             self.channel = str(cpu)
             self.welcome = w
             if cpu == "shm":
@@ -367,6 +379,8 @@ class Session:
         return body["header"], arrays
 
     def _tensor(self, d: object, f: Frame) -> Any:
+        if type(d) is list:
+            return self._compact(d, f)
         if (
             not isinstance(d, dict)
             or not isinstance(meta := d.get("meta"), dict)
@@ -397,29 +411,7 @@ class Session:
         if kind == "inline":
             if not isinstance(loc, dict):
                 raise ProtocolError(f"inline location must be an object, got {loc!r}")
-            off, n = loc.get("offset"), loc.get("len")
-            if type(off) is not int or not (
-                0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX
-            ):
-                off = uint(off, "offset")
-            if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
-                n = uint(n, "len")
-            if off + n > len(f.payload):
-                raise ProtocolError(
-                    f"range {off}+{n} is outside the payload of {len(f.payload)} bytes"
-                )
-            span, strided = checked_span(meta, dtype.itemsize, n)
-            shape = tuple(meta["shape"])
-            if span == 0:
-                return np.empty(shape, dtype)
-            raw = np.frombuffer(f.payload, dtype=np.uint8, count=n, offset=off)
-            if strided:
-                strides = tuple(s * dtype.itemsize for s in meta["strides"])
-                strided_view: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
-                    raw[:span].view(dtype), shape, strides
-                )
-                return strided_view
-            return raw.view(dtype).reshape(shape)
+            return _inline(meta, loc.get("offset"), loc.get("len"), dtype, f)
         if kind == "shm":
             if self.receiver is None:
                 raise ProtocolError(
@@ -433,6 +425,74 @@ class Session:
                 )
             return self.pool.returned(loc, meta, dtype)
         raise ProtocolError(f"unknown location {kind!r}")
+
+    def _compact(self, d: list[Any], f: Frame) -> Any:
+        """A compact descriptor (PROTOCOL.md 7.3): `[dtype, shape, location, ..]` of a CPU
+        tensor without strides, checked as strictly as the object form."""
+        n = len(d)
+        kind = d[2] if n >= 3 else None
+        arity = _COMPACT_ARITY.get(kind) if type(kind) is str else None
+        if arity is None or not arity[0] <= n <= arity[1]:
+            raise ProtocolError(f"malformed compact tensor descriptor {d!r:.200}")
+        name = d[0]
+        dtype = NUMPY_DTYPES.get(name) if type(name) is str else None
+        if dtype is None:
+            raise ProtocolError(f"unknown dtype {name!r}")
+        meta = {"dtype": name, "shape": d[1]}
+        if kind == "shm_return":
+            if self.pool is None:
+                raise ProtocolError(
+                    "channel inline: invalid descriptor from peer: unexpected location shm_return"
+                )
+            return self.pool.returned_at(d[3], d[4], d[5], meta, dtype)
+        if kind == "shm":
+            if self.receiver is None:
+                raise ProtocolError(
+                    "channel inline: invalid descriptor from peer: unexpected location shm"
+                )
+            if n == 8 and type(d[7]) is not bool:
+                raise ProtocolError(f"lazy_release must be a boolean, got {d[7]!r:.40}")
+            loc = {"segment": d[3], "offset": d[4], "len": d[5], "lease": d[6]}
+            return self.receiver.decode(meta, loc, dtype, f.fds)
+        return _inline(meta, d[3], d[4], dtype, f)
+
+
+_COMPACT_ARITY: dict[str, tuple[int, int]] = {
+    "inline": (5, 5),
+    "shm": (7, 8),
+    "shm_return": (6, 6),
+}
+"""Elements of a compact descriptor by location: [dtype, shape, location, ..fields]."""
+
+FEATURES: list[str] = ["compact_tensors"]
+"""Protocol features this client offers in HELLO (PROTOCOL.md 6.2)."""
+
+
+def _inline(
+    meta: dict[str, Any], off: object, n: object, dtype: np.dtype[Any], f: Frame
+) -> Any:
+    """An `inline` location (bytes `off..off+n` of the frame's payload) as an array."""
+    if type(off) is not int or not (0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX):
+        off = uint(off, "offset")
+    if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
+        n = uint(n, "len")
+    assert isinstance(off, int) and isinstance(n, int)
+    if off + n > len(f.payload):
+        raise ProtocolError(
+            f"range {off}+{n} is outside the payload of {len(f.payload)} bytes"
+        )
+    span, strided = checked_span(meta, dtype.itemsize, n)
+    shape = tuple(meta["shape"])
+    if span == 0:
+        return np.empty(shape, dtype)
+    raw = np.frombuffer(f.payload, dtype=np.uint8, count=n, offset=off)
+    if strided:
+        strides = tuple(s * dtype.itemsize for s in meta["strides"])
+        strided_view: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
+            raw[:span].view(dtype), shape, strides
+        )
+        return strided_view
+    return raw.view(dtype).reshape(shape)
 
 
 def _cuda_ordinal(device: str) -> int:

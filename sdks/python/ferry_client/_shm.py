@@ -438,7 +438,19 @@ class ShmPool:
         """An `shm_return` descriptor: a read-only array of this side's own memory."""
         if not isinstance(r, dict):
             raise ProtocolError(f"shm_return descriptor must be an object, got {r!r}")
-        lease, off, n = r.get("lease"), r.get("offset"), r.get("len")
+        return self.returned_at(
+            r.get("lease"), r.get("offset"), r.get("len"), meta, dtype
+        )
+
+    def returned_at(
+        self,
+        lease: object,
+        off: object,
+        n: object,
+        meta: dict[str, Any],
+        dtype: np.dtype[Any],
+    ) -> npt.NDArray[Any]:
+        """`returned` of the descriptor's three numbers (unchecked yet)."""
         if type(lease) is not int or not (
             0 <= lease <= SMALL_UINT or 0 <= lease <= U64_MAX
         ):

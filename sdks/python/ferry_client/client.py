@@ -49,6 +49,8 @@ from .tensors import BF16, numpy_dtype
 _SCRATCH = 1 << 16
 _NO_DEADLINE = math.inf
 _CTRUNC = int(socket.MSG_CTRUNC)  # a plain int: `&` on the IntFlag runs Python code
+_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
+"""Gives the CPU to another runnable thread on it, if any, between polls of a spin."""
 _C = TypeVar("_C", bound="_Connection")
 
 
@@ -349,6 +351,8 @@ class _Connection:
             clock = time.perf_counter
             end = clock() + self._spin
             while clock() < end:
+                # (yield: a server that shares this CPU gets to answer within the spin)
+                _yield()
                 if poll(0):
                     return True
         return bool(poll(ms))
