@@ -140,10 +140,12 @@ impl Drop for Served {
     }
 }
 
-/// Starts `ferry serve ADDR` and waits until it listens.
+/// Starts `ferry serve ADDR` (plus the options in `$FERRY_BENCH_SERVE_ARGS`, split on
+/// whitespace, to compare server settings) and waits until it listens.
 fn start_server(exe: &Path, addr: &str) -> anyhow::Result<Served> {
     let mut child = Command::new(exe)
         .args(["serve", addr])
+        .args(std::env::var("FERRY_BENCH_SERVE_ARGS").unwrap_or_default().split_whitespace())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -65,8 +65,9 @@ enum Cmd {
         api: ferry::sdk::Api,
         /// Microseconds a connection that was just answered polls its socket for the next
         /// request before it sleeps: saves a wake-up per call, costs a spinning CPU (at most
-        /// half the CPUs). Default: 50 when this process may use 2 or more CPUs, else 0; at
-        /// most 1000.
+        /// half the CPUs; only while no other connection is active). Default: 50 when this
+        /// process may use 2 or more CPUs, else 0; at most 1000. Many clients at once get
+        /// more calls per second with 0 (and then, by default, a worker per CPU).
         #[arg(long, value_name = "US")]
         busy_poll_us: Option<u64>,
         /// Runtime worker threads. Default: when busy polling, half the CPUs this process

@@ -4,7 +4,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -70,6 +70,7 @@ impl Connection for PipeConnection {
                 fds: fds.clone(),
                 busy: busy.clone(),
                 last_data: None,
+                id: reader_id(),
             }),
             write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
             fds: Some(fds),
@@ -84,6 +85,58 @@ struct ReadHalf {
     busy: Arc<BusyPoll>,
     /// When bytes last arrived; `None` once a busy poll found none (cold until they do).
     last_data: Option<Instant>,
+    /// This read half among the process's, for [`ACTIVITY`].
+    id: u16,
+}
+
+fn reader_id() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Which read halves received bytes last, and when: busy polling pays while one connection
+/// is active, and costs while several are. A reader that spins holds its worker thread
+/// (and the runtime's I/O driver, when it is the only worker), so the other connections'
+/// requests wait for its window: 16 clients calling at once on 2 CPUs measured a p99 of
+/// 7.7 ms with spinning and 0.2 ms without. So a reader spins only if no other connection
+/// received bytes within [`BUSY_WINDOW_OTHERS`].
+///
+/// Two words, each `micros since start << 16 | reader id`: the last read, and the last
+/// read by another reader than that one. Updated without a lock: a lost update only makes
+/// one spin decision on stale data.
+#[derive(Default)]
+struct Activity {
+    last: AtomicU64,
+    last_other: AtomicU64,
+}
+
+static ACTIVITY: Activity = Activity { last: AtomicU64::new(0), last_other: AtomicU64::new(0) };
+
+/// How recently another connection must have received bytes to keep a reader from spinning.
+const BUSY_WINDOW_OTHERS: Duration = Duration::from_millis(1);
+
+fn now_us() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    // (+1: a stamp is never 0, the "no read yet" word)
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+}
+
+impl Activity {
+    /// Reader `id` received bytes at `now` (µs).
+    fn read(&self, id: u16, now: u64) {
+        let last = self.last.swap((now << 16) | u64::from(id), Ordering::Relaxed);
+        if last & 0xffff != u64::from(id) {
+            self.last_other.store(last, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a reader other than `id` received bytes within [`BUSY_WINDOW_OTHERS`] of `now`.
+    fn others_active(&self, id: u16, now: u64) -> bool {
+        let window = BUSY_WINDOW_OTHERS.as_micros() as u64;
+        [self.last.load(Ordering::Relaxed), self.last_other.load(Ordering::Relaxed)]
+            .into_iter()
+            .any(|w| w != 0 && w & 0xffff != u64::from(id) && now.saturating_sub(w >> 16) < window)
+    }
 }
 
 /// Read halves busy-polling right now, in this process.
@@ -132,6 +185,7 @@ impl ReadHalf {
                     coop.made_progress();
                     buf.advance(n);
                     self.last_data = Some(Instant::now());
+                    ACTIVITY.read(self.id, now_us());
                     return Some(Poll::Ready(Ok(())));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -176,6 +230,7 @@ impl AsyncRead for ReadHalf {
         let window = this.busy.spin_window();
         if !window.is_zero()
             && this.last_data.is_some_and(|t| t.elapsed() < window)
+            && !ACTIVITY.others_active(this.id, now_us())
             && let Some(r) = this.spin(cx, buf, window)
         {
             return r;
@@ -187,6 +242,7 @@ impl AsyncRead for ReadHalf {
                 Ok(n) => {
                     buf.advance(n);
                     this.last_data = Some(Instant::now());
+                    ACTIVITY.read(this.id, now_us());
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -253,6 +309,27 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use crate::PipeTransport;
+
+    /// A reader spins while it alone receives bytes, not while another connection did within
+    /// the window (the window counted from the other's last read, in µs).
+    #[test]
+    fn a_reader_spins_only_while_no_other_connection_is_active() {
+        let a = super::Activity::default();
+        let w = super::BUSY_WINDOW_OTHERS.as_micros() as u64;
+        assert!(!a.others_active(1, 10), "nothing read yet");
+        a.read(1, 10);
+        a.read(1, 20);
+        assert!(!a.others_active(1, 30), "only reader 1 is active");
+        assert!(a.others_active(2, 30), "for reader 2, reader 1 is active");
+        a.read(2, 40);
+        assert!(a.others_active(1, 50) && a.others_active(2, 50), "both active");
+        a.read(2, 60);
+        a.read(2, 70); // (reader 1's read stays the last other one)
+        assert!(a.others_active(2, 20 + w - 1), "reader 1 read within the window");
+        assert!(!a.others_active(2, 20 + w), "reader 1 fell out of the window");
+        assert!(a.others_active(1, 70 + w - 1) && !a.others_active(1, 70 + w));
+        assert!(!a.others_active(3, 70 + w), "nobody within the window");
+    }
 
     fn memfd_with(content: &[u8]) -> std::os::fd::OwnedFd {
         let fd = rustix::fs::memfd_create("ferry-pipe-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
