@@ -65,7 +65,8 @@ pub fn server_choose(
             supported: channels.iter().map(|c| c.name().to_string()).collect(),
         });
     }
-    let features = hello.features.iter().filter(|f| FEATURES.contains(&f.as_str())).cloned().collect();
+    let features =
+        FEATURES.iter().filter(|f| hello.features.iter().any(|h| h == *f)).map(|f| (*f).to_string()).collect();
     Ok(Welcome { version, channels: chosen, limits, agent: agent(), features })
 }
 

@@ -166,24 +166,33 @@ fn serve_workers(busy_poll_us: Option<u64>, workers: Option<usize>) -> anyhow::R
     }
 }
 
+/// The runtime's worker threads for `command`: `ferry serve`'s `--workers` (or its
+/// default), Tokio's default (`None`) for the rest.
+fn runtime_workers(command: &Cmd) -> anyhow::Result<Option<usize>> {
+    #[cfg(feature = "rpc")]
+    if let Cmd::Serve { busy_poll_us, workers, .. } = command {
+        return serve_workers(*busy_poll_us, *workers).map(Some);
+    }
+    let _ = command;
+    Ok(None)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("FERRY_LOG"))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    #[cfg(feature = "rpc")]
-    if let Cmd::Serve { busy_poll_us, workers, .. } = &cli.command {
-        match serve_workers(*busy_poll_us, *workers) {
-            Ok(n) => {
-                builder.worker_threads(n);
-            }
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                return ExitCode::FAILURE;
-            }
+    let workers = match runtime_workers(&cli.command) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("ferry: {e:#}");
+            return ExitCode::FAILURE;
         }
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
     }
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,

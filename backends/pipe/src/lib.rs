@@ -115,7 +115,13 @@ impl Transport for PipeTransport {
         };
         let inner = opts.create_tokio().map_err(|e| io_err(addr, e))?;
         tracing::debug!(%addr, "listening");
-        Ok(Box::new(PipeListener { inner, addr: addr.clone(), allow_any_user: self.allow_any_user }))
+        Ok(Box::new(PipeListener {
+            inner,
+            addr: addr.clone(),
+            allow_any_user: self.allow_any_user,
+            #[cfg(unix)]
+            activity: Arc::default(),
+        }))
     }
 
     async fn connect(&self, addr: &Address) -> Result<Box<dyn Connection>, TransportError> {
@@ -131,6 +137,10 @@ struct PipeListener {
     inner: IpcListener,
     addr: Address,
     allow_any_user: bool,
+    /// Which of its connections received bytes last (busy polling backs off while several
+    /// do).
+    #[cfg(unix)]
+    activity: Arc<unix::Activity>,
 }
 
 #[async_trait]
@@ -139,6 +149,9 @@ impl Listener for PipeListener {
         loop {
             let stream = self.inner.accept().await.map_err(|e| io_err(&self.addr, e))?;
             match PipeConnection::new(stream, &self.addr, self.allow_any_user) {
+                #[cfg(unix)]
+                Ok(c) => return Ok(Box::new(c.serving(&self.activity))),
+                #[cfg(not(unix))]
                 Ok(c) => return Ok(Box::new(c)),
                 Err(TransportError::PeerRefused(why)) => {
                     tracing::warn!(addr = %self.addr, "refused a peer: {why}");
@@ -155,6 +168,13 @@ impl Listener for PipeListener {
 
 #[cfg(unix)]
 use unix::PipeConnection;
+
+/// How many read halves of this process are busy-polling right now (for tests and
+/// diagnostics; see `EndpointBuilder::busy_poll`).
+#[cfg(unix)]
+pub fn busy_polling_readers() -> usize {
+    unix::spinning()
+}
 
 #[cfg(windows)]
 use windows::PipeConnection;

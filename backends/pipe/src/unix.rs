@@ -4,7 +4,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -26,6 +26,8 @@ const MAX_FDS_PER_RECV: usize = 253;
 pub(crate) struct PipeConnection {
     stream: Arc<UnixStream>,
     info: ConnInfo,
+    /// The listener's, for a connection it accepted ([`PipeConnection::serving`]).
+    activity: Option<(Arc<Activity>, u32)>,
 }
 
 impl PipeConnection {
@@ -52,7 +54,14 @@ impl PipeConnection {
             same_host: true,
             handle: None,
         };
-        Ok(PipeConnection { stream: Arc::new(stream), info })
+        Ok(PipeConnection { stream: Arc::new(stream), info, activity: None })
+    }
+
+    /// A connection `listener_activity`'s listener accepted: its reader busy-polls only
+    /// while none of that listener's other connections is active.
+    pub(crate) fn serving(mut self, listener_activity: &Arc<Activity>) -> Self {
+        self.activity = Some((listener_activity.clone(), listener_activity.next_id()));
+        self
     }
 }
 
@@ -70,7 +79,7 @@ impl Connection for PipeConnection {
                 fds: fds.clone(),
                 busy: busy.clone(),
                 last_data: None,
-                id: reader_id(),
+                activity: self.activity,
             }),
             write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
             fds: Some(fds),
@@ -85,62 +94,75 @@ struct ReadHalf {
     busy: Arc<BusyPoll>,
     /// When bytes last arrived; `None` once a busy poll found none (cold until they do).
     last_data: Option<Instant>,
-    /// This read half among the process's, for [`ACTIVITY`].
-    id: u16,
+    /// The accepting listener's activity and this reader's id in it; `None` on the
+    /// connecting side, whose reader never busy-polls.
+    activity: Option<(Arc<Activity>, u32)>,
 }
 
-fn reader_id() -> u16 {
-    static NEXT: AtomicU16 = AtomicU16::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Which read halves received bytes last, and when: busy polling pays while one connection
-/// is active, and costs while several are. A reader that spins holds its worker thread
-/// (and the runtime's I/O driver, when it is the only worker), so the other connections'
-/// requests wait for its window: 16 clients calling at once on 2 CPUs measured a p99 of
-/// 7.7 ms with spinning and 0.2 ms without. So a reader spins only if no other connection
-/// received bytes within [`BUSY_WINDOW_OTHERS`].
+/// Which connections of one listener received bytes last, and when: busy polling pays
+/// while one connection is active, and costs while several are. A reader that spins holds
+/// its worker thread (and the runtime's I/O driver, when it is the only worker), so the
+/// other connections' requests wait for its window: 16 clients calling at once on 2 CPUs
+/// measured a p99 of 7.7 ms with spinning and 0.2 ms without. So a reader spins only if no
+/// other connection of its listener received bytes within [`BUSY_WINDOW_OTHERS`].
 ///
-/// Two words, each `micros since start << 16 | reader id`: the last read, and the last
-/// read by another reader than that one. Updated without a lock: a lost update only makes
-/// one spin decision on stale data.
+/// Two words, each `micros since start (wrapping u32) << 32 | reader id`: the last read,
+/// and the last read by another reader than that one. Updated without a lock: a lost
+/// update only makes one spin decision on stale data.
 #[derive(Default)]
-struct Activity {
+pub(crate) struct Activity {
     last: AtomicU64,
     last_other: AtomicU64,
+    /// The last reader id given out (ids start at 1; 0 means "no read yet").
+    ids: AtomicU32,
 }
-
-static ACTIVITY: Activity = Activity { last: AtomicU64::new(0), last_other: AtomicU64::new(0) };
 
 /// How recently another connection must have received bytes to keep a reader from spinning.
 const BUSY_WINDOW_OTHERS: Duration = Duration::from_millis(1);
 
-fn now_us() -> u64 {
+/// Microseconds since the first call, wrapping at 2^32 (71 minutes): only differences
+/// shorter than that are compared.
+fn now_us() -> u32 {
     static START: OnceLock<Instant> = OnceLock::new();
-    // (+1: a stamp is never 0, the "no read yet" word)
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+    START.get_or_init(Instant::now).elapsed().as_micros() as u32
 }
 
 impl Activity {
+    /// An id for a new reader (never 0; wraps after 2^32 readers).
+    fn next_id(&self) -> u32 {
+        loop {
+            let id = self.ids.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
     /// Reader `id` received bytes at `now` (µs).
-    fn read(&self, id: u16, now: u64) {
-        let last = self.last.swap((now << 16) | u64::from(id), Ordering::Relaxed);
-        if last & 0xffff != u64::from(id) {
+    fn read(&self, id: u32, now: u32) {
+        let last = self.last.swap((u64::from(now) << 32) | u64::from(id), Ordering::Relaxed);
+        if last as u32 != id {
             self.last_other.store(last, Ordering::Relaxed);
         }
     }
 
     /// Whether a reader other than `id` received bytes within [`BUSY_WINDOW_OTHERS`] of `now`.
-    fn others_active(&self, id: u16, now: u64) -> bool {
-        let window = BUSY_WINDOW_OTHERS.as_micros() as u64;
-        [self.last.load(Ordering::Relaxed), self.last_other.load(Ordering::Relaxed)]
-            .into_iter()
-            .any(|w| w != 0 && w & 0xffff != u64::from(id) && now.saturating_sub(w >> 16) < window)
+    fn others_active(&self, id: u32, now: u32) -> bool {
+        let window = BUSY_WINDOW_OTHERS.as_micros() as u32;
+        [self.last.load(Ordering::Relaxed), self.last_other.load(Ordering::Relaxed)].into_iter().any(|w| {
+            let (at, who) = ((w >> 32) as u32, w as u32);
+            who != 0 && who != id && now.wrapping_sub(at) < window
+        })
     }
 }
 
 /// Read halves busy-polling right now, in this process.
 static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
+/// [`SPINNING`] now.
+pub(crate) fn spinning() -> usize {
+    SPINNING.load(Ordering::Acquire)
+}
 
 /// At most half the CPUs this process may use (and at least one) busy-poll at once.
 fn max_spinning() -> usize {
@@ -185,7 +207,9 @@ impl ReadHalf {
                     coop.made_progress();
                     buf.advance(n);
                     self.last_data = Some(Instant::now());
-                    ACTIVITY.read(self.id, now_us());
+                    if let Some((a, id)) = &self.activity {
+                        a.read(*id, now_us());
+                    }
                     return Some(Poll::Ready(Ok(())));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -230,7 +254,7 @@ impl AsyncRead for ReadHalf {
         let window = this.busy.spin_window();
         if !window.is_zero()
             && this.last_data.is_some_and(|t| t.elapsed() < window)
-            && !ACTIVITY.others_active(this.id, now_us())
+            && this.activity.as_ref().is_some_and(|(a, id)| !a.others_active(*id, now_us()))
             && let Some(r) = this.spin(cx, buf, window)
         {
             return r;
@@ -242,7 +266,9 @@ impl AsyncRead for ReadHalf {
                 Ok(n) => {
                     buf.advance(n);
                     this.last_data = Some(Instant::now());
-                    ACTIVITY.read(this.id, now_us());
+                    if let Some((a, id)) = &this.activity {
+                        a.read(*id, now_us());
+                    }
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -310,25 +336,33 @@ mod tests {
 
     use crate::PipeTransport;
 
-    /// A reader spins while it alone receives bytes, not while another connection did within
-    /// the window (the window counted from the other's last read, in µs).
+    /// A reader spins while it alone receives bytes, not while another connection of its
+    /// listener did within the window (the window counted from the other's last read, in
+    /// µs, across the clock's wrap).
     #[test]
     fn a_reader_spins_only_while_no_other_connection_is_active() {
         let a = super::Activity::default();
-        let w = super::BUSY_WINDOW_OTHERS.as_micros() as u64;
-        assert!(!a.others_active(1, 10), "nothing read yet");
-        a.read(1, 10);
-        a.read(1, 20);
-        assert!(!a.others_active(1, 30), "only reader 1 is active");
-        assert!(a.others_active(2, 30), "for reader 2, reader 1 is active");
-        a.read(2, 40);
-        assert!(a.others_active(1, 50) && a.others_active(2, 50), "both active");
-        a.read(2, 60);
-        a.read(2, 70); // (reader 1's read stays the last other one)
-        assert!(a.others_active(2, 20 + w - 1), "reader 1 read within the window");
-        assert!(!a.others_active(2, 20 + w), "reader 1 fell out of the window");
-        assert!(a.others_active(1, 70 + w - 1) && !a.others_active(1, 70 + w));
-        assert!(!a.others_active(3, 70 + w), "nobody within the window");
+        let (r1, r2, r3) = (a.next_id(), a.next_id(), a.next_id());
+        assert!(r1 != 0 && r1 != r2 && r2 != r3);
+        let w = super::BUSY_WINDOW_OTHERS.as_micros() as u32;
+        let t0 = u32::MAX - 15; // (the µs clock wraps during the test)
+        let at = |d: u32| t0.wrapping_add(d);
+        assert!(!a.others_active(r1, at(0)), "nothing read yet");
+        a.read(r1, at(10));
+        a.read(r1, at(20));
+        assert!(!a.others_active(r1, at(30)), "only reader 1 is active");
+        assert!(a.others_active(r2, at(30)), "for reader 2, reader 1 is active");
+        a.read(r2, at(40));
+        assert!(a.others_active(r1, at(50)) && a.others_active(r2, at(50)), "both active");
+        a.read(r2, at(60));
+        a.read(r2, at(70)); // (reader 1's read stays the last other one)
+        assert!(a.others_active(r2, at(20 + w - 1)), "reader 1 read within the window");
+        assert!(!a.others_active(r2, at(20 + w)), "reader 1 fell out of the window");
+        assert!(a.others_active(r1, at(70 + w - 1)) && !a.others_active(r1, at(70 + w)));
+        assert!(!a.others_active(r3, at(70 + w)), "nobody within the window");
+        // Another listener's readers are not counted.
+        let other = super::Activity::default();
+        assert!(!other.others_active(other.next_id(), at(71)));
     }
 
     fn memfd_with(content: &[u8]) -> std::os::fd::OwnedFd {

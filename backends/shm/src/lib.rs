@@ -95,6 +95,8 @@ pub struct ShmOptions {
     pub release_batch_bytes: u64,
     /// The longest a release of the peer's lease waits to be batched (default 1 ms; zero:
     /// every release goes out at once, behind the next message or in a frame of its own).
+    /// Releases of `lazy_release` leases, which no size makes due, wait for the count or
+    /// this delay: keep it short.
     pub release_delay: Duration,
 }
 

@@ -450,9 +450,9 @@ class Session:
                 raise ProtocolError(
                     "channel inline: invalid descriptor from peer: unexpected location shm"
                 )
-            if n == 8 and type(d[7]) is not bool:
-                raise ProtocolError(f"lazy_release must be a boolean, got {d[7]!r:.40}")
             loc = {"segment": d[3], "offset": d[4], "len": d[5], "lease": d[6]}
+            if n == 8:
+                loc["lazy_release"] = d[7]  # (checked by `decode`)
             return self.receiver.decode(meta, loc, dtype, f.fds)
         return _inline(meta, d[3], d[4], dtype, f)
 

@@ -177,6 +177,9 @@ class ShmReceiver:
         if seg is None:
             raise ProtocolError(f"unknown segment {seg_id}")
         off, n, lease = r.get("offset"), r.get("len"), r.get("lease")
+        lazy = r.get("lazy_release", False)
+        if type(lazy) is not bool:
+            raise ProtocolError(f"lazy_release must be a boolean, got {lazy!r:.40}")
         if type(off) is not int or not (0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX):
             off = uint(off, "offset")
         if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
@@ -459,9 +462,10 @@ class ShmPool:
             off = uint(off, "offset")
         if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
             n = uint(n, "len")
-        # Only this connection's reader calls this, and only it applies releases: the
-        # lease stays granted while this runs, so it is read without the lock (the lock
-        # guards `refs`, which the fast path leaves alone).
+        # Read without the lock first (one dict read): when the slot's read-only view
+        # lives, it holds the slot itself, so the view needs no reference of its own even
+        # if the lease goes meanwhile (`revoke`, `forget_leases` on another thread).
+        # Otherwise the lease is looked up again under the lock, with the reference taken.
         entry = self.granted.get(lease)
         if entry is None:
             raise ProtocolError(f"returned lease {lease} was never granted")
@@ -474,6 +478,10 @@ class ShmPool:
         ro = ro_ref() if ro_ref is not None else None
         if ro is None:
             with self.lock:
+                # (by the slot: compiled code may box the entry tuple anew)
+                again = self.granted.get(lease)
+                if again is None or again[0] is not slot:
+                    raise ProtocolError(f"returned lease {lease} is no longer granted")
                 slot.refs += 1
         itemsize = dtype.itemsize
         try:
