@@ -8,15 +8,20 @@ loudly: they never pass without a real server.
 from __future__ import annotations
 
 import itertools
+import socket
+import threading
 import os
 import select
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from ferry_client._wire import PREAMBLE, PREFIX, WELCOME, frame
 
 REPO = Path(__file__).resolve().parents[3]
 _COUNTER = itertools.count()
@@ -188,3 +193,77 @@ def pytest_report_header() -> str:
     import ferry_client
 
     return f"ferry_client {ferry_client.__version__} from {Path(ferry_client.__file__).parent}"
+
+
+# ---- hostile servers on real sockets (for the client tests) ---------------------------
+
+
+class FakeServer:
+    """A listening socket whose one connection is handled by `script(conn)` in a thread."""
+
+    def __init__(self, script: Callable[[socket.socket], None]) -> None:
+        self.addr = unique_addr("fake")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind("\0" + self.addr.split(":", 1)[1])
+        self.sock.listen(1)
+        self.received = b""
+        self.thread = threading.Thread(target=self._run, args=(script,), daemon=True)
+        self.thread.start()
+
+    def _run(self, script: Callable[[socket.socket], None]) -> None:
+        conn, _ = self.sock.accept()
+        conn.settimeout(5)
+        try:
+            script(conn)
+            while True:  # keep what the client sends (e.g. its CLOSE)
+                data = conn.recv(65536)
+                if not data:
+                    break
+                self.received += data
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def handshake(conn: socket.socket, welcome: dict[str, Any] | None = None) -> bytes:
+    """Reads the client's preamble and HELLO, answers with a preamble and `welcome` (by
+    default: shm, no features); -> what the client sent."""
+    buf = b""
+    while len(buf) < len(PREAMBLE) + PREFIX.size:
+        buf += conn.recv(65536)
+    hlen = PREFIX.unpack_from(buf, len(PREAMBLE))[3]
+    while len(buf) < len(PREAMBLE) + PREFIX.size + hlen:
+        buf += conn.recv(65536)
+    if welcome is None:
+        welcome = {
+            "version": 1,
+            "channels": {"cpu": "shm"},
+            "limits": {},
+            "agent": "fake",
+        }
+    conn.sendall(PREAMBLE + frame(WELCOME, welcome))
+    return buf
+
+
+def read_request(conn: socket.socket) -> None:
+    buf = conn.recv(65536)
+    assert buf
+
+
+@pytest.fixture
+def fake() -> Iterator[Callable[[Callable[[socket.socket], None]], FakeServer]]:
+    servers: list[FakeServer] = []
+
+    def make(script: Callable[[socket.socket], None]) -> FakeServer:
+        s = FakeServer(script)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()

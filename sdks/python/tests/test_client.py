@@ -9,13 +9,13 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from conftest import Server, unique_addr
+from conftest import FakeServer, Server, handshake, read_request
 
 import ferry_client
 from ferry_client import (
@@ -32,7 +32,7 @@ from ferry_client import (
     f32_to_bf16,
 )
 from ferry_client import _shm
-from ferry_client._wire import CLOSE, MESSAGE, PREAMBLE, PREFIX, WELCOME, frame
+from ferry_client._wire import CLOSE, MESSAGE, PREAMBLE, WELCOME, frame
 from ferry_client.generated.demo import AsyncDemoClient, DemoClient, InvalidParamsError
 
 
@@ -223,69 +223,6 @@ def test_asyncio_client(demo: Server) -> None:
 
 
 # ---- hostile servers on real sockets ----------------------------------------------------
-
-
-class FakeServer:
-    """A listening socket whose one connection is handled by `script(conn)` in a thread."""
-
-    def __init__(self, script: Callable[[socket.socket], None]) -> None:
-        self.addr = unique_addr("fake")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind("\0" + self.addr.split(":", 1)[1])
-        self.sock.listen(1)
-        self.received = b""
-        self.thread = threading.Thread(target=self._run, args=(script,), daemon=True)
-        self.thread.start()
-
-    def _run(self, script: Callable[[socket.socket], None]) -> None:
-        conn, _ = self.sock.accept()
-        conn.settimeout(5)
-        try:
-            script(conn)
-            while True:  # keep what the client sends (e.g. its CLOSE)
-                data = conn.recv(65536)
-                if not data:
-                    break
-                self.received += data
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.thread.join(timeout=10)
-        self.sock.close()
-
-
-def handshake(conn: socket.socket) -> None:
-    """Reads the client's preamble and HELLO, answers with a preamble and WELCOME."""
-    buf = b""
-    while len(buf) < len(PREAMBLE) + PREFIX.size:
-        buf += conn.recv(65536)
-    hlen = PREFIX.unpack_from(buf, len(PREAMBLE))[3]
-    while len(buf) < len(PREAMBLE) + PREFIX.size + hlen:
-        buf += conn.recv(65536)
-    welcome = {"version": 1, "channels": {"cpu": "shm"}, "limits": {}, "agent": "fake"}
-    conn.sendall(PREAMBLE + frame(WELCOME, welcome))
-
-
-def read_request(conn: socket.socket) -> None:
-    buf = conn.recv(65536)
-    assert buf
-
-
-@pytest.fixture
-def fake() -> Iterator[Callable[[Callable[[socket.socket], None]], FakeServer]]:
-    servers: list[FakeServer] = []
-
-    def make(script: Callable[[socket.socket], None]) -> FakeServer:
-        s = FakeServer(script)
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.close()
 
 
 def test_not_a_ferry_server(fake: Callable[..., FakeServer]) -> None:

@@ -4,15 +4,14 @@ re-sent pool arrays, read in every form, and refused when malformed."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import Server
-from test_client import FakeServer, handshake, read_request
+from conftest import FakeServer, Server, handshake, read_request
 
 from ferry_client import Client, ProtocolError, _session
-from ferry_client._wire import MESSAGE, PREAMBLE, PREFIX, WELCOME, frame
+from ferry_client._wire import MESSAGE, frame
 
 
 def test_the_server_grants_compact_descriptors_and_both_directions_use_them(
@@ -67,14 +66,7 @@ def test_without_the_feature_descriptors_are_objects(
 
 
 def compact_handshake(conn: socket.socket) -> None:
-    """`handshake`, granting `compact_tensors`."""
-    buf = b""
-    while len(buf) < len(PREAMBLE) + PREFIX.size:
-        buf += conn.recv(65536)
-    hlen = PREFIX.unpack_from(buf, len(PREAMBLE))[3]
-    while len(buf) < len(PREAMBLE) + PREFIX.size + hlen:
-        buf += conn.recv(65536)
-    assert b'"features":["compact_tensors"]' in buf
+    """`handshake` on an inline connection, granting `compact_tensors`."""
     welcome = {
         "version": 1,
         "channels": {"cpu": "inline"},
@@ -82,21 +74,8 @@ def compact_handshake(conn: socket.socket) -> None:
         "agent": "fake",
         "features": ["compact_tensors"],
     }
-    conn.sendall(PREAMBLE + frame(WELCOME, welcome))
-
-
-@pytest.fixture
-def fake() -> Iterator[Callable[[Callable[[socket.socket], None]], FakeServer]]:
-    servers: list[FakeServer] = []
-
-    def make(script: Callable[[socket.socket], None]) -> FakeServer:
-        s = FakeServer(script)
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.close()
+    hello = handshake(conn, welcome)
+    assert b'"features":["compact_tensors"]' in hello
 
 
 def answer(desc: object, payload: bytes = b"") -> bytes:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from conftest import EchoPeer, Server
-from test_client import FakeServer, handshake, read_request
+from conftest import EchoPeer, FakeServer, Server, handshake, read_request
 
 from ferry_client import (
     BF16,
@@ -28,20 +27,6 @@ from ferry_client import _shm
 from ferry_client._wire import CLOSE, MESSAGE, frame
 
 Script = Callable[[socket.socket], None]
-
-
-@pytest.fixture
-def fake() -> Iterator[Callable[[Script], FakeServer]]:
-    servers: list[FakeServer] = []
-
-    def make(script: Script) -> FakeServer:
-        s = FakeServer(script)
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.close()
 
 
 def _owner(a: npt.NDArray[Any]) -> object:
