@@ -18,7 +18,7 @@ from ._cuda import cuda_array
 from ._cuda_channel import dtype_of
 from ._wire import byte_span
 from .errors import ParamsError, ProtocolError, ResultError, RpcError
-from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype
+from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype, typed_view
 
 MAX_PARAM_DEPTH = 256
 ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -206,15 +206,7 @@ def inline_tensor(value: dict[str, Any]) -> npt.NDArray[Any]:
         raise ResultError(f"malformed inline tensor: {e}") from None
     if span > len(raw) or (not strided and span != len(raw)):
         raise ResultError(f"inline tensor needs {span} bytes but has {len(raw)}")
-    shape = tuple(value["shape"])
-    buf = np.frombuffer(raw, dtype=np.uint8)
-    if strided:
-        strides = tuple(s * dtype.itemsize for s in value["strides"])
-        out: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
-            buf[:span].view(dtype), shape, strides
-        )
-        return out
-    return buf.view(dtype).reshape(shape)
+    return typed_view(np.frombuffer(raw, dtype=np.uint8), dtype, value, span, strided)
 
 
 def _resolve_ref(ref: dict[str, Any], arrays: list[npt.NDArray[Any]]) -> Any:

@@ -34,8 +34,6 @@ from ._wire import (
     MESSAGE,
     PREAMBLE,
     REFUSE,
-    SMALL_UINT,
-    U64_MAX,
     VERSION,
     WELCOME,
     Frame,
@@ -50,7 +48,7 @@ from .errors import (
     ProtocolError,
     Refused,
 )
-from .tensors import NUMPY_DTYPES
+from .tensors import NUMPY_DTYPES, typed_view
 
 __all__ = [
     "ENCODER",
@@ -472,27 +470,17 @@ def _inline(
     meta: dict[str, Any], off: object, n: object, dtype: np.dtype[Any], f: Frame
 ) -> Any:
     """An `inline` location (bytes `off..off+n` of the frame's payload) as an array."""
-    if type(off) is not int or not (0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX):
-        off = uint(off, "offset")
-    if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
-        n = uint(n, "len")
-    assert isinstance(off, int) and isinstance(n, int)
+    off = uint(off, "offset")
+    n = uint(n, "len")
     if off + n > len(f.payload):
         raise ProtocolError(
             f"range {off}+{n} is outside the payload of {len(f.payload)} bytes"
         )
     span, strided = checked_span(meta, dtype.itemsize, n)
-    shape = tuple(meta["shape"])
     if span == 0:
-        return np.empty(shape, dtype)
+        return np.empty(tuple(meta["shape"]), dtype)
     raw = np.frombuffer(f.payload, dtype=np.uint8, count=n, offset=off)
-    if strided:
-        strides = tuple(s * dtype.itemsize for s in meta["strides"])
-        strided_view: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
-            raw[:span].view(dtype), shape, strides
-        )
-        return strided_view
-    return raw.view(dtype).reshape(shape)
+    return typed_view(raw, dtype, meta, span, strided)
 
 
 def _cuda_ordinal(device: str) -> int:

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._freelist import FreeList
-from ._wire import SMALL_UINT, U64_MAX, checked_span, uint
+from ._wire import checked_span, uint
 from .errors import LimitError, ProtocolError
 
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
@@ -180,14 +180,9 @@ class ShmReceiver:
         lazy = r.get("lazy_release", False)
         if type(lazy) is not bool:
             raise ProtocolError(f"lazy_release must be a boolean, got {lazy!r:.40}")
-        if type(off) is not int or not (0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX):
-            off = uint(off, "offset")
-        if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
-            n = uint(n, "len")
-        if type(lease) is not int or not (
-            0 <= lease <= SMALL_UINT or 0 <= lease <= U64_MAX
-        ):
-            lease = uint(lease, "lease")
+        off = uint(off, "offset")
+        n = uint(n, "len")
+        lease = uint(lease, "lease")
         if off + n > len(seg):
             raise ProtocolError(
                 f"range {off}+{n} is outside segment {seg_id} of {len(seg)} bytes"
@@ -421,12 +416,7 @@ class ShmPool:
         granted = self.granted
         with self.lock:
             for raw in ids["release"]:
-                lease = (
-                    raw
-                    if type(raw) is int
-                    and (0 <= raw <= SMALL_UINT or 0 <= raw <= U64_MAX)
-                    else uint(raw, "release")
-                )
+                lease = uint(raw, "release")
                 entry = granted.pop(lease, None)
                 if entry is None:
                     raise ProtocolError(
@@ -454,14 +444,9 @@ class ShmPool:
         dtype: np.dtype[Any],
     ) -> npt.NDArray[Any]:
         """`returned` of the descriptor's three numbers (unchecked yet)."""
-        if type(lease) is not int or not (
-            0 <= lease <= SMALL_UINT or 0 <= lease <= U64_MAX
-        ):
-            lease = uint(lease, "lease")
-        if type(off) is not int or not (0 <= off <= SMALL_UINT or 0 <= off <= U64_MAX):
-            off = uint(off, "offset")
-        if type(n) is not int or not (0 <= n <= SMALL_UINT or 0 <= n <= U64_MAX):
-            n = uint(n, "len")
+        lease = uint(lease, "lease")
+        off = uint(off, "offset")
+        n = uint(n, "len")
         # Read without the lock first (one dict read): when the slot's read-only view
         # lives, it holds the slot itself, so the view needs no reference of its own even
         # if the lease goes meanwhile (`revoke`, `forget_leases` on another thread).

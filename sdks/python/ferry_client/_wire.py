@@ -31,7 +31,7 @@ MAX_DIMS = 64
 U64_MAX: Final = 2**64 - 1
 SMALL_UINT: Final = 2**62 - 1
 """The largest integer a compiled module compares without a call (mypyc's short ints):
-checks test `0 <= x <= SMALL_UINT` first and only larger values against `U64_MAX`."""
+`uint` tests `0 <= x <= SMALL_UINT` first and only larger values against its top."""
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 MAX_FDS_PER_RECV = 253
 """Linux SCM_MAX_FD: the most descriptors one recvmsg may carry."""
@@ -105,8 +105,13 @@ def loads(data: bytes | bytearray | memoryview, what: str) -> Any:
         raise ProtocolError(f"malformed {what}: {e}") from None
 
 
-def uint(value: object, what: str, top: int = U64_MAX) -> int:
-    """`value` if it is an integer in `0..=top`, else a `ProtocolError`."""
+def uint(value: object, what: str, top: int | None = None) -> int:
+    """`value` if it is an integer in `0..=top` (default `U64_MAX`), else a
+    `ProtocolError`."""
+    if top is None:
+        if type(value) is int and 0 <= value <= SMALL_UINT:
+            return value  # (the common case, without a call into the long-integer code)
+        top = U64_MAX
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
         raise ProtocolError(f"{what}: expected an integer in 0..={top}, got {value!r}")
     return value

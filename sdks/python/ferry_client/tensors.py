@@ -202,3 +202,23 @@ class Tensor:
 TensorIn = Union[npt.NDArray[Any], Tensor]
 """What a tensor param accepts: a numpy array (its dtype decides the ferry dtype) or a
 `Tensor`."""
+
+
+def typed_view(
+    buf: npt.NDArray[np.uint8],
+    dtype: np.dtype[Any],
+    meta: dict[str, Any],
+    span: int,
+    strided: bool,
+) -> npt.NDArray[Any]:
+    """`buf` (bytes from a tensor's first element, already checked against `meta` with
+    `byte_span`: `span` bytes, `strided` when `meta` has strides) as an array of `dtype`
+    and `meta`'s shape: a reshaped view, or a strided one."""
+    shape = tuple(meta["shape"])
+    if strided:
+        strides = tuple(s * dtype.itemsize for s in meta["strides"])
+        out: npt.NDArray[Any] = np.lib.stride_tricks.as_strided(
+            buf[:span].view(dtype), shape, strides
+        )
+        return out
+    return buf.view(dtype).reshape(shape)
