@@ -30,11 +30,23 @@ pub const FEATURE_COMPACT_TENSORS: &str = "compact_tensors";
 /// The protocol features this build understands, offered in HELLO and granted in WELCOME.
 pub const FEATURES: [&str; 1] = [FEATURE_COMPACT_TENSORS];
 
-/// A descriptor as it goes on the wire: the compact array when `compact` (the peer takes it)
-/// and the descriptor has one, else the object.
-pub(crate) struct DescOut<'a> {
-    pub desc: &'a TensorDesc,
+/// A message's descriptors as they go on the wire: each as the compact array when
+/// `compact` (the peer takes it) and the descriptor has one, else as the object.
+pub(crate) struct DescsOut<'a> {
+    pub descs: &'a [TensorDesc],
     pub compact: bool,
+}
+
+impl Serialize for DescsOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.descs.iter().map(|desc| DescOut { desc, compact: self.compact }))
+    }
+}
+
+/// One descriptor of [`DescsOut`].
+struct DescOut<'a> {
+    desc: &'a TensorDesc,
+    compact: bool,
 }
 
 impl Serialize for DescOut<'_> {

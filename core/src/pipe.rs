@@ -15,7 +15,7 @@ use serde::Serialize;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::channel::{ChannelSession, Committed, ControlOut, ControlSender, Incoming, Outgoing};
-use crate::compact::{DescOut, FEATURE_COMPACT_TENSORS};
+use crate::compact::{DescsOut, FEATURE_COMPACT_TENSORS};
 use crate::dtype::DeviceKind;
 use crate::endpoint::Config;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
@@ -85,13 +85,7 @@ pub struct Pipe {
 #[derive(Serialize)]
 struct HeaderRef<'a> {
     header: &'a serde_json::Value,
-    #[serde(serialize_with = "descs_out")]
-    tensors: (&'a [TensorDesc], bool),
-}
-
-/// The descriptors, compact where the peer takes it (`.1`).
-fn descs_out<S: serde::Serializer>(t: &(&[TensorDesc], bool), s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(t.0.iter().map(|desc| DescOut { desc, compact: t.1 }))
+    tensors: DescsOut<'a>,
 }
 
 impl Pipe {
@@ -182,8 +176,11 @@ impl Pipe {
             let loc = session.encode(t, out).await?;
             descs.push(TensorDesc { meta: t.meta().clone(), data: loc });
         }
-        let header = serde_json::to_vec(&HeaderRef { header: &msg.header, tensors: (&descs, self.shared.compact) })
-            .map_err(|e| PipeError::ApiMisuse(format!("header does not serialize: {e}").into()))?;
+        let header = serde_json::to_vec(&HeaderRef {
+            header: &msg.header,
+            tensors: DescsOut { descs: &descs, compact: self.shared.compact },
+        })
+        .map_err(|e| PipeError::ApiMisuse(format!("header does not serialize: {e}").into()))?;
         let (h, p, f) = (header.len() as u64, out.payload_len(), out.fd_count() as u64);
         if h > u64::from(limits.max_header_bytes) {
             return Err(peer_limit("max_header_bytes", "message header length", h, limits.max_header_bytes.into()));
