@@ -93,7 +93,9 @@ impl EndpointBuilder {
         self
     }
 
-    /// Server: refuse clients that do not present this token.
+    /// Server: refuse clients that do not present this token. Plain JSON connections
+    /// ([`EndpointBuilder::accept_foreign`]) cannot present one, so a listener that requires
+    /// a token closes them (with a JSON-RPC error line saying why) instead of serving them.
     pub fn require_token(mut self, token: impl Into<String>) -> Self {
         self.cfg.require_token = Some(token.into());
         self
@@ -373,13 +375,26 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         peer_agent: welcome.agent,
         is_server: false,
         features: welcome.features,
+        token_verified: false,
     };
     Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, (ctx.control, control_rx)))
 }
 
+/// The one line a plain JSON peer gets from a listener that requires a bearer token: a
+/// JSON-RPC error (code -32008, `UNAUTHORIZED` in ferry-rpc's table) with a null id.
+const FOREIGN_NEEDS_TOKEN: &str = "{\"jsonrpc\":\"2.0\",\"error\":{\"code\":-32008,\"message\":\"Unauthorized: this server requires a bearer token, which a plain JSON-RPC connection cannot present; use a ferry client with a token (ferry call --token, the SDKs' token option) or HTTP with Authorization: Bearer\"},\"id\":null}\n";
+
 async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Accepted, PipeError> {
     let (info, mut reader, mut writer) = halves(conn, &cfg);
     if cfg.accept_foreign && matches!(reader.peek_byte().await?, Some(b'{' | b'[')) {
+        if cfg.require_token.is_some() {
+            // A plain JSON peer has no way to present the token: tell it why, then close.
+            tracing::warn!(addr = %info.addr, "refusing a plain-JSON connection: this listener requires a bearer token");
+            let mut write = writer.into_inner();
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut write, FOREIGN_NEEDS_TOKEN.as_bytes()).await;
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut write).await;
+            return Err(PipeError::Refused(Refusal::BadToken));
+        }
         return Ok(Accepted::Foreign(ForeignConn { info, read: reader.into_inner(), write: writer.into_inner() }));
     }
     // Read first: a peer that is not ferry (plain JSON-RPC, HTTP) gets no binary reply.
@@ -436,6 +451,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
                 peer_agent: hello.agent,
                 is_server: true,
                 features: welcome.features,
+                token_verified: cfg.require_token.is_some(),
             };
             // A client that announces no limits accepts what this side accepts.
             let peer_limits = hello.limits.unwrap_or(cfg.limits);

@@ -39,6 +39,10 @@ pub struct PipeInfo {
     pub is_server: bool,
     /// The protocol features both sides use ([`crate::wire::Welcome::features`]).
     pub features: Vec<String>,
+    /// Server side: true when the endpoint requires a bearer token
+    /// ([`crate::EndpointBuilder::require_token`]) and this peer presented it. The RPC layer
+    /// uses it as the peer's identity on transports without peer credentials.
+    pub token_verified: bool,
 }
 
 struct Shared {

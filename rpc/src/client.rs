@@ -258,15 +258,38 @@ impl Client {
         Ok(self.call_raw("rpc.discover", None, Vec::new(), self.timeout).await?.0)
     }
 
-    /// Starts `method` as a task (`ferry.task.submit`); returns the task id.
+    /// Starts `method` as a task (`ferry.task.submit`); returns the task id. The task is
+    /// cancelled, and its result dropped, when this client's connection closes; see
+    /// [`Client::submit_detached`] for one that outlives it.
     pub async fn submit<P: Serialize + ?Sized>(
         &self,
         method: &str,
         params: &P,
         keep: bool,
     ) -> Result<String, CallError> {
+        self.submit_task(method, params, keep, false).await
+    }
+
+    /// Starts `method` as a detached task: it outlives this connection, and any connection
+    /// of the same identity may fetch its result until it expires.
+    pub async fn submit_detached<P: Serialize + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        keep: bool,
+    ) -> Result<String, CallError> {
+        self.submit_task(method, params, keep, true).await
+    }
+
+    async fn submit_task<P: Serialize + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        keep: bool,
+        detached: bool,
+    ) -> Result<String, CallError> {
         let (params, tensors) = encode_params(params)?;
-        let p = json!({ "method": method, "params": params, "keep": keep });
+        let p = json!({ "method": method, "params": params, "keep": keep, "detached": detached });
         let (v, t) = self.call_raw("ferry.task.submit", Some(p), tensors, self.timeout).await?;
         let s: Submitted = tensor::from_value(v, &t).map_err(|e| CallError::Result(e.to_string()))?;
         Ok(s.task)

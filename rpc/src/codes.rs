@@ -38,6 +38,9 @@ pub const TASK_PENDING: i64 = -32005;
 pub const TENSOR_ERROR: i64 = -32006;
 /// The server is shutting down (ferry).
 pub const UNAVAILABLE: i64 = -32007;
+/// The caller did not present the server's bearer token, or its request was refused before
+/// it was read (a foreign browser origin, a foreign Host, not JSON) (ferry).
+pub const UNAUTHORIZED: i64 = -32008;
 
 /// One row of the error-code table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
@@ -126,6 +129,12 @@ pub const ERROR_CODES: &[ErrorCode] = &[
         name: "UNAVAILABLE",
         message: "Unavailable",
         description: "The server is shutting down.",
+    },
+    ErrorCode {
+        code: UNAUTHORIZED,
+        name: "UNAUTHORIZED",
+        message: "Unauthorized",
+        description: "The server requires a bearer token that was not presented, or refused the request before reading it (HTTP: a browser origin not allowed, a foreign Host header, a Content-Type other than application/json).",
     },
 ];
 

@@ -29,7 +29,7 @@ use crate::jsonrpc::{self, Entry, Incoming, failure, success};
 use crate::limits::RpcLimits;
 use crate::method::{CallContext, HandlerFuture, Methods, PeerInfo, Reply, decode_params, encode_result};
 use crate::openrpc::ApiInfo;
-use crate::task::{ResultParams, SubmitParams, Submitted, TaskParams, TaskTable};
+use crate::task::{ResultParams, SubmitParams, Submitted, Submitter, TaskParams, TaskTable};
 use crate::tensor::shift_refs;
 
 /// Params of `ferry.cancel`.
@@ -71,6 +71,19 @@ pub(crate) struct Conn {
     calls: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// Cancelled when the connection ends: every call still running is cancelled.
     pub(crate) closed: CancellationToken,
+}
+
+impl Conn {
+    /// The connection ended: cancels its calls, and its tasks that are not detached.
+    pub(crate) fn end(&self) {
+        self.closed.cancel();
+        if let Some(n) = self.peer.conn {
+            let dropped = self.shared.tasks.connection_closed(n);
+            if dropped > 0 {
+                tracing::debug!(addr = %self.peer.addr, dropped, "connection closed: its tasks are cancelled");
+            }
+        }
+    }
 }
 
 /// An in-flight slot; dropping it frees the slot and forgets the call's id.
@@ -264,25 +277,29 @@ impl Conn {
             "ferry.task.submit" => {
                 let p: SubmitParams = decode_params(params, tensors)?;
                 let handler = shared.methods.get(&p.method).ok_or_else(|| ErrorObject::method_not_found(&p.method))?;
-                // The task outlives this call and its connection: its own token, no pipe.
+                // The task outlives this call (and if detached its connection): its own
+                // token, no pipe.
                 let token = CancellationToken::new();
                 let task_ctx = CallContext { peer: ctx.peer.clone(), id: None, cancel: token.clone(), pipe: None };
                 let fut = handler.call(p.params, tensors, task_ctx)?;
-                let task = shared.tasks.submit(&p.method, fut, token, p.keep, Instant::now())?;
+                let by =
+                    Submitter { owner: ctx.peer.identity.clone(), conn: if p.detached { None } else { ctx.peer.conn } };
+                let task = shared.tasks.submit(&p.method, fut, token, p.keep, by, Instant::now())?;
                 encode_result(&Submitted { task }).map(ready_ok)
             }
             "ferry.task.status" => {
                 let p: TaskParams = decode_params(params, tensors)?;
-                encode_result(&shared.tasks.status(&p.task, Instant::now())?).map(ready_ok)
+                encode_result(&shared.tasks.status(&p.task, &ctx.peer.identity, Instant::now())?).map(ready_ok)
             }
             "ferry.task.cancel" => {
                 let p: TaskParams = decode_params(params, tensors)?;
-                encode_result(&shared.tasks.cancel(&p.task, Instant::now())?).map(ready_ok)
+                encode_result(&shared.tasks.cancel(&p.task, &ctx.peer.identity, Instant::now())?).map(ready_ok)
             }
             "ferry.task.result" => {
                 let p: ResultParams = decode_params(params, tensors)?;
                 let tasks = shared.tasks.clone();
-                Ok(Box::pin(async move { tasks.result(&p.task, Duration::from_millis(p.wait_ms), p.keep).await }))
+                let who = ctx.peer.identity.clone();
+                Ok(Box::pin(async move { tasks.result(&p.task, &who, Duration::from_millis(p.wait_ms), p.keep).await }))
             }
             name => {
                 shared.methods.get(name).ok_or_else(|| ErrorObject::method_not_found(name))?.call(params, tensors, ctx)

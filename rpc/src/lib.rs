@@ -13,7 +13,8 @@
 //! - **Client** ([`Client`]): many calls in flight on one pipe, per-call timeout,
 //!   cancellation (dropping a call cancels it on the server), immediate failure when the
 //!   server goes away.
-//! - **Long calls** ([`task`]): `ferry.task.submit / status / result / cancel`.
+//! - **Long calls** ([`task`]): `ferry.task.submit / status / result / cancel`, owned by
+//!   the caller's [`Identity`].
 //! - **Discovery** ([`openrpc`]): `rpc.discover` returns an OpenRPC 1.3 document.
 //! - **Plain clients**: newline-delimited JSON on the same socket
 //!   ([`Server::serve_json`]) and, with feature `http`, HTTP POST (`Server::serve_http`).
@@ -47,8 +48,10 @@ pub mod tensor;
 pub use client::{CallError, Client};
 pub use codes::{ERROR_CODES, ErrorCode, ErrorObject};
 pub use dispatch::{CancelParams, CancelResult};
+#[cfg(feature = "http")]
+pub use http::HttpOptions;
 pub use limits::RpcLimits;
-pub use method::{CallContext, ConnKind, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
+pub use method::{CallContext, ConnKind, Identity, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
 pub use server::{Server, ServerBuilder};
 pub use task::{TaskState, TaskStatus};
 pub use tensor::{InlineTensor, RpcTensor, TensorMap};

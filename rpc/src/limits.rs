@@ -19,6 +19,10 @@ pub struct RpcLimits {
     /// Tasks (`ferry.task.submit`) held at once, running or finished and not yet fetched
     /// (default 1024).
     pub max_tasks: usize,
+    /// Tasks one identity (a local user, the token's holders, one unauthenticated
+    /// connection) may hold at once, counted like [`RpcLimits::max_tasks`] (default 256), so
+    /// that one client cannot fill the table for everyone.
+    pub max_tasks_per_identity: usize,
     /// How long a finished task's result is kept before it expires (default 10 minutes).
     pub task_ttl: Duration,
     /// The longest `wait_ms` a `ferry.task.result` may wait (default 60 s).
@@ -32,6 +36,7 @@ impl Default for RpcLimits {
             max_request_bytes: 64 << 20,
             max_batch: 1024,
             max_tasks: 1024,
+            max_tasks_per_identity: 256,
             task_ttl: Duration::from_secs(600),
             max_task_wait: Duration::from_secs(60),
         }
@@ -64,6 +69,13 @@ impl RpcLimits {
     #[must_use]
     pub fn max_tasks(mut self, n: usize) -> Self {
         self.max_tasks = n;
+        self
+    }
+
+    /// Sets [`RpcLimits::max_tasks_per_identity`].
+    #[must_use]
+    pub fn max_tasks_per_identity(mut self, n: usize) -> Self {
+        self.max_tasks_per_identity = n;
         self
     }
 

@@ -28,6 +28,42 @@ pub enum ConnKind {
     Http,
 }
 
+/// Who a caller is, for what it creates on the server (tasks): only the same identity may
+/// see, fetch or cancel them. See SECURITY.md.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Identity {
+    /// A local user, by the unix socket's peer credentials.
+    Uid(u32),
+    /// A holder of the server's bearer token (QUIC, HTTP): all holders are one identity,
+    /// as all processes of one user are.
+    Token,
+    /// One connection of a transport with neither peer credentials nor a required token
+    /// (QUIC without a token): what it creates is its own.
+    Connection(u64),
+    /// An HTTP caller on a server without a token: all of them are one identity.
+    AnonymousHttp,
+}
+
+impl Identity {
+    /// The identity of a connection: its user where the OS says, else the token when the
+    /// peer presented it, else the connection itself.
+    pub fn of_connection(uid: Option<u32>, token_verified: bool, conn: u64) -> Identity {
+        match (uid, token_verified) {
+            (Some(uid), _) => Identity::Uid(uid),
+            (None, true) => Identity::Token,
+            (None, false) => Identity::Connection(conn),
+        }
+    }
+}
+
+/// A process-unique connection number (for [`Identity::Connection`] and the tasks that
+/// die with their connection).
+pub fn next_connection_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What is known about the caller.
 #[derive(Debug, Clone)]
 pub struct PeerInfo {
@@ -44,6 +80,11 @@ pub struct PeerInfo {
     /// The channel carrying CPU tensors (`"inline"`, `"shm"`), or `"json"` for plain
     /// JSON and HTTP peers.
     pub channel: String,
+    /// Who it is (owner of the tasks it submits).
+    pub identity: Identity,
+    /// Its connection's number ([`next_connection_id`]); `None` for HTTP, whose requests
+    /// belong to no lasting connection.
+    pub conn: Option<u64>,
 }
 
 /// What a handler gets besides its params: who calls, a cancellation token, and a way to
@@ -408,6 +449,8 @@ mod tests {
                 uid: None,
                 agent: String::new(),
                 channel: "inline".into(),
+                identity: Identity::Uid(0),
+                conn: None,
             },
             CancellationToken::new(),
         )

@@ -9,8 +9,8 @@
 //! - Calls in flight per connection are bounded ([`RpcLimits::max_in_flight`]); a call over
 //!   the limit is answered at once with a limit error. A slot is freed only once its
 //!   response is written, so a peer that stops reading cannot grow the server's memory.
-//! - When a connection ends, every call still running on it is cancelled. Tasks
-//!   (`ferry.task.*`) are not: they belong to the server.
+//! - When a connection ends, every call still running on it is cancelled, and so are the
+//!   tasks (`ferry.task.*`) it submitted, unless they were submitted `detached`.
 
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Waker};
@@ -25,7 +25,7 @@ use crate::codes::ErrorObject;
 use crate::dispatch::{Conn, Shared};
 use crate::jsonrpc::failure;
 use crate::limits::RpcLimits;
-use crate::method::{ConnKind, Methods, PeerInfo, Reply};
+use crate::method::{ConnKind, Identity, Methods, PeerInfo, Reply, next_connection_id};
 use crate::openrpc::ApiInfo;
 use crate::task::TaskTable;
 use crate::tensor::refs_to_inline;
@@ -167,6 +167,7 @@ impl Server {
     /// Serves one ferry pipe until it closes.
     pub async fn serve_pipe(&self, pipe: Pipe) {
         let info = pipe.info();
+        let n = next_connection_id();
         let peer = PeerInfo {
             kind: ConnKind::Pipe,
             addr: info.conn.addr.clone(),
@@ -174,6 +175,8 @@ impl Server {
             uid: info.conn.peer_uid,
             agent: info.peer_agent.clone(),
             channel: pipe.channel().to_owned(),
+            identity: Identity::of_connection(info.conn.peer_uid, info.token_verified, n),
+            conn: Some(n),
         };
         let pipe = Arc::new(pipe);
         let conn = Conn::new(self.shared.clone(), peer, Some(pipe.clone()));
@@ -200,6 +203,7 @@ impl Server {
     /// until the peer closes it. Requests are read while earlier ones run.
     pub async fn serve_json(&self, fc: ForeignConn) {
         let ForeignConn { info, mut read, mut write } = fc;
+        let n = next_connection_id();
         let peer = PeerInfo {
             kind: ConnKind::Json,
             addr: info.addr.clone(),
@@ -207,6 +211,8 @@ impl Server {
             uid: info.peer_uid,
             agent: String::new(),
             channel: "json".into(),
+            identity: Identity::of_connection(info.peer_uid, false, n),
+            conn: Some(n),
         };
         let conn = Conn::new(self.shared.clone(), peer, None);
         let max = self.shared.limits.max_request_bytes;
@@ -260,7 +266,7 @@ impl Server {
             _ = writer => {}
             _ = self.shutdown.cancelled() => {}
         }
-        conn.closed.cancel();
+        conn.end();
     }
 
     /// Answers one plain JSON-RPC text (a request or a batch) as a plain JSON peer would
@@ -271,7 +277,7 @@ impl Server {
             Err(e) => Some(Reply { value: failure(Value::Null, ErrorObject::parse_error(e)), tensors: Vec::new() }),
             Ok(v) => conn.start(v, Vec::new()).await.reply,
         };
-        conn.closed.cancel();
+        conn.end();
         reply.map(|r| {
             let mut line = inline_line(r);
             line.pop();
@@ -290,7 +296,7 @@ struct EndServing {
 impl Drop for EndServing {
     fn drop(&mut self) {
         self.pipe.clear_handler();
-        self.conn.closed.cancel();
+        self.conn.end();
     }
 }
 

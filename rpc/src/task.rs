@@ -1,17 +1,26 @@
 //! Long calls: `ferry.task.submit / status / result / cancel`, over a bounded table whose
 //! finished entries expire.
 //!
-//! - `submit {method, params, keep?}` checks the method and decodes its params at once
-//!   (errors come back immediately), then runs the call detached from the connection and
-//!   returns `{"task": id}`. The table holds at most [`RpcLimits::max_tasks`] tasks.
+//! - `submit {method, params, keep?, detached?}` checks the method and decodes its params
+//!   at once (errors come back immediately), then runs the call and returns `{"task": id}`.
+//!   The id is 128 random bits: unguessable. The table holds at most
+//!   [`RpcLimits::max_tasks`] tasks, and one identity at most
+//!   [`RpcLimits::max_tasks_per_identity`] (cancelled tasks count toward neither).
+//! - A task belongs to the [`Identity`] that submitted it. `status`, `result` and `cancel`
+//!   from any other identity answer exactly as for an unknown id.
+//! - A task belongs to its connection too: when that connection closes, its running tasks
+//!   are cancelled and its finished results (and the shared memory they hold) dropped,
+//!   unless it was submitted with `detached: true` (tasks submitted over HTTP always are:
+//!   an HTTP request is its own connection). Detached tasks live until fetched or expired.
 //! - `status {task}` returns `{task, method, state, elapsed_ms}`; `state` is `running`,
 //!   `done`, `failed` or `cancelled`.
 //! - `result {task, wait_ms?, keep?}` waits up to `wait_ms` (at most
 //!   [`RpcLimits::max_task_wait`]) and returns the call's own result (or its error). A
 //!   result is fetched once and then forgotten, unless `keep` was set at submit or here.
 //!   Still running: error `TASK_PENDING`.
-//! - `cancel {task}` cancels a running task (its handler future is dropped) and returns its
-//!   status.
+//! - `cancel {task}` cancels a running task and returns its status at once: the task's
+//!   handler future is dropped, and its slot is free even if the handler is stuck in code
+//!   that never returns to the runtime.
 //! - A finished task is forgotten [`RpcLimits::task_ttl`] after it finished.
 //!
 //! The table is plain code over a mutex; time is passed in (`now`) so tests need no clock.
@@ -28,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::codes::{CANCELLED, ErrorObject, TASK_NOT_FOUND, TASK_PENDING};
 use crate::limits::RpcLimits;
-use crate::method::{HandlerFuture, Reply};
+use crate::method::{HandlerFuture, Identity, Reply};
 
 /// Params of `ferry.task.submit`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -41,6 +50,10 @@ pub struct SubmitParams {
     /// Keep the result after it is fetched (until it expires).
     #[serde(default)]
     pub keep: bool,
+    /// Let the task outlive the connection that submitted it (until fetched or expired).
+    /// Without it, closing the connection cancels the task and drops its result.
+    #[serde(default)]
+    pub detached: bool,
 }
 
 /// Result of `ferry.task.submit`.
@@ -106,6 +119,9 @@ enum Outcome {
 
 struct Task {
     method: String,
+    owner: Identity,
+    /// The connection it dies with (`None`: detached).
+    conn: Option<u64>,
     outcome: Outcome,
     token: CancellationToken,
     started: Instant,
@@ -144,20 +160,68 @@ pub struct TaskTable {
 
 struct Inner {
     tasks: HashMap<String, Task>,
-    next: u64,
-    salt: u64,
+}
+
+impl Inner {
+    /// Tasks that count toward the limits (all but cancelled ones), in all and of `who`.
+    fn counts(&self, who: &Identity) -> (usize, usize) {
+        let live = self.tasks.values().filter(|t| !matches!(t.outcome, Outcome::Cancelled));
+        live.fold((0, 0), |(all, mine), t| (all + 1, mine + usize::from(&t.owner == who)))
+    }
+
+    /// `who`'s task `id`; another identity's task is not found, exactly like a missing one.
+    fn get(&self, id: &str, who: &Identity) -> Result<&Task, ErrorObject> {
+        self.tasks.get(id).filter(|t| &t.owner == who).ok_or_else(|| not_found(id))
+    }
+
+    fn get_mut(&mut self, id: &str, who: &Identity) -> Result<&mut Task, ErrorObject> {
+        self.tasks.get_mut(id).filter(|t| &t.owner == who).ok_or_else(|| not_found(id))
+    }
+
+    /// Keeps at most `max` cancelled records (the oldest go first): they count toward no
+    /// limit, but must not grow the table without bound.
+    fn trim_cancelled(&mut self, max: usize) {
+        let mut cancelled: Vec<(Instant, String)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| matches!(t.outcome, Outcome::Cancelled))
+            .map(|(id, t)| (t.finished.unwrap_or(t.started), id.clone()))
+            .collect();
+        if cancelled.len() > max {
+            cancelled.sort();
+            let over = cancelled.len() - max;
+            for (_, id) in cancelled.into_iter().take(over) {
+                self.tasks.remove(&id);
+            }
+        }
+    }
+}
+
+/// A fresh task id: 128 random bits from the OS, in hex.
+fn new_id() -> Result<String, ErrorObject> {
+    let mut b = [0u8; 16];
+    getrandom::getrandom(&mut b).map_err(|e| ErrorObject::internal(format!("no randomness for a task id: {e}")))?;
+    Ok(format!("t{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
 }
 
 fn not_found(id: &str) -> ErrorObject {
     ErrorObject::new(TASK_NOT_FOUND, format!("Task not found: {id:?} (never submitted, already fetched, or expired)"))
 }
 
+/// Who submits a task and where: its owner, and the connection it dies with (`None`:
+/// detached).
+#[derive(Debug, Clone)]
+pub struct Submitter {
+    /// The owner.
+    pub owner: Identity,
+    /// The connection it is cancelled with, unless detached.
+    pub conn: Option<u64>,
+}
+
 impl TaskTable {
     /// An empty table.
     pub fn new(limits: RpcLimits) -> TaskTable {
-        use std::hash::{BuildHasher, Hasher};
-        let salt = std::collections::hash_map::RandomState::new().build_hasher().finish();
-        TaskTable { inner: Arc::new(Mutex::new(Inner { tasks: HashMap::new(), next: 1, salt })), limits }
+        TaskTable { inner: Arc::new(Mutex::new(Inner { tasks: HashMap::new() })), limits }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -169,7 +233,7 @@ impl TaskTable {
         inner.tasks.retain(|_, t| t.finished.is_none_or(|f| now.saturating_duration_since(f) < ttl));
     }
 
-    /// Number of tasks held.
+    /// Number of tasks held (cancelled records included).
     pub fn len(&self) -> usize {
         self.lock().tasks.len()
     }
@@ -179,33 +243,44 @@ impl TaskTable {
         self.len() == 0
     }
 
-    /// Starts `fut` (a call already decoded) as a task and returns its id. `token` must be
-    /// the one the call's context watches.
+    /// Starts `fut` (a call already decoded) as a task of `by` and returns its id. `token`
+    /// must be the one the call's context watches.
     pub fn submit(
         &self,
         method: &str,
         fut: HandlerFuture,
         token: CancellationToken,
         keep: bool,
+        by: Submitter,
         now: Instant,
     ) -> Result<String, ErrorObject> {
         let (done_tx, done) = watch::channel(false);
         let id = {
             let mut inner = self.lock();
             Self::purge(&mut inner, self.limits.task_ttl, now);
-            if inner.tasks.len() >= self.limits.max_tasks {
+            inner.trim_cancelled(self.limits.max_tasks);
+            let (all, mine) = inner.counts(&by.owner);
+            if mine >= self.limits.max_tasks_per_identity {
+                return Err(ErrorObject::limit(
+                    "max_tasks_per_identity",
+                    "tasks held by this caller's identity (running, or finished and not fetched)",
+                    mine as u64 + 1,
+                    self.limits.max_tasks_per_identity as u64,
+                ));
+            }
+            if all >= self.limits.max_tasks {
                 return Err(ErrorObject::limit(
                     "max_tasks",
                     "tasks held (running, or finished and not fetched)",
-                    inner.tasks.len() as u64 + 1,
+                    all as u64 + 1,
                     self.limits.max_tasks as u64,
                 ));
             }
-            let n = inner.next;
-            inner.next += 1;
-            let id = format!("t{n}-{:08x}", (inner.salt ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) as u32);
+            let id = new_id()?;
             let task = Task {
                 method: method.to_owned(),
+                owner: by.owner,
+                conn: by.conn,
                 outcome: Outcome::Running,
                 token: token.clone(),
                 started: now,
@@ -243,18 +318,19 @@ impl TaskTable {
         }
     }
 
-    /// The status of a task.
-    pub fn status(&self, id: &str, now: Instant) -> Result<TaskStatus, ErrorObject> {
+    /// The status of `who`'s task.
+    pub fn status(&self, id: &str, who: &Identity, now: Instant) -> Result<TaskStatus, ErrorObject> {
         let mut inner = self.lock();
         Self::purge(&mut inner, self.limits.task_ttl, now);
-        inner.tasks.get(id).map(|t| t.status(id, now)).ok_or_else(|| not_found(id))
+        inner.get(id, who).map(|t| t.status(id, now))
     }
 
-    /// Cancels a task (no effect once it has finished) and returns its status.
-    pub fn cancel(&self, id: &str, now: Instant) -> Result<TaskStatus, ErrorObject> {
+    /// Cancels `who`'s task (no effect once it has finished) and returns its status. The
+    /// task stops counting toward the limits at once, whatever its handler does.
+    pub fn cancel(&self, id: &str, who: &Identity, now: Instant) -> Result<TaskStatus, ErrorObject> {
         let mut inner = self.lock();
         Self::purge(&mut inner, self.limits.task_ttl, now);
-        let t = inner.tasks.get_mut(id).ok_or_else(|| not_found(id))?;
+        let t = inner.get_mut(id, who)?;
         if matches!(t.outcome, Outcome::Running) {
             t.token.cancel();
             t.outcome = Outcome::Cancelled;
@@ -263,25 +339,40 @@ impl TaskTable {
         Ok(t.status(id, now))
     }
 
-    /// The result of a task, waiting up to `wait` (capped) for it to finish.
-    pub async fn result(&self, id: &str, wait: Duration, keep: bool) -> Result<Reply, ErrorObject> {
+    /// The connection `conn` closed: its tasks that are not detached are cancelled and
+    /// forgotten, with their results. Returns how many.
+    pub fn connection_closed(&self, conn: u64) -> usize {
+        let mut inner = self.lock();
+        let before = inner.tasks.len();
+        inner.tasks.retain(|_, t| {
+            let dies = t.conn == Some(conn);
+            if dies {
+                t.token.cancel();
+            }
+            !dies
+        });
+        before - inner.tasks.len()
+    }
+
+    /// The result of `who`'s task, waiting up to `wait` (capped) for it to finish.
+    pub async fn result(&self, id: &str, who: &Identity, wait: Duration, keep: bool) -> Result<Reply, ErrorObject> {
         let done = {
             let mut inner = self.lock();
             Self::purge(&mut inner, self.limits.task_ttl, Instant::now());
-            inner.tasks.get(id).map(|t| t.done.clone()).ok_or_else(|| not_found(id))?
+            inner.get(id, who)?.done.clone()
         };
         let wait = wait.min(self.limits.max_task_wait);
         if !wait.is_zero() {
             let mut done = done;
             let _ = tokio::time::timeout(wait, done.wait_for(|d| *d)).await;
         }
-        self.take(id, keep, Instant::now())
+        self.take(id, who, keep, Instant::now())
     }
 
-    /// The result of a finished task, now (sans-IO part of [`TaskTable::result`]).
-    pub fn take(&self, id: &str, keep: bool, now: Instant) -> Result<Reply, ErrorObject> {
+    /// The result of `who`'s finished task, now (sans-IO part of [`TaskTable::result`]).
+    pub fn take(&self, id: &str, who: &Identity, keep: bool, now: Instant) -> Result<Reply, ErrorObject> {
         let mut inner = self.lock();
-        let t = inner.tasks.get(id).ok_or_else(|| not_found(id))?;
+        let t = inner.get(id, who)?;
         let r = match &t.outcome {
             Outcome::Running => {
                 return Err(ErrorObject::new(
@@ -309,17 +400,31 @@ mod tests {
 
     use super::*;
 
+    const A: Identity = Identity::Uid(1000);
+    const B: Identity = Identity::Uid(1001);
+
     fn ready(v: Value) -> HandlerFuture {
         Box::pin(async move { Ok(Reply { value: v, tensors: Vec::new() }) })
+    }
+
+    fn forever() -> HandlerFuture {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(Reply::default())
+        })
+    }
+
+    fn by(owner: Identity, conn: Option<u64>) -> Submitter {
+        Submitter { owner, conn }
     }
 
     fn table(max: usize) -> TaskTable {
         TaskTable::new(RpcLimits::default().max_tasks(max).task_ttl(Duration::from_secs(10)))
     }
 
-    async fn settle(t: &TaskTable, id: &str) {
+    async fn settle(t: &TaskTable, id: &str, who: &Identity) {
         for _ in 0..200 {
-            if t.status(id, Instant::now()).map(|s| s.state != TaskState::Running).unwrap_or(true) {
+            if t.status(id, who, Instant::now()).map(|s| s.state != TaskState::Running).unwrap_or(true) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -331,45 +436,113 @@ mod tests {
     async fn fetched_once_unless_kept() {
         let t = table(4);
         let now = Instant::now();
-        let a = t.submit("m", ready(json!(1)), CancellationToken::new(), false, now).unwrap();
-        let b = t.submit("m", ready(json!(2)), CancellationToken::new(), true, now).unwrap();
-        settle(&t, &a).await;
-        settle(&t, &b).await;
-        assert_eq!(t.take(&a, false, Instant::now()).unwrap().value, json!(1));
-        assert_eq!(t.take(&a, false, Instant::now()).unwrap_err().code, TASK_NOT_FOUND);
-        assert_eq!(t.take(&b, false, Instant::now()).unwrap().value, json!(2));
-        assert_eq!(t.take(&b, false, Instant::now()).unwrap().value, json!(2));
+        let a = t.submit("m", ready(json!(1)), CancellationToken::new(), false, by(A, None), now).unwrap();
+        let b = t.submit("m", ready(json!(2)), CancellationToken::new(), true, by(A, None), now).unwrap();
+        settle(&t, &a, &A).await;
+        settle(&t, &b, &A).await;
+        assert_eq!(t.take(&a, &A, false, Instant::now()).unwrap().value, json!(1));
+        assert_eq!(t.take(&a, &A, false, Instant::now()).unwrap_err().code, TASK_NOT_FOUND);
+        assert_eq!(t.take(&b, &A, false, Instant::now()).unwrap().value, json!(2));
+        assert_eq!(t.take(&b, &A, false, Instant::now()).unwrap().value, json!(2));
     }
 
     #[tokio::test]
     async fn bounded_and_expiring() {
         let t = table(1);
         let now = Instant::now();
-        let a = t.submit("m", ready(json!(1)), CancellationToken::new(), true, now).unwrap();
-        settle(&t, &a).await;
-        let e = t.submit("m", ready(json!(2)), CancellationToken::new(), false, now).unwrap_err();
+        let a = t.submit("m", ready(json!(1)), CancellationToken::new(), true, by(A, None), now).unwrap();
+        settle(&t, &a, &A).await;
+        let e = t.submit("m", ready(json!(2)), CancellationToken::new(), false, by(B, None), now).unwrap_err();
         assert!(e.message.contains("max_tasks"), "{}", e.message);
         // Eleven seconds later the finished task has expired and there is room again.
         let later = Instant::now() + Duration::from_secs(11);
-        assert_eq!(t.status(&a, later).unwrap_err().code, TASK_NOT_FOUND);
-        t.submit("m", ready(json!(2)), CancellationToken::new(), false, later).unwrap();
+        assert_eq!(t.status(&a, &A, later).unwrap_err().code, TASK_NOT_FOUND);
+        t.submit("m", ready(json!(2)), CancellationToken::new(), false, by(A, None), later).unwrap();
     }
 
     #[tokio::test]
     async fn pending_and_cancelled() {
         let t = table(4);
         let token = CancellationToken::new();
-        let slow: HandlerFuture = Box::pin(async {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            Ok(Reply::default())
-        });
-        let id = t.submit("sleep", slow, token.clone(), false, Instant::now()).unwrap();
-        assert_eq!(t.take(&id, false, Instant::now()).unwrap_err().code, TASK_PENDING);
-        let r = tokio::time::timeout(Duration::from_secs(5), t.result(&id, Duration::from_millis(20), false)).await;
+        let id = t.submit("sleep", forever(), token.clone(), false, by(A, None), Instant::now()).unwrap();
+        assert_eq!(t.take(&id, &A, false, Instant::now()).unwrap_err().code, TASK_PENDING);
+        let r = tokio::time::timeout(Duration::from_secs(5), t.result(&id, &A, Duration::from_millis(20), false)).await;
         assert_eq!(r.unwrap().unwrap_err().code, TASK_PENDING);
-        let s = t.cancel(&id, Instant::now()).unwrap();
+        let s = t.cancel(&id, &A, Instant::now()).unwrap();
         assert_eq!(s.state, TaskState::Cancelled);
         assert!(token.is_cancelled());
-        assert_eq!(t.take(&id, false, Instant::now()).unwrap_err().code, CANCELLED);
+        assert_eq!(t.take(&id, &A, false, Instant::now()).unwrap_err().code, CANCELLED);
+    }
+
+    #[tokio::test]
+    async fn ids_are_random_128_bit_hex() {
+        let t = table(8);
+        let ids: Vec<String> = (0..4)
+            .map(|_| t.submit("m", forever(), CancellationToken::new(), false, by(A, None), Instant::now()).unwrap())
+            .collect();
+        for id in &ids {
+            assert_eq!(id.len(), 33, "{id}");
+            assert!(id[1..].chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        }
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+    }
+
+    #[tokio::test]
+    async fn another_identity_sees_nothing() {
+        let t = table(8);
+        let token = CancellationToken::new();
+        let id = t.submit("m", forever(), token.clone(), false, by(A, None), Instant::now()).unwrap();
+        let unknown = t.status("t00000000000000000000000000000000", &B, Instant::now()).unwrap_err();
+        for e in [
+            t.status(&id, &B, Instant::now()).unwrap_err(),
+            t.cancel(&id, &B, Instant::now()).unwrap_err(),
+            t.take(&id, &B, false, Instant::now()).unwrap_err(),
+        ] {
+            assert_eq!(e.code, unknown.code);
+            assert_eq!(
+                e.message.replace(&id, "ID"),
+                unknown.message.replace("t00000000000000000000000000000000", "ID")
+            );
+        }
+        assert!(!token.is_cancelled(), "B cancelled A's task");
+        assert_eq!(t.status(&id, &A, Instant::now()).unwrap().state, TaskState::Running);
+    }
+
+    #[tokio::test]
+    async fn per_identity_quota_and_cancel_frees_at_once() {
+        let t = TaskTable::new(RpcLimits::default().max_tasks(8).max_tasks_per_identity(2));
+        let now = Instant::now();
+        let a1 = t.submit("m", forever(), CancellationToken::new(), false, by(A, None), now).unwrap();
+        t.submit("m", forever(), CancellationToken::new(), false, by(A, None), now).unwrap();
+        let e = t.submit("m", forever(), CancellationToken::new(), false, by(A, None), now).unwrap_err();
+        assert!(e.message.contains("max_tasks_per_identity"), "{}", e.message);
+        // Others are not affected.
+        t.submit("m", forever(), CancellationToken::new(), false, by(B, None), now).unwrap();
+        // A handler that ignores cancellation (a future that never yields its slot) still
+        // frees the slot at once.
+        t.cancel(&a1, &A, now).unwrap();
+        t.submit("m", forever(), CancellationToken::new(), false, by(A, None), now).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_takes_its_tasks_along() {
+        let t = table(8);
+        let now = Instant::now();
+        let (k1, k2) = (CancellationToken::new(), CancellationToken::new());
+        let mine = t.submit("m", forever(), k1.clone(), false, by(A, Some(7)), now).unwrap();
+        let done = t.submit("m", ready(json!(1)), CancellationToken::new(), false, by(A, Some(7)), now).unwrap();
+        let detached = t.submit("m", forever(), k2.clone(), false, by(A, None), now).unwrap();
+        let other = t.submit("m", forever(), CancellationToken::new(), false, by(A, Some(8)), now).unwrap();
+        settle(&t, &done, &A).await;
+        assert_eq!(t.connection_closed(7), 2);
+        assert!(k1.is_cancelled());
+        assert!(!k2.is_cancelled());
+        for gone in [&mine, &done] {
+            assert_eq!(t.status(gone, &A, Instant::now()).unwrap_err().code, TASK_NOT_FOUND);
+        }
+        for kept in [&detached, &other] {
+            assert_eq!(t.status(kept, &A, Instant::now()).unwrap().state, TaskState::Running);
+        }
     }
 }

@@ -311,11 +311,20 @@ async fn tasks_lifecycle() {
     t(c.task_cancel(&third)).await.unwrap();
     let e = t(c.task_result::<u64>(&slow, Duration::ZERO)).await.unwrap_err();
     assert_eq!(e.code(), Some(CANCELLED));
-    // Tasks outlive the connection that submitted them.
-    let id = t(c.submit("sleep", &Sleep { ms: 200 }, false)).await.unwrap();
+    // Detached tasks outlive the connection that submitted them; the others are cancelled
+    // with it, their results dropped.
+    let id = t(c.submit_detached("sleep", &Sleep { ms: 200 }, false)).await.unwrap();
+    let gone = t(c.submit("sleep", &Sleep { ms: 200 }, true)).await.unwrap();
     c.close().await;
     let c2 = client(&fx.addr).await;
     assert_eq!(t(c2.task_result::<u64>(&id, Duration::from_secs(5))).await.unwrap(), 200);
+    for _ in 0..200 {
+        if t(c2.task_status(&gone)).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(t(c2.task_status(&gone)).await.unwrap_err().code(), Some(TASK_NOT_FOUND));
     // Submit checks the method and params at once.
     assert_eq!(t(c2.submit("nope", &(), false)).await.unwrap_err().code(), Some(METHOD_NOT_FOUND));
     assert_eq!(t(c2.submit("add", &("x",), false)).await.unwrap_err().code(), Some(-32602));

@@ -35,6 +35,8 @@ fn peer() -> PeerInfo {
         uid: None,
         agent: String::new(),
         channel: "json".into(),
+        identity: ferry_rpc::Identity::AnonymousHttp,
+        conn: None,
     }
 }
 

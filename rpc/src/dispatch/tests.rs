@@ -36,6 +36,8 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
         uid: None,
         agent: String::new(),
         channel: "json".into(),
+        identity: crate::method::Identity::Uid(0),
+        conn: Some(1),
     };
     Conn::new(shared, peer, None)
 }
