@@ -39,30 +39,83 @@ pub fn default_workers(busy_poll: Duration) -> usize {
     if busy_poll.is_zero() { cpus } else { (cpus / 2).max(1) }
 }
 
+/// Who may call `ferry serve`: its `--token`, `--allow-unauthenticated`,
+/// `--http-allow-origin` and `--http-allow-host` (threat model in SECURITY.md).
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// Every client must present this bearer token: ferry clients in their handshake
+    /// (QUIC, unix), HTTP callers as `Authorization: Bearer TOKEN`. Plain JSON-RPC
+    /// connections on the socket cannot present one and are then refused.
+    pub token: Option<String>,
+    /// Serve a non-loopback QUIC or HTTP address without a token.
+    pub allow_unauthenticated: bool,
+    /// Browser origins allowed to call over HTTP.
+    pub http_allow_origins: Vec<String>,
+    /// Extra host names allowed in HTTP `Host` headers.
+    pub http_allow_hosts: Vec<String>,
+}
+
+impl Access {
+    /// Checks what a listener on `what` (`QUIC address ...`, `--http ...`) bound to `ip`
+    /// may do without a token: refused off loopback unless `allow_unauthenticated`, warned
+    /// about on loopback.
+    fn check_unauthenticated(&self, what: &str, ip: std::net::IpAddr) -> anyhow::Result<()> {
+        if self.token.is_some() {
+            return Ok(());
+        }
+        if !ip.is_loopback() && !self.allow_unauthenticated {
+            bail!(
+                "{what} is reachable from other hosts and no token is set: anyone who can reach it could call \
+                 every method. Give a token (--token TOKEN or the FERRY_TOKEN environment variable) or, if that \
+                 is really what you want, --allow-unauthenticated"
+            );
+        }
+        if ip.is_loopback() {
+            eprintln!(
+                "ferry serve: warning: {what} has no token: any local user can call it (--token TOKEN or \
+                 FERRY_TOKEN to require one)"
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Serves `api` (the demo API unless told otherwise) on `addr` (ferry pipes and plain
 /// JSON-RPC on the same socket) and, if `http` is given (`HOST:PORT`, feature `http`), over
 /// HTTP POST, until interrupted. Prints `listening on ADDR` (and `http on http://HOST:PORT`)
 /// to stdout once ready. Ferry connections busy-poll for `busy_poll` after each
-/// answer ([`crate::EndpointBuilder::busy_poll`]).
+/// answer ([`crate::EndpointBuilder::busy_poll`]). `access` says who may call.
 pub async fn serve(
     addr: &str,
     http: Option<&str>,
     api: crate::sdk::Api,
     busy_poll: std::time::Duration,
+    access: &Access,
 ) -> anyhow::Result<()> {
+    if access.token.as_deref() == Some("") {
+        bail!("the token is empty: give a non-empty --token (or FERRY_TOKEN)");
+    }
     let server = api.server();
-    let listener = crate::endpoint()
-        .accept_foreign(true)
-        .busy_poll(busy_poll)
-        .build()
-        .listen(addr)
-        .await
-        .with_context(|| format!("listening on {addr}"))?;
+    let mut ep = crate::endpoint().accept_foreign(true).busy_poll(busy_poll);
+    if let Some(t) = &access.token {
+        ep = ep.require_token(t.clone());
+    }
+    // Checked before listening where the address says (a name is checked once resolved).
+    let given = quic_ip(addr);
+    if let Some(ip) = given {
+        access.check_unauthenticated(&format!("QUIC address {addr}"), ip)?;
+    }
+    let listener = ep.build().listen(addr).await.with_context(|| format!("listening on {addr}"))?;
+    if given.is_none()
+        && let Some(ip) = quic_ip(&listener.local_addr().to_string())
+    {
+        access.check_unauthenticated(&format!("QUIC address {addr}"), ip)?;
+    }
     // The real address: a port the OS chose, and for QUIC the fingerprint clients pin.
     println!("listening on {}", listener.local_addr());
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(h) = http {
-        start_http(&server, h, &mut tasks).await?;
+        start_http(&server, h, access, &mut tasks).await?;
     }
     {
         use std::io::Write;
@@ -86,6 +139,13 @@ pub async fn serve(
     // Returning drops the listener, which removes a socket file.
 }
 
+/// The IP address a `quic://HOST:PORT#...` listener is bound to.
+fn quic_ip(addr: &str) -> Option<std::net::IpAddr> {
+    let rest = addr.strip_prefix("quic://")?;
+    let hostport = rest.split('#').next()?;
+    hostport.parse::<std::net::SocketAddr>().ok().map(|a| a.ip())
+}
+
 /// Ctrl-C (SIGINT) or, on unix, SIGTERM.
 async fn stop_signal() -> anyhow::Result<()> {
     #[cfg(unix)]
@@ -106,22 +166,44 @@ async fn stop_signal() -> anyhow::Result<()> {
 async fn start_http(
     server: &Server,
     http: &str,
+    access: &Access,
     tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     let l = tokio::net::TcpListener::bind(http).await.with_context(|| format!("binding {http}"))?;
-    println!("http on http://{}", l.local_addr()?);
+    let bound = l.local_addr()?;
+    access.check_unauthenticated(&format!("--http {http}"), bound.ip())?;
+    let mut opts = ferry_rpc::HttpOptions::default();
+    if let Some(t) = &access.token {
+        opts = opts.token(t.clone());
+    }
+    for o in &access.http_allow_origins {
+        opts = opts.allow_origin(o.clone());
+    }
+    for h in &access.http_allow_hosts {
+        opts = opts.allow_host(h.clone());
+    }
+    println!("http on http://{bound}");
     let s = server.clone();
-    tasks.spawn(async move { s.serve_http(l).await.map_err(anyhow::Error::from) });
+    tasks.spawn(async move { s.serve_http_with(l, opts).await.map_err(anyhow::Error::from) });
     Ok(())
 }
 
 #[cfg(not(feature = "http"))]
-async fn start_http(_: &Server, _: &str, _: &mut tokio::task::JoinSet<anyhow::Result<()>>) -> anyhow::Result<()> {
-    bail!("--http needs ferry built with the `http` feature (cargo install ferry --features http)")
+async fn start_http(
+    _: &Server,
+    _: &str,
+    _: &Access,
+    _: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    bail!("--http needs ferry built with the `http` feature (in this workspace: cargo build -p ferry --features http)")
 }
 
-async fn client(addr: &str, timeout: Duration) -> anyhow::Result<Client> {
-    let pipe = crate::endpoint().build().connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+async fn client(addr: &str, token: Option<&str>, timeout: Duration) -> anyhow::Result<Client> {
+    let mut ep = crate::endpoint();
+    if let Some(t) = token {
+        ep = ep.token(t);
+    }
+    let pipe = ep.build().connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
     Ok(Client::new(pipe).with_timeout(Some(timeout)))
 }
 
@@ -137,8 +219,15 @@ fn explain(e: CallError) -> anyhow::Error {
 }
 
 /// Calls `method` with `params` (JSON text: an object or an array, or empty for none) and
-/// returns the result with every tensor replaced by a one-line summary.
-pub async fn call(addr: &str, method: &str, params: Option<&str>, timeout: Duration) -> anyhow::Result<Value> {
+/// returns the result with every tensor replaced by a one-line summary. `token`: the bearer
+/// token to present, if the server requires one.
+pub async fn call(
+    addr: &str,
+    method: &str,
+    params: Option<&str>,
+    token: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<Value> {
     let params = match params.map(str::trim).filter(|p| !p.is_empty()) {
         None => None,
         Some(text) => match serde_json::from_str::<Value>(text).context("params are not valid JSON")? {
@@ -147,7 +236,7 @@ pub async fn call(addr: &str, method: &str, params: Option<&str>, timeout: Durat
             other => bail!("params must be a JSON object (by name) or array (by position), not {other}"),
         },
     };
-    let c = client(addr, timeout).await?;
+    let c = client(addr, token, timeout).await?;
     let channel = c.pipe().channel().to_owned();
     let (mut v, tensors) = c.call_raw(method, params, Vec::new(), Some(timeout)).await.map_err(explain)?;
     c.close().await;
@@ -161,9 +250,9 @@ pub async fn call(addr: &str, method: &str, params: Option<&str>, timeout: Durat
     Ok(v)
 }
 
-/// The server's OpenRPC document.
-pub async fn discover(addr: &str, timeout: Duration) -> anyhow::Result<Value> {
-    let c = client(addr, timeout).await?;
+/// The server's OpenRPC document (`token`: as for [`call`]).
+pub async fn discover(addr: &str, token: Option<&str>, timeout: Duration) -> anyhow::Result<Value> {
+    let c = client(addr, token, timeout).await?;
     let doc = c.discover().await.map_err(explain)?;
     c.close().await;
     Ok(doc)

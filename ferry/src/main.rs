@@ -76,6 +76,22 @@ enum Cmd {
         /// 1024.
         #[arg(long, value_name = "N")]
         workers: Option<usize>,
+        /// Require this bearer token from every client: ferry clients (QUIC, unix) present it
+        /// in their handshake, HTTP callers as `Authorization: Bearer TOKEN`. Plain JSON-RPC
+        /// connections on the socket cannot, and are refused.
+        #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Serve a QUIC or `--http` address reachable from other hosts without a token.
+        #[arg(long)]
+        allow_unauthenticated: bool,
+        /// A browser origin (e.g. `https://app.example`) allowed to call over HTTP; requests
+        /// with any other `Origin` are refused (repeatable).
+        #[arg(long, value_name = "ORIGIN")]
+        http_allow_origin: Vec<String>,
+        /// A host name accepted in HTTP `Host` headers besides the bound address and
+        /// localhost (repeatable; DNS-rebinding protection).
+        #[arg(long, value_name = "NAME")]
+        http_allow_host: Vec<String>,
     },
     /// Generate a typed client (python or typescript) from a server's OpenRPC document.
     #[cfg(feature = "rpc")]
@@ -113,6 +129,9 @@ enum Cmd {
         /// Seconds to wait for the result.
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
+        /// The bearer token the server requires.
+        #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Print the OpenRPC document of the server at ADDR (rpc.discover).
     #[cfg(feature = "rpc")]
@@ -122,6 +141,9 @@ enum Cmd {
         /// Seconds to wait.
         #[arg(long, default_value_t = 10.0)]
         timeout: f64,
+        /// The bearer token the server requires.
+        #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Show the compiled-in transports and channels and the protocol version.
     Info,
@@ -258,9 +280,25 @@ fn main() -> ExitCode {
                 Ok(())
             }
             #[cfg(feature = "rpc")]
-            Cmd::Serve { addr, http, api, busy_poll_us, workers: _ } => {
+            Cmd::Serve {
+                addr,
+                http,
+                api,
+                busy_poll_us,
+                workers: _,
+                token,
+                allow_unauthenticated,
+                http_allow_origin,
+                http_allow_host,
+            } => {
                 let busy_poll = serve_busy_poll(busy_poll_us)?;
-                ferry::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll).await
+                let access = ferry::cli_rpc::Access {
+                    token,
+                    allow_unauthenticated,
+                    http_allow_origins: http_allow_origin,
+                    http_allow_hosts: http_allow_host,
+                };
+                ferry::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, &access).await
             }
             #[cfg(feature = "rpc")]
             Cmd::Sdk { lang, from, out, name, ts_runtime, timeout } => {
@@ -272,14 +310,15 @@ fn main() -> ExitCode {
                 Ok(())
             }
             #[cfg(feature = "rpc")]
-            Cmd::Call { addr, method, params, timeout } => {
-                let v = ferry::cli_rpc::call(&addr, &method, params.as_deref(), seconds(timeout)?).await?;
+            Cmd::Call { addr, method, params, timeout, token } => {
+                let v = ferry::cli_rpc::call(&addr, &method, params.as_deref(), token.as_deref(), seconds(timeout)?)
+                    .await?;
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 Ok(())
             }
             #[cfg(feature = "rpc")]
-            Cmd::Discover { addr, timeout } => {
-                let doc = ferry::cli_rpc::discover(&addr, seconds(timeout)?).await?;
+            Cmd::Discover { addr, timeout, token } => {
+                let doc = ferry::cli_rpc::discover(&addr, token.as_deref(), seconds(timeout)?).await?;
                 println!("{}", serde_json::to_string_pretty(&doc)?);
                 Ok(())
             }

@@ -66,7 +66,7 @@ pub async fn document(from: &str, timeout: Duration) -> anyhow::Result<(Value, S
         return Ok((api.document(), api.name().to_owned()));
     }
     let doc = if from.starts_with("unix:") || from.contains("://") {
-        crate::cli_rpc::discover(from, timeout).await?
+        crate::cli_rpc::discover(from, std::env::var("FERRY_TOKEN").ok().as_deref(), timeout).await?
     } else {
         let text = std::fs::read_to_string(from).with_context(|| format!("reading {from}"))?;
         serde_json::from_str(&text).with_context(|| format!("{from} is not JSON"))?

@@ -1,0 +1,288 @@
+//! Who may do what, with real requests to a real `ferry serve` (SECURITY.md): HTTP's token
+//! and its Origin / Host / Content-Type checks, QUIC's token, tokens for plain JSON
+//! connections, and tasks that only their owner can see.
+#![cfg(feature = "rpc")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{exe, run};
+
+/// A `ferry serve` child with its stdout lines and its stderr in a file; killed on drop.
+struct Proc {
+    child: Child,
+    addr: String,
+    url: Option<String>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
+    }
+
+    /// `HOST:PORT` of the HTTP listener.
+    fn http(&self) -> String {
+        let url = self.url.as_deref().expect("started with --http");
+        url.trim_start_matches("http://").trim_end_matches('/').to_owned()
+    }
+}
+
+fn unique_unix() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!("unix:ferry-access-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Starts `ferry serve ARGS` (its config directory private to the test) and waits for its
+/// `listening on` line (and `http on` with `--http`).
+fn serve(args: &[&str], env: &[(&str, &str)]) -> Proc {
+    let dir = tempfile::Builder::new().prefix("ferry-access-").tempdir().unwrap();
+    let err = std::fs::File::create(dir.path().join("stderr")).unwrap();
+    let mut cmd = Command::new(exe());
+    cmd.arg("serve").args(args).env("XDG_CONFIG_HOME", dir.path()).env_remove("FERRY_TOKEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(err).spawn().unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(30)).expect("ferry serve said nothing");
+    let addr = line.strip_prefix("listening on ").unwrap_or_else(|| panic!("ferry serve said {line:?}")).to_owned();
+    let url = args.contains(&"--http").then(|| {
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("no http line");
+        line.strip_prefix("http on ").expect("http on URL").to_owned()
+    });
+    Proc { child, addr, url, dir }
+}
+
+/// One HTTP/1.1 request with `headers` on a fresh connection: (status, headers, body).
+fn http(hostport: &str, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String, String) {
+    let mut s = std::net::TcpStream::connect(hostport).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut req = format!("{method} / HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head[9..12].parse().unwrap(), head.to_ascii_lowercase(), body.to_owned())
+}
+
+const ADD: &str = r#"{"jsonrpc":"2.0","method":"add","params":[1,2],"id":1}"#;
+const JSON: (&str, &str) = ("Content-Type", "application/json");
+const LOCAL: (&str, &str) = ("Host", "localhost");
+
+fn error_code(body: &str) -> i64 {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+    v["error"]["code"].as_i64().unwrap_or_else(|| panic!("no error: {body}"))
+}
+
+#[cfg(feature = "http")]
+#[test]
+fn http_refuses_browser_origins_foreign_hosts_and_other_content_types_before_the_body() {
+    let p = serve(&[&unique_unix(), "--http", "127.0.0.1:0", "--http-allow-origin", "https://app.example"], &[]);
+    let h = p.http();
+    assert!(p.stderr().contains("any local user can call it"), "no warning: {}", p.stderr());
+    // What a web page could send today: text/plain, a foreign origin, a rebinding host.
+    let (status, _, body) = http(
+        &h,
+        "POST",
+        &[("Content-Type", "text/plain"), ("Origin", "http://evil.example"), ("Host", "evil.example")],
+        ADD,
+    );
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(error_code(&body), -32008);
+    assert!(!body.contains("result"), "{body}");
+    // Each check on its own.
+    let (status, _, body) = http(&h, "POST", &[JSON, LOCAL, ("Origin", "http://evil.example")], ADD);
+    assert_eq!(status, 403);
+    assert!(body.contains("--http-allow-origin"), "{body}");
+    let (status, _, body) = http(&h, "POST", &[JSON, ("Host", "evil.example:8080")], ADD);
+    assert_eq!(status, 403);
+    assert!(body.contains("--http-allow-host"), "{body}");
+    let (status, _, body) = http(&h, "POST", &[("Content-Type", "text/plain"), LOCAL], ADD);
+    assert_eq!(status, 415);
+    assert!(body.contains("application/json"), "{body}");
+    let (status, _, _) = http(&h, "POST", &[LOCAL], ADD);
+    assert_eq!(status, 415, "no Content-Type at all");
+    // A well-formed local request is served, on the bound address as on localhost.
+    let (status, _, body) = http(&h, "POST", &[JSON, ("Content-Type", "application/json; charset=utf-8"), LOCAL], ADD);
+    assert_eq!((status, body.contains("\"result\":3.0")), (200, true), "{body}");
+    let (status, _, body) = http(&h, "POST", &[JSON, ("Host", &h)], ADD);
+    assert_eq!((status, body.contains("\"result\":3.0")), (200, true), "{body}");
+    // An allowed origin gets its CORS answers.
+    let (status, head, _) = http(&h, "OPTIONS", &[LOCAL, ("Origin", "https://app.example")], "");
+    assert_eq!(status, 204);
+    assert!(head.contains("access-control-allow-origin: https://app.example"), "{head}");
+    let (status, head, body) = http(&h, "POST", &[JSON, LOCAL, ("Origin", "https://app.example")], ADD);
+    assert_eq!((status, body.contains("\"result\":3.0")), (200, true), "{body}");
+    assert!(head.contains("access-control-allow-origin: https://app.example"), "{head}");
+}
+
+#[cfg(feature = "http")]
+#[test]
+fn http_and_plain_json_with_a_token() {
+    let p = serve(&[&unique_unix(), "--http", "127.0.0.1:0"], &[("FERRY_TOKEN", "s3cret-token")]);
+    let h = p.http();
+    assert!(!p.stderr().contains("any local user"), "{}", p.stderr());
+    let (status, head, body) = http(&h, "POST", &[JSON, LOCAL], ADD);
+    assert_eq!(status, 401, "{body}");
+    assert!(head.contains("www-authenticate: bearer"), "{head}");
+    assert_eq!(error_code(&body), -32008);
+    let (status, _, _) = http(&h, "POST", &[JSON, LOCAL, ("Authorization", "Bearer s3cret-tokem")], ADD);
+    assert_eq!(status, 401, "a wrong token");
+    let (status, _, body) = http(&h, "POST", &[JSON, LOCAL, ("Authorization", "Bearer s3cret-token")], ADD);
+    assert_eq!((status, body.contains("\"result\":3.0")), (200, true), "{body}");
+
+    // ferry clients present it in the handshake (--token, or FERRY_TOKEN).
+    let no = run(
+        Command::new(exe()).args(["call", &p.addr, "add", "[1, 2]"]).env_remove("FERRY_TOKEN"),
+        Duration::from_secs(60),
+    );
+    assert!(!no.status.success());
+    assert!(String::from_utf8_lossy(&no.stderr).contains("token"), "{}", String::from_utf8_lossy(&no.stderr));
+    let yes = run(
+        Command::new(exe()).args(["call", &p.addr, "add", "[1, 2]", "--token", "s3cret-token"]),
+        Duration::from_secs(60),
+    );
+    assert!(yes.status.success(), "{}", String::from_utf8_lossy(&yes.stderr));
+    assert_eq!(String::from_utf8_lossy(&yes.stdout).trim(), "3.0");
+    let env = run(
+        Command::new(exe()).args(["call", &p.addr, "add", "[1, 2]"]).env("FERRY_TOKEN", "s3cret-token"),
+        Duration::from_secs(60),
+    );
+    assert!(env.status.success(), "{}", String::from_utf8_lossy(&env.stderr));
+
+    // A plain JSON-RPC connection on the socket cannot present one: it is told so, and closed.
+    let name = p.addr.strip_prefix("unix:").unwrap();
+    let sa =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
+            .unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(format!("{ADD}\n").as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert_eq!(error_code(out.trim()), -32008, "{out}");
+    assert!(!out.contains("result"), "{out}");
+}
+
+#[cfg(feature = "http")]
+#[test]
+fn http_off_loopback_needs_a_token_or_an_explicit_opt_out() {
+    let out = run(
+        Command::new(exe()).args(["serve", &unique_unix(), "--http", "0.0.0.0:0"]).env_remove("FERRY_TOKEN"),
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-unauthenticated") && err.contains("--token"), "{err}");
+    let p = serve(&[&unique_unix(), "--http", "0.0.0.0:0", "--allow-unauthenticated"], &[]);
+    // Bound to every address: the Host must be a loopback address, localhost or allowed.
+    let port = p.http().rsplit_once(':').unwrap().1.to_owned();
+    let (status, _, body) = http(&format!("127.0.0.1:{port}"), "POST", &[JSON, LOCAL], ADD);
+    assert_eq!((status, body.contains("\"result\":3.0")), (200, true), "{body}");
+    let p2 = serve(&[&unique_unix(), "--http", "0.0.0.0:0", "--token", "t"], &[]);
+    assert!(p2.url.is_some());
+}
+
+#[cfg(feature = "quic")]
+mod quic {
+    use ferry::ferry_rpc::codes::{TASK_NOT_FOUND, TASK_PENDING};
+    use ferry::ferry_rpc::{Client, TaskState};
+    use serde_json::json;
+
+    use super::*;
+
+    async fn t<F: std::future::Future>(f: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(30), f).await.expect("timed out")
+    }
+
+    async fn client(addr: &str, token: Option<&str>) -> Client {
+        let mut ep = ferry::endpoint();
+        if let Some(tk) = token {
+            ep = ep.token(tk);
+        }
+        Client::new(t(ep.build().connect(addr)).await.unwrap())
+    }
+
+    #[test]
+    fn quic_token_from_the_command_line() {
+        let p = serve(&["quic://127.0.0.1:0", "--token", "q-token"], &[]);
+        let no = run(
+            Command::new(exe()).args(["call", &p.addr, "add", "[1, 2]"]).env_remove("FERRY_TOKEN"),
+            Duration::from_secs(60),
+        );
+        assert!(!no.status.success());
+        assert!(String::from_utf8_lossy(&no.stderr).contains("token"), "{}", String::from_utf8_lossy(&no.stderr));
+        let yes = run(
+            Command::new(exe()).args(["call", &p.addr, "add", "[1, 2]", "--token", "q-token"]),
+            Duration::from_secs(60),
+        );
+        assert!(yes.status.success(), "{}", String::from_utf8_lossy(&yes.stderr));
+        assert_eq!(String::from_utf8_lossy(&yes.stdout).trim(), "3.0");
+        // Off loopback, no token: refused unless asked for.
+        let out = run(
+            Command::new(exe()).args(["serve", "quic://0.0.0.0:0"]).env_remove("FERRY_TOKEN"),
+            Duration::from_secs(60),
+        );
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-unauthenticated"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tasks_belong_to_their_owner() {
+        // Without a token, each QUIC connection is its own identity.
+        let p = serve(&["quic://127.0.0.1:0"], &[]);
+        assert!(p.stderr().contains("any local user can call it"), "{}", p.stderr());
+        let a = client(&p.addr, None).await;
+        let b = client(&p.addr, None).await;
+        let id = t(a.submit("sleep", &json!({"ms": 60_000}), false)).await.unwrap();
+        let unknown = "t0123456789abcdef0123456789abcdef";
+        let want = t(b.task_status(unknown)).await.unwrap_err();
+        assert_eq!(want.code(), Some(TASK_NOT_FOUND));
+        let same = |e: ferry::ferry_rpc::CallError| {
+            assert_eq!(e.code(), want.code());
+            assert_eq!(e.to_string().replace(&id, "ID"), want.to_string().replace(unknown, "ID"));
+        };
+        same(t(b.task_status(&id)).await.unwrap_err());
+        same(t(b.task_cancel(&id)).await.unwrap_err());
+        same(t(b.task_result::<u64>(&id, Duration::ZERO)).await.unwrap_err());
+        // The owner's task is untouched.
+        assert_eq!(t(a.task_status(&id)).await.unwrap().state, TaskState::Running);
+        assert_eq!(t(a.task_result::<u64>(&id, Duration::ZERO)).await.unwrap_err().code(), Some(TASK_PENDING));
+        assert_eq!(t(a.task_cancel(&id)).await.unwrap().state, TaskState::Cancelled);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_holders_are_one_identity() {
+        let p = serve(&["quic://127.0.0.1:0", "--token", "shared"], &[]);
+        let a = client(&p.addr, Some("shared")).await;
+        let id = t(a.submit_detached("sleep", &json!({"ms": 10}), false)).await.unwrap();
+        a.close().await;
+        let b = client(&p.addr, Some("shared")).await;
+        assert_eq!(t(b.task_result::<u64>(&id, Duration::from_secs(10))).await.unwrap(), 10);
+    }
+}
