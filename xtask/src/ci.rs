@@ -3,7 +3,8 @@
 //! Runs each step in order with a header and its elapsed time, stops at the first failure
 //! and prints a summary: fmt, clippy, tests (nextest plus doctests when `cargo nextest` is
 //! installed, else `cargo test`), the third-party JSON-RPC clients (`rpc-clients`),
-//! `codegen --check`, the Python SDK (`sdk-python`), `tidy`, rustdoc with `-Dwarnings`,
+//! `codegen --check`, the Python SDK (`sdk-python`, and `sdk-python-install`: a plain
+//! `pip install ./sdks/python` in an empty venv), `tidy`, rustdoc with `-Dwarnings`,
 //! `conformance` (all backends), then `cargo check` of the `ferry` facade with no default
 //! features and with each of its features alone.
 
@@ -129,6 +130,7 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
         notes.push("python3 is missing: `xtask sdk-python` (the Python SDK) was SKIPPED".to_owned());
     }
     steps.push(Step::new("cargo xtask sdk-python", |sh| crate::sdk::SdkPython.run(sh)));
+    steps.push(Step::new("cargo xtask sdk-python-install", |sh| crate::sdk::SdkPythonInstall.run(sh)));
     steps.push(Step::new("cargo xtask tidy", |sh| Tidy.run(sh)));
     steps.push(Step::new("RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked", |sh| {
         Ok(cmd!(sh, "cargo doc --workspace --no-deps --locked").env("RUSTDOCFLAGS", "-Dwarnings").run()?)

@@ -2,7 +2,8 @@
 //!
 //! For each backend `B` (every directory in `backends/` with a `Cargo.toml`, or those
 //! named), runs `cargo test -p ferry-B --test conformance` with
-//! `FERRY_CONFORMANCE_REPORT=<repo>/target/conformance/B.json`. The test binary (the
+//! `FERRY_CONFORMANCE_REPORT=<target>/conformance/B.json` (`<target>`: cargo's target
+//! directory, `<repo>/target` or `$CARGO_TARGET_DIR`). The test binary (the
 //! conformance crate's libtest-mimic `main`) writes that report itself:
 //!
 //! ```json
@@ -77,7 +78,8 @@ impl Conformance {
             eprintln!("conformance: note: no backends found in backends/");
         }
 
-        let report_dir = root.join("target").join("conformance");
+        let target = crate::target_dir(sh)?;
+        let report_dir = target.join("conformance");
         std::fs::create_dir_all(&report_dir).with_context(|| format!("creating {}", report_dir.display()))?;
         let mut failures = Vec::new();
         let mut columns = Vec::new();
@@ -107,10 +109,10 @@ impl Conformance {
         }
 
         let merged = merged_json(&columns, &failures);
-        let merged_path = root.join("target").join("conformance.json");
+        let merged_path = target.join("conformance.json");
         let text = serde_json::to_string_pretty(&merged)? + "\n";
         std::fs::write(&merged_path, text).with_context(|| format!("writing {}", merged_path.display()))?;
-        eprintln!("conformance: wrote target/conformance.json");
+        eprintln!("conformance: wrote {}", crate::relative(&root, &merged_path));
 
         if !failures.is_empty() {
             bail!("conformance failed:\n  {}", failures.join("\n  "));

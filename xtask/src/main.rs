@@ -8,7 +8,8 @@
 //! - [`tidy`]: repository rules that the compiler cannot check (also run as `#[test]`s).
 //! - [`conformance`]: runs every backend's conformance suite and prints one table.
 //! - [`rpc_clients`]: third-party JSON-RPC clients (PyPI, npm) against `ferry serve`.
-//! - [`sdk`]: the Python SDK's checks and tests, its conformance column, its benchmark.
+//! - [`sdk`]: the Python SDK's checks and tests, a newcomer's install of it in an empty
+//!   venv, its conformance column, its benchmark.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
@@ -23,8 +24,10 @@ mod typescript_sdk;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
-use xshell::Shell;
+use anyhow::Context;
+use xshell::{Shell, cmd};
 
 use crate::flags::Flags;
 
@@ -45,6 +48,9 @@ commands:
                            fails on any ignored case or if it is not viable
   sdk-python               the Python SDK in a venv (target/sdk-venv): pip install
                            ./sdks/python, ruff, mypy --strict, pytest against ferry serve
+  sdk-python-install       `pip install ./sdks/python` in an empty venv as the README says,
+                           compiled and with FERRY_PURE_PYTHON=1; checks each installed
+                           package (compiled or not, a call to ferry serve)
   bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
                            bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
@@ -83,6 +89,7 @@ fn try_main() -> anyhow::Result<()> {
         Some("conformance") => conformance::Conformance::parse(flags)?.run(&sh),
         Some("rpc-clients") => rpc_clients::RpcClients::parse(flags)?.run(&sh),
         Some("sdk-python") => sdk::SdkPython::parse(flags)?.run(&sh),
+        Some("sdk-python-install") => sdk::SdkPythonInstall::parse(flags)?.run(&sh),
         Some("bench-sdk") => sdk::BenchSdk::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         None | Some("help" | "-h" | "--help") => {
@@ -99,6 +106,20 @@ fn try_main() -> anyhow::Result<()> {
 /// The repository root: the parent of this crate's directory.
 pub fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask/ lives directly in the repository root").to_path_buf()
+}
+
+/// Cargo's target directory, where it puts `debug/ferry` and where the xtask keeps its
+/// venvs and reports: `CARGO_TARGET_DIR`, else `build.target-dir` of a cargo config, else
+/// `<root>/target`, as `cargo metadata` reports it (asked once per run).
+pub fn target_dir(sh: &Shell) -> anyhow::Result<PathBuf> {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(dir) = DIR.get() {
+        return Ok(dir.clone());
+    }
+    let text = cmd!(sh, "cargo metadata --no-deps --format-version 1").quiet().read()?;
+    let meta: serde_json::Value = serde_json::from_str(&text).context("reading `cargo metadata`")?;
+    let dir = meta["target_directory"].as_str().context("`cargo metadata` names no target_directory")?;
+    Ok(DIR.get_or_init(|| PathBuf::from(dir)).clone())
 }
 
 /// `path` relative to `root` (when it is inside), with `/` separators, for messages.

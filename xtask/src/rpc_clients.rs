@@ -54,12 +54,11 @@ impl RpcClients {
 
     /// Installs what the checks need and runs them.
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
-        let root = sh.current_dir();
         let mut tests: Vec<&str> = Vec::new();
         let mut envs: Vec<(&str, String)> = Vec::new();
 
         if has(sh, "python3") {
-            let venv = root.join("target").join("venv");
+            let venv = crate::target_dir(sh)?.join("venv");
             let python = venv.join("bin").join("python");
             if !python.exists() {
                 cmd!(sh, "python3 -m venv {venv}").run()?;

@@ -1,7 +1,8 @@
 //! The Python SDK (`sdks/python`): `cargo xtask sdk-python` (its CI step), its column of
 //! `cargo xtask conformance` (`python-sdk`), and `cargo xtask bench-sdk`.
 //!
-//! - A venv at `target/sdk-venv` (`python3 -m venv`, made once) gets the pinned tools of
+//! - A venv at `target/sdk-venv` (in cargo's target directory, `$CARGO_TARGET_DIR` when
+//!   set, as is the `ferry` binary the tests use; `python3 -m venv`, made once) gets the pinned tools of
 //!   `sdks/python/requirements-dev.txt` (numpy, pytest, mypy, ruff) and, on every run, a
 //!   fresh `pip install ./sdks/python`, so the tests exercise the installed package, as a
 //!   user gets it.
@@ -10,6 +11,9 @@
 //!   `pytest` against real `ferry serve` processes (`FERRY_BIN`: the freshly built binary):
 //!   once on the installed package (its hot modules compiled with mypyc where a C compiler
 //!   is), once more on the source tree, interpreted.
+//! - `sdk-python-install` does what a newcomer does: `pip install ./sdks/python` in an
+//!   empty venv, then again with `FERRY_PURE_PYTHON=1`, and checks each installed package
+//!   (compiled or not as expected; a generated client calls `ferry serve`).
 //! - The conformance column runs `tests/test_conformance.py` with
 //!   `FERRY_CONFORMANCE_REPORT=target/conformance/python-sdk.json` (the report format of
 //!   [`crate::conformance`]).
@@ -42,7 +46,7 @@ fn loud(msg: &str) {
 /// Makes (once) the venv, installs the pinned tools and (every time) the package itself;
 /// returns the venv's python.
 fn venv(sh: &Shell, root: &Path) -> anyhow::Result<PathBuf> {
-    let venv = root.join("target").join("sdk-venv");
+    let venv = crate::target_dir(sh)?.join("sdk-venv");
     let python = venv.join("bin").join("python");
     if !python.exists() {
         cmd!(sh, "python3 -m venv {venv}").run()?;
@@ -57,10 +61,12 @@ fn venv(sh: &Shell, root: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Builds the `ferry` binary (debug, or release) and returns its path.
-fn ferry_bin(sh: &Shell, root: &Path, release: bool) -> anyhow::Result<PathBuf> {
+fn ferry_bin(sh: &Shell, release: bool) -> anyhow::Result<PathBuf> {
     let flag = release.then_some("--release");
     cmd!(sh, "cargo build -p ferry --bin ferry --locked {flag...}").run()?;
-    Ok(root.join("target").join(if release { "release" } else { "debug" }).join("ferry"))
+    let bin = crate::target_dir(sh)?.join(if release { "release" } else { "debug" }).join("ferry");
+    anyhow::ensure!(bin.exists(), "cargo build -p ferry made no {}", bin.display());
+    Ok(bin)
 }
 
 /// `cargo xtask sdk-python`.
@@ -81,7 +87,7 @@ impl SdkPython {
             return Ok(());
         }
         let python = venv(sh, &root)?;
-        let ferry = ferry_bin(sh, &root, false)?;
+        let ferry = ferry_bin(sh, false)?;
         let _dir = sh.push_dir(root.join("sdks/python"));
         let snapshots: Vec<PathBuf> = python_snapshots(&root)?;
         let snaps = &snapshots;
@@ -115,15 +121,74 @@ impl SdkPython {
     }
 }
 
+/// `cargo xtask sdk-python-install`: what a newcomer does, checked. For each of the two
+/// ways the README gives (`pip install ./sdks/python`, and the same with
+/// `FERRY_PURE_PYTHON=1`), a brand-new venv (`python3 -m venv --clear`: pip and nothing
+/// else) installs the package exactly so, and `sdks/python/tests/check_install.py`, run by
+/// that venv's python outside the source tree, checks that it imports from the venv, is
+/// compiled (mypyc, where a C compiler is) or pure Python as asked, and that its generated
+/// demo client calls a real `ferry serve`.
+pub struct SdkPythonInstall;
+
+impl SdkPythonInstall {
+    /// Parses the (empty) argument list.
+    pub fn parse(flags: Flags) -> anyhow::Result<SdkPythonInstall> {
+        flags.finish("sdk-python-install")?;
+        Ok(SdkPythonInstall)
+    }
+
+    /// Both installs, each in an empty venv, and their checks.
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let root = sh.current_dir();
+        if !has_python(sh) {
+            loud("python3 not found: `pip install ./sdks/python` was NOT checked");
+            return Ok(());
+        }
+        let ferry = ferry_bin(sh, false)?;
+        let target = crate::target_dir(sh)?;
+        let compiler = c_compiler_answers(sh);
+        if !compiler {
+            eprintln!("xtask: no C compiler here: the plain install is expected to fall back to pure Python");
+        }
+        for pure in [false, true] {
+            let venv = target.join(if pure { "fresh-venv-pure" } else { "fresh-venv" });
+            let what = if pure { "FERRY_PURE_PYTHON=1 pip install ./sdks/python" } else { "pip install ./sdks/python" };
+            eprintln!("xtask: {what}, in an empty venv ({})", venv.display());
+            cmd!(sh, "python3 -m venv --clear {venv}").run()?;
+            let (pip, python) = (venv.join("bin/pip"), venv.join("bin/python"));
+            let mut install = cmd!(sh, "{pip} install ./sdks/python").env_remove("FERRY_PURE_PYTHON");
+            if pure {
+                install = install.env("FERRY_PURE_PYTHON", "1");
+            }
+            install.run().with_context(|| format!("`{what}` in an empty venv failed"))?;
+            let expect = if compiler && !pure { "1" } else { "0" };
+            let script = root.join("sdks/python/tests/check_install.py");
+            // From the target directory, so that the source tree is not on sys.path.
+            let _dir = sh.push_dir(&target);
+            cmd!(sh, "{python} {script} --expect-compiled {expect}")
+                .env("FERRY_BIN", &ferry)
+                .env_remove("PYTHONPATH")
+                .run()
+                .with_context(|| format!("the package `{what}` installed does not work"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a C compiler (`$CC`'s program, else `cc`) answers.
+fn c_compiler_answers(sh: &Shell) -> bool {
+    let cc = std::env::var("CC").ok().and_then(|v| v.split_whitespace().next().map(str::to_owned));
+    let cc = cc.unwrap_or_else(|| "cc".into());
+    cmd!(sh, "{cc} --version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+}
+
 /// Whether `pip install ./sdks/python` compiles the hot modules here: a C compiler (`$CC`'s
 /// program, else `cc`) answers, and `FERRY_PURE_PYTHON` does not ask for pure Python.
 fn has_c_compiler(sh: &Shell) -> bool {
     if std::env::var("FERRY_PURE_PYTHON").is_ok_and(|v| !v.is_empty() && v != "0") {
         return false;
     }
-    let cc = std::env::var("CC").ok().and_then(|v| v.split_whitespace().next().map(str::to_owned));
-    let cc = cc.unwrap_or_else(|| "cc".into());
-    cmd!(sh, "{cc} --version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+    c_compiler_answers(sh)
 }
 
 /// Compiled modules in the source tree (`pip install -e` puts them there) would shadow the
@@ -149,7 +214,7 @@ fn pytest(
     what: &str,
     report: Option<&Path>,
 ) -> anyhow::Result<()> {
-    let _dir = sh.push_dir(root.join("target"));
+    let _dir = sh.push_dir(crate::target_dir(sh)?);
     let tests = root.join("sdks/python").join(what);
     let mut c = cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
         .env("FERRY_BIN", ferry)
@@ -189,7 +254,7 @@ pub fn python_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, V
     let mut problems = Vec::new();
     let run = || -> anyhow::Result<()> {
         let python = venv(sh, &root)?;
-        let ferry = ferry_bin(sh, &root, release)?;
+        let ferry = ferry_bin(sh, release)?;
         pytest(sh, &root, &python, &ferry, "tests/test_conformance.py", Some(&report_path))
     };
     let status = run();
@@ -223,7 +288,7 @@ impl BenchSdk {
         let root = sh.current_dir();
         anyhow::ensure!(has_python(sh), "python3 not found: the Python SDK benchmark needs python3 with numpy");
         let python = venv(sh, &root)?;
-        let ferry = ferry_bin(sh, &root, true)?;
+        let ferry = ferry_bin(sh, true)?;
         let script = root.join("sdks/python/bench/bench_rtt.py");
         let args = self.args;
         cmd!(sh, "{python} {script} {args...}").env("FERRY_BIN", &ferry).run()?;

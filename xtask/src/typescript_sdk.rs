@@ -47,7 +47,7 @@ pub fn missing_tools(sh: &Shell) -> Vec<String> {
 /// Builds the `ferry` binary the SDK runs against (debug, as the workspace tests build it).
 fn ferry_bin(sh: &Shell) -> anyhow::Result<PathBuf> {
     cmd!(sh, "cargo build -p ferry --locked").run()?;
-    let bin = sh.current_dir().join("target").join("debug").join("ferry");
+    let bin = crate::target_dir(sh)?.join("debug").join("ferry");
     anyhow::ensure!(bin.exists(), "cargo build -p ferry made no {}", bin.display());
     Ok(bin)
 }
