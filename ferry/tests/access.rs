@@ -286,3 +286,61 @@ mod quic {
         assert_eq!(t(b.task_result::<u64>(&id, Duration::from_secs(10))).await.unwrap(), 10);
     }
 }
+
+/// One line of plain JSON-RPC on the abstract unix socket `addr`; the answer line.
+fn plain_json(addr: &str, line: &str) -> String {
+    let name = addr.strip_prefix("unix:").unwrap();
+    let sa =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
+            .unwrap();
+    let s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    (&s).write_all(format!("{line}\n").as_bytes()).unwrap();
+    let mut out = String::new();
+    BufReader::new(&s).read_line(&mut out).unwrap();
+    out.trim().to_owned()
+}
+
+/// The bytes the answer `out` has for its `id` member.
+fn written_id(out: &str) -> &str {
+    out.split_once(r#""id":"#).unwrap_or_else(|| panic!("no id: {out}")).1.split([',', '}']).next().unwrap()
+}
+
+#[cfg(feature = "http")]
+#[test]
+fn jsonrpc_exactly_over_plain_json_and_http() {
+    let p = serve(&[&unique_unix(), "--http", "127.0.0.1:0"], &[]);
+    let h = p.http();
+    let both = |req: &str| -> [String; 2] {
+        let (status, _, body) = http(&h, "POST", &[JSON, LOCAL], req);
+        assert_eq!(status, 200, "{body}");
+        [plain_json(&p.addr, req), body]
+    };
+    // Ids come back byte for byte, beyond 64 bits too.
+    for id in ["18446744073709551616", "1e3", "-0", "1.50", "7", r#""x""#] {
+        for out in both(&format!(r#"{{"jsonrpc":"2.0","method":"add","params":[1,2],"id":{id}}}"#)) {
+            assert_eq!(written_id(&out), id, "{out}");
+            assert!(out.contains(r#""result":3.0"#), "{out}");
+        }
+    }
+    // A non-finite result is an error, not null.
+    for out in both(r#"{"jsonrpc":"2.0","method":"add","params":[1e308,1e308],"id":1}"#) {
+        assert_eq!(error_code(&out), -32603, "{out}");
+        assert!(out.contains("inf"), "{out}");
+    }
+    // Duplicate members make the request invalid (not "the last one wins").
+    for out in both(r#"{"jsonrpc":"2.0","method":"add","method":"sleep","params":[1,2],"id":2}"#) {
+        assert_eq!(error_code(&out), -32600, "{out}");
+        assert!(out.contains("more than once"), "{out}");
+    }
+    // An unknown by-name param is refused, named (the typo that used to return zeros).
+    for out in both(r#"{"jsonrpc":"2.0","method":"create_tensor","params":{"shape":[2],"dtype":"f32","fil":7},"id":3}"#)
+    {
+        assert_eq!(error_code(&out), -32602, "{out}");
+        assert!(out.contains(r#""path":"fil""#), "{out}");
+    }
+    let doc = run(Command::new(exe()).args(["discover", &p.addr]), Duration::from_secs(60));
+    let doc: serde_json::Value = serde_json::from_slice(&doc.stdout).unwrap();
+    let m = doc["methods"].as_array().unwrap().iter().find(|m| m["name"] == "create_tensor").unwrap();
+    assert_eq!(m["x-ferry-additional-params"], false);
+}

@@ -34,6 +34,7 @@ use crate::tensor::shift_refs;
 
 /// Params of `ferry.cancel`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CancelParams {
     /// The id of the call to cancel (on the same connection).
     pub id: Value,
@@ -276,7 +277,9 @@ impl Conn {
             }
             "ferry.task.submit" => {
                 let p: SubmitParams = decode_params(params, tensors)?;
-                let handler = shared.methods.get(&p.method).ok_or_else(|| ErrorObject::method_not_found(&p.method))?;
+                let m = shared.methods.map.get(&p.method).ok_or_else(|| ErrorObject::method_not_found(&p.method))?;
+                m.check_param_names(p.params.as_ref())?;
+                let handler = &m.handler;
                 // The task outlives this call (and if detached its connection): its own
                 // token, no pipe.
                 let token = CancellationToken::new();
@@ -302,7 +305,9 @@ impl Conn {
                 Ok(Box::pin(async move { tasks.result(&p.task, &who, Duration::from_millis(p.wait_ms), p.keep).await }))
             }
             name => {
-                shared.methods.get(name).ok_or_else(|| ErrorObject::method_not_found(name))?.call(params, tensors, ctx)
+                let m = shared.methods.map.get(name).ok_or_else(|| ErrorObject::method_not_found(name))?;
+                m.check_param_names(params.as_ref())?;
+                m.handler.call(params, tensors, ctx)
             }
         }
     }

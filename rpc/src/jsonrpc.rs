@@ -9,6 +9,10 @@
 //! - A batch is a non-empty array; an empty one is a single Invalid Request. Each element
 //!   is classified on its own; a batch of notifications only gets no response at all.
 //! - Where an invalid request's id cannot be determined, the error's id is null.
+//! - A request object with a duplicate member (at any depth) is invalid; ids are echoed
+//!   byte for byte (any JSON number). Both need the request's text, so they hold on plain
+//!   JSON and HTTP connections, which parse it here; on ferry pipes the header arrives
+//!   parsed by ferry-core, whose SDK clients send integer ids.
 
 use serde_json::{Map, Value};
 
@@ -91,6 +95,9 @@ pub fn entry(v: Value) -> Entry {
         Some(_) => return invalid(Value::Null, "id must be a string, a number or null"),
     };
     let reply_id = id.clone().unwrap_or(Value::Null);
+    if let Some(Value::String(name)) = o.remove(crate::strict::DUPLICATE) {
+        return invalid(reply_id, &format!("member {name:?} appears more than once"));
+    }
     match o.get("jsonrpc") {
         Some(Value::String(s)) if s == VERSION => {}
         Some(_) => return invalid(reply_id, "jsonrpc must be exactly \"2.0\""),

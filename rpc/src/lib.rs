@@ -34,6 +34,7 @@
 pub mod client;
 pub mod codes;
 mod dispatch;
+mod finite;
 #[cfg(feature = "http")]
 mod http;
 pub mod jsonrpc;
@@ -42,6 +43,7 @@ pub mod method;
 pub mod openrpc;
 pub mod pending;
 pub mod server;
+mod strict;
 pub mod task;
 pub mod tensor;
 

@@ -256,6 +256,10 @@ pub struct MethodInfo {
     pub result: SchemaFn,
     /// The params' names in positional order, when the params type is a struct.
     pub param_names: fn() -> Option<&'static [&'static str]>,
+    /// By-name params may carry names the method does not take (see
+    /// [`MethodDoc::allow_unknown_params`]); otherwise an unknown name is an invalid-params
+    /// error naming it.
+    pub additional_params: bool,
 }
 
 impl std::fmt::Debug for MethodInfo {
@@ -267,8 +271,27 @@ impl std::fmt::Debug for MethodInfo {
 pub(crate) struct Method {
     pub(crate) handler: Arc<dyn ErasedHandler>,
     pub(crate) info: MethodInfo,
+    /// `info.param_names()`, computed once.
+    pub(crate) names: Option<&'static [&'static str]>,
     /// Started in the connection's read loop (see [`MethodDoc::inline`]).
     pub(crate) inline: bool,
+}
+
+impl Method {
+    /// Refuses by-name params with a name the method does not take (unless it allows
+    /// them, or its params type is not a plain struct, whose names are then unknown).
+    pub(crate) fn check_param_names(&self, params: Option<&Value>) -> Result<(), ErrorObject> {
+        let (Some(Value::Object(given)), Some(names), false) = (params, self.names, self.info.additional_params) else {
+            return Ok(());
+        };
+        match given.keys().find(|k| !names.contains(&k.as_str())) {
+            None => Ok(()),
+            Some(k) => Err(ErrorObject::invalid_params(
+                k.clone(),
+                format!("unknown param {k:?}: {} takes {}", self.info.name, names.join(", ")),
+            )),
+        }
+    }
 }
 
 /// A registration was refused.
@@ -319,6 +342,15 @@ impl MethodDoc<'_> {
     /// Marks the method deprecated.
     pub fn deprecated(self) -> Self {
         self.0.info.deprecated = true;
+        self
+    }
+
+    /// Lets by-name params carry names the params type does not have: they are ignored
+    /// (serde's default), and `rpc.discover` says so (`x-ferry-additional-params: true`).
+    /// Without it, an unknown name (a typo such as `"fil"` for `"fill"`) is an
+    /// invalid-params error naming it, before the handler runs.
+    pub fn allow_unknown_params(self) -> Self {
+        self.0.info.additional_params = true;
         self
     }
 
@@ -375,6 +407,7 @@ impl Methods {
                 params: schema_of::<P>,
                 result: schema_of::<R>,
                 param_names: crate::openrpc::field_names::<P>,
+                additional_params: false,
             },
         )
     }
@@ -392,7 +425,10 @@ impl Methods {
         use std::collections::btree_map::Entry;
         match self.map.entry(info.name.clone()) {
             Entry::Occupied(_) => Err(RegisterError::Duplicate(info.name)),
-            Entry::Vacant(v) => Ok(MethodDoc(v.insert(Method { handler, info, inline: false }))),
+            Entry::Vacant(v) => {
+                let names = (info.param_names)();
+                Ok(MethodDoc(v.insert(Method { handler, info, names, inline: false })))
+            }
         }
     }
 

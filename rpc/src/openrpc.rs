@@ -122,6 +122,9 @@ fn method(g: &mut SchemaGenerator, info: &MethodInfo) -> Value {
     if info.deprecated {
         m["deprecated"] = json!(true);
     }
+    // Whether by-name params may carry other names (JSON Schema's additionalProperties of
+    // the params object, which OpenRPC's list of params has no place for).
+    m["x-ferry-additional-params"] = json!(info.additional_params);
     m
 }
 
@@ -240,6 +243,7 @@ fn info(
         params,
         result,
         param_names: names,
+        additional_params: false,
     }
 }
 

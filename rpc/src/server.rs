@@ -238,7 +238,7 @@ impl Server {
                     failure(Value::Null, e)
                 }
                 Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => continue,
-                Ok(Line::Data) => match serde_json::from_slice::<Value>(&buf) {
+                Ok(Line::Data) => match crate::strict::parse(&buf) {
                     Err(e) => failure(Value::Null, ErrorObject::parse_error(e)),
                     Ok(v) => {
                         let inline = conn.runs_inline(&v);
@@ -273,7 +273,7 @@ impl Server {
     /// get it: `None` when nothing is to be answered (notifications only).
     pub async fn handle_text(&self, text: &[u8], peer: PeerInfo) -> Option<Vec<u8>> {
         let conn = Conn::new(self.shared.clone(), peer, None);
-        let reply = match serde_json::from_slice::<Value>(text) {
+        let reply = match crate::strict::parse(text) {
             Err(e) => Some(Reply { value: failure(Value::Null, ErrorObject::parse_error(e)), tensors: Vec::new() }),
             Ok(v) => conn.start(v, Vec::new()).await.reply,
         };
@@ -374,7 +374,7 @@ pub(crate) fn inline_line(reply: Reply) -> Vec<u8> {
             response_ids(&value).into_iter().map(|id| failure(id, ErrorObject::tensor(&e))).collect();
         value = if value.is_array() { Value::Array(errs) } else { errs.into_iter().next().unwrap_or(Value::Null) };
     }
-    let mut out = serde_json::to_vec(&value).unwrap_or_default();
+    let mut out = crate::strict::write(&value);
     out.push(b'\n');
     out
 }

@@ -41,6 +41,7 @@ use crate::method::{HandlerFuture, Identity, Reply};
 
 /// Params of `ferry.task.submit`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SubmitParams {
     /// The method to run.
     pub method: String,
@@ -65,6 +66,7 @@ pub struct Submitted {
 
 /// Params of `ferry.task.status` and `ferry.task.cancel`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct TaskParams {
     /// The task id.
     pub task: String,
@@ -72,6 +74,7 @@ pub struct TaskParams {
 
 /// Params of `ferry.task.result`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ResultParams {
     /// The task id.
     pub task: String,

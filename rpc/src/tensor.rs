@@ -163,7 +163,23 @@ pub fn to_value<T: Serialize + ?Sized>(value: &T, mode: TensorMode) -> Result<(V
         Some(Table::Encode { out, .. }) => out,
         _ => Vec::new(),
     };
-    Ok((v?, out))
+    let v = v?;
+    // serde_json writes a non-finite float as null: where a null appears, make sure it was
+    // meant (the walk is paid only then; tensors are not encoded by it).
+    if has_null(&v) {
+        let _walk = Installed::new(Table::Encode { mode: TensorMode::Refs, out: Vec::new() });
+        crate::finite::check(value).map_err(<serde_json::Error as serde::ser::Error>::custom)?;
+    }
+    Ok((v, out))
+}
+
+fn has_null(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.iter().any(has_null),
+        Value::Object(o) => o.values().any(has_null),
+        _ => false,
+    }
 }
 
 /// Deserializes `value`, resolving `{"$tensor": i}` against `tensors` (cheap clones) and

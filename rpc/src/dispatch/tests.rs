@@ -22,6 +22,10 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
     })
     .unwrap();
     m.register("one", |(): ()| async { Ok::<_, ErrorObject>(1) }).unwrap();
+    m.register("add", |p: AddParams| async move { Ok::<_, ErrorObject>(p.a + p.b) }).unwrap();
+    m.register("add_loose", |p: AddParams| async move { Ok::<_, ErrorObject>(p.a + p.b) })
+        .unwrap()
+        .allow_unknown_params();
     let shared = Arc::new(Shared {
         tasks: TaskTable::new(limits),
         methods: m,
@@ -29,7 +33,11 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
         api: ApiInfo::default(),
         doc: OnceLock::new(),
     });
-    let peer = PeerInfo {
+    Conn::new(shared, peer(), None)
+}
+
+fn peer() -> PeerInfo {
+    PeerInfo {
         kind: ConnKind::Json,
         addr: String::new(),
         pid: None,
@@ -38,8 +46,13 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
         channel: "json".into(),
         identity: crate::method::Identity::Uid(0),
         conn: Some(1),
-    };
-    Conn::new(shared, peer, None)
+    }
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct AddParams {
+    a: f64,
+    b: f64,
 }
 
 fn call(method: &str, id: Value) -> Value {
@@ -102,4 +115,60 @@ async fn closing_the_connection_cancels_everything() {
     // Even a call that would finish at once: cancellation wins once the peer is gone.
     assert_eq!(v[0]["error"]["code"], CANCELLED);
     assert_eq!(v[1]["error"]["code"], CANCELLED);
+}
+
+#[tokio::test]
+async fn unknown_by_name_params_are_refused_unless_allowed() {
+    let c = conn(RpcLimits::default(), Arc::new(Notify::new()));
+    let req = |m: &str, p: Value| json!({"jsonrpc": "2.0", "method": m, "params": p, "id": 1});
+    let r = finish(c.start(req("add", json!({"a": 1, "b": 2, "c": 3})), vec![])).await.reply.unwrap().value;
+    assert_eq!(r["error"]["code"], crate::codes::INVALID_PARAMS);
+    assert_eq!(r["error"]["data"]["path"], "c");
+    assert!(r["error"]["message"].as_str().unwrap().contains("add takes a, b"), "{r}");
+    let r = finish(c.start(req("add_loose", json!({"a": 1, "b": 2, "c": 3})), vec![])).await.reply.unwrap().value;
+    assert_eq!(r["result"], 3.0);
+    // Through a task too, and for the built-in methods' own params.
+    let r =
+        finish(c.start(req("ferry.task.submit", json!({"method": "add", "params": {"a": 1, "b": 2, "x": 0}})), vec![]))
+            .await
+            .reply
+            .unwrap()
+            .value;
+    assert_eq!(r["error"]["data"]["path"], "x", "{r}");
+    let r =
+        finish(c.start(req("ferry.task.status", json!({"task": "t1", "tsak": 1})), vec![])).await.reply.unwrap().value;
+    assert_eq!(r["error"]["code"], crate::codes::INVALID_PARAMS, "{r}");
+    // The OpenRPC document says which.
+    let doc = c.shared.document();
+    let flag = |name: &str| {
+        doc["methods"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap()["x-ferry-additional-params"]
+            .clone()
+    };
+    assert_eq!((flag("add"), flag("add_loose")), (json!(false), json!(true)));
+}
+
+#[tokio::test]
+async fn non_finite_results_are_errors() {
+    let mut m = Methods::new();
+    m.register("add", |p: AddParams| async move { Ok::<_, ErrorObject>(p.a + p.b) }).unwrap();
+    m.register("maybe", |(): ()| async { Ok::<_, ErrorObject>(json!({"x": null})) }).unwrap();
+    let limits = RpcLimits::default();
+    let shared = Arc::new(Shared {
+        tasks: TaskTable::new(limits),
+        methods: m,
+        limits,
+        api: ApiInfo::default(),
+        doc: OnceLock::new(),
+    });
+    let c = Conn::new(shared, peer(), None);
+    let r = finish(c.start(json!({"jsonrpc": "2.0", "method": "add", "params": [1e308, 1e308], "id": 1}), vec![]))
+        .await
+        .reply
+        .unwrap()
+        .value;
+    assert_eq!(r["error"]["code"], crate::codes::INTERNAL_ERROR, "{r}");
+    assert!(r["error"]["data"]["reason"].as_str().unwrap().contains("is inf, which JSON cannot represent"), "{r}");
+    // A null that was meant is a null.
+    let r = finish(c.start(json!({"jsonrpc": "2.0", "method": "maybe", "id": 2}), vec![])).await.reply.unwrap().value;
+    assert_eq!(r["result"], json!({"x": null}));
 }

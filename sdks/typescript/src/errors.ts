@@ -35,6 +35,7 @@ export const ErrorCode = {
   TASK_PENDING: -32005,
   TENSOR_ERROR: -32006,
   UNAVAILABLE: -32007,
+  UNAUTHORIZED: -32008,
 } as const;
 
 /** A JSON-RPC error object as it travels. */
@@ -95,6 +96,8 @@ export class TaskPendingError extends RpcError {}
 export class TensorError extends RpcError {}
 /** -32007: the server is shutting down. */
 export class UnavailableError extends RpcError {}
+/** -32008: the server requires a bearer token, or refused the request before reading it. */
+export class UnauthorizedError extends RpcError {}
 
 type RpcErrorClass = new (code: number, message: string, data?: unknown) => RpcError;
 
@@ -112,6 +115,7 @@ const BY_CODE = new Map<number, RpcErrorClass>([
   [ErrorCode.TASK_PENDING, TaskPendingError],
   [ErrorCode.TENSOR_ERROR, TensorError],
   [ErrorCode.UNAVAILABLE, UnavailableError],
+  [ErrorCode.UNAUTHORIZED, UnauthorizedError],
 ]);
 
 /** The connection is closed: by `close()`, by the server (CLOSE frame or end of stream), or it died. */

@@ -43,6 +43,7 @@ export {
   TensorError,
   TimeoutError,
   UnavailableError,
+  UnauthorizedError,
 } from "./errors.js";
 export { type Limits, DEFAULT_LIMITS, VERSION } from "./frame.js";
 export type { Welcome } from "./connection.js";

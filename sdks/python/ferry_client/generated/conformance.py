@@ -278,6 +278,17 @@ class UnavailableError(RpcError):
     CODE = -32007
 
 
+class UnauthorizedError(RpcError):
+    """The server requires a bearer token that was not presented, or refused the
+    request before reading it (HTTP: a browser origin not allowed, a foreign Host
+    header, a Content-Type other than application/json).
+
+    Code -32008, `UNAUTHORIZED`: "Unauthorized".
+    """
+
+    CODE = -32008
+
+
 ERRORS: dict[int, type[RpcError]] = {
     -32700: ParseError,
     -32600: InvalidRequestError,
@@ -292,6 +303,7 @@ ERRORS: dict[int, type[RpcError]] = {
     -32005: TaskPendingError,
     -32006: TensorError,
     -32007: UnavailableError,
+    -32008: UnauthorizedError,
 }
 """The exception class of each code of the error table."""
 

@@ -345,6 +345,17 @@ export class UnavailableError extends RpcError {
   static readonly CODE = -32007;
 }
 
+/**
+ * The server requires a bearer token that was not presented, or refused the
+ * request before reading it (HTTP: a browser origin not allowed, a foreign Host
+ * header, a Content-Type other than application/json).
+ *
+ * Code -32008, `UNAUTHORIZED`: "Unauthorized".
+ */
+export class UnauthorizedError extends RpcError {
+  static readonly CODE = -32008;
+}
+
 /** A constructor of an error class of this module. */
 type RpcErrorClass = new (...args: never[]) => RpcError;
 
@@ -366,6 +377,7 @@ export const ERRORS: ReadonlyMap<number, RpcErrorClass> = new Map<
   [-32005, TaskPendingError],
   [-32006, TensorError],
   [-32007, UnavailableError],
+  [-32008, UnauthorizedError],
 ]);
 
 /**
