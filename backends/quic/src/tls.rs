@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferry_core::TransportError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -74,14 +75,15 @@ impl Identity {
     }
 
     /// Loads the identity at `path`, or creates one there (mode 0600) on first use.
+    ///
+    /// Any number of first starts may race on one path (threads of a process, processes):
+    /// each writes its new identity to a temporary file of its own and links it into place,
+    /// one link wins, and every one of them returns what the file then holds, so they all
+    /// agree on one identity (the fingerprint a server prints is the one it serves).
     pub fn load_or_create(path: &Path) -> Result<Identity, TransportError> {
-        match std::fs::read(path) {
-            Ok(pem) => {
-                check_private(path)?;
-                Self::from_pem(&pem).map_err(|e| err(format!("identity file {}: {e}", path.display())))
-            }
+        match Self::load(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Self::create(path),
-            Err(e) => Err(err(format!("cannot read identity file {}: {e}", path.display()))),
+            other => other.map_err(|e| err(e.to_string())),
         }
     }
 
@@ -93,35 +95,42 @@ impl Identity {
         Ok(Identity { cert: c.cert.der().clone(), key })
     }
 
+    /// Reads the identity file (private, whole); `NotFound` when there is none.
+    fn load(path: &Path) -> std::io::Result<Identity> {
+        let pem = std::fs::read(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => e,
+            _ => std::io::Error::other(format!("cannot read identity file {}: {e}", path.display())),
+        })?;
+        check_private(path).map_err(std::io::Error::other)?;
+        Self::from_pem(&pem).map_err(|e| std::io::Error::other(format!("identity file {}: {e}", path.display())))
+    }
+
     fn create(path: &Path) -> Result<Identity, TransportError> {
         let names = vec!["ferry".to_string(), "localhost".to_string()];
         let c = rcgen::generate_simple_self_signed(names).map_err(|e| err(format!("generating a certificate: {e}")))?;
         let pem = format!("{}{}", c.cert.pem(), c.signing_key.serialize_pem());
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
         }
-        // Write a private temporary file, then link it into place: another process starting
-        // at the same moment sees either no file or the whole file, never half of one.
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-        let mut f = opts.open(&tmp).map_err(|e| err(format!("creating identity file {}: {e}", tmp.display())))?;
-        f.write_all(pem.as_bytes()).map_err(|e| err(format!("writing {}: {e}", tmp.display())))?;
-        f.sync_all().map_err(|e| err(format!("writing {}: {e}", tmp.display())))?;
+        // Write a private temporary file of this call's own, then link it into place: a
+        // start racing this one (another thread or process) sees either no file or a whole
+        // one, never half of one, and never writes into this one's temporary file.
+        let (tmp, mut f) = private_temp_file(path)?;
+        let written = f.write_all(pem.as_bytes()).and_then(|()| f.sync_all());
         drop(f);
-        let linked = std::fs::hard_link(&tmp, path);
+        let linked = match written {
+            Ok(()) => std::fs::hard_link(&tmp, path),
+            Err(e) => Err(std::io::Error::other(format!("writing {}: {e}", tmp.display()))),
+        };
         let _ = std::fs::remove_file(&tmp);
         match linked {
-            Ok(()) => {
-                tracing::info!(path = %path.display(), "created a new QUIC identity");
-                Self::from_pem(pem.as_bytes()).map_err(|e| err(e.to_string()))
-            }
-            // Another process created it first: use theirs.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Self::load_or_create(path),
-            Err(e) => Err(err(format!("creating identity file {}: {e}", path.display()))),
+            Ok(()) => tracing::info!(path = %path.display(), "created a new QUIC identity"),
+            // Another start linked its identity first: this one's is dropped unused.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(err(format!("creating identity file {}: {e}", path.display()))),
         }
+        // What the file holds, whoever linked it: every racing first start agrees on it.
+        Self::load(path).map_err(|e| err(e.to_string()))
     }
 
     fn from_pem(pem: &[u8]) -> Result<Identity, String> {
@@ -150,6 +159,27 @@ fn check_private(path: &Path) -> Result<(), TransportError> {
     }
     let _ = path;
     Ok(())
+}
+
+/// Creates (`create_new`, mode 0600) a temporary file beside `path` that no other call,
+/// in this process or another, uses: named by the process id and a per-process counter.
+fn private_temp_file(path: &Path) -> Result<(PathBuf, std::fs::File), TransportError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+        match opts.open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            // Left by a dead process that had this id: take the next name.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1 << 20 => continue,
+            Err(e) => return Err(err(format!("creating identity file {}: {e}", tmp.display()))),
+        }
+    }
 }
 
 /// Accepts exactly the server certificate whose SHA-256 fingerprint is pinned.

@@ -96,6 +96,8 @@ impl QuicTransport {
             crate::IdentitySource::File(p) => Identity::load_or_create(p)?,
             crate::IdentitySource::Default => Identity::load_or_create(&tls::default_identity_path())?,
         };
+        // Calls racing here may each have made one (an ephemeral identity differs per call):
+        // every one of them returns the one stored first, never its own.
         Ok(self.identity.get_or_init(|| Arc::new(id)).clone())
     }
 
