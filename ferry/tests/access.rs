@@ -344,3 +344,23 @@ fn jsonrpc_exactly_over_plain_json_and_http() {
     let m = doc["methods"].as_array().unwrap().iter().find(|m| m["name"] == "create_tensor").unwrap();
     assert_eq!(m["x-ferry-additional-params"], false);
 }
+
+#[test]
+fn a_killed_server_restarts_on_its_socket_file_and_a_live_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("unix:{}/api.sock", dir.path().display());
+    let mut first = serve(&[&addr], &[]);
+    let pid = first.child.id();
+    // A second server on the same live address is refused, and told who holds it.
+    let out = run(Command::new(exe()).args(["serve", &addr]), Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("another process listens there (pid {pid}")), "{err}");
+    // SIGKILL leaves the socket file behind; a supervisor's restart must still work.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    assert!(dir.path().join("api.sock").exists());
+    let again = serve(&[&addr], &[]);
+    let out = run(Command::new(exe()).args(["call", &again.addr, "add", "[1, 2]"]), Duration::from_secs(60));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.0", "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -4,6 +4,10 @@
 //!   even after SIGKILL); on other unixes a file in the temp directory; on Windows a named
 //!   pipe. `unix:/path/to.sock` (or any name with a `/`) is a socket file, created with mode
 //!   0600 and removed when the listener is dropped.
+//! - An address in use: a socket file that nobody listens on (its server was killed) is
+//!   removed and bound again, so a supervisor's restart loop recovers; a live listener is
+//!   never disturbed, and the error names its pid and uid (peer credentials), for socket
+//!   files and abstract names alike.
 //! - Peer credentials: by default both sides check that the peer runs as the same user
 //!   (abstract sockets have no file permissions); [`PipeTransport::allow_any_user`] lifts it.
 //! - On unix, connections carry file descriptors (SCM_RIGHTS) through the connection's
@@ -107,13 +111,41 @@ impl Transport for PipeTransport {
 
     async fn listen(&self, addr: &Address) -> Result<Box<dyn Listener>, TransportError> {
         let name = SocketName::parse(addr)?;
-        let opts = ListenerOptions::new().name(name.to_name().map_err(|e| io_err(addr, e))?);
-        #[cfg(unix)]
-        let opts = {
-            use interprocess::os::unix::local_socket::ListenerOptionsExt;
-            if self.allow_any_user { opts } else { opts.mode(0o600) }
+        let bind = || -> std::io::Result<IpcListener> {
+            let opts = ListenerOptions::new().name(name.to_name()?);
+            #[cfg(unix)]
+            let opts = {
+                use interprocess::os::unix::local_socket::ListenerOptionsExt;
+                if self.allow_any_user { opts } else { opts.mode(0o600) }
+            };
+            opts.create_tokio()
         };
-        let inner = opts.create_tokio().map_err(|e| io_err(addr, e))?;
+        let inner = match bind() {
+            Ok(l) => l,
+            #[cfg(unix)]
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => match unix::holder(&name) {
+                // A socket file nobody listens on (its server died without removing it,
+                // e.g. by SIGKILL): remove it and bind.
+                unix::Holder::Stale(path) => {
+                    tracing::info!(%addr, "removing a stale socket file (nothing listens on it)");
+                    std::fs::remove_file(&path).map_err(|e| io_err(addr, e))?;
+                    bind().map_err(|e| io_err(addr, e))?
+                }
+                unix::Holder::Live { pid, uid } => {
+                    return Err(TransportError::BadAddress {
+                        addr: addr.to_string(),
+                        reason: format!(
+                            "address already in use: another process listens there (pid {}, uid {uid}); stop it or \
+                             choose another address",
+                            pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string())
+                        )
+                        .into(),
+                    });
+                }
+                unix::Holder::Unknown => return Err(io_err(addr, e)),
+            },
+            Err(e) => return Err(io_err(addr, e)),
+        };
         tracing::debug!(%addr, "listening");
         Ok(Box::new(PipeListener {
             inner,
