@@ -364,3 +364,38 @@ fn a_killed_server_restarts_on_its_socket_file_and_a_live_one_is_named() {
     let out = run(Command::new(exe()).args(["call", &again.addr, "add", "[1, 2]"]), Duration::from_secs(60));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.0", "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn a_clients_tasks_end_with_its_connection_unless_detached() {
+    let p = serve(&[&unique_unix()], &[]);
+    let call = |method: &str, params: &str| {
+        let out = run(Command::new(exe()).args(["call", &p.addr, method, params]), Duration::from_secs(60));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Each `ferry call` is a process with its own connection, gone when it exits.
+    let task_of =
+        |out: &str| serde_json::from_str::<serde_json::Value>(out).unwrap()["task"].as_str().unwrap().to_owned();
+    let (ok, out, err) = call("ferry.task.submit", r#"{"method": "sleep", "params": {"ms": 60000}}"#);
+    assert!(ok, "{err}");
+    let gone = task_of(&out);
+    let (ok, out, err) = call("ferry.task.submit", r#"{"method": "sleep", "params": {"ms": 50}, "detached": true}"#);
+    assert!(ok, "{err}");
+    let kept = task_of(&out);
+    let mut status = String::new();
+    for _ in 0..100 {
+        let (_, _, err) = call("ferry.task.status", &format!(r#"{{"task": "{gone}"}}"#));
+        status = err;
+        if status.contains("-32004") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(status.contains("-32004"), "the task of a closed connection is still there: {status}");
+    let (ok, out, err) = call("ferry.task.result", &format!(r#"{{"task": "{kept}", "wait_ms": 10000}}"#));
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "50");
+}

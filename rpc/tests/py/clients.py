@@ -174,14 +174,23 @@ def pipelined_calls_answer_out_of_order(s, h):
 
 @check
 def tasks(s, h):
+    # On the socket: the task belongs to this user and dies with this connection.
     r = s.call(request("ferry.task.submit", params={"method": "sleep", "params": {"ms": 100}}))
     task = r.result["task"]
-    r = h.call(request("ferry.task.status", params={"task": task}))
+    r = s.call(request("ferry.task.status", params={"task": task}))
     assert r.result["state"] in ("running", "done"), r
+    r = s.call(request("ferry.task.result", params={"task": task, "wait_ms": 5000}))
+    assert r.result == 100, r
+    r = s.call(request("ferry.task.result", params={"task": task}))
+    assert isinstance(r, Error) and r.code == -32004, r
+    # Over HTTP (always detached): another identity than the socket's user, so the socket
+    # cannot see it, exactly as if it did not exist.
+    r = h.call(request("ferry.task.submit", params={"method": "sleep", "params": {"ms": 100}}))
+    task = r.result["task"]
+    r = s.call(request("ferry.task.status", params={"task": task}))
+    assert isinstance(r, Error) and r.code == -32004, r
     r = h.call(request("ferry.task.result", params={"task": task, "wait_ms": 5000}))
     assert r.result == 100, r
-    r = h.call(request("ferry.task.result", params={"task": task}))
-    assert isinstance(r, Error) and r.code == -32004, r
 
 
 @check
