@@ -179,10 +179,18 @@ class AsyncClient:
         return alloc(self._session, shape, dtype, device)
 
     async def submit(
-        self, method: str, params: object = None, *, keep: bool = False
+        self,
+        method: str,
+        params: object = None,
+        *,
+        keep: bool = False,
+        detached: bool = False,
     ) -> str:
-        """Starts `method` as a task on the server; returns its id."""
+        """Starts `method` as a task on the server; returns its id (see
+        `ferry_client.Client.submit` for `keep` and `detached`)."""
         args: dict[str, object] = {"method": method, "keep": keep}
+        if detached:
+            args["detached"] = True
         if params is not None:
             args["params"] = params
         r = await self.call("ferry.task.submit", args)

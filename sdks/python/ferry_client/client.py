@@ -502,9 +502,24 @@ class Client(_Connection):
             self._end(ids)  # (already out of the table unless it failed)
         return list(outcomes)
 
-    def submit(self, method: str, params: object = None, *, keep: bool = False) -> str:
-        """Starts `method` as a task on the server (`ferry.task.submit`); returns its id."""
+    def submit(
+        self,
+        method: str,
+        params: object = None,
+        *,
+        keep: bool = False,
+        detached: bool = False,
+    ) -> str:
+        """Starts `method` as a task on the server (`ferry.task.submit`); returns its id.
+
+        The task belongs to this client's identity (its user on a unix socket, the token
+        elsewhere) and is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it until it
+        expires. `keep` keeps the result after it is fetched.
+        """
         args: dict[str, object] = {"method": method, "keep": keep}
+        if detached:
+            args["detached"] = True
         if params is not None:
             args["params"] = params
         r = self.call("ferry.task.submit", args)

@@ -27,6 +27,7 @@ from ferry_client import (
     LimitError,
     ProtocolError,
     Refused,
+    RpcError,
     Tensor,
     bf16_to_f32,
     f32_to_bf16,
@@ -175,6 +176,24 @@ def test_timeouts_cancel_on_the_server(demo: Server) -> None:
         assert c.call("add", [1, 1], timeout=5) == 2.0
         task = c.submit("sleep", {"ms": 200})
         assert c.task_result(task, wait_ms=5000) == 200
+
+
+def test_tasks_end_with_their_connection_unless_detached(demo: Server) -> None:
+    with Client.connect(demo.addr, timeout=10) as a:
+        gone = a.submit("sleep", {"ms": 60_000})
+        kept = a.submit("sleep", {"ms": 50}, detached=True)
+        assert len(kept) == 33 and kept.startswith("t"), kept
+    with Client.connect(demo.addr, timeout=10) as b:
+        assert b.task_result(kept, wait_ms=5000) == 50
+        for _ in range(200):
+            try:
+                b.task_status(gone)
+            except RpcError as e:
+                assert e.code == -32004, e
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the task of a closed connection is still there")
 
 
 def test_limits_are_checked_before_sending(demo: Server) -> None:

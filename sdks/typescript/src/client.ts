@@ -240,11 +240,21 @@ export class Client {
     return this.call("rpc.discover", undefined, opts);
   }
 
-  /** Starts `method` as a task on the server (`ferry.task.submit`); returns the task id. */
-  async submitTask(method: string, params?: unknown, opts: { keep?: boolean } & CallOptions = {}): Promise<string> {
+  /**
+   * Starts `method` as a task on the server (`ferry.task.submit`); returns the task id. The
+   * task belongs to this client's identity and is cancelled, its result dropped, when this
+   * connection closes, unless `detached` (then any connection of the same identity may fetch
+   * it until it expires); `keep` keeps the result after it is fetched.
+   */
+  async submitTask(
+    method: string,
+    params?: unknown,
+    opts: { keep?: boolean; detached?: boolean } & CallOptions = {},
+  ): Promise<string> {
     const p: Record<string, unknown> = { method };
     if (params !== undefined) p["params"] = params;
     if (opts.keep !== undefined) p["keep"] = opts.keep;
+    if (opts.detached) p["detached"] = true;
     const r = await this.call<{ task: string }>("ferry.task.submit", p, opts);
     return r.task;
   }
