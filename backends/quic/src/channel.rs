@@ -144,12 +144,24 @@ impl Drop for Recycled {
     }
 }
 
-fn take_spare(spare: &Arc<Mutex<Vec<AlignedBuf>>>, n: usize) -> AlignedBuf {
-    let mut s = lock(spare);
-    match s.iter().position(|b| b.len() == n) {
-        Some(i) => s.swap_remove(i),
-        None => AlignedBuf::zeroed(n),
+/// Buffers from this size on are made on tokio's blocking pool.
+const BLOCKING_ALLOC: usize = 1 << 20;
+
+/// A receive buffer of `n` bytes: a spare one of that size, else a new one.
+async fn take_buffer(spare: &Arc<Mutex<Vec<AlignedBuf>>>, n: usize) -> AlignedBuf {
+    {
+        let mut s = lock(spare);
+        if let Some(i) = s.iter().position(|b| b.len() == n) {
+            return s.swap_remove(i);
+        }
     }
+    if n < BLOCKING_ALLOC {
+        return AlignedBuf::zeroed(n);
+    }
+    // The allocator zeroes over-aligned memory page by page (a memset): for a large tensor
+    // that held this runtime thread, and the quinn drivers sharing it, for hundreds of
+    // milliseconds, long enough for the peer's idle timeout to end the connection.
+    tokio::task::spawn_blocking(move || AlignedBuf::zeroed(n)).await.unwrap_or_else(|_| AlignedBuf::zeroed(n))
 }
 
 #[derive(Default)]
@@ -254,7 +266,7 @@ async fn read_stream(recv: &mut quinn::RecvStream, inbox: &Inbox, opts: &StreamO
         st.pending_bytes = pending;
     }
     let n = usize::try_from(len).map_err(|_| StreamError::from("stream too long for this machine"))?;
-    let mut buf = take_spare(&inbox.spare, n);
+    let mut buf = take_buffer(&inbox.spare, n).await;
     let mut at = 0;
     loop {
         let c = match recv.read_chunk(usize::MAX, true).await {
