@@ -196,6 +196,22 @@ pub enum TransportError {
         /// Why.
         reason: Cow<'static, str>,
     },
+    /// Something is already listening on the address.
+    #[error("address already in use: {addr}{detail}")]
+    AddrInUse {
+        /// The address.
+        addr: String,
+        /// Who holds it and what to do, when known (starts with `: `), else empty.
+        detail: String,
+    },
+    /// Nothing is listening at the address (no such socket, or the connection was refused).
+    #[error("nothing is listening at {addr}: {detail} (is the server running, and is the address the one it printed?)")]
+    NotListening {
+        /// The address.
+        addr: String,
+        /// The OS's words.
+        detail: String,
+    },
     /// The peer is not allowed to connect (e.g. another user).
     #[error("peer refused: {0}")]
     PeerRefused(String),

@@ -206,6 +206,11 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         on_row(&r);
         rows.push(r);
     };
+    // A spinner on stderr naming what is measured (hidden with --json and when stderr is
+    // not a terminal).
+    let bar = if opts.progress { indicatif::ProgressBar::new_spinner() } else { indicatif::ProgressBar::hidden() };
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let step = |what: &str| bar.set_message(format!("ferry serve rows: {what}"));
     for (i, (t, c)) in pairs.iter().enumerate() {
         // Device-only channels (cuda-ipc) carry no CPU tensors: no RPC over them alone.
         if t.scheme() != "unix" || !c.devices().contains(&ferry_core::DeviceKind::Cpu) {
@@ -228,6 +233,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         };
         let channel = client.pipe().channel().to_owned();
         let pair = (t.name(), channel.as_str());
+        step(&format!("{} / {channel}: add beside a 64-byte round trip", t.name()));
 
         let echo_addr = format!("unix:ferry-bench-rpc-echo-{}-{i}", std::process::id());
         let _echo = start_echo(exe, &echo_addr)?;
@@ -241,6 +247,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         emit(versus(row(pair, "call-add", "-", 0, 0.0, &call), &base));
         emit(base);
 
+        step(&format!("{} / {channel}: add from {CLIENTS} clients at once", t.name()));
         let mut clients = Vec::with_capacity(CLIENTS);
         for _ in 0..CLIENTS {
             clients.push(Client::new(ep.connect(&addr).await?));
@@ -266,6 +273,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         drop(clients);
 
         if channel != "inline" {
+            step(&format!("{} / {channel}: zero-copy echo of {label}", t.name()));
             let mut own = client.pipe().alloc(meta.clone()).await?;
             own.as_bytes_mut().copy_from_slice(heap.as_bytes());
             let own = own.freeze();
@@ -280,6 +288,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
             emit(versus(row(pair, "call-zero-copy", &label, bytes, 2.0, &call), &base));
             emit(base);
         }
+        step(&format!("{} / {channel}: echo of a heap {label}", t.name()));
         anyhow::ensure!(echo(&client, &heap).await? == heap, "echo changed the tensor");
         let heap_msg = Message::with_tensors(json!({"bench": "heap"}), vec![heap.clone()]);
         time_calls(opts.warmup, || echo(&client, &heap)).await?;
@@ -291,6 +300,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         emit(base);
         raw.close().await;
 
+        step(&format!("{} / {channel}: create_tensor {label}", t.name()));
         let create = json!({ "shape": opts.shape, "dtype": opts.dtype, "fill": 1 });
         let made: RpcTensor = client.call("create_tensor", &create).await?;
         anyhow::ensure!(made.meta() == &meta, "create_tensor made {:?}", made.meta());
@@ -301,6 +311,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         emit(row(pair, "call-create", &label, bytes, 1.0, &s));
         client.close().await;
     }
+    bar.finish_and_clear();
     Ok(rows)
 }
 

@@ -84,19 +84,32 @@ impl Access {
 /// JSON-RPC on the same socket) and, if `http` is given (`HOST:PORT`, feature `http`), over
 /// HTTP POST, until interrupted. Prints `listening on ADDR` (and `http on http://HOST:PORT`)
 /// to stdout once ready. Ferry connections busy-poll for `busy_poll` after each
-/// answer ([`crate::EndpointBuilder::busy_poll`]). `access` says who may call.
+/// answer ([`crate::EndpointBuilder::busy_poll`]). `shm_pool` limits each connection's shm
+/// pool (bytes; default 2 GiB). `access` says who may call.
 pub async fn serve(
     addr: &str,
     http: Option<&str>,
     api: crate::sdk::Api,
     busy_poll: std::time::Duration,
+    shm_pool: Option<u64>,
     access: &Access,
 ) -> anyhow::Result<()> {
     if access.token.as_deref() == Some("") {
         bail!("the token is empty: give a non-empty --token (or FERRY_TOKEN)");
     }
     let server = api.server();
-    let mut ep = crate::endpoint().accept_foreign(true).busy_poll(busy_poll);
+    let ep = match shm_pool {
+        #[cfg(feature = "shm")]
+        Some(b) if b < 2 << 20 => {
+            bail!("--shm-pool-mib {}: the pool needs at least 2 MiB (segments grow in 2 MiB steps)", b >> 20)
+        }
+        #[cfg(feature = "shm")]
+        Some(bytes) => crate::endpoint_with_shm_pool(bytes),
+        #[cfg(not(feature = "shm"))]
+        Some(_) => bail!("--shm-pool-mib needs ferry built with the `shm` feature"),
+        None => crate::endpoint(),
+    };
+    let mut ep = ep.accept_foreign(true).busy_poll(busy_poll);
     if let Some(t) = &access.token {
         ep = ep.require_token(t.clone());
     }
@@ -111,11 +124,16 @@ pub async fn serve(
     {
         access.check_unauthenticated(&format!("QUIC address {addr}"), ip)?;
     }
+    let mut tasks = tokio::task::JoinSet::new();
+    // Everything binds before anything is announced: "listening" means listening.
+    let http = match http {
+        Some(h) => Some(bind_http(h, access).await?),
+        None => None,
+    };
     // The real address: a port the OS chose, and for QUIC the fingerprint clients pin.
     println!("listening on {}", listener.local_addr());
-    let mut tasks = tokio::task::JoinSet::new();
     if let Some(h) = http {
-        start_http(&server, h, access, &mut tasks).await?;
+        start_http(&server, h, access, &mut tasks)?;
     }
     {
         use std::io::Write;
@@ -162,16 +180,34 @@ async fn stop_signal() -> anyhow::Result<()> {
     }
 }
 
+/// A bound HTTP listener (or, without the `http` feature, nothing).
 #[cfg(feature = "http")]
-async fn start_http(
+type HttpListener = tokio::net::TcpListener;
+#[cfg(not(feature = "http"))]
+type HttpListener = std::convert::Infallible;
+
+#[cfg(feature = "http")]
+async fn bind_http(http: &str, access: &Access) -> anyhow::Result<HttpListener> {
+    let l = tokio::net::TcpListener::bind(http).await.with_context(|| format!("binding {http}"))?;
+    access.check_unauthenticated(&format!("--http {http}"), l.local_addr()?.ip())?;
+    Ok(l)
+}
+
+#[cfg(not(feature = "http"))]
+async fn bind_http(_: &str, _: &Access) -> anyhow::Result<HttpListener> {
+    bail!(
+        "--http needs ferry built with the `http` feature (in this workspace: cargo build --release -p ferry \
+         --features http)"
+    )
+}
+
+#[cfg(feature = "http")]
+fn start_http(
     server: &Server,
-    http: &str,
+    l: HttpListener,
     access: &Access,
     tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    let l = tokio::net::TcpListener::bind(http).await.with_context(|| format!("binding {http}"))?;
-    let bound = l.local_addr()?;
-    access.check_unauthenticated(&format!("--http {http}"), bound.ip())?;
     let mut opts = ferry_rpc::HttpOptions::default();
     if let Some(t) = &access.token {
         opts = opts.token(t.clone());
@@ -182,20 +218,20 @@ async fn start_http(
     for h in &access.http_allow_hosts {
         opts = opts.allow_host(h.clone());
     }
-    println!("http on http://{bound}");
+    println!("http on http://{}", l.local_addr()?);
     let s = server.clone();
     tasks.spawn(async move { s.serve_http_with(l, opts).await.map_err(anyhow::Error::from) });
     Ok(())
 }
 
 #[cfg(not(feature = "http"))]
-async fn start_http(
+fn start_http(
     _: &Server,
-    _: &str,
+    l: HttpListener,
     _: &Access,
     _: &mut tokio::task::JoinSet<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    bail!("--http needs ferry built with the `http` feature (in this workspace: cargo build -p ferry --features http)")
+    match l {}
 }
 
 async fn client(addr: &str, token: Option<&str>, timeout: Duration) -> anyhow::Result<Client> {
@@ -215,6 +251,21 @@ fn explain(e: CallError) -> anyhow::Error {
             anyhow::anyhow!("server error {}{name}: {}{data}", obj.code, obj.message)
         }
         other => other.into(),
+    }
+}
+
+/// The params text `ferry call` was given: `-` reads standard input, `@PATH` a file,
+/// anything else is the JSON itself.
+pub fn params_text(arg: &str) -> anyhow::Result<String> {
+    if arg == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading params from standard input")?;
+        Ok(text)
+    } else if let Some(path) = arg.strip_prefix('@') {
+        std::fs::read_to_string(path).with_context(|| format!("reading params from {path}"))
+    } else {
+        Ok(arg.to_owned())
     }
 }
 

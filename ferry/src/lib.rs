@@ -93,6 +93,25 @@ pub fn channels() -> Vec<Arc<dyn Channel>> {
     ]
 }
 
+/// [`endpoint`], with the shm channel's pool limited to `pool_limit` bytes
+/// ([`ferry_shm::ShmOptions::pool_limit`]; `ferry serve --shm-pool-mib`).
+#[cfg(feature = "shm")]
+pub fn endpoint_with_shm_pool(pool_limit: u64) -> EndpointBuilder {
+    let mut b = Endpoint::builder();
+    for t in transports() {
+        b = b.transport(t);
+    }
+    for c in channels() {
+        if c.name() == "shm" {
+            let opts = ferry_shm::ShmOptions { pool_limit, ..ferry_shm::ShmOptions::default() };
+            b = b.channel(Arc::new(ferry_shm::ShmChannel::with_options(opts)));
+        } else {
+            b = b.channel(c);
+        }
+    }
+    b
+}
+
 /// An endpoint builder with every compiled-in transport and channel, channels in priority
 /// order (fastest first). Add options, then `.build()`.
 pub fn endpoint() -> EndpointBuilder {

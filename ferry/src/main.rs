@@ -8,7 +8,16 @@ use ferry::bench::{self, BenchOptions};
 
 /// ferry moves tensors between processes as fast as the hardware allows.
 #[derive(Parser)]
-#[command(name = "ferry", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "ferry",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = "Environment:\n  FERRY_LOG    log filter for stderr (tracing EnvFilter syntax): info, debug, \
+                  ferry_core=debug,ferry_shm=trace\n  FERRY_TOKEN  the bearer token of serve, call and discover \
+                  (--token)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -92,6 +101,11 @@ enum Cmd {
         /// localhost (repeatable; DNS-rebinding protection).
         #[arg(long, value_name = "NAME")]
         http_allow_host: Vec<String>,
+        /// Shared memory (MiB) each connection's shm pool may hold for results sent to
+        /// that client (default 2048); results wait, then fail naming this option, when it
+        /// is full.
+        #[arg(long, value_name = "MIB")]
+        shm_pool_mib: Option<u64>,
     },
     /// Generate a typed client (python or typescript) from a server's OpenRPC document.
     #[cfg(feature = "rpc")]
@@ -124,7 +138,8 @@ enum Cmd {
         addr: String,
         /// Method name.
         method: String,
-        /// Params: a JSON object (by name) or array (by position); omit for none.
+        /// Params: a JSON object (by name) or array (by position); `-` reads them from
+        /// standard input, `@PATH` from a file; omit for none.
         params: Option<String>,
         /// Seconds to wait for the result.
         #[arg(long, default_value_t = 60.0)]
@@ -290,6 +305,7 @@ fn main() -> ExitCode {
                 allow_unauthenticated,
                 http_allow_origin,
                 http_allow_host,
+                shm_pool_mib,
             } => {
                 let busy_poll = serve_busy_poll(busy_poll_us)?;
                 let access = ferry::cli_rpc::Access {
@@ -298,7 +314,8 @@ fn main() -> ExitCode {
                     http_allow_origins: http_allow_origin,
                     http_allow_hosts: http_allow_host,
                 };
-                ferry::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, &access).await
+                let shm_pool = shm_pool_mib.map(|m| m.saturating_mul(1 << 20));
+                ferry::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await
             }
             #[cfg(feature = "rpc")]
             Cmd::Sdk { lang, from, out, name, ts_runtime, timeout } => {
@@ -311,6 +328,7 @@ fn main() -> ExitCode {
             }
             #[cfg(feature = "rpc")]
             Cmd::Call { addr, method, params, timeout, token } => {
+                let params = params.as_deref().map(ferry::cli_rpc::params_text).transpose()?;
                 let v = ferry::cli_rpc::call(&addr, &method, params.as_deref(), token.as_deref(), seconds(timeout)?)
                     .await?;
                 println!("{}", serde_json::to_string_pretty(&v)?);

@@ -90,11 +90,8 @@ impl SocketName {
 fn io_err(addr: &Address, e: std::io::Error) -> TransportError {
     use std::io::ErrorKind::*;
     match e.kind() {
-        AddrInUse => TransportError::BadAddress { addr: addr.to_string(), reason: "address already in use".into() },
-        NotFound | ConnectionRefused => TransportError::BadAddress {
-            addr: addr.to_string(),
-            reason: format!("nothing is listening there ({e})").into(),
-        },
+        AddrInUse => TransportError::AddrInUse { addr: addr.to_string(), detail: String::new() },
+        NotFound | ConnectionRefused => TransportError::NotListening { addr: addr.to_string(), detail: e.to_string() },
         _ => TransportError::Io(Arc::new(e)),
     }
 }
@@ -132,14 +129,12 @@ impl Transport for PipeTransport {
                     bind().map_err(|e| io_err(addr, e))?
                 }
                 unix::Holder::Live { pid, uid } => {
-                    return Err(TransportError::BadAddress {
+                    return Err(TransportError::AddrInUse {
                         addr: addr.to_string(),
-                        reason: format!(
-                            "address already in use: another process listens there (pid {}, uid {uid}); stop it or \
-                             choose another address",
+                        detail: format!(
+                            ": another process listens there (pid {}, uid {uid}); stop it or choose another address",
                             pid.map_or_else(|| "unknown".to_owned(), |p| p.to_string())
-                        )
-                        .into(),
+                        ),
                     });
                 }
                 unix::Holder::Unknown => return Err(io_err(addr, e)),

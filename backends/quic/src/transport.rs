@@ -148,9 +148,10 @@ impl Transport for QuicTransport {
         let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         cfg.transport_config(self.transport_config()?);
         let endpoint = quinn::Endpoint::server(cfg, sock).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AddrInUse => {
-                TransportError::BadAddress { addr: addr.to_string(), reason: "address already in use".into() }
-            }
+            std::io::ErrorKind::AddrInUse => TransportError::AddrInUse {
+                addr: addr.to_string(),
+                detail: ": another process has this UDP port; stop it or choose another port".into(),
+            },
             _ => TransportError::Io(Arc::new(e)),
         })?;
         let local = endpoint.local_addr().map_err(|e| TransportError::Io(Arc::new(e)))?;

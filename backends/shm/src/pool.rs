@@ -132,7 +132,8 @@ impl Pool {
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(ChannelError::Timeout(self.opts.full_wait, format!(
                         "shm pool full: no room for {len} bytes within {:?} ({} of pool_limit = {} bytes reserved, \
-                         all in use by tensors or leases; raise ShmOptions::pool_limit or ShmOptions::full_wait)",
+                         all in use by tensors or leases; raise ShmOptions::pool_limit or ShmOptions::full_wait, or for \
+                         a server: ferry serve --shm-pool-mib N)",
                         self.opts.full_wait, self.reserved(), self.opts.pool_limit)));
                 }
                 _ = closed.wait_for(|c| *c) => return Err(ChannelError::Closed),
@@ -146,7 +147,11 @@ impl Pool {
             what: "shm pool bytes needed",
             value: self.reserved() + len as u64,
             max: self.opts.pool_limit,
-            hint: format!("{what}; raise ShmOptions::pool_limit (ShmChannel::with_options) on the sending side").into(),
+            hint: format!(
+                "{what}; raise ShmOptions::pool_limit (ShmChannel::with_options) on the sending side (`ferry serve \
+                 --shm-pool-mib N` for a server)"
+            )
+            .into(),
         })
     }
 

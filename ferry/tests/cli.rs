@@ -1,0 +1,69 @@
+//! The command line as a newcomer meets it: params from a file or stdin, errors that say
+//! what happened and what to do.
+#![cfg(feature = "rpc")]
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{Served, exe, run};
+
+fn stderr_of(args: &[&str]) -> String {
+    let out = run(Command::new(exe()).args(args), Duration::from_secs(60));
+    assert!(!out.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn call_takes_params_from_a_file_or_stdin() {
+    let s = Served::start(false);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("params.json");
+    std::fs::write(&file, r#"{"a": 40, "b": 2}"#).unwrap();
+    let out = run(
+        Command::new(exe()).args(["call", &s.addr, "add", &format!("@{}", file.display())]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42.0", "{}", String::from_utf8_lossy(&out.stderr));
+    let mut child = Command::new(exe())
+        .args(["call", &s.addr, "add", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"[1.5, 2]\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.5", "{}", String::from_utf8_lossy(&out.stderr));
+    let err = stderr_of(&["call", &s.addr, "add", "@/nonexistent/params.json"]);
+    assert!(err.contains("reading params from /nonexistent/params.json"), "{err}");
+}
+
+#[test]
+fn in_use_nothing_listening_and_bad_address_are_told_apart() {
+    let s = Served::start(false);
+    let err = stderr_of(&["serve", &s.addr]);
+    assert!(err.contains("address already in use"), "{err}");
+    let err = stderr_of(&["call", "unix:ferry-cli-test-nobody-here", "add", "[1, 2]"]);
+    assert!(err.contains("nothing is listening at unix:ferry-cli-test-nobody-here"), "{err}");
+    assert!(!err.contains("bad address"), "{err}");
+    let err = stderr_of(&["call", "tcp://127.0.0.1:1", "add", "[1, 2]"]);
+    assert!(err.contains("bad address") || err.contains("no transport"), "{err}");
+}
+
+#[test]
+fn a_full_shm_pool_names_the_serve_option() {
+    let s = Served::start_with(&["--shm-pool-mib", "2"]);
+    let err = stderr_of(&["call", &s.addr, "create_tensor", r#"{"shape": [2097152, 2], "dtype": "u8"}"#]);
+    assert!(err.contains("--shm-pool-mib"), "{err}");
+    // Small results still work.
+    let out = run(
+        Command::new(exe()).args(["call", &s.addr, "create_tensor", r#"{"shape": [4], "dtype": "u8"}"#]),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = stderr_of(&["serve", "unix:ferry-cli-test-small-pool", "--shm-pool-mib", "1"]);
+    assert!(err.contains("--shm-pool-mib 1") && err.contains("at least 2 MiB"), "{err}");
+}
