@@ -2,11 +2,31 @@
 //!
 //! Each backend instantiates it in its own `tests/conformance.rs` with a [`Fixture`]:
 //!
-//! ```ignore
+//! ```
+//! use std::sync::Arc;
+//! use ferry_core::{Channel, InlineChannel, Transport};
+//!
 //! #[derive(Default)]
-//! struct Pipe;
-//! impl ferry_conformance::Fixture for Pipe { /* transport, channels */ }
-//! fn main() -> std::process::ExitCode { ferry_conformance::main::<Pipe>() }
+//! struct MyBackend;
+//!
+//! impl ferry_conformance::Fixture for MyBackend {
+//!     const NAME: &'static str = "my-backend";
+//!     fn transport(&self) -> Arc<dyn Transport> {
+//!         todo!("Arc::new(MyTransport::new())")
+//!     }
+//!     fn channels(&self) -> Vec<Arc<dyn Channel>> {
+//!         vec![Arc::new(InlineChannel)]
+//!     }
+//!     fn addr(&self, tag: &str) -> String {
+//!         format!("my:{}", ferry_conformance::unique(tag))
+//!     }
+//! }
+//!
+//! // tests/conformance.rs, with `harness = false` for it in Cargo.toml:
+//! fn conformance_main() -> std::process::ExitCode {
+//!     ferry_conformance::main::<MyBackend>()
+//! }
+//! # let _ = conformance_main;
 //! ```
 //!
 //! The cases (in [`cases`]) are generic functions over the fixture. Data cases run twice:

@@ -2,44 +2,28 @@
 //!
 //! This facade re-exports [`ferry_core`] and every backend compiled in, and builds an
 //! [`Endpoint`] that holds them all ([`endpoint()`]). Two peers then negotiate the fastest
-//! channel they share.
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), ferry::PipeError> {
-//! use ferry::{Message, Tensor};
-//! let ep = ferry::endpoint().build();
-//! let mut listener = ep.listen("unix:my-service").await?;
-//! let client = ep.connect("unix:my-service").await?;
-//! let server = listener.accept().await?;
-//! let t = Tensor::from_slice(vec![2, 2], &[1.0f32, 2.0, 3.0, 4.0])?;
-//! client.send(Message::with_tensors(serde_json::json!({"op": "store"}), vec![t])).await?;
-//! let msg = server.recv().await?;
-//! assert_eq!(msg.tensors[0].as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
-//! # Ok(()) }
-//! ```
-//!
-//! What it does not do: it starts no runtime of its own (use tokio), and it never
-//! deserialises code or pickles.
+//! channel they share. It also re-exports what a JSON-RPC handler needs ([`serde`],
+//! [`serde_json`], and with `rpc` [`ferry_rpc`] and `schemars`), so a program depends on
+//! `ferry` and `tokio` only. It starts no runtime of its own (use tokio) and never
+//! deserialises code or pickles. The command-line tool is the separate `ferry-cli` package.
 //!
 //! # Feature flags
-//! - `pipe` (default): local sockets ([`ferry_pipe`]), scheme `unix:`.
-//! - `shm` (default): shared memory ([`ferry_shm`]): zero-copy CPU tensors between
-//!   processes on one Linux host; negotiated over `unix:` connections.
-//! - `cuda-ipc`: CUDA IPC (`ferry_cuda_ipc`, re-exported when enabled): CUDA tensors
-//!   between processes on one Linux host without a copy; the driver is loaded at run
-//!   time, so this builds without CUDA and the channel is simply not offered where no GPU
-//!   is usable.
-//! - `quic`: QUIC across hosts (`ferry-quic`), scheme `quic://host:port#sha256=PIN`;
-//!   TLS 1.3 with a pinned self-signed identity or a CA bundle; a stream per tensor.
-//! - `rpc` (default): JSON-RPC 2.0 with tensors ([`ferry_rpc`]): typed async handlers,
-//!   tasks, OpenRPC discovery, plain JSON-RPC clients on the same socket; the demo API
-//!   ([`demo`]) and `ferry serve / call / discover`.
-//! - `http`: JSON-RPC over HTTP POST as well (`ferry serve --http HOST:PORT`).
-//! - `rpc` also brings the conformance API ([`conformance_api`], `ferry serve --api
-//!   conformance`) and `ferry sdk` ([`sdk`]): typed Python and TypeScript clients generated
-//!   from any server's OpenRPC document.
+//! - `pipe` (default): local sockets (`ferry_pipe`), scheme `unix:`.
+//! - `shm` (default): shared memory (`ferry_shm`): zero-copy CPU tensors between processes
+//!   on one Linux host; negotiated over `unix:` connections.
+//! - `cuda-ipc`: CUDA IPC (`ferry_cuda_ipc`): CUDA tensors between processes on one Linux
+//!   host without a copy; the driver is loaded at run time, so this builds without CUDA and
+//!   the channel is simply not offered where no GPU is usable.
+//! - `quic`: QUIC across hosts (`ferry_quic`), scheme `quic://host:port#sha256=PIN`.
+//! - `rpc` (default): JSON-RPC 2.0 with tensors (`ferry_rpc`).
+//! - `http`: JSON-RPC over HTTP POST as well.
 //!
 //! The inline channel (tensor bytes inside the frame) is always present.
+//!
+//! The rest of this page is the repository's README; every Rust example in it is compiled
+//! and run as a doctest.
+#![doc = ""]
+#![doc = include_str!("../../README.md")]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -66,6 +50,10 @@ pub use ferry_quic;
 pub use ferry_rpc;
 #[cfg(feature = "shm")]
 pub use ferry_shm;
+#[cfg(feature = "rpc")]
+pub use schemars::{self, JsonSchema};
+pub use serde::{self, Deserialize, Serialize};
+pub use serde_json;
 
 use std::sync::Arc;
 
@@ -93,7 +81,7 @@ pub fn channels() -> Vec<Arc<dyn Channel>> {
     ]
 }
 
-/// [`endpoint`], with the shm channel's pool limited to `pool_limit` bytes
+/// [`endpoint()`], with the shm channel's pool limited to `pool_limit` bytes
 /// ([`ferry_shm::ShmOptions::pool_limit`]; `ferry serve --shm-pool-mib`).
 #[cfg(feature = "shm")]
 pub fn endpoint_with_shm_pool(pool_limit: u64) -> EndpointBuilder {
