@@ -27,18 +27,6 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod bench;
-#[cfg(feature = "rpc")]
-pub mod bench_rpc;
-#[cfg(feature = "rpc")]
-pub mod cli_rpc;
-#[cfg(feature = "rpc")]
-pub mod conformance_api;
-#[cfg(feature = "rpc")]
-pub mod demo;
-#[cfg(feature = "rpc")]
-pub mod sdk;
-
 pub use ferry_core::*;
 #[cfg(feature = "cuda-ipc")]
 pub use ferry_cuda_ipc;

@@ -265,7 +265,7 @@ impl Gate {
         if name.is_empty() {
             return false;
         }
-        if name == "localhost" || self.opts.allow_hosts.iter().any(|a| *a == name) {
+        if name == "localhost" || self.opts.allow_hosts.contains(&name) {
             return true;
         }
         match name.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {

@@ -1,5 +1,5 @@
 //! `cargo xtask rpc-clients`: third-party JSON-RPC clients and an OpenRPC validator
-//! against `ferry serve` (the ignored tests of `ferry/tests/external_clients.rs`).
+//! against `ferry serve` (the ignored tests of `cli/tests/external_clients.rs`).
 //!
 //! - Python: makes (once) a venv at `target/venv` with `python3 -m venv`, installs the
 //!   pinned `rpc/tests/py/requirements.txt` (jsonrpcclient) into it, and runs the Python
@@ -19,9 +19,9 @@ use crate::flags::Flags;
 /// `cargo xtask rpc-clients`.
 pub struct RpcClients;
 
-/// The Python test of `ferry/tests/external_clients.rs`.
+/// The Python test of `cli/tests/external_clients.rs`.
 const PYTHON_TEST: &str = "python_jsonrpcclient";
-/// The Node test of `ferry/tests/external_clients.rs`.
+/// The Node test of `cli/tests/external_clients.rs`.
 const NODE_TEST: &str = "node_open_rpc_client_and_validator";
 
 fn has(sh: &Shell, program: &str) -> bool {
@@ -85,7 +85,7 @@ impl RpcClients {
         }
         let mut c = cmd!(
             sh,
-            "cargo test -p ferry --features http --locked --test external_clients -- --ignored --exact {tests...}"
+            "cargo test -p ferry-cli --features http --locked --test external_clients -- --ignored --exact {tests...}"
         );
         for (k, v) in envs {
             c = c.env(k, v);

@@ -46,9 +46,9 @@ pub fn missing_tools(sh: &Shell) -> Vec<String> {
 
 /// Builds the `ferry` binary the SDK runs against (debug, as the workspace tests build it).
 fn ferry_bin(sh: &Shell) -> anyhow::Result<PathBuf> {
-    cmd!(sh, "cargo build -p ferry --locked").run()?;
+    cmd!(sh, "cargo build -p ferry-cli --locked").run()?;
     let bin = crate::target_dir(sh)?.join("debug").join("ferry");
-    anyhow::ensure!(bin.exists(), "cargo build -p ferry made no {}", bin.display());
+    anyhow::ensure!(bin.exists(), "cargo build -p ferry-cli made no {}", bin.display());
     Ok(bin)
 }
 

@@ -28,6 +28,8 @@ use interprocess::local_socket::tokio::{Listener as IpcListener, Stream as IpcSt
 use interprocess::local_socket::{GenericFilePath, GenericNamespaced, ListenerOptions, Name};
 
 #[cfg(unix)]
+mod holder;
+#[cfg(unix)]
 mod unix;
 
 /// The local-socket transport.
@@ -120,15 +122,15 @@ impl Transport for PipeTransport {
         let inner = match bind() {
             Ok(l) => l,
             #[cfg(unix)]
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => match unix::holder(&name) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => match holder::holder(&name) {
                 // A socket file nobody listens on (its server died without removing it,
                 // e.g. by SIGKILL): remove it and bind.
-                unix::Holder::Stale(path) => {
+                holder::Holder::Stale(path) => {
                     tracing::info!(%addr, "removing a stale socket file (nothing listens on it)");
                     std::fs::remove_file(&path).map_err(|e| io_err(addr, e))?;
                     bind().map_err(|e| io_err(addr, e))?
                 }
-                unix::Holder::Live { pid, uid } => {
+                holder::Holder::Live { pid, uid } => {
                     return Err(TransportError::AddrInUse {
                         addr: addr.to_string(),
                         detail: format!(
@@ -137,7 +139,7 @@ impl Transport for PipeTransport {
                         ),
                     });
                 }
-                unix::Holder::Unknown => return Err(io_err(addr, e)),
+                holder::Holder::Unknown => return Err(io_err(addr, e)),
             },
             Err(e) => return Err(io_err(addr, e)),
         };

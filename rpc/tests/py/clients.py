@@ -1,6 +1,6 @@
 """A third-party JSON-RPC client (jsonrpcclient, PyPI) against `ferry serve`.
 
-Run by `ferry/tests/external_clients.rs` (through `cargo xtask ci`) as
+Run by `cli/tests/external_clients.rs` (through `cargo xtask ci`) as
 `python clients.py unix:NAME http://HOST:PORT`. jsonrpcclient builds requests and parses
 responses; the transports are the stdlib's: newline-delimited JSON over the unix socket
 (abstract name) and HTTP POST with urllib. Prints one line per check and a closing

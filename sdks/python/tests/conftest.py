@@ -1,7 +1,7 @@
 """Fixtures: real `ferry serve` processes (killed at the end), unique addresses.
 
 The `ferry` binary is `$FERRY_BIN`, else `target/debug/ferry` or `target/release/ferry`
-of this repository (build it with `cargo build -p ferry`). Without it the tests fail
+of this repository (build it with `cargo build -p ferry-cli`). Without it the tests fail
 loudly: they never pass without a real server.
 """
 
@@ -37,7 +37,7 @@ def ferry_bin() -> str:
         if candidate.exists():
             return str(candidate)
     pytest.fail(
-        "no ferry binary: build it with `cargo build -p ferry` or set FERRY_BIN"
+        "no ferry binary: build it with `cargo build -p ferry-cli` or set FERRY_BIN"
     )
 
 

@@ -4,7 +4,7 @@ Skipped (with the reason) where CuPy, a device, or a `ferry` built with the `cud
 feature is missing; `FERRY_REQUIRE_CUDA=1` turns those skips into failures. On a GPU
 machine:
 
-    cargo build --release -p ferry --features cuda-ipc
+    cargo build --release -p ferry-cli --features cuda-ipc
     pip install ./sdks/python cupy-cuda12x        # torch too, for the DLPack check
     FERRY_BIN=target/release/ferry FERRY_REQUIRE_CUDA=1 \\
         python -m pytest sdks/python/tests/test_cuda_gpu.py -v

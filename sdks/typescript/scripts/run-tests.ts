@@ -1,6 +1,6 @@
 /**
  * `npm test`: makes sure there is a `ferry` binary (`$FERRY_BIN`, else
- * `cargo build --release -p ferry --locked` at the repository root), then runs every
+ * `cargo build --release -p ferry-cli --locked` at the repository root), then runs every
  * compiled test file with node's test runner.
  */
 

@@ -20,14 +20,14 @@ export function ferryBin(): string {
     const full = join(REPO_ROOT, p);
     if (existsSync(full)) return full;
   }
-  throw new Error("no ferry binary: set FERRY_BIN or run `cargo build --release -p ferry` (npm test does)");
+  throw new Error("no ferry binary: set FERRY_BIN or run `cargo build --release -p ferry-cli` (npm test does)");
 }
 
-/** `$FERRY_BIN`, or a freshly built release binary (`cargo build --release -p ferry --locked`). */
+/** `$FERRY_BIN`, or a freshly built release binary (`cargo build --release -p ferry-cli --locked`). */
 export function ensureFerry(): string {
   const env = process.env["FERRY_BIN"];
   if (env) return env;
-  console.error("building ferry (cargo build --release -p ferry --locked); set FERRY_BIN to skip");
+  console.error("building ferry (cargo build --release -p ferry-cli --locked); set FERRY_BIN to skip");
   const r = spawnSync("cargo", ["build", "--release", "-p", "ferry", "--locked"], { cwd: REPO_ROOT, stdio: "inherit" });
   if (r.error) throw new Error(`could not run cargo: ${r.error.message}`);
   if (r.status !== 0) throw new Error(`cargo build failed (${r.status})`);

@@ -1,4 +1,4 @@
-/** The client against a real `ferry serve` (the demo API, ferry/src/demo.rs). */
+/** The client against a real `ferry serve` (the demo API, cli/src/demo.rs). */
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";

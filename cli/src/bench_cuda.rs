@@ -4,9 +4,7 @@
 //! mapping of this process's memory and sends it back by reference, so a round trip moves
 //! descriptors and events only (zero copy both ways).
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -15,15 +13,6 @@ use ferry_cuda_ipc::CudaIpcChannel;
 use indicatif::ProgressBar;
 
 use super::{BenchOptions, Row, Size, filled, row, time_round_trips};
-
-struct Peer(Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A note for the user, shown whether or not the progress bar is.
 fn note(bar: &ProgressBar, msg: String) {
@@ -45,25 +34,12 @@ pub(super) async fn rows(
         note(bar, format!("skipping cuda-ipc: {e}"));
         return Ok(Vec::new());
     }
-    let Some(unix) = crate::transports().into_iter().find(|t| t.scheme() == "unix") else {
+    let Some(unix) = ferry::transports().into_iter().find(|t| t.scheme() == "unix") else {
         note(bar, "skipping cuda-ipc: it needs the `pipe` feature (unix sockets)".into());
         return Ok(Vec::new());
     };
     let addr = format!("unix:ferry-bench-cuda-{}", std::process::id());
-    let mut child = Command::new(exe)
-        .args(["__echo", &addr])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting the peer process {}", exe.display()))?;
-    let out = child.stdout.take().context("peer stdout")?;
-    let _peer = Peer(child);
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line)?;
-    if !line.starts_with("ready") {
-        bail!("peer process did not start (said {line:?})");
-    }
+    let _peer = crate::bench::start_echo_peer(exe, &addr)?;
     let ep = Endpoint::builder()
         .transport(unix.clone())
         .channel(Arc::new(chan.clone()) as Arc<dyn Channel>)

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use ferry::DType;
-use ferry::bench::{self, BenchOptions};
+use ferry_cli::bench::{self, BenchOptions};
 
 /// ferry moves tensors between processes as fast as the hardware allows.
 #[derive(Parser)]
@@ -64,14 +64,14 @@ enum Cmd {
     #[cfg(feature = "rpc")]
     Serve {
         /// Address to listen on.
-        #[arg(default_value = ferry::cli_rpc::DEFAULT_ADDR)]
+        #[arg(default_value = ferry_cli::cli_rpc::DEFAULT_ADDR)]
         addr: String,
         /// Also serve JSON-RPC over HTTP POST on HOST:PORT (feature `http`).
         #[arg(long, value_name = "HOST:PORT")]
         http: Option<String>,
         /// Which API to serve: demo, or conformance (what the SDKs' conformance scenarios call).
         #[arg(long, default_value = "demo")]
-        api: ferry::sdk::Api,
+        api: ferry_cli::sdk::Api,
         /// Microseconds a connection that was just answered polls its socket for the next
         /// request before it sleeps: saves a wake-up per call, costs a spinning CPU (at most
         /// half the CPUs; only while no other connection is active). Default: 50 when this
@@ -179,14 +179,14 @@ fn seconds(s: f64) -> anyhow::Result<std::time::Duration> {
 /// `ferry serve --busy-poll-us`, checked, or its default.
 #[cfg(feature = "rpc")]
 fn serve_busy_poll(busy_poll_us: Option<u64>) -> anyhow::Result<std::time::Duration> {
-    if let Some(us) = busy_poll_us.filter(|&us| us > ferry::cli_rpc::MAX_BUSY_POLL_US) {
+    if let Some(us) = busy_poll_us.filter(|&us| us > ferry_cli::cli_rpc::MAX_BUSY_POLL_US) {
         anyhow::bail!(
             "--busy-poll-us {us} is over the most allowed, {} µs: a polling connection holds a \
              runtime thread that long after each answer",
-            ferry::cli_rpc::MAX_BUSY_POLL_US
+            ferry_cli::cli_rpc::MAX_BUSY_POLL_US
         );
     }
-    Ok(busy_poll_us.map_or_else(ferry::cli_rpc::default_busy_poll, std::time::Duration::from_micros))
+    Ok(busy_poll_us.map_or_else(ferry_cli::cli_rpc::default_busy_poll, std::time::Duration::from_micros))
 }
 
 /// `ferry serve --workers`, checked, or its default for the busy-polling window.
@@ -194,10 +194,10 @@ fn serve_busy_poll(busy_poll_us: Option<u64>) -> anyhow::Result<std::time::Durat
 fn serve_workers(busy_poll_us: Option<u64>, workers: Option<usize>) -> anyhow::Result<usize> {
     let busy_poll = serve_busy_poll(busy_poll_us)?;
     match workers {
-        None => Ok(ferry::cli_rpc::default_workers(busy_poll)),
+        None => Ok(ferry_cli::cli_rpc::default_workers(busy_poll)),
         Some(0) => anyhow::bail!("--workers 0: a server needs at least 1 runtime worker thread"),
-        Some(n) if n > ferry::cli_rpc::MAX_WORKERS => {
-            anyhow::bail!("--workers {n} is over the most allowed, {}", ferry::cli_rpc::MAX_WORKERS)
+        Some(n) if n > ferry_cli::cli_rpc::MAX_WORKERS => {
+            anyhow::bail!("--workers {n} is over the most allowed, {}", ferry_cli::cli_rpc::MAX_WORKERS)
         }
         Some(n) => Ok(n),
     }
@@ -274,7 +274,7 @@ fn main() -> ExitCode {
                 }
                 #[cfg(feature = "rpc")]
                 if !no_rpc {
-                    let rows = ferry::bench_rpc::run(&exe, &opts, |r| {
+                    let rows = ferry_cli::bench_rpc::run(&exe, &opts, |r| {
                         if json {
                             println!("{}", serde_json::to_string(r).unwrap_or_default());
                         }
@@ -282,11 +282,11 @@ fn main() -> ExitCode {
                     .await?;
                     if !json {
                         println!();
-                        print!("{}", ferry::bench_rpc::table(&rows));
+                        print!("{}", ferry_cli::bench_rpc::table(&rows));
                         println!(
                             "JSON-RPC calls to `ferry serve` in a second process; call-add-x{}: that many clients at \
                              once; echo GB/s counts both directions.",
-                            ferry::bench_rpc::CLIENTS
+                            ferry_cli::bench_rpc::CLIENTS
                         );
                     }
                 }
@@ -308,19 +308,20 @@ fn main() -> ExitCode {
                 shm_pool_mib,
             } => {
                 let busy_poll = serve_busy_poll(busy_poll_us)?;
-                let access = ferry::cli_rpc::Access {
+                let access = ferry_cli::cli_rpc::Access {
                     token,
                     allow_unauthenticated,
                     http_allow_origins: http_allow_origin,
                     http_allow_hosts: http_allow_host,
                 };
                 let shm_pool = shm_pool_mib.map(|m| m.saturating_mul(1 << 20));
-                ferry::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await
+                ferry_cli::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await
             }
             #[cfg(feature = "rpc")]
             Cmd::Sdk { lang, from, out, name, ts_runtime, timeout } => {
                 let files =
-                    ferry::sdk::generate(lang, &from, &out, name.as_deref(), &ts_runtime, seconds(timeout)?).await?;
+                    ferry_cli::sdk::generate(lang, &from, &out, name.as_deref(), &ts_runtime, seconds(timeout)?)
+                        .await?;
                 for f in files {
                     println!("wrote {}", f.display());
                 }
@@ -328,15 +329,16 @@ fn main() -> ExitCode {
             }
             #[cfg(feature = "rpc")]
             Cmd::Call { addr, method, params, timeout, token } => {
-                let params = params.as_deref().map(ferry::cli_rpc::params_text).transpose()?;
-                let v = ferry::cli_rpc::call(&addr, &method, params.as_deref(), token.as_deref(), seconds(timeout)?)
-                    .await?;
+                let params = params.as_deref().map(ferry_cli::cli_rpc::params_text).transpose()?;
+                let v =
+                    ferry_cli::cli_rpc::call(&addr, &method, params.as_deref(), token.as_deref(), seconds(timeout)?)
+                        .await?;
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 Ok(())
             }
             #[cfg(feature = "rpc")]
             Cmd::Discover { addr, timeout, token } => {
-                let doc = ferry::cli_rpc::discover(&addr, token.as_deref(), seconds(timeout)?).await?;
+                let doc = ferry_cli::cli_rpc::discover(&addr, token.as_deref(), seconds(timeout)?).await?;
                 println!("{}", serde_json::to_string_pretty(&doc)?);
                 Ok(())
             }

@@ -19,15 +19,15 @@
 //! `base-rtt-copy-in` beside `call-tensor` / `call-copy-in`. `x_base` is the call's p50
 //! over its base's p50.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use ferry_core::{Channel, DType, Endpoint, Message, Pipe, PipeError, Tensor, TensorMeta, Transport};
 use ferry_rpc::{Client, RpcTensor};
+
+use crate::bench::{ChildProcess, start_child, start_echo_peer};
 use serde::Serialize;
 use serde_json::json;
 
@@ -80,34 +80,6 @@ impl Samples {
 }
 
 /// The benchmark's plain echo peer (`ferry __echo ADDR`); exits when its stdin closes.
-struct EchoPeer(Child);
-
-impl Drop for EchoPeer {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_echo(exe: &Path, addr: &str) -> anyhow::Result<EchoPeer> {
-    let mut child = Command::new(exe)
-        .args(["__echo", addr])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {} __echo", exe.display()))?;
-    let out = child.stdout.take().context("echo peer stdout")?;
-    let peer = EchoPeer(child);
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line)?;
-    if !line.starts_with("ready") {
-        bail!("echo peer did not start (said {line:?})");
-    }
-    Ok(peer)
-}
-
 async fn rtt(pipe: &Pipe, msg: &Message) -> anyhow::Result<Message> {
     pipe.send(msg.clone()).await?;
     Ok(pipe.recv().await?)
@@ -131,34 +103,13 @@ where
     Ok((sa, sb))
 }
 
-struct Served(Child);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `ferry serve ADDR` (plus the options in `$FERRY_BENCH_SERVE_ARGS`, split on
 /// whitespace, to compare server settings) and waits until it listens.
-fn start_server(exe: &Path, addr: &str) -> anyhow::Result<Served> {
-    let mut child = Command::new(exe)
-        .args(["serve", addr])
-        .args(std::env::var("FERRY_BENCH_SERVE_ARGS").unwrap_or_default().split_whitespace())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {} serve", exe.display()))?;
-    let out = child.stdout.take().context("server stdout")?;
-    let served = Served(child);
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line)?;
-    if !line.starts_with("listening on") {
-        bail!("ferry serve did not start (said {line:?})");
-    }
-    Ok(served)
+fn start_server(exe: &Path, addr: &str) -> anyhow::Result<ChildProcess> {
+    let extra = std::env::var("FERRY_BENCH_SERVE_ARGS").unwrap_or_default();
+    let mut args = vec!["serve", addr];
+    args.extend(extra.split_whitespace());
+    Ok(start_child(exe, &args, "listening on")?.0)
 }
 
 /// Times `n` calls of `f`. Like the round trips of [`crate::bench`], a call's time ends
@@ -196,9 +147,9 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
     let bytes = meta.byte_span().context("tensor shape")?;
     let label = format!("{}[{}]", opts.dtype, opts.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
     let heap = filled(meta.clone())?;
-    let pairs: Vec<(Arc<dyn Transport>, Arc<dyn Channel>)> = crate::transports()
+    let pairs: Vec<(Arc<dyn Transport>, Arc<dyn Channel>)> = ferry::transports()
         .into_iter()
-        .flat_map(|t| crate::channels().into_iter().map(move |c| (t.clone(), c)))
+        .flat_map(|t| ferry::channels().into_iter().map(move |c| (t.clone(), c)))
         .filter(|(t, c)| opts.only.is_empty() || opts.only.iter().any(|o| o == t.name() || o == c.name()))
         .collect();
     let mut rows = Vec::new();
@@ -236,7 +187,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         step(&format!("{} / {channel}: add beside a 64-byte round trip", t.name()));
 
         let echo_addr = format!("unix:ferry-bench-rpc-echo-{}-{i}", std::process::id());
-        let _echo = start_echo(exe, &echo_addr)?;
+        let _echo = start_echo_peer(exe, &echo_addr)?;
         let raw = ep.connect(&echo_addr).await.context("connecting to the echo peer")?;
         let small = Message::with_tensors(json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
 

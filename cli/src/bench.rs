@@ -136,7 +136,7 @@ pub fn filled(meta: TensorMeta) -> anyhow::Result<Tensor> {
 /// The echo peer the benchmark starts in a second process (`ferry __echo ADDR`): serves
 /// every pipe, echoing each message, until stdin closes.
 pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
-    let mut listener = crate::endpoint().build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
+    let mut listener = ferry::endpoint().build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
     // The real address (a port chosen by the OS, a QUIC pin) for the benchmark to use, and
     // with QUIC a bare quinn sink to compare against.
     #[cfg(feature = "quic")]
@@ -181,32 +181,41 @@ pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
     }
 }
 
-struct PeerProcess(Child);
+/// A child process of the benchmark (the echo peer, `ferry serve`): killed when dropped.
+pub(crate) struct ChildProcess(Child);
 
-impl Drop for PeerProcess {
+impl Drop for ChildProcess {
     fn drop(&mut self) {
+        drop(self.0.stdin.take());
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
 
-/// Starts the echo peer listening at `addr`; returns it and the address it really listens on.
-fn start_peer(exe: &Path, addr: &str) -> anyhow::Result<(PeerProcess, String)> {
+/// Starts `exe args..` and waits for its first line, which must start with `ready`;
+/// returns the process and the rest of that line (trimmed).
+pub(crate) fn start_child(exe: &Path, args: &[&str], ready: &str) -> anyhow::Result<(ChildProcess, String)> {
     let mut child = Command::new(exe)
-        .args(["__echo", addr])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .with_context(|| format!("starting the peer process {}", exe.display()))?;
-    let out = child.stdout.take().context("peer stdout")?;
-    let peer = PeerProcess(child);
+        .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))?;
+    let out = child.stdout.take().context("child stdout")?;
+    let process = ChildProcess(child);
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line)?;
-    match line.trim().strip_prefix("ready ") {
-        Some(real) => Ok((peer, real.to_string())),
-        None => bail!("peer process did not start (said {line:?})"),
+    match line.trim().strip_prefix(ready) {
+        Some(rest) => Ok((process, rest.trim().to_string())),
+        None => bail!("`{} {}` did not start (said {line:?})", exe.display(), args.join(" ")),
     }
+}
+
+/// Starts the echo peer (`ferry __echo ADDR`); returns it and what it reports: the address
+/// it really listens on, then (with QUIC) a bare quinn sink.
+pub(crate) fn start_echo_peer(exe: &Path, addr: &str) -> anyhow::Result<(ChildProcess, String)> {
+    start_child(exe, &["__echo", addr], "ready")
 }
 
 /// The peer's reported addresses: its ferry address, then (with QUIC) a bare quinn sink.
@@ -298,9 +307,9 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     let small =
         Message::with_tensors(serde_json::json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
 
-    let pairs: Vec<(Arc<dyn Transport>, Arc<dyn Channel>)> = crate::transports()
+    let pairs: Vec<(Arc<dyn Transport>, Arc<dyn Channel>)> = ferry::transports()
         .into_iter()
-        .flat_map(|t| crate::channels().into_iter().map(move |c| (t.clone(), c)))
+        .flat_map(|t| ferry::channels().into_iter().map(move |c| (t.clone(), c)))
         .filter(|(t, c)| opts.only.is_empty() || opts.only.iter().any(|o| o == t.name() || o == c.name()))
         .collect();
     if pairs.is_empty() {
@@ -337,7 +346,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         }
         let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
         bar.set_message(format!("{} / {}", t.name(), c.name()));
-        let (_peer, ready) = start_peer(exe, &addr)?;
+        let (_peer, ready) = start_echo_peer(exe, &addr)?;
         let (addr, _sink) = split_ready(&ready);
         let client = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
         let pipe = match client.connect(&addr).await {

@@ -84,7 +84,7 @@ impl Access {
 /// JSON-RPC on the same socket) and, if `http` is given (`HOST:PORT`, feature `http`), over
 /// HTTP POST, until interrupted. Prints `listening on ADDR` (and `http on http://HOST:PORT`)
 /// to stdout once ready. Ferry connections busy-poll for `busy_poll` after each
-/// answer ([`crate::EndpointBuilder::busy_poll`]). `shm_pool` limits each connection's shm
+/// answer ([`ferry::EndpointBuilder::busy_poll`]). `shm_pool` limits each connection's shm
 /// pool (bytes; default 2 GiB). `access` says who may call.
 pub async fn serve(
     addr: &str,
@@ -104,10 +104,10 @@ pub async fn serve(
             bail!("--shm-pool-mib {}: the pool needs at least 2 MiB (segments grow in 2 MiB steps)", b >> 20)
         }
         #[cfg(feature = "shm")]
-        Some(bytes) => crate::endpoint_with_shm_pool(bytes),
+        Some(bytes) => ferry::endpoint_with_shm_pool(bytes),
         #[cfg(not(feature = "shm"))]
         Some(_) => bail!("--shm-pool-mib needs ferry built with the `shm` feature"),
-        None => crate::endpoint(),
+        None => ferry::endpoint(),
     };
     let mut ep = ep.accept_foreign(true).busy_poll(busy_poll);
     if let Some(t) = &access.token {
@@ -196,7 +196,7 @@ async fn bind_http(http: &str, access: &Access) -> anyhow::Result<HttpListener> 
 #[cfg(not(feature = "http"))]
 async fn bind_http(_: &str, _: &Access) -> anyhow::Result<HttpListener> {
     bail!(
-        "--http needs ferry built with the `http` feature (in this workspace: cargo build --release -p ferry \
+        "--http needs ferry built with the `http` feature (in this workspace: cargo build --release -p ferry-cli \
          --features http)"
     )
 }
@@ -235,7 +235,7 @@ fn start_http(
 }
 
 async fn client(addr: &str, token: Option<&str>, timeout: Duration) -> anyhow::Result<Client> {
-    let mut ep = crate::endpoint();
+    let mut ep = ferry::endpoint();
     if let Some(t) = token {
         ep = ep.token(t);
     }

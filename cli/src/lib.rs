@@ -1,0 +1,29 @@
+//! The `ferry` command-line tool's library: what `ferry bench`, `serve`, `call`,
+//! `discover` and `sdk` run, and the built-in APIs they serve.
+//!
+//! - [`bench`] (and `bench_rpc`): the benchmark, with its echo peer.
+//! - `cli_rpc`: `ferry serve / call / discover` (feature `rpc`).
+//! - `demo`, `conformance_api`: the demo API and the API the SDKs' conformance scenarios
+//!   call (feature `rpc`).
+//! - `sdk`: `ferry sdk`, typed Python and TypeScript clients from an OpenRPC document.
+//!
+//! It is a separate package from the `ferry` library so that programs using the library do
+//! not compile clap, indicatif, tracing-subscriber or the SDK generator. The binary is still
+//! called `ferry`: `cargo run --release -p ferry-cli -- bench`.
+//!
+//! # Feature flags
+//! The `ferry` library's (`pipe`, `shm`, `cuda-ipc`, `quic`, `rpc`, `http`), forwarded to it.
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod bench;
+#[cfg(feature = "rpc")]
+pub mod bench_rpc;
+#[cfg(feature = "rpc")]
+pub mod cli_rpc;
+#[cfg(feature = "rpc")]
+pub mod conformance_api;
+#[cfg(feature = "rpc")]
+pub mod demo;
+#[cfg(feature = "rpc")]
+pub mod sdk;
