@@ -44,6 +44,30 @@ from .errors import (
 _SCRATCH = 1 << 16
 
 
+async def _answers(
+    futures: list[asyncio.Future[Outcome]], timeout: float | None
+) -> list[Outcome]:
+    """The answers of `futures`, in order; `asyncio.TimeoutError` after `timeout`
+    seconds.
+
+    Not `asyncio.gather`: a gather cancelled (the caller's task cancelled, or `wait_for`
+    timing out) keeps a CancelledError that nobody retrieves, and asyncio then printed
+    "_GatheringFuture exception was never retrieved" for every cancelled call.
+    """
+    if len(futures) == 1:
+        return [await asyncio.wait_for(futures[0], timeout)]
+    done, pending = await asyncio.wait(
+        futures, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
+    )
+    # Each exception is retrieved (the connection's end sets one on every future).
+    errors = [e for f in done if not f.cancelled() and (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+    if pending:
+        raise asyncio.TimeoutError
+    return [f.result() for f in futures]
+
+
 class AsyncClient:
     """A connection to a ferry JSON-RPC server, for asyncio. Make one with
     `await AsyncClient.connect(addr)`; the methods mirror `Client`'s."""
@@ -302,9 +326,8 @@ class AsyncClient:
                 )
             remaining = deadline - time.monotonic()
             try:
-                outcomes = await asyncio.wait_for(
-                    asyncio.gather(*futures),
-                    None if remaining == math.inf else max(remaining, 0),
+                outcomes = await _answers(
+                    futures, None if remaining == math.inf else max(remaining, 0)
                 )
             except asyncio.TimeoutError:
                 t = self.timeout if timeout is None else timeout
@@ -312,10 +335,11 @@ class AsyncClient:
                     f"no answer within {t}s; the call was cancelled on the server"
                 ) from None
             done = True
-            return list(outcomes)
+            return outcomes
         finally:
-            for i in ids:
+            for i, f in zip(ids, futures):
                 self._pending.pop(i, None)
+                f.cancel()  # (no-op once answered)
             if not done and self._dead is None:
                 self._cancel_remote(ids)
 

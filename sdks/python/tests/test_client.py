@@ -4,6 +4,7 @@ on real sockets."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import struct
@@ -239,6 +240,41 @@ def test_asyncio_client(demo: Server) -> None:
             await raw.call("add", [1, 2])
 
     asyncio.run(main())
+
+
+def test_asyncio_cancelled_and_timed_out_calls_print_nothing(
+    demo: Server, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A call whose task is cancelled, or that times out, single or in a batch, leaves
+    asyncio nothing to report (it printed "_GatheringFuture exception was never
+    retrieved" for each, when the client gathered the answers)."""
+    reports: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: reports.append(context))
+        async with await AsyncClient.connect(demo.addr, timeout=10) as c:
+            slow: list[tuple[str, object]] = [("sleep", {"ms": 10_000})] * 2
+            for call in (c.call("sleep", {"ms": 10_000}), c.batch(slow)):
+                task = asyncio.ensure_future(call)
+                await asyncio.sleep(0.05)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            with pytest.raises(CallTimeout):
+                await c.call("sleep", {"ms": 10_000}, timeout=0.05)
+            with pytest.raises(CallTimeout):
+                await c.batch(slow, timeout=0.05)
+            assert await c.call("add", [1, 1]) == 2.0
+            # The futures of those calls are garbage now: collecting them reports nothing.
+            gc.collect()
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    gc.collect()
+    assert reports == []
+    err = capfd.readouterr().err
+    assert "never retrieved" not in err, err
 
 
 # ---- hostile servers on real sockets ----------------------------------------------------
