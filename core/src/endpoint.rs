@@ -319,7 +319,8 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
     if let Some(b) = &busy_poll {
         b.set_window(cfg.busy_poll);
     }
-    let reader = FrameReader::new(read, fds.clone(), cfg.limits).with_busy_poll(busy_poll);
+    // Until the handshake is done, frames are held to the small handshake limits.
+    let reader = FrameReader::new(read, fds.clone(), crate::frame::HANDSHAKE_LIMITS).with_busy_poll(busy_poll);
     (info, reader, FrameWriter::new(write, fds))
 }
 
@@ -377,6 +378,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         features: welcome.features,
         token_verified: false,
     };
+    reader.set_limits(cfg.limits);
     Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, (ctx.control, control_rx)))
 }
 
@@ -455,6 +457,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             };
             // A client that announces no limits accepts what this side accepts.
             let peer_limits = hello.limits.unwrap_or(cfg.limits);
+            reader.set_limits(cfg.limits);
             Ok(Accepted::Pipe(Pipe::start(
                 reader,
                 writer,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use crate::error::{LimitError, PipeError, ProtocolError};
-use crate::tensor::AlignedBuf;
+use crate::tensor::ALIGN;
 use crate::transport::BusyPoll;
 use crate::transport::FdQueueRef as FdQueue;
 use crate::wire::Limits;
@@ -168,6 +168,16 @@ impl Frame {
     }
 }
 
+/// The most memory a frame is given ahead of its bytes: the first step of
+/// [`FrameReader`]'s reads (then each step is as large as what already arrived).
+pub const FIRST_STEP: usize = 256 << 10;
+
+/// What a peer may send before the handshake is done (HELLO, WELCOME, REFUSE): JSON
+/// headers of at most 64 KiB, no payload, no descriptors, so that an unauthenticated peer
+/// can cost a server no more than that.
+pub const HANDSHAKE_LIMITS: Limits =
+    Limits { max_header_bytes: 64 << 10, max_payload_bytes: 0, max_tensors: 0, max_fds: 0 };
+
 /// Reads frames from a connection's read half.
 pub struct FrameReader {
     inner: BufReader<Box<dyn AsyncRead + Send + Unpin>>,
@@ -228,8 +238,7 @@ impl FrameReader {
         if prefix.fds != 0 {
             return Err(ProtocolError::Fds("this transport cannot carry file descriptors".into()).into());
         }
-        let mut header = vec![0u8; prefix.header_len as usize];
-        self.inner.read_exact(&mut header).await?;
+        let header = self.read_aligned(prefix.header_len as usize).await?.to_vec();
         let len = usize::try_from(prefix.payload_len).map_err(|_| {
             PipeError::Limit(LimitError {
                 limit: "max_payload_bytes",
@@ -239,13 +248,7 @@ impl FrameReader {
                 hint: "this machine cannot address that much memory".into(),
             })
         })?;
-        let payload = if len == 0 {
-            Bytes::new()
-        } else {
-            let mut buf = AlignedBuf::zeroed(len);
-            self.inner.read_exact(buf.as_mut()).await?;
-            buf.into_bytes()
-        };
+        let payload = self.read_aligned(len).await?;
         Ok(Frame {
             kind,
             header,
@@ -253,6 +256,45 @@ impl FrameReader {
             #[cfg(unix)]
             fds,
         })
+    }
+
+    /// Reads exactly `len` bytes into fresh [`ALIGN`]-aligned memory, committing memory only
+    /// for bytes that arrived: the buffer's address space is reserved up front (no copy
+    /// later), but it is written (zeroed, then filled) in steps that stay within
+    /// [`FIRST_STEP`] or the bytes already received, whichever is larger. A peer announcing
+    /// 4 GiB and sending 100 bytes costs [`FIRST_STEP`]; an honest frame is zeroed once and
+    /// filled once, as before.
+    async fn read_aligned(&mut self, len: usize) -> Result<Bytes, PipeError> {
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len.saturating_add(ALIGN - 1)).map_err(|_| {
+            PipeError::Limit(LimitError {
+                limit: "max_payload_bytes",
+                what: "frame length this process could not reserve memory for",
+                value: len as u64,
+                max: self.limits.max_payload_bytes,
+                hint: "the machine is out of memory (or address space) for a frame that large".into(),
+            })
+        })?;
+        let pad = v.as_ptr().align_offset(ALIGN).min(ALIGN - 1);
+        v.resize(pad, 0);
+        let mut filled = 0;
+        while filled < len {
+            let step = (len - filled).min(filled.max(FIRST_STEP));
+            let start = v.len();
+            v.resize(start + step, 0);
+            self.inner.read_exact(&mut v[start..]).await?;
+            filled += step;
+        }
+        Ok(Bytes::from(v).slice(pad..))
+    }
+
+    /// Changes the limits checked from the next frame on (the handshake reads with small
+    /// ones, [`HANDSHAKE_LIMITS`], the pipe with the agreed ones).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
     }
 
     #[cfg(unix)]
