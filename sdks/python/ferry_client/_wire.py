@@ -7,6 +7,7 @@ frames; `frame()` builds the bytes of one frame. Nothing here touches a socket.
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -135,7 +136,7 @@ class Frame:
     __slots__ = ("kind", "header", "payload", "fds")
 
     def __init__(
-        self, kind: int, header: Any, payload: bytearray, fds: list[int]
+        self, kind: int, header: Any, payload: bytearray | mmap.mmap, fds: list[int]
     ) -> None:
         self.kind = kind
         self.header = header
@@ -150,6 +151,23 @@ class Frame:
 
 
 _SCRATCH = 1 << 16
+
+# Payloads larger than this are read into an anonymous mapping, whose pages the kernel
+# backs only as bytes land in them: a peer announcing gigabytes and sending a few bytes
+# costs a few bytes (a bytearray would be zeroed, all of it, before the first byte).
+_LAZY_PAYLOAD = 256 << 10
+
+
+def _payload_buffer(n: int) -> bytearray | mmap.mmap:
+    """A writable buffer of `n` bytes that commits memory only as it is written."""
+    if n <= _LAZY_PAYLOAD:
+        return bytearray(n)
+    try:
+        return mmap.mmap(-1, n)
+    except (OSError, OverflowError, ValueError) as e:
+        raise ProtocolError(
+            f"cannot reserve {n} bytes for a frame payload: {e}", "limit"
+        ) from None
 
 
 class FrameReader:
@@ -171,7 +189,7 @@ class FrameReader:
         self._prefix: tuple[int, int, int, int] | None = None  # kind, nfds, hlen, plen
         self._header: Any = None
         self._have_header = False
-        self._payload: bytearray | None = None
+        self._payload: bytearray | mmap.mmap | None = None
         self._got = 0
 
     def _queue(self, fds: list[int]) -> None:
@@ -292,7 +310,7 @@ class FrameReader:
             self._header = loads(memoryview(self._buf)[:hlen], "frame header")
             del self._buf[:hlen]
             self._have_header = True
-            self._payload = bytearray(plen)
+            self._payload = _payload_buffer(plen)
             self._got = 0
             take = min(plen, len(self._buf))
             if take:

@@ -45,6 +45,35 @@ def msg(header: object, payload: bytes = b"", fds: int = 0) -> bytes:
     return frame(MESSAGE, header, len(payload), fds) + payload
 
 
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_a_claimed_payload_costs_only_what_arrived() -> None:
+    # A hostile server announces 3 GiB and sends 100 bytes: the client commits memory for
+    # what arrived, not for the claim (a bytearray would zero all 3 GiB first).
+    limits = Limits(max_payload_bytes=4 << 30)
+    r = FrameReader(limits)
+    before = _rss_kib()
+    r.feed(PREAMBLE + frame(MESSAGE, {"header": 1}, 3 << 30) + b"x" * 100, [])
+    assert r.next_frame() is None and r.in_payload
+    view = r.direct()
+    assert view is not None and len(view) == (3 << 30) - 100
+    grew = _rss_kib() - before
+    assert grew < 2048, f"a 3 GiB claim grew the client by {grew} KiB"
+    # An honest large frame still arrives whole.
+    r = FrameReader(limits)
+    body = bytes(range(256)) * 4096
+    r.feed(PREAMBLE + msg({"header": 2}, body), [])
+    f = r.next_frame()
+    assert f is not None and bytes(f.payload) == body
+
+
 def test_frames_split_anywhere() -> None:
     data = PREAMBLE + msg({"header": 1}, b"abc") + frame(CONTROL, {"x": 1})
     for step in (1, 3, 7, len(data)):
