@@ -195,10 +195,39 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         time_calls(opts.warmup.max(10), || rtt(&raw, &small)).await?;
         let (base, call) = interleaved(opts.small_iters, || rtt(&raw, &small), || add(&client)).await?;
         let base = row(pair, "base-rtt-64B", "u8[64]", 64, 2.0, &base);
-        emit(versus(row(pair, "call-add", "-", 0, 0.0, &call), &base));
+        let quiet = versus(row(pair, "call-add", "-", 0, 0.0, &call), &base);
+        emit(quiet.clone());
         emit(base);
 
         step(&format!("{} / {channel}: add from {CLIENTS} clients at once", t.name()));
+        // `add` from one client while another loops a CPU-bound `matmul` (a blocking
+        // handler): the add's p50 against the quiet `call-add` of this run (x_base), its
+        // p99 in the row.
+        step(&format!("{} / {channel}: add while another client loops matmul", t.name()));
+        {
+            let busy = Client::new(ep.connect(&addr).await?);
+            let m = Tensor::from_slice(vec![256, 256], &vec![0.5f32; 256 * 256])?;
+            let mm = json!({"a": RpcTensor::from(m.clone()), "b": RpcTensor::from(m)});
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let looping = {
+                let (busy, stop) = (busy.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        busy.call::<_, RpcTensor>("matmul", &mm).await?;
+                        n += 1;
+                    }
+                    anyhow::Ok(n)
+                })
+            };
+            let loaded = time_calls(opts.small_iters, || add(&client)).await?;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let matmuls = looping.await??;
+            anyhow::ensure!(matmuls > 0, "the matmul loop did not run");
+            let r = row(pair, "call-add-matmul", "-", 0, 0.0, &loaded);
+            emit(versus(r, &quiet));
+        }
+
         let mut clients = Vec::with_capacity(CLIENTS);
         for _ in 0..CLIENTS {
             clients.push(Client::new(ep.connect(&addr).await?));

@@ -129,7 +129,7 @@ pub fn methods() -> Methods {
     );
     reg(m.register_ctx("create_tensor", create_tensor), "A tensor of shape and dtype, every element = fill");
     reg(m.register("sum", |p: TensorParams| async move { sum(&p.tensor, "tensor") }), "Sum of a tensor's elements");
-    reg(m.register_ctx("matmul", matmul), "a @ b for f32 matrices");
+    reg(m.register_blocking("matmul", matmul), "a @ b for f32 matrices (computed on the blocking pool)");
     reg(
         m.register("sleep", |p: SleepParams| async move {
             tokio::time::sleep(Duration::from_millis(p.ms)).await;
@@ -235,7 +235,9 @@ pub fn sum(t: &Tensor, path: &str) -> Result<f64, ErrorObject> {
     }
 }
 
-async fn matmul(p: MatmulParams, ctx: CallContext) -> Result<RpcTensor, ErrorObject> {
+/// Computes on the blocking pool (`register_blocking`): other calls go on meanwhile, and a
+/// cancelled call stops at the next row.
+fn matmul(p: MatmulParams, ctx: CallContext) -> Result<RpcTensor, ErrorObject> {
     let dims = |t: &Tensor, name: &str| -> Result<(u64, u64), ErrorObject> {
         if t.dtype() != DType::F32 {
             return Err(invalid(name, format!("expected an f32 matrix, got dtype {}", t.dtype())));
@@ -256,10 +258,13 @@ async fn matmul(p: MatmulParams, ctx: CallContext) -> Result<RpcTensor, ErrorObj
     }
     let a = slice_of::<f32>(&p.a, "a")?;
     let b = slice_of::<f32>(&p.b, "b")?;
-    let mut out = ctx.alloc(TensorMeta::new(DType::F32, vec![m, n])).await?;
+    let mut out = ctx.alloc_blocking(TensorMeta::new(DType::F32, vec![m, n]))?;
     let o = out.as_mut_slice::<f32>().map_err(ErrorObject::tensor)?;
     let (m, k, n) = (m as usize, k as usize, n as usize);
     for i in 0..m {
+        if ctx.is_cancelled() {
+            return Err(ErrorObject::cancelled("matmul"));
+        }
         let row = &mut o[i * n..(i + 1) * n];
         for (kk, &av) in a[i * k..(i + 1) * k].iter().enumerate() {
             for (x, &bv) in row.iter_mut().zip(&b[kk * n..(kk + 1) * n]) {

@@ -224,8 +224,13 @@ impl Conn {
             return (None, ready(id.map(|id| respond(id, Err(e)))));
         };
         let token = slot.token.clone();
-        let ctx =
-            CallContext { peer: self.peer.clone(), id: id.clone(), cancel: token.clone(), pipe: self.pipe.clone() };
+        let ctx = CallContext {
+            peer: self.peer.clone(),
+            id: id.clone(),
+            cancel: token.clone(),
+            pipe: self.pipe.clone(),
+            permit: None,
+        };
         let started = self.start_method(method, params, tensors, ctx);
         let fut = async move {
             let r = match started {
@@ -283,7 +288,8 @@ impl Conn {
                 // The task outlives this call (and if detached its connection): its own
                 // token, no pipe.
                 let token = CancellationToken::new();
-                let task_ctx = CallContext { peer: ctx.peer.clone(), id: None, cancel: token.clone(), pipe: None };
+                let task_ctx =
+                    CallContext { peer: ctx.peer.clone(), id: None, cancel: token.clone(), pipe: None, permit: None };
                 let fut = handler.call(p.params, tensors, task_ctx)?;
                 let by =
                     Submitter { owner: ctx.peer.identity.clone(), conn: if p.detached { None } else { ctx.peer.conn } };

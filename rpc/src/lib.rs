@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod blocking;
 pub mod client;
 pub mod codes;
 mod dispatch;

@@ -95,13 +95,28 @@ pub struct CallContext {
     pub(crate) id: Option<Value>,
     pub(crate) cancel: CancellationToken,
     pub(crate) pipe: Option<Arc<Pipe>>,
+    /// The method's concurrency permit ([`MethodDoc::concurrency`]), held while any clone of
+    /// this context lives.
+    pub(crate) permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl CallContext {
     /// A context for calling a handler directly (tests, in-process use): no pipe, never
     /// cancelled unless `cancel` is.
     pub fn detached(peer: PeerInfo, cancel: CancellationToken) -> CallContext {
-        CallContext { peer: Arc::new(peer), id: None, cancel, pipe: None }
+        CallContext { peer: Arc::new(peer), id: None, cancel, pipe: None, permit: None }
+    }
+
+    pub(crate) fn with_permit(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        self.permit = Some(Arc::new(permit));
+        self
+    }
+
+    /// [`CallContext::alloc`] for handlers registered with
+    /// [`Methods::register_blocking`], which run on the blocking pool (outside it, on a
+    /// runtime worker, this panics: use `alloc().await` there).
+    pub fn alloc_blocking(&self, meta: TensorMeta) -> Result<TensorMut, ErrorObject> {
+        tokio::runtime::Handle::current().block_on(self.alloc(meta))
     }
 
     /// The caller.
@@ -345,6 +360,16 @@ impl MethodDoc<'_> {
         self
     }
 
+    /// Caps the calls of this method that run at once (tasks included); more wait for a
+    /// free slot, in order. For a handler registered with [`Methods::register_blocking`]
+    /// the cap counts the threads computing, a cancelled call's included until it returns.
+    pub fn concurrency(self, n: usize) -> Self {
+        let inner = self.0.handler.clone();
+        let permits = Arc::new(tokio::sync::Semaphore::new(n.max(1)));
+        self.0.handler = Arc::new(crate::blocking::Capped { inner, permits });
+        self
+    }
+
     /// Lets by-name params carry names the params type does not have: they are ignored
     /// (serde's default), and `rpc.discover` says so (`x-ferry-additional-params: true`).
     /// Without it, an unknown name (a typo such as `"fil"` for `"fill"`) is an
@@ -399,6 +424,53 @@ impl Methods {
         }
         self.insert(
             Arc::new(Typed { f, _types: PhantomData::<fn(P) -> R> }),
+            MethodInfo {
+                name: name.to_owned(),
+                summary: None,
+                description: None,
+                deprecated: false,
+                params: schema_of::<P>,
+                result: schema_of::<R>,
+                param_names: crate::openrpc::field_names::<P>,
+                additional_params: false,
+            },
+        )
+    }
+
+    /// Registers `f(params, ctx)`, a plain synchronous function that computes (a `matmul`,
+    /// a checksum over a tensor, a model's forward pass on the CPU). It runs on tokio's
+    /// blocking pool, never on a runtime worker, so other calls and connections go on while
+    /// it computes. A cancelled call is answered `cancelled` at once; the function should
+    /// check `ctx.is_cancelled()` in its loops to stop early (see [`crate::blocking`]).
+    /// Result tensors: `ctx.alloc_blocking(meta)`.
+    ///
+    /// ```
+    /// # use ferry_rpc::{CallContext, ErrorObject, Methods};
+    /// let mut m = Methods::new();
+    /// m.register_blocking("sum_to", |(n,): (u64,), ctx: CallContext| {
+    ///     let mut total = 0u64;
+    ///     for i in 0..=n {
+    ///         if i % 1_000_000 == 0 && ctx.is_cancelled() {
+    ///             return Err(ErrorObject::cancelled("sum_to"));
+    ///         }
+    ///         total = total.wrapping_add(i);
+    ///     }
+    ///     Ok(total)
+    /// })?
+    /// .concurrency(2);
+    /// # Ok::<(), ferry_rpc::RegisterError>(())
+    /// ```
+    pub fn register_blocking<P, R, F>(&mut self, name: &str, f: F) -> Result<MethodDoc<'_>, RegisterError>
+    where
+        P: DeserializeOwned + JsonSchema + Send + 'static,
+        R: Serialize + JsonSchema + Send + 'static,
+        F: Fn(P, CallContext) -> Result<R, ErrorObject> + Send + Sync + 'static,
+    {
+        if name.is_empty() || name.starts_with("rpc.") || name.starts_with("ferry.") {
+            return Err(RegisterError::Reserved(name.to_owned()));
+        }
+        self.insert(
+            Arc::new(crate::blocking::Blocking { f: Arc::new(f), _types: PhantomData::<fn(P) -> R> }),
             MethodInfo {
                 name: name.to_owned(),
                 summary: None,
