@@ -16,6 +16,11 @@ pub struct RpcLimits {
     pub max_request_bytes: usize,
     /// Requests in one batch (default 1024).
     pub max_batch: usize,
+    /// Bytes of tensors in one result sent inline (base64) to a plain JSON or HTTP client
+    /// (default 64 MiB; base64 and the JSON text cost about 2.5 times that in memory). A
+    /// bigger result is answered with a limit error naming this field; ferry pipes carry
+    /// tensors without it (zero-copy over shm).
+    pub max_inline_bytes: u64,
     /// Tasks (`ferry.task.submit`) held at once, running or finished and not yet fetched
     /// (default 1024).
     pub max_tasks: usize,
@@ -35,6 +40,7 @@ impl Default for RpcLimits {
             max_in_flight: 64,
             max_request_bytes: 64 << 20,
             max_batch: 1024,
+            max_inline_bytes: 64 << 20,
             max_tasks: 1024,
             max_tasks_per_identity: 256,
             task_ttl: Duration::from_secs(600),
@@ -62,6 +68,13 @@ impl RpcLimits {
     #[must_use]
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_inline_bytes`].
+    #[must_use]
+    pub fn max_inline_bytes(mut self, n: u64) -> Self {
+        self.max_inline_bytes = n;
         self
     }
 

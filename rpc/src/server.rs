@@ -216,6 +216,7 @@ impl Server {
         };
         let conn = Conn::new(self.shared.clone(), peer, None);
         let max = self.shared.limits.max_request_bytes;
+        let max_inline = self.shared.limits.max_inline_bytes;
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(self.shared.limits.max_in_flight.max(1));
         let writer = tokio::spawn(async move {
             while let Some(buf) = rx.recv().await {
@@ -247,7 +248,7 @@ impl Server {
                         let answer = async move {
                             let out = work.await;
                             if let Some(reply) = out.reply {
-                                let _ = tx.send(inline_line(reply)).await;
+                                let _ = tx.send(inline_line(reply, max_inline)).await;
                             }
                             drop(out.slots);
                         };
@@ -256,7 +257,7 @@ impl Server {
                     }
                 },
             };
-            if tx.send(inline_line(Reply { value: v, tensors: Vec::new() })).await.is_err() {
+            if tx.send(inline_line(Reply { value: v, tensors: Vec::new() }, max_inline)).await.is_err() {
                 break;
             }
         }
@@ -279,7 +280,7 @@ impl Server {
         };
         conn.end();
         reply.map(|r| {
-            let mut line = inline_line(r);
+            let mut line = inline_line(r, self.shared.limits.max_inline_bytes);
             line.pop();
             line
         })
@@ -364,14 +365,28 @@ fn response_ids(v: &Value) -> Vec<Value> {
     }
 }
 
-/// A response as one line of JSON, tensors inline.
-pub(crate) fn inline_line(reply: Reply) -> Vec<u8> {
+/// A response as one line of JSON, tensors inline (base64), unless they are over
+/// `max_inline` bytes in all: then the same ids get a limit error saying to use a ferry pipe.
+pub(crate) fn inline_line(reply: Reply, max_inline: u64) -> Vec<u8> {
     let Reply { mut value, tensors } = reply;
-    if !tensors.is_empty()
-        && let Err(e) = refs_to_inline(&mut value, &tensors)
-    {
-        let errs: Vec<Value> =
-            response_ids(&value).into_iter().map(|id| failure(id, ErrorObject::tensor(&e))).collect();
+    let total: u64 = tensors.iter().map(|t| t.nbytes() as u64).sum();
+    let inlined = if total > max_inline {
+        let e = ErrorObject::limit(
+            "max_inline_bytes",
+            "bytes of tensors in one result sent inline (base64) to a plain JSON or HTTP client; a ferry \
+             pipe (the SDKs, ferry call) carries them without that copy, zero-copy over shm",
+            total,
+            max_inline,
+        );
+        Err(e)
+    } else if tensors.is_empty() {
+        Ok(())
+    } else {
+        refs_to_inline(&mut value, &tensors).map_err(ErrorObject::tensor)
+    };
+    drop(tensors);
+    if let Err(e) = inlined {
+        let errs: Vec<Value> = response_ids(&value).into_iter().map(|id| failure(id, e.clone())).collect();
         value = if value.is_array() { Value::Array(errs) } else { errs.into_iter().next().unwrap_or(Value::Null) };
     }
     let mut out = crate::strict::write(&value);

@@ -83,3 +83,18 @@ async fn tensors_inline_and_size_limit() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["error"]["data"]["limit"], "max_request_bytes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_results_are_bounded() {
+    let h = serve(RpcLimits::default().max_inline_bytes(1000)).await;
+    let (status, body) = request(h.port, "POST", r#"{"jsonrpc":"2.0","method":"zeros","params":[1000],"id":1}"#).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["result"]["$tensor"]["shape"], json!([1000]), "{body}");
+    let (status, body) = request(h.port, "POST", r#"{"jsonrpc":"2.0","method":"zeros","params":[1001],"id":2}"#).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["id"], 2);
+    assert_eq!(v["error"]["data"]["limit"], "max_inline_bytes", "{body}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("ferry pipe"), "{body}");
+}
