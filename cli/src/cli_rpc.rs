@@ -41,7 +41,7 @@ pub fn default_workers(busy_poll: Duration) -> usize {
 
 /// Who may call `ferry serve`: its `--token`, `--allow-unauthenticated`,
 /// `--http-allow-origin` and `--http-allow-host` (threat model in SECURITY.md).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Access {
     /// Every client must present this bearer token: ferry clients in their handshake
     /// (QUIC, unix), HTTP callers as `Authorization: Bearer TOKEN`. Plain JSON-RPC
@@ -53,6 +53,8 @@ pub struct Access {
     pub http_allow_origins: Vec<String>,
     /// Extra host names allowed in HTTP `Host` headers.
     pub http_allow_hosts: Vec<String>,
+    /// Connections served at once (`--max-connections`, [`ferry_rpc::RpcLimits::max_connections`]).
+    pub max_connections: usize,
 }
 
 impl Access {
@@ -97,7 +99,11 @@ pub async fn serve(
     if access.token.as_deref() == Some("") {
         bail!("the token is empty: give a non-empty --token (or FERRY_TOKEN)");
     }
-    let server = api.server();
+    let limits = ferry_rpc::RpcLimits::default().max_connections(access.max_connections);
+    let server = match api {
+        crate::sdk::Api::Demo => crate::demo::server_with(limits),
+        crate::sdk::Api::Conformance => crate::conformance_api::server_with(limits),
+    };
     let ep = match shm_pool {
         #[cfg(feature = "shm")]
         Some(b) if b < 2 << 20 => {

@@ -209,7 +209,13 @@ fn invalid(path: &str, reason: impl Into<String>) -> ErrorObject {
 
 /// The conformance API's server (title, version and description set).
 pub fn server() -> Server {
+    server_with(ferry_rpc::RpcLimits::default())
+}
+
+/// [`server`] with these limits (`ferry serve --max-connections`).
+pub fn server_with(limits: ferry_rpc::RpcLimits) -> Server {
     Server::builder(methods())
+        .limits(limits)
         .title("ferry conformance")
         .version(env!("CARGO_PKG_VERSION"))
         .description(

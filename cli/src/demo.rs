@@ -105,7 +105,13 @@ fn invalid(path: &str, reason: impl Into<String>) -> ErrorObject {
 
 /// The demo API's server (title, version and description set), as `ferry serve` serves it.
 pub fn server() -> Server {
+    server_with(ferry_rpc::RpcLimits::default())
+}
+
+/// [`server`] with these limits (`ferry serve --max-connections`).
+pub fn server_with(limits: ferry_rpc::RpcLimits) -> Server {
     Server::builder(methods())
+        .limits(limits)
         .title("ferry demo")
         .version(env!("CARGO_PKG_VERSION"))
         .description(

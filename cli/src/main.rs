@@ -106,6 +106,10 @@ enum Cmd {
         /// is full.
         #[arg(long, value_name = "MIB")]
         shm_pool_mib: Option<u64>,
+        /// Connections served at once (ferry, plain JSON and HTTP); one more is refused with
+        /// a message naming this option.
+        #[arg(long, value_name = "N", default_value_t = 512)]
+        max_connections: usize,
     },
     /// Generate a typed client (python or typescript) from a server's OpenRPC document.
     #[cfg(feature = "rpc")]
@@ -306,6 +310,7 @@ fn main() -> ExitCode {
                 http_allow_origin,
                 http_allow_host,
                 shm_pool_mib,
+                max_connections,
             } => {
                 let busy_poll = serve_busy_poll(busy_poll_us)?;
                 let access = ferry_cli::cli_rpc::Access {
@@ -313,6 +318,7 @@ fn main() -> ExitCode {
                     allow_unauthenticated,
                     http_allow_origins: http_allow_origin,
                     http_allow_hosts: http_allow_host,
+                    max_connections,
                 };
                 let shm_pool = shm_pool_mib.map(|m| m.saturating_mul(1 << 20));
                 ferry_cli::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await

@@ -2,6 +2,7 @@
 //! and its Origin / Host / Content-Type checks, QUIC's token, tokens for plain JSON
 //! connections, and tasks that only their owner can see.
 #![cfg(feature = "rpc")]
+#![cfg_attr(not(all(feature = "http", feature = "quic")), allow(dead_code))]
 
 mod common;
 

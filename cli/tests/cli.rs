@@ -67,3 +67,20 @@ fn a_full_shm_pool_names_the_serve_option() {
     let err = stderr_of(&["serve", "unix:ferry-cli-test-small-pool", "--shm-pool-mib", "1"]);
     assert!(err.contains("--shm-pool-mib 1") && err.contains("at least 2 MiB"), "{err}");
 }
+
+#[test]
+fn connections_over_max_connections_are_refused_by_name() {
+    let s = Served::start_with(&["--max-connections", "1"]);
+    // One plain JSON connection holds the only place.
+    let name = s.addr.strip_prefix("unix:").unwrap();
+    let sa =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
+            .unwrap();
+    let mut held = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    held.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[1,2],\"id\":1}\n").unwrap();
+    let mut answer = [0u8; 16];
+    std::io::Read::read(&mut held, &mut answer).unwrap();
+    let err = stderr_of(&["call", &s.addr, "add", "[1, 2]"]);
+    assert!(err.contains("max_connections = 1") && err.contains("--max-connections"), "{err}");
+    drop(held);
+}

@@ -282,8 +282,15 @@ impl Pipe {
 
     /// Closes the pipe: tells the peer (a CLOSE frame) and shuts the connection down.
     pub async fn close(&self) {
+        self.close_with("normal", String::new()).await;
+    }
+
+    /// Closes the pipe with a CLOSE frame of this `code` (`normal`, `limit`,
+    /// `protocol_error`, ...) and `message`, which the peer's pending and later operations
+    /// report.
+    pub async fn close_with(&self, code: &str, message: String) {
         if !self.is_closed() {
-            let bye = Close { code: "normal".into(), message: String::new() };
+            let bye = Close { code: code.into(), message };
             let _ =
                 tokio::time::timeout(Duration::from_secs(1), self.write(FrameKind::Close, OutFrame::json(&bye))).await;
         }
@@ -355,7 +362,11 @@ impl Shared {
 
     fn mark_closed(&self, e: PipeError) {
         let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
+        // The peer's stated reason (its CLOSE frame) beats a bare end of stream seen first
+        // (a write that failed because the peer had already closed).
+        let bare =
+            matches!(&*slot, Some(PipeError::Closed | PipeError::Transport(crate::error::TransportError::Closed)));
+        if slot.is_none() || (bare && matches!(e, PipeError::ClosedByPeer(_))) {
             *slot = Some(e);
         }
         self.closed_tx.send_replace(true);

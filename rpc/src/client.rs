@@ -66,11 +66,19 @@ struct Shared {
     pipe: Pipe,
     pending: Mutex<Pending<Waiter>>,
     next_id: AtomicU64,
+    /// Why the pipe ended (the server's CLOSE reason), once it has.
+    ended: Mutex<Option<PipeError>>,
 }
 
 impl Shared {
     fn pending(&self) -> std::sync::MutexGuard<'_, Pending<Waiter>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The error a call on an ended pipe gets: the reason it ended, where known.
+    fn closed(&self) -> CallError {
+        let e = self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        CallError::Closed(e.unwrap_or(PipeError::Closed))
     }
 }
 
@@ -126,7 +134,12 @@ impl Drop for CallGuard {
 impl Client {
     /// A client over `pipe` (no default timeout). Starts a task reading responses.
     pub fn new(pipe: Pipe) -> Client {
-        let shared = Arc::new(Shared { pipe, pending: Mutex::new(Pending::new()), next_id: AtomicU64::new(1) });
+        let shared = Arc::new(Shared {
+            pipe,
+            pending: Mutex::new(Pending::new()),
+            next_id: AtomicU64::new(1),
+            ended: Mutex::new(None),
+        });
         let reader = tokio::spawn(read_loop(shared.clone()));
         Client { shared, timeout: None, _reader: Arc::new(AbortOnDrop(reader)) }
     }
@@ -186,21 +199,33 @@ impl Client {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         if self.shared.pending().insert(id, tx).is_err() {
-            return Err(CallError::Closed(PipeError::Closed));
+            return Err(self.shared.closed());
         }
         let mut guard = CallGuard { shared: self.shared.clone(), id, armed: true };
         let req = jsonrpc::request(Some(Value::from(id)), method, params);
         if let Err(e) = self.shared.pipe.send(Message::with_tensors(req, tensors)).await {
             guard.armed = false;
-            self.shared.pending().remove(id);
-            return Err(if e.is_closed() { CallError::Closed(e) } else { CallError::Pipe(e) });
+            if !e.is_closed() {
+                self.shared.pending().remove(id);
+                return Err(CallError::Pipe(e));
+            }
+            // The pipe ended: the read loop is about to fail every waiter with the reason
+            // (the server's CLOSE frame, if it sent one). Take that rather than the bare
+            // write error, waiting a moment for it.
+            return match tokio::time::timeout(Duration::from_secs(1), rx).await {
+                Ok(Ok(Err(reason))) => Err(reason),
+                _ => {
+                    self.shared.pending().remove(id);
+                    Err(CallError::Closed(e))
+                }
+            };
         }
         let r = match timeout {
             Some(d) => tokio::time::timeout(d, rx).await.map_err(|_| CallError::Timeout(d))?,
             None => rx.await,
         };
         guard.armed = false;
-        r.unwrap_or(Err(CallError::Closed(PipeError::Closed)))
+        r.unwrap_or_else(|_| Err(self.shared.closed()))
     }
 
     /// Sends a notification (no response, no error from the server).
@@ -228,7 +253,7 @@ impl Client {
             let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = oneshot::channel();
             if self.shared.pending().insert(id, tx).is_err() {
-                return Err(CallError::Closed(PipeError::Closed));
+                return Err(self.shared.closed());
             }
             guards.push(CallGuard { shared: self.shared.clone(), id, armed: true });
             waits.push(rx);
@@ -245,7 +270,7 @@ impl Client {
         guards.iter_mut().for_each(|g| g.armed = false);
         results
             .into_iter()
-            .map(|r| match r.unwrap_or(Err(CallError::Closed(PipeError::Closed))) {
+            .map(|r| match r.unwrap_or_else(|_| Err(self.shared.closed())) {
                 Ok(x) => Ok(Ok(x)),
                 Err(CallError::Rpc(e)) => Ok(Err(e)),
                 Err(e) => Err(e),
@@ -343,6 +368,7 @@ async fn read_loop(shared: Arc<Shared>) {
                 v => deliver(&shared, v, msg.tensors),
             },
             Err(e) => {
+                *shared.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
                 let waiters = shared.pending().close();
                 for w in waiters {
                     let _ = w.send(Err(CallError::Closed(e.clone())));

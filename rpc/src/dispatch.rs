@@ -54,9 +54,27 @@ pub(crate) struct Shared {
     pub(crate) tasks: TaskTable,
     pub(crate) api: ApiInfo,
     pub(crate) doc: OnceLock<Value>,
+    /// Connections served now (bounded by [`RpcLimits::max_connections`]).
+    pub(crate) connections: AtomicUsize,
+}
+
+/// One served connection's place under [`RpcLimits::max_connections`]; freed when dropped.
+pub(crate) struct ConnSlot(Arc<Shared>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shared {
+    /// A place for one more connection, or `None` at [`RpcLimits::max_connections`].
+    pub(crate) fn conn_slot(self: &Arc<Self>) -> Option<ConnSlot> {
+        let max = self.limits.max_connections;
+        self.connections.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(ConnSlot(self.clone()))
+    }
+
     pub(crate) fn document(&self) -> &Value {
         self.doc.get_or_init(|| crate::openrpc::document(&self.api, &self.methods))
     }
@@ -75,6 +93,16 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// Calls running (or answered and not yet written) on this connection.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The peer's address, for logs.
+    pub(crate) fn addr(&self) -> &str {
+        &self.peer.addr
+    }
+
     /// The connection ended: cancels its calls, and its tasks that are not detached.
     pub(crate) fn end(&self) {
         self.closed.cancel();

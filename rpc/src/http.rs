@@ -114,9 +114,17 @@ impl Server {
                 },
                 _ = self.shutdown.cancelled() => return Ok(()),
             };
+            let Some(slot) = self.shared.conn_slot() else {
+                tracing::warn!(%addr, "{}", self.too_many());
+                drop(stream);
+                continue;
+            };
             let server = self.clone();
             let gate = gate.clone();
-            tokio::spawn(async move { server.serve_http_conn(stream, addr, gate).await });
+            tokio::spawn(async move {
+                server.serve_http_conn(stream, addr, gate).await;
+                drop(slot);
+            });
         }
     }
 
@@ -127,7 +135,12 @@ impl Server {
             let gate = gate.clone();
             async move { Ok::<_, Infallible>(server.handle_http(req, addr, &gate).await) }
         });
-        let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+        // A request's headers must arrive within request_timeout, and an idle keep-alive
+        // connection is closed after it too (slowloris, parked connections).
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(self.shared.limits.request_timeout)
+            .serve_connection(TokioIo::new(stream), svc);
         tokio::select! {
             r = conn => if let Err(e) = r { tracing::debug!("http connection from {addr}: {e}") },
             _ = self.shutdown.cancelled() => {}

@@ -16,6 +16,16 @@ pub struct RpcLimits {
     pub max_request_bytes: usize,
     /// Requests in one batch (default 1024).
     pub max_batch: usize,
+    /// A plain JSON connection (or an HTTP keep-alive connection) with no call running and
+    /// nothing sent for this long is closed (default 5 minutes).
+    pub idle_timeout: Duration,
+    /// The longest a peer may take to send one request line (plain JSON) or the headers of
+    /// one HTTP request, once it started (default 30 s): a slowloris connection is closed.
+    pub request_timeout: Duration,
+    /// Connections served at once (ferry pipes, plain JSON, HTTP); one more is refused
+    /// with a message naming this field (default 512: below the usual limit of 1024 open
+    /// files, so that refusing never needs a descriptor the process lacks).
+    pub max_connections: usize,
     /// Bytes of tensors in one result sent inline (base64) to a plain JSON or HTTP client
     /// (default 64 MiB; base64 and the JSON text cost about 2.5 times that in memory). A
     /// bigger result is answered with a limit error naming this field; ferry pipes carry
@@ -40,6 +50,9 @@ impl Default for RpcLimits {
             max_in_flight: 64,
             max_request_bytes: 64 << 20,
             max_batch: 1024,
+            idle_timeout: Duration::from_secs(300),
+            request_timeout: Duration::from_secs(30),
+            max_connections: 512,
             max_inline_bytes: 64 << 20,
             max_tasks: 1024,
             max_tasks_per_identity: 256,
@@ -68,6 +81,27 @@ impl RpcLimits {
     #[must_use]
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::idle_timeout`].
+    #[must_use]
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.idle_timeout = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Sets [`RpcLimits::request_timeout`].
+    #[must_use]
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Sets [`RpcLimits::max_connections`] (at least 1).
+    #[must_use]
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
         self
     }
 

@@ -72,6 +72,7 @@ impl ServerBuilder {
                 limits: self.limits,
                 api: self.api,
                 doc: OnceLock::new(),
+                connections: std::sync::atomic::AtomicUsize::new(0),
             }),
             shutdown: CancellationToken::new(),
         }
@@ -143,13 +144,42 @@ impl Server {
             match accepted {
                 Ok(Accepted::Pipe(p)) => {
                     closed_in_a_row = 0;
+                    let Some(slot) = self.shared.conn_slot() else {
+                        let msg = self.too_many();
+                        tracing::warn!(addr = %p.info().conn.addr, "{msg}");
+                        tokio::spawn(async move { p.close_with("limit", msg).await });
+                        continue;
+                    };
                     let s = self.clone();
-                    tokio::spawn(async move { s.serve_pipe(p).await });
+                    tokio::spawn(async move {
+                        s.serve_pipe(p).await;
+                        drop(slot);
+                    });
                 }
-                Ok(Accepted::Foreign(f)) => {
+                Ok(Accepted::Foreign(mut f)) => {
                     closed_in_a_row = 0;
+                    let Some(slot) = self.shared.conn_slot() else {
+                        let msg = self.too_many();
+                        tracing::warn!(addr = %f.info.addr, "{msg}");
+                        let line = inline_line(
+                            Reply {
+                                value: failure(Value::Null, ErrorObject::new(crate::codes::UNAVAILABLE, msg)),
+                                tensors: Vec::new(),
+                            },
+                            0,
+                        );
+                        tokio::spawn(async move {
+                            let _ =
+                                tokio::time::timeout(std::time::Duration::from_secs(1), f.write.write_all(&line)).await;
+                            let _ = f.write.shutdown().await;
+                        });
+                        continue;
+                    };
                     let s = self.clone();
-                    tokio::spawn(async move { s.serve_json(f).await });
+                    tokio::spawn(async move {
+                        s.serve_json(f).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     tracing::debug!("connection not accepted: {e}");
@@ -162,6 +192,15 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// The refusal of a connection over [`RpcLimits::max_connections`].
+    pub(crate) fn too_many(&self) -> String {
+        format!(
+            "Unavailable: this server serves at most max_connections = {} connections at once; try again later \
+             (ferry serve --max-connections, RpcLimits::max_connections)",
+            self.shared.limits.max_connections
+        )
     }
 
     /// Serves one ferry pipe until it closes.
@@ -226,9 +265,38 @@ impl Server {
             }
         });
         let mut buf = Vec::new();
+        let (idle, line_timeout) = (self.shared.limits.idle_timeout, self.shared.limits.request_timeout);
         loop {
+            // Waiting for a request: a connection with nothing running is closed after
+            // `idle_timeout`; one whose calls still run waits for them.
+            let first = tokio::select! {
+                r = wait_readable(&mut read, idle, || conn.in_flight() == 0) => r,
+                _ = self.shutdown.cancelled() => break,
+            };
+            match first {
+                Readable::Data => {}
+                Readable::Eof => break,
+                Readable::Idle => {
+                    tracing::debug!(addr = %conn.addr(), "closing an idle plain JSON connection (idle_timeout)");
+                    break;
+                }
+            }
+            // A request that started must arrive whole within `request_timeout`.
             let line = tokio::select! {
-                l = read_line(&mut read, max, &mut buf) => l,
+                l = tokio::time::timeout(line_timeout, read_line(&mut read, max, &mut buf)) => match l {
+                    Ok(l) => l,
+                    Err(_) => {
+                        tracing::debug!(addr = %conn.addr(), "closing a plain JSON connection: a request line took over request_timeout");
+                        let e = ErrorObject::limit(
+                            "request_timeout",
+                            "milliseconds to send one request line",
+                            line_timeout.as_millis() as u64 + 1,
+                            line_timeout.as_millis() as u64,
+                        );
+                        let _ = tx.send(inline_line(Reply { value: failure(Value::Null, e), tensors: Vec::new() }, 0)).await;
+                        break;
+                    }
+                },
                 _ = self.shutdown.cancelled() => break,
             };
             let v = match line {
@@ -392,6 +460,35 @@ pub(crate) fn inline_line(reply: Reply, max_inline: u64) -> Vec<u8> {
     let mut out = crate::strict::write(&value);
     out.push(b'\n');
     out
+}
+
+/// What [`wait_readable`] found.
+enum Readable {
+    /// Bytes are buffered.
+    Data,
+    /// End of stream.
+    Eof,
+    /// Nothing arrived for the idle time while `idle` said so.
+    Idle,
+}
+
+/// Waits for the next byte without consuming it (cancel-safe); gives up with
+/// [`Readable::Idle`] after `idle` without bytes, checked again each `idle` while `idle_now`
+/// says the connection is busy.
+async fn wait_readable<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    idle: std::time::Duration,
+    idle_now: impl Fn() -> bool,
+) -> Readable {
+    loop {
+        match tokio::time::timeout(idle, r.fill_buf()).await {
+            Ok(Ok([])) => return Readable::Eof,
+            Ok(Ok(_)) => return Readable::Data,
+            Ok(Err(_)) => return Readable::Eof,
+            Err(_) if idle_now() => return Readable::Idle,
+            Err(_) => {}
+        }
+    }
 }
 
 /// What [`read_line`] found.

@@ -32,6 +32,7 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
         limits,
         api: ApiInfo::default(),
         doc: OnceLock::new(),
+        connections: std::sync::atomic::AtomicUsize::new(0),
     });
     Conn::new(shared, peer(), None)
 }
@@ -159,6 +160,7 @@ async fn non_finite_results_are_errors() {
         limits,
         api: ApiInfo::default(),
         doc: OnceLock::new(),
+        connections: std::sync::atomic::AtomicUsize::new(0),
     });
     let c = Conn::new(shared, peer(), None);
     let r = finish(c.start(json!({"jsonrpc": "2.0", "method": "add", "params": [1e308, 1e308], "id": 1}), vec![]))
