@@ -1,5 +1,6 @@
 //! The TypeScript emitter: one ES module per API on top of the `ferry-client` runtime
-//! (`sdks/typescript`).
+//! (`sdks/typescript`), as plain JavaScript (`<api>.js`) with its declarations
+//! (`<api>.d.ts`): usable from JavaScript as it is, typed in TypeScript, no compiler step.
 //!
 //! The module exports, in this order: the named types (interfaces and type aliases), one
 //! params interface and one result type per method (`<Method>Params`, `<Method>Result`;
@@ -23,7 +24,7 @@ use crate::names::{Scope, TS_RESERVED, camel_case};
 use crate::writer::CodeWriter;
 use crate::{Emitter, PREAMBLE};
 
-/// Emits `<api>.ts`.
+/// Emits `<api>.js` and `<api>.d.ts`.
 #[derive(Debug, Clone)]
 pub struct TypeScript {
     /// The module specifier the runtime is imported from.
@@ -38,7 +39,8 @@ impl Default for TypeScript {
 
 impl Emitter for TypeScript {
     fn emit(&self, api: &Api) -> Vec<(PathBuf, String)> {
-        vec![(PathBuf::from(format!("{}.ts", api.name)), module(api, &self.runtime))]
+        let (js, dts) = modules(api, &self.runtime);
+        vec![(PathBuf::from(format!("{}.js", api.name)), js), (PathBuf::from(format!("{}.d.ts", api.name)), dts)]
     }
 }
 
@@ -74,8 +76,17 @@ fn ty(t: &Ty, types: &Scope, tensor: &mut bool) -> String {
     }
 }
 
-/// The module of `api`, importing the runtime from `runtime`.
-pub fn module(api: &Api, runtime: &str) -> String {
+/// What a part of the module is written for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// The declarations (`.d.ts`): types, signatures, documentation.
+    Dts,
+    /// The code (`.js`): classes and functions without types.
+    Js,
+}
+
+/// The modules of `api` (`.js`, `.d.ts`), importing the runtime from `runtime`.
+pub fn modules(api: &Api, runtime: &str) -> (String, String) {
     let mut types = Scope::new(TS_RESERVED.iter().chain(MODULE_NAMES).copied());
     let client_types = api.client_types();
     for name in client_types.keys() {
@@ -123,12 +134,13 @@ pub fn module(api: &Api, runtime: &str) -> String {
         jsdoc(&mut body, &m.result_description.clone().unwrap_or_else(|| format!("Result of `{}`.", m.name)));
         type_alias(&mut body, result, &ty(&m.result, &types, &mut tensor));
     }
-    errors(&mut body, api, &mut types);
-    client(&mut body, api, &methods, &method_types);
+    let mut js = CodeWriter::new("  ", WIDTH);
+    let mut error_types = types.clone();
+    errors(&mut body, api, &mut types, Out::Dts);
+    errors(&mut js, api, &mut error_types, Out::Js);
+    client(&mut body, api, &methods, &method_types, Out::Dts);
+    client(&mut js, api, &methods, &method_types, Out::Js);
 
-    let mut w = CodeWriter::new("  ", WIDTH);
-    w.line(format!("// {PREAMBLE}"));
-    w.line("");
     let mut doc = format!("Typed client of the \"{}\" API", api.title);
     if !api.version.is_empty() {
         doc.push_str(&format!(", version {}", api.version));
@@ -144,19 +156,33 @@ pub fn module(api: &Api, runtime: &str) -> String {
          `RpcError`.",
         pascal_case(&api.name)
     ));
-    jsdoc(&mut w, &doc);
-    w.line("");
-    w.line(format!("import {{ RpcError }} from {};", ts_str(runtime)));
+    let head = |w: &mut CodeWriter, what: &str| {
+        w.line(format!("// {PREAMBLE}"));
+        w.line("");
+        jsdoc(w, &format!("{doc}\n\n{what}"));
+        w.line("");
+        w.line(format!("import {{ RpcError }} from {};", ts_str(runtime)));
+    };
+
+    let mut d = CodeWriter::new("  ", WIDTH);
+    head(&mut d, "The declarations of the module beside this file (its `.js`).");
     let mut type_imports = vec!["Client"];
     if tensor {
         type_imports.push("Tensor");
     }
-    w.line(format!("import type {{ {} }} from {};", type_imports.join(", "), ts_str(runtime)));
-    w.line("");
+    d.line(format!("import type {{ {} }} from {};", type_imports.join(", "), ts_str(runtime)));
+    d.line("");
     for line in body.finish().lines() {
-        w.line(line);
+        d.line(line);
     }
-    w.finish()
+
+    let mut j = CodeWriter::new("  ", WIDTH);
+    head(&mut j, "Plain JavaScript; the types and documentation are in the `.d.ts` beside it.");
+    j.line("");
+    for line in js.finish().lines() {
+        j.line(line);
+    }
+    (j.finish(), d.finish())
 }
 
 fn type_def(w: &mut CodeWriter, name: &str, def: &TypeDef, types: &Scope, tensor: &mut bool) {
@@ -261,7 +287,7 @@ fn split_union(t: &str) -> Vec<String> {
     out
 }
 
-fn errors(w: &mut CodeWriter, api: &Api, types: &mut Scope) {
+fn errors(w: &mut CodeWriter, api: &Api, types: &mut Scope, out: Out) {
     let mut classes = Vec::new();
     for e in &api.errors {
         let mut wanted = pascal_case(&e.name);
@@ -270,28 +296,45 @@ fn errors(w: &mut CodeWriter, api: &Api, types: &mut Scope) {
         }
         let name = types.name(&format!("error:{}", e.name), &wanted);
         w.blank(1);
-        let mut doc = e.description.clone().unwrap_or_else(|| e.message.clone());
-        doc.push_str(&format!("\n\nCode {}, `{}`: \"{}\".", e.code, e.name, e.message));
-        jsdoc(w, &doc);
-        w.line(format!("export class {name} extends RpcError {{"));
-        w.indented(|w| w.line(format!("static readonly CODE = {};", e.code)));
+        if out == Out::Dts {
+            let mut doc = e.description.clone().unwrap_or_else(|| e.message.clone());
+            doc.push_str(&format!("\n\nCode {}, `{}`: \"{}\".", e.code, e.name, e.message));
+            jsdoc(w, &doc);
+            w.line(format!("export declare class {name} extends RpcError {{"));
+            w.indented(|w| w.line(format!("static readonly CODE = {};", e.code)));
+        } else {
+            w.line(format!("export class {name} extends RpcError {{"));
+            w.indented(|w| w.line(format!("static CODE = {};", e.code)));
+        }
         w.line("}");
         classes.push((e.code, name));
     }
     w.blank(1);
-    jsdoc(w, "A constructor of an error class of this module.");
-    w.line("type RpcErrorClass = new (...args: never[]) => RpcError;");
-    w.blank(1);
-    jsdoc(w, "The error class of each code of the error table.");
-    if classes.is_empty() {
-        w.line("export const ERRORS: ReadonlyMap<number, RpcErrorClass> = new Map();");
-    } else {
-        w.line("export const ERRORS: ReadonlyMap<number, RpcErrorClass> = new Map<");
+    if out == Out::Dts {
+        jsdoc(w, "A constructor of an error class of this module.");
+        w.line("type RpcErrorClass = new (...args: never[]) => RpcError;");
+        w.blank(1);
+        jsdoc(w, "The error class of each code of the error table.");
+        w.line("export declare const ERRORS: ReadonlyMap<number, RpcErrorClass>;");
+        w.blank(1);
+        jsdoc(
+            w,
+            "The error for an error response: this module's class for `code`, else `RpcError`. It is built \
+             without calling the runtime's constructor, so it works whatever that constructor takes.",
+        );
+        w.line("export declare function errorFromCode(");
         w.indented(|w| {
-            w.line("number,");
-            w.line("RpcErrorClass");
+            w.line("code: number,");
+            w.line("message: string,");
+            w.line("data?: unknown,");
         });
-        w.line(">([");
+        w.line("): RpcError;");
+        return;
+    }
+    if classes.is_empty() {
+        w.line("export const ERRORS = new Map();");
+    } else {
+        w.line("export const ERRORS = new Map([");
         w.indented(|w| {
             for (code, name) in &classes {
                 w.line(format!("[{code}, {name}],"));
@@ -300,66 +343,72 @@ fn errors(w: &mut CodeWriter, api: &Api, types: &mut Scope) {
         w.line("]);");
     }
     w.blank(1);
-    jsdoc(
-        w,
-        "The error for an error response: this module's class for `code`, else `RpcError`. It is built \
-         without calling the runtime's constructor, so it works whatever that constructor takes.",
-    );
-    w.line("export function errorFromCode(");
-    w.indented(|w| {
-        w.line("code: number,");
-        w.line("message: string,");
-        w.line("data?: unknown,");
-    });
-    w.line("): RpcError {");
+    w.line("export function errorFromCode(code, message, data) {");
     w.indented(|w| {
         w.line("const ctor = ERRORS.get(code) ?? RpcError;");
-        w.line("const error = Reflect.construct(Error, [message], ctor) as RpcError;");
+        w.line("const error = Reflect.construct(Error, [message], ctor);");
         w.line("Object.assign(error, { name: ctor.name, code, data });");
         w.line("return error;");
     });
     w.line("}");
 }
 
-fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(String, String)]) {
+fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(String, String)], out: Out) {
     let class = format!("{}Client", pascal_case(&api.name));
+    let dts = out == Out::Dts;
     w.blank(1);
-    jsdoc(w, "Options of one call.");
-    w.line("export interface CallOptions {");
-    w.indented(|w| {
-        jsdoc(w, "Milliseconds to wait for the answer (default: the client's timeout).");
-        w.line("timeoutMs?: number;");
-    });
-    w.line("}");
-    w.blank(1);
-    jsdoc(w, &format!("Client of the \"{}\" API: one method per API method, over a connected `Client`.", api.title));
-    w.line(format!("export class {class} {{"));
-    w.indented(|w| {
-        jsdoc(w, "The runtime client the calls go through.");
-        w.line("readonly client: Client;");
-        w.line("");
-        w.line("constructor(client: Client) {");
-        w.indented(|w| w.line("this.client = client;"));
+    if dts {
+        jsdoc(w, "Options of one call.");
+        w.line("export interface CallOptions {");
+        w.indented(|w| {
+            jsdoc(w, "Milliseconds to wait for the answer (default: the client's timeout).");
+            w.line("timeoutMs?: number;");
+        });
         w.line("}");
+        w.blank(1);
+        jsdoc(
+            w,
+            &format!("Client of the \"{}\" API: one method per API method, over a connected `Client`.", api.title),
+        );
+        w.line(format!("export declare class {class} {{"));
+    } else {
+        w.line(format!("export class {class} {{"));
+    }
+    w.indented(|w| {
+        if dts {
+            jsdoc(w, "The runtime client the calls go through.");
+            w.line("readonly client: Client;");
+            w.line("");
+            w.line("constructor(client: Client);");
+        } else {
+            w.line("constructor(client) {");
+            w.indented(|w| w.line("this.client = client;"));
+            w.line("}");
+        }
         let mut members = Scope::new(TS_RESERVED.iter().chain(CLIENT_MEMBERS).copied());
         for (m, (params, result)) in methods.iter().zip(method_types) {
             w.line("");
             let name = members.name(&m.name, &camel_case(&m.name));
-            let mut doc = m.summary.clone().unwrap_or_else(|| format!("Calls `{}`.", m.name));
-            if let Some(d) = &m.description {
-                doc.push_str("\n\n");
-                doc.push_str(d);
+            if dts {
+                let mut doc = m.summary.clone().unwrap_or_else(|| format!("Calls `{}`.", m.name));
+                if let Some(d) = &m.description {
+                    doc.push_str("\n\n");
+                    doc.push_str(d);
+                }
+                if m.deprecated {
+                    doc.push_str("\n\n@deprecated");
+                }
+                jsdoc(w, &doc);
+                // A method without params takes an (ignored) empty object, and sends no
+                // params at all: a server whose method takes none refuses `{}` and `[]`.
+                let params_arg =
+                    if m.params.is_empty() { format!("_params?: {params}") } else { format!("params: {params}") };
+                let args = [params_arg, "opts?: CallOptions".to_owned()];
+                w.list(&format!("{name}("), &args, &format!("): Promise<{result}>;"));
+                continue;
             }
-            if m.deprecated {
-                doc.push_str("\n\n@deprecated");
-            }
-            jsdoc(w, &doc);
-            // A method without params takes an (ignored) empty object, and sends no params at
-            // all: a server whose method takes none refuses `{}` and `[]`.
-            let params_arg =
-                if m.params.is_empty() { format!("_params: {params} = {{}}") } else { format!("params: {params}") };
-            let args = [params_arg, "opts?: CallOptions".to_owned()];
-            w.list(&format!("{name}("), &args, &format!("): Promise<{result}> {{"));
+            let params_arg = if m.params.is_empty() { "_params = {}" } else { "params" };
+            w.list(&format!("{name}("), &[params_arg.to_owned(), "opts".to_owned()], ") {");
             w.indented(|w| {
                 let send = if m.params.is_empty() {
                     "undefined".to_owned()
@@ -369,11 +418,11 @@ fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(S
                 } else {
                     "params".to_owned()
                 };
-                let call = format!("return this.call<{result}>({}, {send}, opts);", ts_str(&m.name));
+                let call = format!("return this.call({}, {send}, opts);", ts_str(&m.name));
                 if w.fits(&call) {
                     w.line(call);
                 } else {
-                    w.line(format!("return this.call<{result}>("));
+                    w.line("return this.call(");
                     w.indented(|w| {
                         w.line(format!("{},", ts_str(&m.name)));
                         w.line(format!("{send},"));
@@ -385,17 +434,15 @@ fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(S
             w.line("}");
         }
         w.line("");
-        jsdoc(w, "Calls `method`, rethrowing error responses as this module's error classes.");
-        w.line("private async call<R>(");
-        w.indented(|w| {
-            w.line("method: string,");
-            w.line("params: unknown,");
-            w.line("opts?: CallOptions,");
-        });
-        w.line("): Promise<R> {");
+        if dts {
+            jsdoc(w, "Calls `method`, rethrowing error responses as this module's error classes.");
+            w.line("private call;");
+            return;
+        }
+        w.line("async call(method, params, opts) {");
         w.indented(|w| {
             w.line("try {");
-            w.indented(|w| w.line("return await this.client.call<R>(method, params, opts);"));
+            w.indented(|w| w.line("return await this.client.call(method, params, opts);"));
             w.line("} catch (e) {");
             w.indented(|w| {
                 w.line("throw e instanceof RpcError");

@@ -1,5 +1,6 @@
 //! Data-driven snapshot tests: every `tests/data/NAME.json` (an OpenRPC document) is
-//! generated as `tests/data/NAME.py` and `tests/data/NAME.ts` and compared with the files
+//! generated as `tests/data/NAME.py`, `tests/data/NAME.js` and `tests/data/NAME.d.ts` and
+//! compared with the files
 //! checked in. Run with `UPDATE_EXPECT=1` to rewrite them after a deliberate change
 //! (expect-test's convention), then review the diff.
 
@@ -34,7 +35,11 @@ fn generated_clients_match_the_snapshots() {
         assert_eq!(py[0].0, Path::new(&format!("{stem}.py")));
         expect_file![format!("data/{stem}.py")].assert_eq(&py[0].1);
         let ts = TypeScript { runtime: "ferry-client".into() }.emit(&api);
-        expect_file![format!("data/{stem}.ts")].assert_eq(&ts[0].1);
+        assert_eq!(ts.len(), 2);
+        assert_eq!(ts[0].0, Path::new(&format!("{stem}.js")));
+        assert_eq!(ts[1].0, Path::new(&format!("{stem}.d.ts")));
+        expect_file![format!("data/{stem}.js")].assert_eq(&ts[0].1);
+        expect_file![format!("data/{stem}.d.ts")].assert_eq(&ts[1].1);
         // The same document gives the same bytes.
         assert_eq!(Python.emit(&Api::from_openrpc(&stem, &doc).unwrap()), py);
     }
@@ -47,10 +52,12 @@ fn every_file_starts_with_the_preamble() {
         let api = Api::from_openrpc("x", &doc).unwrap();
         let py = &Python.emit(&api)[0].1;
         assert!(py.starts_with(&format!("# {}\n", ferry_sdk_gen::PREAMBLE)), "{py}");
-        let ts = &TypeScript::default().emit(&api)[0].1;
-        assert!(ts.starts_with(&format!("// {}\n", ferry_sdk_gen::PREAMBLE)), "{ts}");
         assert!(py.ends_with('\n') && !py.ends_with("\n\n"));
         assert!(!py.lines().any(|l| l.ends_with(' ')), "trailing spaces");
-        assert!(!ts.lines().any(|l| l.ends_with(' ')), "trailing spaces");
+        for (_, ts) in TypeScript::default().emit(&api) {
+            assert!(ts.starts_with(&format!("// {}\n", ferry_sdk_gen::PREAMBLE)), "{ts}");
+            assert!(ts.ends_with('\n') && !ts.ends_with("\n\n"));
+            assert!(!ts.lines().any(|l| l.ends_with(' ')), "trailing spaces");
+        }
     }
 }

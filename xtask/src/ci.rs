@@ -124,7 +124,7 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
     notes.extend(crate::rpc_clients::missing_tools(sh));
     steps.push(Step::new("cargo xtask rpc-clients", |sh| RpcClients.run(sh)));
     notes.extend(crate::typescript_sdk::missing_tools(sh));
-    steps.push(Step::new("npm ci && npm test (sdks/typescript)", crate::typescript_sdk::test));
+    steps.push(Step::new("cargo xtask sdk-typescript", crate::typescript_sdk::test));
     steps.push(Step::new("cargo xtask codegen --check", |sh| Codegen { check: true }.run(sh)));
     if !crate::sdk::has_python(sh) {
         notes.push("python3 is missing: `xtask sdk-python` (the Python SDK) was SKIPPED".to_owned());

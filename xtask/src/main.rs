@@ -51,6 +51,9 @@ commands:
   sdk-python-install       `pip install ./sdks/python` in an empty venv as the README says,
                            compiled and with FERRY_PURE_PYTHON=1; checks each installed
                            package (compiled or not, a call to ferry serve)
+  sdk-typescript           the TypeScript SDK (CI's step): npm ci && npm test in sdks/typescript,
+                           dist/ fresh, then the package installed into scratch projects
+                           (link and tarball): require(), import, tsc on a consumer
   bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
                            bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
@@ -90,6 +93,10 @@ fn try_main() -> anyhow::Result<()> {
         Some("rpc-clients") => rpc_clients::RpcClients::parse(flags)?.run(&sh),
         Some("sdk-python") => sdk::SdkPython::parse(flags)?.run(&sh),
         Some("sdk-python-install") => sdk::SdkPythonInstall::parse(flags)?.run(&sh),
+        Some("sdk-typescript") => {
+            flags.finish("sdk-typescript")?;
+            typescript_sdk::test(&sh)
+        }
         Some("bench-sdk") => sdk::BenchSdk::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         None | Some("help" | "-h" | "--help") => {

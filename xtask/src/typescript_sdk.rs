@@ -2,7 +2,10 @@
 //! conformance table.
 //!
 //! - [`test()`] (a `cargo xtask ci` step): `npm ci && npm test` in `sdks/typescript`, against
-//!   a debug `ferry` built here (`FERRY_BIN`).
+//!   a debug `ferry` built here (`FERRY_BIN`); then checks that the checked-in `dist/` is
+//!   what `src/` builds, and installs the package into scratch projects as a user does
+//!   (a directory link and a packed tarball) to `require()` it, `import` it and type-check
+//!   a consumer.
 //! - [`conformance_column`] (`cargo xtask conformance`, column `typescript-sdk`):
 //!   `npm run conformance` with `FERRY_CONFORMANCE_REPORT=target/conformance/typescript-sdk.json`,
 //!   then reads that report.
@@ -59,7 +62,8 @@ fn npm_ci(sh: &Shell) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The CI step: `npm ci && npm test` in `sdks/typescript` (skipped loudly without npm).
+/// The CI step: `npm ci && npm test` in `sdks/typescript`, then [`dist_is_fresh`] and
+/// [`install_checks`] (skipped loudly without npm).
 pub fn test(sh: &Shell) -> anyhow::Result<()> {
     if !has_npm(sh) {
         loud(&format!("npm/node not found: the TypeScript SDK ({DIR}) was NOT tested"));
@@ -67,8 +71,70 @@ pub fn test(sh: &Shell) -> anyhow::Result<()> {
     }
     let bin = ferry_bin(sh)?;
     npm_ci(sh)?;
-    let _dir = sh.push_dir(DIR);
-    cmd!(sh, "npm test").env("FERRY_BIN", &bin).run()?;
+    {
+        let _dir = sh.push_dir(DIR);
+        cmd!(sh, "npm test").env("FERRY_BIN", &bin).run()?;
+    }
+    dist_is_fresh(sh)?;
+    install_checks(sh, &bin)
+}
+
+/// `dist/` is checked in (so that installing the package needs no build step, which npm
+/// may not run for a dependency); `npm test` has just rebuilt it from `src/`, so git must
+/// see no change in it.
+fn dist_is_fresh(sh: &Shell) -> anyhow::Result<()> {
+    let dist = format!("{DIR}/dist");
+    let Ok(status) = cmd!(sh, "git status --porcelain -- {dist}").quiet().ignore_stderr().read() else {
+        eprintln!("xtask: not a git checkout: did not check that {dist} is fresh");
+        return Ok(());
+    };
+    anyhow::ensure!(
+        status.trim().is_empty(),
+        "{dist} is stale (npm run build changed it):\n{status}\ncommit the rebuilt {dist}"
+    );
+    Ok(())
+}
+
+/// The package as a user installs it, from a scratch project each: `npm install
+/// ./sdks/typescript` (a link to the directory) and `npm install` of the `npm pack`
+/// tarball. In each, `test/install/check.cjs` (`require`) and `check.mjs` (`import`) call
+/// `ferry serve` through the runtime and the generated demo client, on an abstract name
+/// and on a socket file, and `tsc` type-checks `consumer.ts` against the installed
+/// declarations.
+fn install_checks(sh: &Shell, bin: &Path) -> anyhow::Result<()> {
+    let root = sh.current_dir();
+    let sdk = root.join(DIR);
+    let scratch = crate::target_dir(sh)?.join("ts-install");
+    let files = sdk.join("test/install");
+    let tsc = sdk.join("node_modules/.bin/tsc");
+    let types = sdk.join("node_modules/@types");
+    for how in ["link", "pack"] {
+        let dir = scratch.join(how);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("package.json"), "{\"name\": \"scratch\", \"private\": true}\n")?;
+        for entry in std::fs::read_dir(&files)? {
+            let path = entry?.path();
+            if let Some(name) = path.file_name() {
+                std::fs::copy(&path, dir.join(name))?;
+            }
+        }
+        let package = if how == "link" {
+            sdk.clone()
+        } else {
+            let _sdk = sh.push_dir(&sdk);
+            let out = cmd!(sh, "npm pack --silent --pack-destination {dir}").read()?;
+            let name = out.lines().last().unwrap_or_default().trim().to_owned();
+            anyhow::ensure!(name.ends_with(".tgz"), "npm pack printed no tarball name: {out}");
+            dir.join(name)
+        };
+        let _dir = sh.push_dir(&dir);
+        eprintln!("xtask: ferry-client installed from a scratch project ({how}: npm install {})", package.display());
+        cmd!(sh, "npm install --no-audit --no-fund --loglevel=error {package}").run()?;
+        cmd!(sh, "node check.cjs").env("FERRY_BIN", bin).run().context("require(\"ferry-client\") failed")?;
+        cmd!(sh, "node check.mjs").env("FERRY_BIN", bin).run().context("import \"ferry-client\" failed")?;
+        cmd!(sh, "{tsc} -p tsconfig.json --typeRoots {types}").run().context("type-checking consumer.ts")?;
+    }
     Ok(())
 }
 

@@ -7,13 +7,15 @@
  * `"\0" + NAME` with the full `sizeof(sockaddr_un)` as the address length, so the kernel
  * looks for NAME padded with NUL bytes to 107 bytes, a different abstract name, and the
  * connection is refused. This module first tries Node's own connect (newer Node versions
- * get it right); when that is refused it runs a few lines of Python (`python3`, or
- * `$FERRY_PYTHON`) that connect to the exact name and hand the connected socket to this
+ * get it right); when that is refused it asks a helper, a few lines of Python (`python3`,
+ * or `$FERRY_PYTHON`), to connect to the exact name and hand the connected socket to this
  * process over Node's IPC channel (`SCM_RIGHTS`). The socket is then an ordinary Node
- * socket: no relay process, no extra copy.
+ * socket: no relay process, no extra copy. The helper is started once per process: the
+ * first `unix:NAME` connect costs a Python start, the next ones milliseconds. A socket
+ * file (`unix:/path/to.sock`) needs no helper: milliseconds from the first connect.
  */
 
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import * as net from "node:net";
 
 import { ConnectionClosedError, FerryError, TimeoutError } from "./errors.js";
@@ -60,83 +62,165 @@ function connectPath(path: string, onread: OnRead): Promise<net.Socket> {
   });
 }
 
+/*
+ * The helper: one `python3` per Node process, started at the first `unix:NAME` connect and
+ * kept (unref'd, so it never keeps Node alive) for the next ones, which then cost a
+ * message round trip on the IPC channel (milliseconds) instead of a Python start (tens to
+ * hundreds of milliseconds). It reads `{"ferry": "connect", "id", "name"}` lines and
+ * answers each with the connected socket (`NODE_HANDLE`, `SCM_RIGHTS`) or an errno; it
+ * exits when the channel closes, that is when this process exits.
+ */
 const HELPER = String.raw`
-import json, os, socket, sys
+import json, os, socket
 ch = socket.socket(fileno=int(os.environ["NODE_CHANNEL_FD"]))
 def send(obj, fds=()):
     socket.send_fds(ch, [json.dumps(obj).encode() + b"\n"], list(fds))
-try:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect("\0" + sys.argv[1])
-except OSError as e:
-    send({"ferry": "error", "errno": e.errno, "message": str(e)})
-else:
-    send({"cmd": "NODE_HANDLE", "type": "net.Native", "msg": {"ferry": "connected"}}, [s.fileno()])
-    s.close()
-ch.settimeout(5)
-try:
-    ch.recv(4096)
-except OSError:
-    pass
+buf = b""
+while True:
+    try:
+        data = ch.recv(65536)
+    except InterruptedError:
+        continue
+    if not data:
+        break
+    buf += data
+    while b"\n" in buf:
+        line, buf = buf.split(b"\n", 1)
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(req, dict) or req.get("ferry") != "connect":
+            continue
+        i = req.get("id")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect("\0" + str(req.get("name")))
+        except OSError as e:
+            s.close()
+            send({"ferry": "error", "id": i, "errno": e.errno, "message": str(e)})
+        else:
+            send({"cmd": "NODE_HANDLE", "type": "net.Native", "msg": {"ferry": "connected", "id": i}}, [s.fileno()])
+            s.close()
 `;
 
 interface HelperReply {
   ferry?: string;
+  id?: number;
   errno?: number;
   message?: string;
 }
 
-/** Connects to an abstract name with a Python helper that hands the socket over (see the module docs). */
-function connectAbstractViaHelper(name: string, onread: OnRead): Promise<net.Socket> {
-  const python = process.env["FERRY_PYTHON"] ?? "python3";
-  return new Promise((resolve, reject) => {
-    let settled = false;
-    let stderr = "";
-    const child = spawn(python, ["-c", HELPER, name], {
-      stdio: ["ignore", "ignore", "pipe", "ipc"],
-      serialization: "json",
-    });
-    const finish = (err: Error | null, sock?: net.Socket): void => {
-      if (settled) return;
-      settled = true;
-      if (child.connected) child.disconnect();
-      child.unref();
-      if (err) reject(err);
-      else resolve(sock!);
-    };
+type Waiter = { resolve: (handle: unknown) => void; reject: (e: Error) => void };
+
+/** The running helper process, shared by every abstract-socket connect of this process. */
+class Helper {
+  private readonly waiting = new Map<number, Waiter>();
+  private nextId = 0;
+  private dead: Error | null = null;
+  private stderr = "";
+
+  private constructor(
+    readonly python: string,
+    private readonly child: ChildProcess,
+  ) {
     child.stderr?.on("data", (d: Buffer) => {
-      stderr += d.toString();
+      this.stderr = (this.stderr + d.toString()).slice(-2000);
     });
-    child.on("error", (e: NodeJS.ErrnoException) => {
-      if (e.code === "ENOENT") {
-        finish(
-          new FerryError(
-            `cannot connect to the abstract socket unix:${name}: Node ${process.version} (libuv ` +
-              `${process.versions.uv}) pads abstract socket addresses, so ferry-client opens them with ` +
-              `${python}, which was not found. Install python3, set FERRY_PYTHON, or serve on a socket ` +
-              "file (unix:/path/to.sock)",
-            { cause: e },
-          ),
-        );
-      } else {
-        finish(e);
-      }
-    });
+    child.on("error", (e: NodeJS.ErrnoException) => this.fail(this.explain(e)));
     child.on("exit", (code) => {
-      finish(new FerryError(`the abstract-socket helper (${python}) exited with ${code} without a socket: ${stderr.trim()}`));
+      this.fail(new FerryError(`the abstract-socket helper (${python}) exited with ${code}: ${this.stderr.trim()}`));
     });
-    child.on("message", (msg: HelperReply, handle?: unknown) => {
-      if (msg?.ferry === "connected" && handle) {
-        const sock = new net.Socket({ handle, onread, readable: true, writable: true } as net.SocketConstructorOpts);
-        finish(null, sock);
-      } else if (msg?.ferry === "error") {
-        const e = new Error(`connect unix:${name}: ${msg.message}`) as NodeJS.ErrnoException;
-        e.code = msg.errno === 111 ? "ECONNREFUSED" : msg.errno === 2 ? "ENOENT" : `ERRNO${msg.errno}`;
-        e.errno = msg.errno;
-        finish(e);
-      }
+    child.on("message", (msg: HelperReply, handle?: unknown) => this.answer(msg, handle));
+    // Neither the process, its stderr nor (while no connect waits) its channel keeps
+    // this process alive.
+    child.unref();
+    (child.stderr as net.Socket | null)?.unref();
+    this.idle();
+  }
+
+  private static current: Helper | null = null;
+
+  /** The helper, started if there is none (or the last one died). */
+  static get(): Helper {
+    if (Helper.current === null || Helper.current.dead !== null) {
+      const python = process.env["FERRY_PYTHON"] ?? "python3";
+      // -S: no site-packages scan (the helper needs the standard library only).
+      const child = spawn(python, ["-S", "-c", HELPER], {
+        stdio: ["ignore", "ignore", "pipe", "ipc"],
+        serialization: "json",
+      });
+      Helper.current = new Helper(python, child);
+    }
+    return Helper.current;
+  }
+
+  /** Asks the helper for a socket connected to the abstract `name`. */
+  connect(name: string): Promise<unknown> {
+    if (this.dead !== null) return Promise.reject(this.dead);
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.waiting.set(id, { resolve, reject });
+      this.busy();
+      this.child.send({ ferry: "connect", id, name }, (e) => {
+        if (e) this.settle(id)?.reject(e);
+      });
     });
-  });
+  }
+
+  private settle(id: number | undefined): Waiter | undefined {
+    if (id === undefined) return undefined;
+    const w = this.waiting.get(id);
+    this.waiting.delete(id);
+    if (this.waiting.size === 0) this.idle();
+    return w;
+  }
+
+  private answer(msg: HelperReply, handle?: unknown): void {
+    if (msg?.ferry === "connected" && handle) {
+      const w = this.settle(msg.id);
+      if (w) w.resolve(handle);
+      else (handle as { close?: () => void }).close?.(); // its connect timed out
+    } else if (msg?.ferry === "error") {
+      const e = new Error(`connect: ${msg.message}`) as NodeJS.ErrnoException;
+      e.code = msg.errno === 111 ? "ECONNREFUSED" : msg.errno === 2 ? "ENOENT" : `ERRNO${msg.errno}`;
+      e.errno = msg.errno;
+      this.settle(msg.id)?.reject(e);
+    }
+  }
+
+  private fail(e: Error): void {
+    if (this.dead !== null) return;
+    this.dead = e;
+    for (const w of this.waiting.values()) w.reject(e);
+    this.waiting.clear();
+    if (this.child.connected) this.child.disconnect();
+  }
+
+  private explain(e: NodeJS.ErrnoException): Error {
+    if (e.code !== "ENOENT") return e;
+    return new FerryError(
+      `cannot connect to an abstract socket: Node ${process.version} (libuv ${process.versions.uv}) ` +
+        `pads abstract socket addresses, so ferry-client opens them with ${this.python}, which was not ` +
+        "found. Install python3, set FERRY_PYTHON, or serve on a socket file (unix:/path/to.sock)",
+      { cause: e },
+    );
+  }
+
+  /** While a connect waits, the channel keeps the process alive; otherwise it does not. */
+  private busy(): void {
+    this.child.channel?.ref();
+  }
+
+  private idle(): void {
+    this.child.channel?.unref();
+  }
+}
+
+/** Connects to an abstract name through the helper (see the module docs). */
+async function connectAbstractViaHelper(name: string, onread: OnRead): Promise<net.Socket> {
+  const handle = await Helper.get().connect(name);
+  return new net.Socket({ handle, onread, readable: true, writable: true } as net.SocketConstructorOpts);
 }
 
 /** Opens a connected socket for `addr` that reads through `onread`, within `timeoutMs`. */

@@ -402,7 +402,7 @@ class DemoClient:
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
-        """a @ b for f32 matrices
+        """a @ b for f32 matrices (computed on the blocking pool)
 
         Args:
             a: Left matrix, f32 `[m, k]`.
@@ -593,7 +593,7 @@ class AsyncDemoClient:
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
-        """a @ b for f32 matrices
+        """a @ b for f32 matrices (computed on the blocking pool)
 
         Args:
             a: Left matrix, f32 `[m, k]`.

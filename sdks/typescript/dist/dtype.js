@@ -1,0 +1,152 @@
+/**
+ * Element types (PROTOCOL.md §5.1) and the typed array that holds each one.
+ *
+ * | dtype  | typed array      | note                                                  |
+ * |--------|------------------|-------------------------------------------------------|
+ * | bool   | Uint8Array       | one byte per element, 0 or 1                          |
+ * | u8     | Uint8Array       |                                                       |
+ * | i8     | Int8Array        |                                                       |
+ * | u16    | Uint16Array      |                                                       |
+ * | i16    | Int16Array       |                                                       |
+ * | u32    | Uint32Array      |                                                       |
+ * | i32    | Int32Array       |                                                       |
+ * | u64    | BigUint64Array   | elements are `bigint`                                 |
+ * | i64    | BigInt64Array    | elements are `bigint`                                 |
+ * | f16    | Uint16Array      | raw IEEE 754 half bits: use `f16ToNumber` / `numberToF16` |
+ * | bf16   | Uint16Array      | raw bfloat16 bits: use `bf16ToNumber` / `numberToBf16`    |
+ * | f32    | Float32Array     |                                                       |
+ * | f64    | Float64Array     |                                                       |
+ */
+/** Every dtype, in the order of PROTOCOL.md §5.1. */
+export const DTYPES = [
+    "bool",
+    "u8",
+    "i8",
+    "u16",
+    "i16",
+    "u32",
+    "i32",
+    "u64",
+    "i64",
+    "f16",
+    "bf16",
+    "f32",
+    "f64",
+];
+const CTORS = {
+    bool: Uint8Array,
+    u8: Uint8Array,
+    i8: Int8Array,
+    u16: Uint16Array,
+    i16: Int16Array,
+    u32: Uint32Array,
+    i32: Int32Array,
+    u64: BigUint64Array,
+    i64: BigInt64Array,
+    f16: Uint16Array,
+    bf16: Uint16Array,
+    f32: Float32Array,
+    f64: Float64Array,
+};
+/** Whether `s` is a dtype name. */
+export function isDType(s) {
+    return typeof s === "string" && Object.prototype.hasOwnProperty.call(CTORS, s);
+}
+/** Bytes per element of `dtype`. */
+export function itemSize(dtype) {
+    return CTORS[dtype].BYTES_PER_ELEMENT;
+}
+/** The typed array constructor for `dtype`. */
+export function arrayType(dtype) {
+    return CTORS[dtype];
+}
+/**
+ * The dtype a typed array stands for when no dtype is given: Uint8Array is `u8` (say
+ * `"bool"` explicitly), Uint16Array is `u16` (say `"f16"` or `"bf16"` explicitly).
+ */
+export function dtypeOf(a) {
+    if (a instanceof Float32Array)
+        return "f32";
+    if (a instanceof Float64Array)
+        return "f64";
+    if (a instanceof Uint8Array)
+        return "u8";
+    if (a instanceof Int8Array)
+        return "i8";
+    if (a instanceof Uint16Array)
+        return "u16";
+    if (a instanceof Int16Array)
+        return "i16";
+    if (a instanceof Uint32Array)
+        return "u32";
+    if (a instanceof Int32Array)
+        return "i32";
+    if (a instanceof BigUint64Array)
+        return "u64";
+    if (a instanceof BigInt64Array)
+        return "i64";
+    throw new TypeError(`no dtype for ${Object.prototype.toString.call(a)}`);
+}
+/** Whether `a` is the typed array class that holds `dtype` (Uint8ClampedArray is not accepted). */
+export function holds(dtype, a) {
+    return a instanceof CTORS[dtype] && !(a instanceof Uint8ClampedArray);
+}
+// ---- f16 / bf16 bit conversions -----------------------------------------------------------
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+/** The number an IEEE 754 half-precision bit pattern stands for. */
+export function f16ToNumber(bits) {
+    const sign = bits & 0x8000 ? -1 : 1;
+    const exp = (bits >> 10) & 0x1f;
+    const frac = bits & 0x3ff;
+    if (exp === 0)
+        return sign * frac * 2 ** -24;
+    if (exp === 0x1f)
+        return frac ? NaN : sign * Infinity;
+    return sign * (1 + frac / 1024) * 2 ** (exp - 15);
+}
+/** The IEEE 754 half-precision bits nearest to `x` (round to nearest even). */
+export function numberToF16(x) {
+    f32[0] = x;
+    const b = u32[0];
+    const sign = (b >>> 16) & 0x8000;
+    const exp = (b >>> 23) & 0xff;
+    let frac = b & 0x7fffff;
+    if (exp === 0xff)
+        return sign | 0x7c00 | (frac ? 0x200 : 0);
+    let e = exp - 127 + 15;
+    if (e >= 0x1f)
+        return sign | 0x7c00;
+    if (e <= 0) {
+        if (e < -10)
+            return sign;
+        frac |= 0x800000;
+        const shift = 14 - e;
+        let half = frac >>> shift;
+        const rem = frac & ((1 << shift) - 1);
+        const mid = 1 << (shift - 1);
+        if (rem > mid || (rem === mid && half & 1))
+            half++;
+        return sign | half;
+    }
+    let half = (e << 10) | (frac >>> 13);
+    const rem = frac & 0x1fff;
+    if (rem > 0x1000 || (rem === 0x1000 && half & 1))
+        half++;
+    e = half >> 10;
+    return sign | (e >= 0x1f ? 0x7c00 : half);
+}
+/** The number a bfloat16 bit pattern stands for. */
+export function bf16ToNumber(bits) {
+    u32[0] = (bits & 0xffff) << 16;
+    return f32[0];
+}
+/** The bfloat16 bits nearest to `x` (round to nearest even; NaN stays NaN). */
+export function numberToBf16(x) {
+    f32[0] = x;
+    const b = u32[0];
+    if ((b & 0x7f800000) === 0x7f800000 && b & 0x7fffff)
+        return ((b >>> 16) | 0x40) & 0xffff;
+    const rounded = b + 0x7fff + ((b >>> 16) & 1);
+    return (rounded >>> 16) & 0xffff;
+}

@@ -1,0 +1,115 @@
+/**
+ * Tensors inside JSON-RPC params and results (PROTOCOL.md §18.2): on the way out each
+ * `Tensor` becomes `{"$tensor": i}` and goes into the message; on the way in each
+ * `{"$tensor": i}` (or inline `{"$tensor": {"dtype", "shape", "data", "strides"?}}`)
+ * becomes a `Tensor`. A named tensor map is simply an object whose values are tensors.
+ */
+import { ProtocolError } from "./errors.js";
+import { validateMeta } from "./frame.js";
+import { arrayType } from "./dtype.js";
+import { Tensor } from "./tensor.js";
+function isPlainObject(v) {
+    const p = Object.getPrototypeOf(v);
+    return p === Object.prototype || p === null;
+}
+/**
+ * `value` with every `Tensor` replaced by `{"$tensor": i}`, appending the tensors to
+ * `out` (the same Tensor object twice is sent once). Walks arrays and plain objects only;
+ * other objects go to `JSON.stringify` as they are. A bare typed array is refused (wrap it
+ * with `Tensor.from`), and so is a cycle.
+ */
+export function encodeRefs(value, out, seen = new Map()) {
+    const path = [];
+    const walk = (v) => {
+        if (v === null || typeof v !== "object")
+            return v;
+        if (v instanceof Tensor) {
+            let i = seen.get(v);
+            if (i === undefined) {
+                i = out.length;
+                out.push(v);
+                seen.set(v, i);
+            }
+            return { $tensor: i };
+        }
+        if (ArrayBuffer.isView(v)) {
+            throw new TypeError("a typed array in params must be wrapped in a Tensor (Tensor.from(array, shape))");
+        }
+        const isArray = Array.isArray(v);
+        if (!isArray && !isPlainObject(v))
+            return v;
+        if (path.includes(v))
+            throw new TypeError("params contain a cycle");
+        path.push(v);
+        let r;
+        if (isArray) {
+            r = v.map(walk);
+        }
+        else {
+            const o = {};
+            for (const [k, x] of Object.entries(v)) {
+                if (x !== undefined)
+                    o[k] = walk(x);
+            }
+            r = o;
+        }
+        path.pop();
+        return r;
+    };
+    return walk(value);
+}
+/**
+ * Replaces, in place, every `{"$tensor": i}` in `value` (freshly parsed JSON) with
+ * `tensors[i]`, and every inline `{"$tensor": {...}}` with a decoded tensor. Returns the
+ * result (the value itself may be a tensor). Throws `ProtocolError` for a bad reference.
+ */
+export function decodeRefs(value, tensors) {
+    const walk = (v) => {
+        if (v === null || typeof v !== "object")
+            return v;
+        if (Array.isArray(v)) {
+            for (let i = 0; i < v.length; i++)
+                v[i] = walk(v[i]);
+            return v;
+        }
+        const o = v;
+        const keys = Object.keys(o);
+        if (keys.length === 1 && keys[0] === "$tensor" && isTensorRef(o["$tensor"]))
+            return tensorOf(o["$tensor"], tensors);
+        for (const k of keys)
+            o[k] = walk(o[k]);
+        return o;
+    };
+    return walk(value);
+}
+/**
+ * Whether the value of a lone `$tensor` member is a reference (a number) or an inline tensor
+ * (an object with string `data`). Anything else (e.g. `{"$tensor": {...}}` inside a JSON
+ * Schema of `rpc.discover`) is left as it is.
+ */
+function isTensorRef(v) {
+    if (typeof v === "number")
+        return true;
+    return typeof v === "object" && v !== null && !Array.isArray(v) && typeof v["data"] === "string";
+}
+function tensorOf(ref, tensors) {
+    if (typeof ref === "number") {
+        if (!Number.isInteger(ref) || ref < 0 || ref >= tensors.length) {
+            throw new ProtocolError(`tensor reference {"$tensor": ${ref}} is not one of the message's ${tensors.length} tensors`);
+        }
+        return tensors[ref];
+    }
+    if (typeof ref === "object" && ref !== null && !Array.isArray(ref)) {
+        const r = ref;
+        if (typeof r["data"] !== "string")
+            throw new ProtocolError("an inline tensor needs base64 `data`");
+        const bytes = Buffer.from(r["data"], "base64");
+        const { dtype, shape, strides, span } = validateMeta({ ...r, device: "cpu" }, bytes.length);
+        // Copy into a fresh buffer: Buffer.from may return a misaligned slice of Node's pool.
+        const Ctor = arrayType(dtype);
+        const arr = new Ctor(span / Ctor.BYTES_PER_ELEMENT);
+        new Uint8Array(arr.buffer).set(bytes.subarray(0, span));
+        return new Tensor(dtype, shape, arr, strides);
+    }
+    throw new ProtocolError(`malformed tensor reference ${JSON.stringify(ref)}`);
+}

@@ -1,0 +1,237 @@
+import { arrayType, bf16ToNumber, dtypeOf, f16ToNumber, holds, isDType, numberToBf16, numberToF16, } from "./dtype.js";
+/**
+ * A CPU tensor: an element type, a shape and a typed array of the elements.
+ *
+ * `data` is the typed array of the dtype (see `dtype.ts`): `BigInt64Array` /
+ * `BigUint64Array` for 64-bit integers, `Uint8Array` for `bool` (0 or 1), and for `f16` and
+ * `bf16` a `Uint16Array` of the **raw bits** (JavaScript has no 16-bit float array in
+ * Node 20): convert with `toNumbers()`, `Tensor.from(numbers, shape, "f16")`, or
+ * `f16ToNumber` / `numberToF16` and `bf16ToNumber` / `numberToBf16`.
+ *
+ * Without `strides`, `data` holds the elements in row-major order and
+ * `data.length == product(shape)`. A received tensor may carry `strides` (in elements, as
+ * on the wire); `data` then holds the whole strided span. `contiguous()` makes a row-major
+ * copy.
+ *
+ * Tensors received from a server are views into the received message's buffer (no copy);
+ * tensors sent to a server are read straight from `data` (no copy): do not modify `data`
+ * while the call that sends it is in flight.
+ */
+export class Tensor {
+    dtype;
+    shape;
+    data;
+    strides;
+    /**
+     * Checks that `data` is the typed array of `dtype` and holds exactly `product(shape)`
+     * elements (or, with `strides`, at least the strided span).
+     */
+    constructor(dtype, shape, data, strides) {
+        if (!isDType(dtype))
+            throw new TypeError(`unknown dtype ${JSON.stringify(dtype)}`);
+        if (!holds(dtype, data)) {
+            throw new TypeError(`a ${dtype} tensor needs a ${arrayType(dtype).name}, got ${describe(data)}`);
+        }
+        const dims = checkDims(shape, "shape");
+        const n = numelOf(dims);
+        if (strides === undefined) {
+            if (data.length !== n) {
+                throw new RangeError(`shape [${dims.join(",")}] needs ${n} elements, the ${dtype} data has ${data.length}`);
+            }
+        }
+        else {
+            const st = checkDims(strides, "strides");
+            if (st.length !== dims.length)
+                throw new RangeError("strides need one entry per dimension");
+            const span = stridedSpan(dims, st);
+            if (span > data.length) {
+                throw new RangeError(`shape [${dims}] with strides [${st}] spans ${span} elements, the data has ${data.length}`);
+            }
+            this.strides = st;
+        }
+        this.dtype = dtype;
+        this.shape = dims;
+        this.data = data;
+        if (strides === undefined)
+            this.strides = undefined;
+    }
+    /**
+     * A tensor from elements. `values` may be a typed array (its dtype is inferred unless
+     * given: Uint8Array is `u8`, Uint16Array is `u16`; pass `"bool"`, `"f16"` or `"bf16"` to
+     * reinterpret) or a plain array: numbers (default dtype `f32`; with `"f16"`/`"bf16"` they
+     * are converted to raw bits), bigints (default `i64`) or booleans (default `bool`). A
+     * typed array of the right class is used as is (not copied); anything else is converted.
+     * `shape` defaults to `[values.length]`.
+     */
+    static from(values, shape, dtype) {
+        const dt = (dtype ?? inferDType(values));
+        if (!isDType(dt))
+            throw new TypeError(`unknown dtype ${JSON.stringify(dt)}`);
+        const dims = shape ?? [values.length];
+        let data;
+        if (holds(dt, values)) {
+            data = values;
+        }
+        else {
+            data = convert(dt, values);
+        }
+        return new Tensor(dt, dims, data);
+    }
+    /** A tensor of zeros. */
+    static zeros(dtype, shape) {
+        const dims = checkDims(shape, "shape");
+        return new Tensor(dtype, dims, new (arrayType(dtype))(numelOf(dims)));
+    }
+    /** A 0-d tensor (shape `[]`) holding one value. */
+    static scalar(value, dtype) {
+        const dt = (dtype ?? (typeof value === "bigint" ? "i64" : typeof value === "boolean" ? "bool" : "f64"));
+        return Tensor.from(convert(dt, [value]), [], dt);
+    }
+    /** Number of elements (`product(shape)`, 1 for `[]`). */
+    get numel() {
+        return numelOf(this.shape);
+    }
+    /** Bytes of `data`. */
+    get nbytes() {
+        return this.data.byteLength;
+    }
+    /** Whether the elements are in row-major order in `data` (no strides, or row-major ones). */
+    get isContiguous() {
+        if (this.strides === undefined)
+            return true;
+        let expect = 1;
+        for (let i = this.shape.length - 1; i >= 0; i--) {
+            if (this.shape[i] !== 1 && this.strides[i] !== expect)
+                return false;
+            expect *= this.shape[i];
+        }
+        return this.data.length === this.numel;
+    }
+    /** The bytes of `data` (a view, no copy). */
+    bytes() {
+        return new Uint8Array(this.data.buffer, this.data.byteOffset, this.data.byteLength);
+    }
+    /** A row-major tensor with the same elements: `this` if it is one already, else a copy. */
+    contiguous() {
+        if (this.strides === undefined)
+            return this;
+        const n = this.numel;
+        const out = new (arrayType(this.dtype))(n);
+        const src = this.data;
+        const nd = this.shape.length;
+        const idx = new Array(nd).fill(0);
+        for (let k = 0; k < n; k++) {
+            let off = 0;
+            for (let d = 0; d < nd; d++)
+                off += idx[d] * this.strides[d];
+            out[k] = src[off];
+            for (let d = nd - 1; d >= 0; d--) {
+                if (++idx[d] < this.shape[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+        return new Tensor(this.dtype, this.shape, out);
+    }
+    /**
+     * The elements as plain numbers in row-major order: f16/bf16 bits are decoded, bool is
+     * 0/1, 64-bit integers are converted with `Number()` (exact up to 2^53).
+     */
+    toNumbers() {
+        const t = this.contiguous();
+        const out = new Array(t.data.length);
+        const d = t.data;
+        if (t.dtype === "f16")
+            for (let i = 0; i < out.length; i++)
+                out[i] = f16ToNumber(d[i]);
+        else if (t.dtype === "bf16")
+            for (let i = 0; i < out.length; i++)
+                out[i] = bf16ToNumber(d[i]);
+        else
+            for (let i = 0; i < out.length; i++)
+                out[i] = Number(d[i]);
+        return out;
+    }
+    /** Same dtype, shape and elements (compares element bytes of the row-major forms). */
+    equals(other) {
+        if (other.dtype !== this.dtype || other.shape.length !== this.shape.length)
+            return false;
+        if (this.shape.some((d, i) => d !== other.shape[i]))
+            return false;
+        return Buffer.from(this.contiguous().bytes()).equals(other.contiguous().bytes());
+    }
+    toString() {
+        return `Tensor(${this.dtype}[${this.shape.join(",")}])`;
+    }
+}
+function describe(v) {
+    if (v === null || v === undefined)
+        return String(v);
+    if (typeof v === "object")
+        return v.constructor?.name ?? "object";
+    return typeof v;
+}
+function checkDims(dims, what) {
+    if (!Array.isArray(dims))
+        throw new TypeError(`${what} must be an array of integers`);
+    if (dims.length > 64)
+        throw new RangeError(`${what} has ${dims.length} dimensions; at most 64 are allowed`);
+    for (const d of dims) {
+        if (!Number.isSafeInteger(d) || d < 0)
+            throw new RangeError(`${what} entries must be integers >= 0, got ${d}`);
+    }
+    return [...dims];
+}
+function numelOf(shape) {
+    let n = 1;
+    for (const d of shape)
+        n *= d;
+    if (!Number.isSafeInteger(n))
+        throw new RangeError(`shape [${shape}] has more than 2^53 elements`);
+    return n;
+}
+function stridedSpan(shape, strides) {
+    if (shape.some((d) => d === 0))
+        return 0;
+    let last = 0;
+    for (let i = 0; i < shape.length; i++)
+        last += (shape[i] - 1) * strides[i];
+    if (!Number.isSafeInteger(last + 1))
+        throw new RangeError("strided span is above 2^53");
+    return last + 1;
+}
+function inferDType(values) {
+    if (ArrayBuffer.isView(values))
+        return dtypeOf(values);
+    if (values.length === 0)
+        return "f32";
+    const first = values[0];
+    if (typeof first === "bigint")
+        return "i64";
+    if (typeof first === "boolean")
+        return "bool";
+    return "f32";
+}
+function convert(dtype, values) {
+    const n = values.length;
+    const out = new (arrayType(dtype))(n);
+    const big = dtype === "i64" || dtype === "u64";
+    for (let i = 0; i < n; i++) {
+        const v = values[i];
+        if (big) {
+            out[i] = typeof v === "bigint" ? v : BigInt(typeof v === "boolean" ? Number(v) : v);
+        }
+        else {
+            const x = typeof v === "bigint" || typeof v === "boolean" ? Number(v) : v;
+            if (dtype === "f16")
+                out[i] = numberToF16(x);
+            else if (dtype === "bf16")
+                out[i] = numberToBf16(x);
+            else if (dtype === "bool")
+                out[i] = x ? 1 : 0;
+            else
+                out[i] = x;
+        }
+    }
+    return out;
+}
