@@ -131,6 +131,8 @@ pub fn target_dir(sh: &Shell) -> anyhow::Result<PathBuf> {
 
 /// `path` relative to `root` (when it is inside), with `/` separators, for messages.
 pub fn relative(root: &Path, path: &Path) -> String {
-    let rel = path.strip_prefix(root).unwrap_or(path);
+    let Ok(rel) = path.strip_prefix(root) else {
+        return path.display().to_string();
+    };
     rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
 }
