@@ -1,7 +1,7 @@
 //! The `ferry` command-line tool's library: what `ferry bench`, `serve`, `call`,
 //! `discover` and `sdk` run, and the built-in APIs they serve.
 //!
-//! - [`bench`] (and `bench_rpc`): the benchmark, with its echo peer.
+//! - [`mod@bench`] (and `bench_rpc`): the benchmark, with its echo peer.
 //! - `cli_rpc`: `ferry serve / call / discover` (feature `rpc`).
 //! - `demo`, `conformance_api`: the demo API and the API the SDKs' conformance scenarios
 //!   call (feature `rpc`).
