@@ -177,12 +177,7 @@ fn http_and_plain_json_with_a_token() {
     assert!(env.status.success(), "{}", String::from_utf8_lossy(&env.stderr));
 
     // A plain JSON-RPC connection on the socket cannot present one: it is told so, and closed.
-    let name = p.addr.strip_prefix("unix:").unwrap();
-    let sa =
-        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
-            .unwrap();
-    let mut s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut s = common::connect_abstract(&p.addr);
     s.write_all(format!("{ADD}\n").as_bytes()).unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
@@ -290,12 +285,7 @@ mod quic {
 
 /// One line of plain JSON-RPC on the abstract unix socket `addr`; the answer line.
 fn plain_json(addr: &str, line: &str) -> String {
-    let name = addr.strip_prefix("unix:").unwrap();
-    let sa =
-        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
-            .unwrap();
-    let s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let s = common::connect_abstract(addr);
     (&s).write_all(format!("{line}\n").as_bytes()).unwrap();
     let mut out = String::new();
     BufReader::new(&s).read_line(&mut out).unwrap();

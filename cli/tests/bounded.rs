@@ -23,13 +23,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn connect(addr: &str) -> UnixStream {
-    let name = addr.strip_prefix("unix:").unwrap();
-    let sa =
-        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
-            .unwrap();
-    let s = UnixStream::connect_addr(&sa).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s
+    common::connect_abstract(addr)
 }
 
 fn frame_prefix(kind: FrameKind, header_len: u32, payload_len: u64) -> [u8; PREFIX_LEN] {

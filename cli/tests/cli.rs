@@ -72,11 +72,7 @@ fn a_full_shm_pool_names_the_serve_option() {
 fn connections_over_max_connections_are_refused_by_name() {
     let s = Served::start_with(&["--max-connections", "1"]);
     // One plain JSON connection holds the only place.
-    let name = s.addr.strip_prefix("unix:").unwrap();
-    let sa =
-        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
-            .unwrap();
-    let mut held = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    let mut held = common::connect_abstract(&s.addr);
     held.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[1,2],\"id\":1}\n").unwrap();
     let mut answer = [0u8; 16];
     std::io::Read::read(&mut held, &mut answer).unwrap();

@@ -481,7 +481,8 @@ fn session_ctx(info: &crate::transport::ConnInfo, is_server: bool) -> CtxParts {
 }
 
 /// Compares without an early exit (the length is not secret).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+/// Compares two secrets (bearer tokens) in time that does not depend on where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

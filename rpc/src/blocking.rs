@@ -46,12 +46,7 @@ where
             match job.await {
                 Ok(r) => r,
                 Err(e) if e.is_panic() => {
-                    let p = e.into_panic();
-                    let what = p
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic".into());
+                    let what = crate::dispatch::panic_message(e.into_panic().as_ref());
                     Err(ErrorObject::internal(format!("the handler panicked: {what}")))
                 }
                 Err(e) => Err(ErrorObject::internal(format!("the handler's thread failed: {e}"))),

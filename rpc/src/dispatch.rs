@@ -357,13 +357,19 @@ async fn run(f: HandlerFuture, token: &CancellationToken) -> Result<Reply, Error
         biased;
         _ = token.cancelled() => Err(ErrorObject::cancelled("by ferry.cancel, because the connection closed, or because the server is shutting down")),
         r = AssertUnwindSafe(f).catch_unwind() => r.unwrap_or_else(|p| {
-            let what = p.downcast_ref::<&str>().map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
+            let what = panic_message(p.as_ref());
             tracing::error!("handler panicked: {what}");
             Err(ErrorObject::internal(format!("the handler panicked: {what}")))
         }),
     }
+}
+
+/// What a panic said (its `&str` or `String` payload).
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 #[cfg(test)]

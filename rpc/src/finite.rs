@@ -165,49 +165,28 @@ impl Compound {
     }
 }
 
-impl ser::SerializeSeq for Compound {
-    type Ok = ();
-    type Error = NonFinite;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), NonFinite> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), NonFinite> {
-        Ok(())
-    }
+/// The element-wise compound traits: each element is walked with its index.
+macro_rules! by_index {
+    ($($tr:ident :: $method:ident),*) => {$(
+        impl ser::$tr for Compound {
+            type Ok = ();
+            type Error = NonFinite;
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), NonFinite> {
+                self.element(v)
+            }
+            fn end(self) -> Result<(), NonFinite> {
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Compound {
-    type Ok = ();
-    type Error = NonFinite;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), NonFinite> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), NonFinite> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleStruct for Compound {
-    type Ok = ();
-    type Error = NonFinite;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), NonFinite> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), NonFinite> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound {
-    type Ok = ();
-    type Error = NonFinite;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), NonFinite> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), NonFinite> {
-        Ok(())
-    }
-}
+by_index!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for Compound {
     type Ok = ();
@@ -225,27 +204,23 @@ impl ser::SerializeMap for Compound {
     }
 }
 
-impl ser::SerializeStruct for Compound {
-    type Ok = ();
-    type Error = NonFinite;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> Result<(), NonFinite> {
-        self.field(name, v)
-    }
-    fn end(self) -> Result<(), NonFinite> {
-        Ok(())
-    }
+/// The field-wise compound traits: each field is walked with its name.
+macro_rules! by_name {
+    ($($tr:ident),*) => {$(
+        impl ser::$tr for Compound {
+            type Ok = ();
+            type Error = NonFinite;
+            fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> Result<(), NonFinite> {
+                self.field(name, v)
+            }
+            fn end(self) -> Result<(), NonFinite> {
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeStructVariant for Compound {
-    type Ok = ();
-    type Error = NonFinite;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> Result<(), NonFinite> {
-        self.field(name, v)
-    }
-    fn end(self) -> Result<(), NonFinite> {
-        Ok(())
-    }
-}
+by_name!(SerializeStruct, SerializeStructVariant);
 
 /// A map key as text (strings and numbers; other keys are shown as `?`).
 struct KeyName;

@@ -29,6 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ferry_core::endpoint::constant_time_eq;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{
@@ -317,10 +318,6 @@ fn host_name(host: &str) -> &str {
         return rest.split(']').next().unwrap_or("");
     }
     host.rsplit_once(':').map_or(host, |(h, _)| h)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {

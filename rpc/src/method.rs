@@ -309,6 +309,23 @@ impl Method {
     }
 }
 
+/// The docs of a typed method `name` (refused when the name is reserved or empty).
+fn typed_info<P: DeserializeOwned + JsonSchema, R: JsonSchema>(name: &str) -> Result<MethodInfo, RegisterError> {
+    if name.is_empty() || name.starts_with("rpc.") || name.starts_with("ferry.") {
+        return Err(RegisterError::Reserved(name.to_owned()));
+    }
+    Ok(MethodInfo {
+        name: name.to_owned(),
+        summary: None,
+        description: None,
+        deprecated: false,
+        params: schema_of::<P>,
+        result: schema_of::<R>,
+        param_names: crate::openrpc::field_names::<P>,
+        additional_params: false,
+    })
+}
+
 /// A registration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -419,22 +436,7 @@ impl Methods {
         F: Fn(P, CallContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, ErrorObject>> + Send + 'static,
     {
-        if name.is_empty() || name.starts_with("rpc.") || name.starts_with("ferry.") {
-            return Err(RegisterError::Reserved(name.to_owned()));
-        }
-        self.insert(
-            Arc::new(Typed { f, _types: PhantomData::<fn(P) -> R> }),
-            MethodInfo {
-                name: name.to_owned(),
-                summary: None,
-                description: None,
-                deprecated: false,
-                params: schema_of::<P>,
-                result: schema_of::<R>,
-                param_names: crate::openrpc::field_names::<P>,
-                additional_params: false,
-            },
-        )
+        self.insert(Arc::new(Typed { f, _types: PhantomData::<fn(P) -> R> }), typed_info::<P, R>(name)?)
     }
 
     /// Registers `f(params, ctx)`, a plain synchronous function that computes (a `matmul`,
@@ -466,22 +468,8 @@ impl Methods {
         R: Serialize + JsonSchema + Send + 'static,
         F: Fn(P, CallContext) -> Result<R, ErrorObject> + Send + Sync + 'static,
     {
-        if name.is_empty() || name.starts_with("rpc.") || name.starts_with("ferry.") {
-            return Err(RegisterError::Reserved(name.to_owned()));
-        }
-        self.insert(
-            Arc::new(crate::blocking::Blocking { f: Arc::new(f), _types: PhantomData::<fn(P) -> R> }),
-            MethodInfo {
-                name: name.to_owned(),
-                summary: None,
-                description: None,
-                deprecated: false,
-                params: schema_of::<P>,
-                result: schema_of::<R>,
-                param_names: crate::openrpc::field_names::<P>,
-                additional_params: false,
-            },
-        )
+        let handler = crate::blocking::Blocking { f: Arc::new(f), _types: PhantomData::<fn(P) -> R> };
+        self.insert(Arc::new(handler), typed_info::<P, R>(name)?)
     }
 
     /// Registers an erased handler with hand-made docs (built-in methods, adapters).

@@ -110,3 +110,15 @@ pub fn run(cmd: &mut Command, limit: Duration) -> Output {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A connection to the abstract unix socket of `addr` (`unix:NAME`), reads timing out after
+/// 20 s so that a test never hangs on a silent server.
+#[cfg(target_os = "linux")]
+pub fn connect_abstract(addr: &str) -> std::os::unix::net::UnixStream {
+    use std::os::linux::net::SocketAddrExt;
+    let name = addr.strip_prefix("unix:").expect("a unix: address");
+    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s
+}
