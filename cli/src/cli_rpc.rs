@@ -96,15 +96,94 @@ pub async fn serve(
     shm_pool: Option<u64>,
     access: &Access,
 ) -> anyhow::Result<()> {
-    if access.token.as_deref() == Some("") {
-        bail!("the token is empty: give a non-empty --token (or FERRY_TOKEN)");
-    }
     let limits = ferry_rpc::RpcLimits::default().max_connections(access.max_connections);
     let server = match api {
         crate::sdk::Api::Demo => crate::demo::server_with(limits),
         crate::sdk::Api::Conformance => crate::conformance_api::server_with(limits),
     };
-    let ep = match shm_pool {
+    let opts = ServeOptions {
+        addrs: vec![addr.to_owned()],
+        http: http.map(str::to_owned),
+        busy_poll,
+        shm_pool,
+        access: access.clone(),
+    };
+    let bound = bind(&opts).await?;
+    bound.announce()?;
+    run(bound, &server, async {
+        stop_signal().await?;
+        eprintln!("ferry serve: interrupted, stopping");
+        Ok(())
+    })
+    .await
+}
+
+/// Where and how to serve: what `ferry serve` and the Python package's `App.serve` take.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Addresses for ferry pipes and plain JSON-RPC (`unix:NAME`, a socket path,
+    /// `quic://HOST:PORT`); at least one.
+    pub addrs: Vec<String>,
+    /// Also JSON-RPC over HTTP POST on `HOST:PORT` (feature `http`).
+    pub http: Option<String>,
+    /// How long a ferry connection polls for the next request after an answer
+    /// ([`ferry::EndpointBuilder::busy_poll`]).
+    pub busy_poll: Duration,
+    /// Bytes each connection's shm pool may hold (default 2 GiB).
+    pub shm_pool: Option<u64>,
+    /// Who may call.
+    pub access: Access,
+}
+
+/// Listeners bound by [`bind`], not yet serving.
+pub struct Bound {
+    listeners: Vec<ferry::PipeListener>,
+    http: Option<HttpListener>,
+    access: Access,
+}
+
+impl Bound {
+    /// The real addresses (a port the OS chose; for QUIC the fingerprint clients pin),
+    /// then `http://HOST:PORT` if HTTP is served.
+    pub fn addresses(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.listeners.iter().map(|l| l.local_addr().to_string()).collect();
+        #[cfg(feature = "http")]
+        if let Some(h) = &self.http
+            && let Ok(a) = h.local_addr()
+        {
+            out.push(format!("http://{a}"));
+        }
+        out
+    }
+
+    /// Prints `listening on ADDR` per address (`http on http://...` for HTTP) to stdout,
+    /// flushed: what scripts and tests wait for.
+    pub fn announce(&self) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        for a in self.addresses() {
+            if a.starts_with("http://") {
+                writeln!(out, "http on {a}")?;
+            } else {
+                writeln!(out, "listening on {a}")?;
+            }
+        }
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// Binds every address of `opts` (and its HTTP address) with its access rules: nothing is
+/// served yet, so "listening" can be announced only once everything listens.
+pub async fn bind(opts: &ServeOptions) -> anyhow::Result<Bound> {
+    let access = &opts.access;
+    if access.token.as_deref() == Some("") {
+        bail!("the token is empty: give a non-empty --token (or FERRY_TOKEN)");
+    }
+    if opts.addrs.is_empty() {
+        bail!("no address to serve on: give at least one (e.g. unix:NAME)");
+    }
+    let ep = match opts.shm_pool {
         #[cfg(feature = "shm")]
         Some(b) if b < 2 << 20 => {
             bail!("--shm-pool-mib {}: the pool needs at least 2 MiB (segments grow in 2 MiB steps)", b >> 20)
@@ -115,52 +194,60 @@ pub async fn serve(
         Some(_) => bail!("--shm-pool-mib needs ferry built with the `shm` feature"),
         None => ferry::endpoint(),
     };
-    let mut ep = ep.accept_foreign(true).busy_poll(busy_poll);
+    let mut ep = ep.accept_foreign(true).busy_poll(opts.busy_poll);
     if let Some(t) = &access.token {
         ep = ep.require_token(t.clone());
     }
-    // Checked before listening where the address says (a name is checked once resolved).
-    let given = quic_ip(addr);
-    if let Some(ip) = given {
-        access.check_unauthenticated(&format!("QUIC address {addr}"), ip)?;
+    let ep = ep.build();
+    let mut listeners = Vec::new();
+    for addr in &opts.addrs {
+        // Checked before listening where the address says (a name is checked once resolved).
+        let given = quic_ip(addr);
+        if let Some(ip) = given {
+            access.check_unauthenticated(&format!("QUIC address {addr}"), ip)?;
+        }
+        let listener = ep.listen(addr).await.with_context(|| format!("listening on {addr}"))?;
+        if given.is_none()
+            && let Some(ip) = quic_ip(&listener.local_addr().to_string())
+        {
+            access.check_unauthenticated(&format!("QUIC address {addr}"), ip)?;
+        }
+        listeners.push(listener);
     }
-    let listener = ep.build().listen(addr).await.with_context(|| format!("listening on {addr}"))?;
-    if given.is_none()
-        && let Some(ip) = quic_ip(&listener.local_addr().to_string())
-    {
-        access.check_unauthenticated(&format!("QUIC address {addr}"), ip)?;
-    }
-    let mut tasks = tokio::task::JoinSet::new();
-    // Everything binds before anything is announced: "listening" means listening.
-    let http = match http {
+    let http = match &opts.http {
         Some(h) => Some(bind_http(h, access).await?),
         None => None,
     };
-    // The real address: a port the OS chose, and for QUIC the fingerprint clients pin.
-    println!("listening on {}", listener.local_addr());
-    if let Some(h) = http {
-        start_http(&server, h, access, &mut tasks)?;
+    Ok(Bound { listeners, http, access: access.clone() })
+}
+
+/// Serves `server` on `bound` until `stop` resolves (then shuts the server down and
+/// returns its result) or a listener fails. Returning drops the listeners, which removes
+/// socket files.
+pub async fn run(
+    bound: Bound,
+    server: &Server,
+    stop: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(h) = bound.http {
+        start_http(server, h, &bound.access, &mut tasks)?;
     }
-    {
-        use std::io::Write;
-        std::io::stdout().flush()?;
+    for listener in bound.listeners {
+        let s = server.clone();
+        tasks.spawn(async move { s.serve(listener).await.map_err(anyhow::Error::from) });
     }
-    let s = server.clone();
-    tasks.spawn(async move { s.serve(listener).await.map_err(anyhow::Error::from) });
-    tokio::select! {
+    let r = tokio::select! {
         r = tasks.join_next() => match r {
             Some(Ok(r)) => r,
             Some(Err(e)) => Err(e.into()),
             None => Ok(()),
         },
-        r = stop_signal() => {
-            r?;
-            eprintln!("ferry serve: interrupted, stopping");
-            server.shutdown();
-            Ok(())
-        }
-    }
-    // Returning drops the listener, which removes a socket file.
+        r = stop => r,
+    };
+    server.shutdown();
+    tasks.shutdown().await;
+    r
 }
 
 /// The IP address a `quic://HOST:PORT#...` listener is bound to.
@@ -224,7 +311,6 @@ fn start_http(
     for h in &access.http_allow_hosts {
         opts = opts.allow_host(h.clone());
     }
-    println!("http on http://{}", l.local_addr()?);
     let s = server.clone();
     tasks.spawn(async move { s.serve_http_with(l, opts).await.map_err(anyhow::Error::from) });
     Ok(())

@@ -54,7 +54,7 @@ pub use dispatch::{CancelParams, CancelResult};
 #[cfg(feature = "http")]
 pub use http::HttpOptions;
 pub use limits::RpcLimits;
-pub use method::{CallContext, ConnKind, Identity, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
+pub use method::{CallContext, ConnKind, GivenSchemas, Identity, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
 pub use server::{Server, ServerBuilder};
 pub use task::{TaskState, TaskStatus};
 pub use tensor::{InlineTensor, RpcTensor, TensorMap};

@@ -275,6 +275,25 @@ pub struct MethodInfo {
     /// [`MethodDoc::allow_unknown_params`]); otherwise an unknown name is an invalid-params
     /// error naming it.
     pub additional_params: bool,
+    /// Schemas known only at run time (a method registered from another language): when
+    /// set, they stand for `params`, `result` and `param_names`.
+    pub given: Option<Arc<GivenSchemas>>,
+}
+
+/// A method's schemas as JSON values, for methods whose types are known only at run time
+/// (the Python server derives them from type hints). References are written
+/// `#/components/schemas/NAME`, the OpenRPC document's definitions; ferry's own `Tensor`
+/// and `InlineTensor` may be referenced without being defined in `defs`.
+#[derive(Debug, Clone, Default)]
+pub struct GivenSchemas {
+    /// Params: an object schema whose properties are the params.
+    pub params: Value,
+    /// The result.
+    pub result: Value,
+    /// Schemas the two refer to, by name.
+    pub defs: serde_json::Map<String, Value>,
+    /// The params' names in positional order.
+    pub param_names: Vec<String>,
 }
 
 impl std::fmt::Debug for MethodInfo {
@@ -286,8 +305,8 @@ impl std::fmt::Debug for MethodInfo {
 pub(crate) struct Method {
     pub(crate) handler: Arc<dyn ErasedHandler>,
     pub(crate) info: MethodInfo,
-    /// `info.param_names()`, computed once.
-    pub(crate) names: Option<&'static [&'static str]>,
+    /// The params' names (`info.param_names()` or the given ones), computed once.
+    pub(crate) names: Option<Vec<String>>,
     /// Started in the connection's read loop (see [`MethodDoc::inline`]).
     pub(crate) inline: bool,
 }
@@ -296,10 +315,11 @@ impl Method {
     /// Refuses by-name params with a name the method does not take (unless it allows
     /// them, or its params type is not a plain struct, whose names are then unknown).
     pub(crate) fn check_param_names(&self, params: Option<&Value>) -> Result<(), ErrorObject> {
-        let (Some(Value::Object(given)), Some(names), false) = (params, self.names, self.info.additional_params) else {
+        let (Some(Value::Object(given)), Some(names), false) = (params, &self.names, self.info.additional_params)
+        else {
             return Ok(());
         };
-        match given.keys().find(|k| !names.contains(&k.as_str())) {
+        match given.keys().find(|k| !names.contains(k)) {
             None => Ok(()),
             Some(k) => Err(ErrorObject::invalid_params(
                 k.clone(),
@@ -323,6 +343,7 @@ fn typed_info<P: DeserializeOwned + JsonSchema, R: JsonSchema>(name: &str) -> Re
         result: schema_of::<R>,
         param_names: crate::openrpc::field_names::<P>,
         additional_params: false,
+        given: None,
     })
 }
 
@@ -486,7 +507,10 @@ impl Methods {
         match self.map.entry(info.name.clone()) {
             Entry::Occupied(_) => Err(RegisterError::Duplicate(info.name)),
             Entry::Vacant(v) => {
-                let names = (info.param_names)();
+                let names = match &info.given {
+                    Some(g) => Some(g.param_names.clone()),
+                    None => (info.param_names)().map(|n| n.iter().map(|s| (*s).to_owned()).collect()),
+                };
                 Ok(MethodDoc(v.insert(Method { handler, info, names, inline: false })))
             }
         }

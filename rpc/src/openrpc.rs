@@ -103,10 +103,24 @@ fn transform(g: &mut SchemaGenerator, v: &mut Value) {
 }
 
 fn method(g: &mut SchemaGenerator, info: &MethodInfo) -> Value {
-    let params_schema = (info.params)(g).to_value();
-    let result_schema = (info.result)(g).to_value();
+    let (params_schema, result_schema, names) = match &info.given {
+        Some(given) => {
+            // ferry's tensor schemas are defined once, by the generator, for every method.
+            g.subschema_for::<crate::RpcTensor>();
+            g.subschema_for::<crate::InlineTensor>();
+            for (k, v) in &given.defs {
+                g.definitions_mut().entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            (given.params.clone(), given.result.clone(), Some(given.param_names.iter().map(String::as_str).collect()))
+        }
+        None => (
+            (info.params)(g).to_value(),
+            (info.result)(g).to_value(),
+            (info.param_names)().map(<[&str]>::to_vec),
+        ),
+    };
     let resolved = resolve(g, &params_schema);
-    let (params, structure) = content_descriptors(&resolved, (info.param_names)());
+    let (params, structure) = content_descriptors(&resolved, names.as_deref());
     let mut m = json!({
         "name": info.name,
         "params": params,
@@ -138,7 +152,7 @@ fn resolve(g: &SchemaGenerator, v: &Value) -> Value {
 }
 
 /// One content descriptor per param, and the param structure.
-fn content_descriptors(schema: &Value, order: Option<&'static [&'static str]>) -> (Vec<Value>, &'static str) {
+fn content_descriptors(schema: &Value, order: Option<&[&str]>) -> (Vec<Value>, &'static str) {
     let required: Vec<&str> =
         schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
@@ -244,6 +258,7 @@ fn info(
         result,
         param_names: names,
         additional_params: false,
+        given: None,
     }
 }
 

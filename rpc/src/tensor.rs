@@ -341,6 +341,28 @@ pub fn refs_to_inline(v: &mut Value, tensors: &[Tensor]) -> Result<(), String> {
     })
 }
 
+/// Rewrites the inline tensors of `v` (`{"$tensor": {"dtype", "shape", "data"}}`, what
+/// plain JSON and HTTP callers send) as references, appending the decoded tensors to
+/// `tensors`: afterwards every tensor of `v` is a reference into `tensors`. For handlers
+/// that read params without serde (another language's).
+pub fn inline_to_refs(v: &mut Value, tensors: &mut Vec<Tensor>) -> Result<(), String> {
+    if let Value::Object(o) = v
+        && o.len() == 1
+        && let Some(inner @ Value::Object(_)) = o.get(TENSOR_KEY)
+    {
+        let inline: InlineTensor =
+            serde_json::from_value(inner.clone()).map_err(|e| format!("inline tensor: {e}"))?;
+        tensors.push(inline.decode()?);
+        *v = serde_json::json!({ TENSOR_KEY: tensors.len() - 1 });
+        return Ok(());
+    }
+    match v {
+        Value::Array(a) => a.iter_mut().try_for_each(|x| inline_to_refs(x, tensors)),
+        Value::Object(o) => o.values_mut().try_for_each(|x| inline_to_refs(x, tensors)),
+        _ => Ok(()),
+    }
+}
+
 /// Adds `offset` to every reference in `v` (to merge several results into one message).
 pub fn shift_refs(v: &mut Value, offset: u64) {
     if offset == 0 {

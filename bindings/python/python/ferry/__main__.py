@@ -1,0 +1,70 @@
+"""`python -m ferry serve MODULE:APP [ADDR ...]`: serve an app, with `ferry serve`'s options."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from ._app import App
+
+
+def _load(spec: str) -> App:
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise SystemExit(f"ferry: {spec!r}: give the app as MODULE:ATTRIBUTE (e.g. mymodule:app)")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise SystemExit(f"ferry: cannot import {module!r}: {e}") from e
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SystemExit(f"ferry: {module!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, App):
+        raise SystemExit(f"ferry: {spec} is a {type(obj).__qualname__}, not a ferry.App")
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ferry", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve an app (MODULE:APP) on one or more addresses")
+    s.add_argument("app", help="the app, as MODULE:ATTRIBUTE (uvicorn's convention)")
+    s.add_argument("addrs", nargs="*", help="addresses (default unix:APP_NAME): unix:NAME, a socket path, quic://HOST:PORT")
+    s.add_argument("--http", metavar="HOST:PORT", help="also serve JSON-RPC over HTTP POST")
+    s.add_argument("--token", default=os.environ.get("FERRY_TOKEN"), help="require this bearer token (default: $FERRY_TOKEN)")
+    s.add_argument("--allow-unauthenticated", action="store_true", help="serve a non-loopback QUIC/HTTP address without a token")
+    s.add_argument("--http-allow-origin", action="append", default=[], metavar="ORIGIN", help="a browser origin allowed over HTTP (repeatable)")
+    s.add_argument("--http-allow-host", action="append", default=[], metavar="NAME", help="an extra Host accepted over HTTP (repeatable)")
+    s.add_argument("--shm-pool-mib", type=int, metavar="MIB", help="shared memory per connection for results (default 2048)")
+    s.add_argument("--busy-poll-us", type=int, metavar="US", help="µs a connection polls for the next request after an answer")
+    s.add_argument("--max-connections", type=int, default=512, metavar="N", help="connections served at once (default 512)")
+    s.add_argument("--max-in-flight", type=int, metavar="N", help="calls in flight per connection")
+    s.add_argument("--max-tasks", type=int, metavar="N", help="tasks held at once")
+    s.add_argument("--debug", action="store_true", help="internal errors carry the handler's traceback")
+    a = p.parse_args(argv)
+    app = _load(a.app)
+    if a.debug:
+        app.debug = True
+    app.serve(
+        *a.addrs,
+        http=a.http,
+        token=a.token,
+        allow_unauthenticated=a.allow_unauthenticated,
+        http_allow_origin=a.http_allow_origin,
+        http_allow_host=a.http_allow_host,
+        shm_pool_mib=a.shm_pool_mib,
+        busy_poll_us=a.busy_poll_us,
+        max_connections=a.max_connections,
+        max_in_flight=a.max_in_flight,
+        max_tasks=a.max_tasks,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,491 @@
+"""`ferry.App`: Python functions served by ferry's Rust server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import json
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, overload
+
+import numpy as np
+import pydantic
+from ferry_client.errors import RpcError
+
+from . import _native, _schema, _tensors
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+CANCELLED = -32002
+
+Outcome = tuple[str, list[_native.OutTensor]] | tuple[int, str, str | None]
+"""What a handler wrapper gives Rust: `(result_json, tensors)` or `(code, message,
+data_json)`."""
+
+_current: contextvars.ContextVar[Context] = contextvars.ContextVar("ferry_context")
+
+
+class Context:
+    """What a handler gets besides its params, when it declares a param annotated
+    `ferry.Context` (any name): cancellation, result tensors, the caller."""
+
+    __slots__ = ("_allocated", "_native")
+
+    def __init__(self, native: _native.Context) -> None:
+        self._native = native
+        self._allocated: list[_native.OutTensor] = []
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the call is cancelled (client cancel or timeout, `ferry.task.cancel`,
+        the connection closing). Sync handlers should check it in long loops; async ones
+        get `asyncio.CancelledError` instead."""
+        return self._native.cancelled
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Blocks up to `timeout` seconds for cancellation; whether it came."""
+        return self._native.wait_cancelled(timeout)
+
+    @property
+    def peer(self) -> dict[str, Any]:
+        """The caller: kind, addr, pid, uid, agent, channel."""
+        peer: dict[str, Any] = json.loads(self._native.peer)
+        return peer
+
+    def alloc(self, shape: tuple[int, ...] | list[int], dtype: object = "f32") -> np.ndarray[Any, Any]:
+        """A writable array in the connection's memory: return it (or a torch tensor made
+        from it with `torch.from_numpy`) and it travels without a copy."""
+        out = self._native.alloc([int(n) for n in shape], _tensors.dtype_name(dtype))
+        self._allocated.append(out)
+        return _tensors.out_array(out)
+
+
+def empty(shape: tuple[int, ...] | list[int], dtype: object = "f32", *, like: str = "numpy") -> Any:
+    """`Context.alloc` of the call being served (from inside a handler): a writable
+    array (`like="torch"`: a torch tensor) that is sent without a copy when returned."""
+    ctx = _current.get(None)
+    if ctx is None:
+        raise RuntimeError("ferry.empty is for results: call it inside a handler being served")
+    a = ctx.alloc(shape, dtype)
+    if like == "torch":
+        import torch
+
+        if _tensors.dtype_name(dtype) == "bf16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+    if like != "numpy":
+        raise ValueError(f'like={like!r}: "numpy" or "torch"')
+    return a
+
+
+class _Function:
+    """One served function and its wrappers for the Rust side."""
+
+    def __init__(
+        self,
+        app: App,
+        fn: Callable[..., Any],
+        name: str,
+        *,
+        task: bool,
+        concurrency: int | None,
+        summary: str | None,
+        description: str | None,
+        deprecated: bool,
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.task = task
+        self.concurrency = concurrency
+        self.deprecated = deprecated
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.sig = _schema.signature(fn, Context)
+        doc = inspect.getdoc(fn) or ""
+        first, _, rest = doc.partition("\n\n")
+        self.summary = summary or (" ".join(first.split()) or None)
+        self.description = description or (rest.strip() or None)
+        if task:
+            note = f"Long-running: submit it as a task (ferry.task.submit with method {name!r})."
+            self.description = f"{self.description}\n\n{note}" if self.description else note
+
+    # ---- the wrappers Rust calls ----------------------------------------------------
+
+    def call_sync(
+        self, params: str | None, refs: list[_native.TensorRef], native: _native.Context
+    ) -> Outcome:
+        ctx = Context(native)
+        token = _current.set(ctx)
+        try:
+            try:
+                kwargs = self._kwargs(params, refs, ctx)
+            except (pydantic.ValidationError, ValueError) as e:
+                return _invalid_params(e)
+            try:
+                result = self.fn(**kwargs)
+            except BaseException as e:  # noqa: BLE001 - every failure is an answer
+                return self.app._failure(e)
+            return self._encode(result, ctx)
+        finally:
+            _current.reset(token)
+
+    def call_async(
+        self,
+        params: str | None,
+        refs: list[_native.TensorRef],
+        native: _native.Context,
+        done: _native.Done,
+    ) -> Any:
+        loop = self.app._loop
+        if loop is None or loop.is_closed():
+            done((INTERNAL_ERROR, "Internal error", json.dumps({"reason": "the app's event loop is not running"})))
+            return _Nothing()
+        fut = asyncio.run_coroutine_threadsafe(self._run(params, refs, native), loop)
+
+        def finished(f: Any) -> None:
+            if f.cancelled():
+                done((CANCELLED, "Cancelled: the call was cancelled", None))
+            elif f.exception() is not None:
+                done(self.app._failure(f.exception()))
+            else:
+                done(f.result())
+
+        fut.add_done_callback(finished)
+        return fut
+
+    async def _run(
+        self, params: str | None, refs: list[_native.TensorRef], native: _native.Context
+    ) -> Outcome:
+        ctx = Context(native)
+        _current.set(ctx)  # this task's own context
+        try:
+            kwargs = self._kwargs(params, refs, ctx)
+        except (pydantic.ValidationError, ValueError) as e:
+            return _invalid_params(e)
+        try:
+            result = await self.fn(**kwargs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - every failure is an answer
+            return self.app._failure(e)
+        return self._encode(result, ctx)
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def _kwargs(
+        self, params: str | None, refs: list[_native.TensorRef], ctx: Context
+    ) -> dict[str, Any]:
+        kwargs = self.sig.validate(params, refs)
+        if self.sig.ctx_param is not None:
+            kwargs[self.sig.ctx_param] = ctx
+        return kwargs
+
+    def _encode(self, result: object, ctx: Context) -> Outcome:
+        enc = _schema.Encoding(ctx._native.alloc, ctx._allocated)
+        try:
+            if self.sig.result is None:
+                obj = _schema.encode_any(result, enc)
+            else:
+                obj = self.sig.result.dump_python(
+                    result, mode="json", context=enc, warnings="error", fallback=enc.fallback
+                )
+            text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+        except Exception as e:  # noqa: BLE001 - a result that cannot be sent is an answer
+            reason = f"the result of {self.name} cannot be sent: {type(e).__qualname__}: {e}"
+            return (INTERNAL_ERROR, "Internal error", json.dumps({"reason": reason}))
+        return (text, enc.outs)
+
+
+class _Nothing:
+    """The handle of a call that never started."""
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _invalid_params(e: Exception) -> Outcome:
+    if isinstance(e, pydantic.ValidationError):
+        errors = e.errors(include_url=False, include_input=False, include_context=False)
+        first = errors[0] if errors else {"loc": (), "msg": str(e)}
+        path = ".".join(str(p) for p in first["loc"])
+        reason = str(first["msg"])
+        data: dict[str, Any] = {"path": path, "reason": reason, "errors": errors}
+    else:
+        path, reason = "", str(e)
+        data = {"path": path, "reason": reason}
+    message = f"Invalid params: {path}: {reason}" if path else f"Invalid params: {reason}"
+    return (INVALID_PARAMS, message, json.dumps(data, default=str))
+
+
+class App:
+    """A named set of functions to serve.
+
+    ```python
+    app = ferry.App("demo")
+
+    @app.function
+    def add(a: float, b: float) -> float:
+        return a + b
+
+    app.serve("unix:demo")
+    ```
+    """
+
+    def __init__(
+        self, name: str, *, version: str = "0.1.0", description: str | None = None, debug: bool = False
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.description = description
+        self.debug = debug
+        """Internal errors carry the handler's traceback (never in production)."""
+        self._functions: dict[str, _Function] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._servers: list[_native.Server] = []
+        self._module = sys._getframe(1).f_globals.get("__name__")
+
+    @overload
+    def function(self, fn: F, /) -> F: ...
+
+    @overload
+    def function(
+        self,
+        *,
+        name: str | None = None,
+        task: bool = False,
+        concurrency: int | None = None,
+        summary: str | None = None,
+        description: str | None = None,
+        deprecated: bool = False,
+    ) -> Callable[[F], F]: ...
+
+    def function(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        task: bool = False,
+        concurrency: int | None = None,
+        summary: str | None = None,
+        description: str | None = None,
+        deprecated: bool = False,
+    ) -> F | Callable[[F], F]:
+        """Registers a function (sync or async) under its name (or `name`). Its params and
+        result are described and validated by its type hints; its docstring's first
+        paragraph is the summary. `concurrency=N` caps the calls running at once;
+        `task=True` documents it as long-running (callers submit it as a task)."""
+
+        def register(f: F) -> F:
+            n = name or f.__name__
+            if n in self._functions:
+                raise ValueError(f"{self.name}: a function named {n!r} is already registered")
+            if n.startswith(("rpc.", "ferry.")) or not n:
+                raise ValueError(f"function name {n!r} is reserved (rpc.*, ferry.*) or empty")
+            if concurrency is not None and concurrency < 1:
+                raise ValueError(f"{n}: concurrency must be at least 1")
+            self._functions[n] = _Function(
+                self,
+                f,
+                n,
+                task=task,
+                concurrency=concurrency,
+                summary=summary,
+                description=description,
+                deprecated=deprecated,
+            )
+            return f
+
+        return register(fn) if fn is not None else register
+
+    @property
+    def functions(self) -> list[str]:
+        """The names of the functions registered."""
+        return list(self._functions)
+
+    def _failure(self, e: BaseException) -> Outcome:
+        if isinstance(e, RpcError):
+            data = None if e.data is None else json.dumps(e.data, default=str)
+            return (int(e.code), str(e.message), data)
+        if isinstance(e, asyncio.CancelledError):
+            return (CANCELLED, "Cancelled: the call was cancelled", None)
+        reason: dict[str, Any] = {"reason": f"{type(e).__qualname__}: {e}"}
+        if self.debug:
+            reason["traceback"] = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return (INTERNAL_ERROR, "Internal error", json.dumps(reason, default=str))
+
+    def _native_server(self, limits: dict[str, Any]) -> _native.Server:
+        s = _native.Server(self.name, self.version, self.description, **limits)
+        for f in self._functions.values():
+            s.add(
+                f.name,
+                f.call_async if f.is_async else f.call_sync,
+                is_async=f.is_async,
+                params_schema=json.dumps(f.sig.params_schema),
+                result_schema=json.dumps(f.sig.result_schema),
+                defs=json.dumps(f.sig.defs),
+                param_names=f.sig.names,
+                summary=f.summary,
+                description=f.description,
+                deprecated=f.deprecated,
+                concurrency=f.concurrency,
+            )
+        return s
+
+    def openrpc(self) -> dict[str, Any]:
+        """The OpenRPC document `rpc.discover` answers (what `ferry sdk` generates typed
+        clients from)."""
+        doc: dict[str, Any] = json.loads(self._native_server({}).discover())
+        return doc
+
+    def serve(
+        self,
+        *addrs: str,
+        http: str | None = None,
+        token: str | None = None,
+        allow_unauthenticated: bool = False,
+        http_allow_origin: list[str] | tuple[str, ...] = (),
+        http_allow_host: list[str] | tuple[str, ...] = (),
+        shm_pool_mib: int | None = None,
+        busy_poll_us: int | None = None,
+        announce: bool = True,
+        ready: Callable[[list[str]], None] | None = None,
+        max_connections: int | None = None,
+        max_in_flight: int | None = None,
+        max_request_bytes: int | None = None,
+        max_tasks: int | None = None,
+        max_tasks_per_identity: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
+        """Serves on `addrs` (default `unix:NAME`; `unix:/path`, `quic://HOST:PORT`) and
+        `http` (`HOST:PORT`) until Ctrl-C or SIGTERM (then it returns after a clean
+        shutdown) or `stop()`. The options are `ferry serve`'s. Prints `listening on
+        ADDR` lines unless `announce=False`; `ready(addresses)` is called once listening."""
+        limits = _limits(max_connections, max_in_flight, max_request_bytes, max_tasks, max_tasks_per_identity, idle_timeout)
+        server = self._native_server(limits)
+        self._servers.append(server)
+        kwargs = {
+            "http": http,
+            "token": token,
+            "allow_unauthenticated": allow_unauthenticated,
+            "http_allow_origin": list(http_allow_origin),
+            "http_allow_host": list(http_allow_host),
+            "shm_pool_mib": shm_pool_mib,
+            "busy_poll_us": busy_poll_us,
+            "announce": announce,
+            "ready": ready,
+        }
+        try:
+            with self._own_loop(), _on_sigterm(server.stop):
+                server.serve(list(addrs) or [f"unix:{self.name}"], **kwargs)
+        except KeyboardInterrupt:
+            if announce:
+                print(f"{self.name}: stopped", file=sys.stderr)
+        finally:
+            self._servers.remove(server)
+
+    async def serve_async(self, *addrs: str, **options: Any) -> None:
+        """`serve` from a running event loop: async handlers run on this loop; cancelling
+        the awaiting task stops the server."""
+        limit_names = ("max_connections", "max_in_flight", "max_request_bytes", "max_tasks", "max_tasks_per_identity", "idle_timeout")
+        limits = {k: options.pop(k) for k in limit_names if options.get(k) is not None}
+        for k in limit_names:
+            options.pop(k, None)
+        server = self._native_server(limits)
+        self._servers.append(server)
+        previous, self._loop = self._loop, asyncio.get_running_loop()
+        worker = asyncio.ensure_future(
+            asyncio.to_thread(server.serve, list(addrs) or [f"unix:{self.name}"], **options)
+        )
+        try:
+            await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            server.stop()
+            await worker
+            raise
+        finally:
+            self._loop = previous
+            self._servers.remove(server)
+
+    def stop(self) -> None:
+        """Stops every `serve` of this app (from another thread or a handler)."""
+        for s in list(self._servers):
+            s.stop()
+
+    @contextlib.contextmanager
+    def _own_loop(self) -> Iterator[None]:
+        """Runs an event loop in a thread for the async handlers, if any."""
+        if not any(f.is_async for f in self._functions.values()):
+            yield
+            return
+        loop = asyncio.new_event_loop()
+        t = threading.Thread(target=loop.run_forever, name=f"ferry-{self.name}-loop", daemon=True)
+        t.start()
+        previous, self._loop = self._loop, loop
+        try:
+            yield
+        finally:
+            self._loop = previous
+
+            async def cancel_all() -> None:
+                tasks = [x for x in asyncio.all_tasks() if x is not asyncio.current_task()]
+                for x in tasks:
+                    x.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=5)
+            loop.call_soon_threadsafe(loop.stop)
+            t.join(timeout=5)
+            if not t.is_alive():
+                loop.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by reference (module and attribute), for `ferry.spawn`."""
+        return (_import_app, _locate(self))
+
+
+def _limits(*values: Any) -> dict[str, Any]:
+    names = ("max_connections", "max_in_flight", "max_request_bytes", "max_tasks", "max_tasks_per_identity", "idle_timeout")
+    return {n: v for n, v in zip(names, values, strict=True) if v is not None}
+
+
+def _locate(app: App) -> tuple[str, str]:
+    module = sys.modules.get(app._module or "")
+    if module is not None:
+        for k, v in vars(module).items():
+            if v is app:
+                return (app._module or "", k)
+    raise TypeError(
+        f"ferry.App {app.name!r} must be a module-level variable to be started in another process"
+    )
+
+
+def _import_app(module: str, attr: str) -> App:
+    import importlib
+
+    obj = getattr(importlib.import_module(module), attr)
+    if not isinstance(obj, App):
+        raise TypeError(f"{module}:{attr} is not a ferry.App")
+    return obj
+
+
+@contextlib.contextmanager
+def _on_sigterm(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM calls `stop` (main thread only: elsewhere Python cannot set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: stop())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

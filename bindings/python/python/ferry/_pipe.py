@@ -1,0 +1,93 @@
+"""`ferry.listen` / `ferry.connect`: a header and tensors, without JSON-RPC.
+
+Over shm both directions are zero-copy: received tensors are read-only numpy views of the
+peer's memory; an array from `Pipe.alloc` is sent without a copy (any other array is
+copied once into the pipe's memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+
+from . import _native, _tensors
+
+
+class Pipe:
+    """One end of a connection between two processes."""
+
+    def __init__(self, native: _native.Pipe) -> None:
+        self._native = native
+        self._allocated: list[_native.OutTensor] = []
+
+    @property
+    def channel(self) -> str:
+        """The negotiated channel (`shm` on one host, `inline` otherwise)."""
+        return self._native.channel
+
+    @property
+    def closed(self) -> bool:
+        """True once the peer is gone."""
+        return self._native.closed
+
+    def alloc(self, shape: tuple[int, ...] | list[int], dtype: object = "f32") -> np.ndarray[Any, Any]:
+        """A writable array in this pipe's memory: sending it costs no copy. Do not write
+        to it once sent."""
+        out = self._native.alloc([int(n) for n in shape], _tensors.dtype_name(dtype))
+        self._allocated.append(out)
+        if len(self._allocated) > 64:
+            del self._allocated[:-64]
+        return _tensors.out_array(out)
+
+    def send(self, header: Any = None, tensors: list[Any] | tuple[Any, ...] = ()) -> None:
+        """Sends `header` (any JSON value) and `tensors` (numpy, torch, anything with
+        `__dlpack__` or `__array_interface__`)."""
+        outs = [_tensors.to_out(t, self._native.alloc, self._allocated) for t in tensors]
+        self._native.send(json.dumps(header, allow_nan=False), outs)
+
+    def recv(self, timeout: float | None = None) -> tuple[Any, list[np.ndarray[Any, Any]]]:
+        """The next message: its header and its tensors (read-only views, released when
+        the last reference dies). `TimeoutError` after `timeout` seconds."""
+        m = self._native.recv(timeout)
+        return json.loads(m.header), [_tensors.to_numpy(t) for t in m.tensors]
+
+    async def asend(self, header: Any = None, tensors: list[Any] | tuple[Any, ...] = ()) -> None:
+        """`send` for asyncio (runs in a worker thread)."""
+        await asyncio.to_thread(self.send, header, tensors)
+
+    async def arecv(self, timeout: float | None = None) -> tuple[Any, list[np.ndarray[Any, Any]]]:
+        """`recv` for asyncio (waits in a worker thread)."""
+        return await asyncio.to_thread(self.recv, timeout)
+
+
+class Listener:
+    """A listening address; `accept()` gives a `Pipe` per peer."""
+
+    def __init__(self, native: _native.Listener) -> None:
+        self._native = native
+
+    @property
+    def address(self) -> str:
+        """The address peers connect to."""
+        return self._native.address
+
+    def accept(self, timeout: float | None = None) -> Pipe:
+        """Waits for the next peer (`TimeoutError` after `timeout` seconds)."""
+        return Pipe(self._native.accept(timeout))
+
+    async def aaccept(self, timeout: float | None = None) -> Pipe:
+        """`accept` for asyncio."""
+        return await asyncio.to_thread(self.accept, timeout)
+
+
+def listen(addr: str, *, token: str | None = None) -> Listener:
+    """Listens on `addr` (`unix:NAME`, a socket path, `quic://HOST:PORT`)."""
+    return Listener(_native.listen(addr, token=token))
+
+
+def connect(addr: str, *, token: str | None = None) -> Pipe:
+    """Connects to a `listen`ing peer."""
+    return Pipe(_native.connect(addr, token=token))

@@ -1,0 +1,256 @@
+"""Params and results from type hints, with pydantic.
+
+A function's params become a pydantic model (extra params forbidden, strict JSON
+validation: `"1"` is not a float), its return annotation a `TypeAdapter`; both give the
+JSON Schemas of the OpenRPC document, written with references into
+`#/components/schemas`. Tensor types (`np.ndarray`, `torch.Tensor`, and the `NDArray`,
+`TorchTensor`, `AnyTensor` aliases for use inside models) validate `{"$tensor": i}`
+references into the received tensors and serialize to references into the sent ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, get_args, get_origin
+
+import numpy as np
+import pydantic
+from pydantic import ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+from . import _native, _tensors
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+TENSOR_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/Tensor"}
+_TENSOR_MARK = "x-ferry-tensor"
+"""pydantic resolves a `$ref` given with `WithJsonSchema` among its own definitions, so
+tensor fields carry this mark and become `TENSOR_SCHEMA` afterwards (`_unmark`)."""
+
+
+class Encoding:
+    """What serializing one result needs: where tensors go and how to allocate them."""
+
+    __slots__ = ("alloc", "allocated", "outs")
+
+    def __init__(self, alloc: _tensors.Alloc, allocated: list[_native.OutTensor]) -> None:
+        self.alloc = alloc
+        self.allocated = allocated
+        self.outs: list[_native.OutTensor] = []
+
+    def ref(self, x: object) -> dict[str, int]:
+        """`{"$tensor": i}` for `x`, which is appended to the outgoing tensors."""
+        self.outs.append(_tensors.to_out(x, self.alloc, self.allocated))
+        return {"$tensor": len(self.outs) - 1}
+
+    def fallback(self, x: object) -> Any:
+        """What pydantic does with a value its type does not describe (`dict`, `Any`):
+        tensors become references, numpy scalars numbers; anything else is refused."""
+        if _tensors.is_tensor_like(x):
+            return self.ref(x)
+        if isinstance(x, np.generic):
+            return x.item()
+        raise TypeError(f"cannot send a result of type {type(x).__module__}.{type(x).__qualname__}")
+
+
+def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
+    def validate(value: Any, info: pydantic.ValidationInfo) -> Any:
+        refs = info.context.get("tensors") if isinstance(info.context, dict) else None
+        i = value.get("$tensor") if isinstance(value, dict) and len(value) == 1 else None
+        if refs is None or not isinstance(i, int) or isinstance(i, bool):
+            raise PydanticCustomError("tensor", 'expected a tensor ({"$tensor": i})')
+        if not 0 <= i < len(refs):
+            raise PydanticCustomError(
+                "tensor", "tensor index {i} out of range ({n} sent)", {"i": i, "n": len(refs)}
+            )
+        ref = refs[i]
+        return _tensors.to_torch(ref) if kind == "torch" else _tensors.to_numpy(ref)
+
+    return validate
+
+
+def _tensor_out(value: Any, info: pydantic.SerializationInfo) -> Any:
+    enc = info.context
+    if not isinstance(enc, Encoding):
+        raise TypeError("a tensor can only be serialized as a ferry result")
+    return enc.ref(value)
+
+
+def tensor_type(base: Any, kind: str) -> Any:
+    """`base` as a pydantic type that travels as a ferry tensor (`kind`: numpy or torch)."""
+    return Annotated[
+        base,
+        PlainValidator(_tensor_in(kind)),
+        PlainSerializer(_tensor_out, when_used="always"),
+        WithJsonSchema({_TENSOR_MARK: True}),
+    ]
+
+
+NDArray = tensor_type(np.ndarray, "numpy")
+"""A numpy array parameter or result field (read-only, zero-copy when received)."""
+
+AnyTensor = tensor_type(Any, "numpy")
+"""Any tensor-like result field (numpy, torch, CuPy, DLPack); received as numpy."""
+
+
+def _is_torch_tensor(tp: Any) -> bool:
+    return getattr(tp, "__module__", "") == "torch" and getattr(tp, "__name__", "") == "Tensor"
+
+
+def _is_cupy(tp: Any) -> bool:
+    return getattr(tp, "__module__", "").startswith("cupy") and getattr(tp, "__name__", "") == "ndarray"
+
+
+def rewrite(tp: Any) -> Any:
+    """`tp` with every tensor type replaced by its ferry-aware pydantic type, through
+    lists, dicts, tuples, unions and `Annotated`."""
+    if tp is np.ndarray or get_origin(tp) is np.ndarray:
+        return NDArray
+    if _is_torch_tensor(tp):
+        return tensor_type(tp, "torch")
+    if _is_cupy(tp):
+        return tensor_type(Any, "numpy")
+    origin = get_origin(tp)
+    if origin is None:
+        return tp
+    args = get_args(tp)
+    if origin is Annotated:
+        inner = rewrite(args[0])
+        return Annotated[(inner, *args[1:])] if inner is not args[0] else tp
+    new = tuple(rewrite(a) if not isinstance(a, list) else [rewrite(x) for x in a] for a in args)
+    if all(n is a for n, a in zip(new, args, strict=True)):
+        return tp
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        return typing.Union[new]  # noqa: UP007 - built from a tuple
+    if origin is Callable or str(origin) == "collections.abc.Callable":
+        return tp
+    try:
+        return origin[new] if len(new) != 1 else origin[new[0]]
+    except TypeError:
+        base = {list: typing.List, dict: typing.Dict, tuple: typing.Tuple}.get(origin)  # noqa: UP006
+        return base[new] if base is not None else tp
+
+
+def _unmark(v: Any) -> Any:
+    if isinstance(v, dict):
+        if v.get(_TENSOR_MARK) is True:
+            return {**TENSOR_SCHEMA, **{k: x for k, x in v.items() if k not in (_TENSOR_MARK, "title")}}
+        return {k: _unmark(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_unmark(x) for x in v]
+    return v
+
+
+def _split_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    schema = _unmark(schema)
+    defs.update(schema.pop("$defs", {}))
+    return schema
+
+
+@dataclasses.dataclass
+class Signature:
+    """A function's params and result as ferry sees them."""
+
+    names: list[str]
+    """Params in positional order (the context param excluded)."""
+    ctx_param: str | None
+    """The param annotated `ferry.Context`, if any."""
+    model: type[pydantic.BaseModel]
+    result: pydantic.TypeAdapter[Any] | None
+    """None: unannotated, encoded by `encode_any`."""
+    params_schema: dict[str, Any]
+    result_schema: dict[str, Any]
+    defs: dict[str, Any]
+
+    def validate(self, params_text: str | None, refs: list[_native.TensorRef]) -> dict[str, Any]:
+        """The keyword arguments of a call. Raises `pydantic.ValidationError` or
+        `ValueError` (too many positional params)."""
+        if params_text is None:
+            params_text = "{}"
+        elif params_text.startswith("["):
+            values = json.loads(params_text)
+            if len(values) > len(self.names):
+                raise ValueError(
+                    f"{len(values)} params given by position; it takes {len(self.names)}"
+                    f" ({', '.join(self.names)})"
+                )
+            params_text = json.dumps(dict(zip(self.names, values, strict=False)))
+        m = self.model.model_validate_json(params_text, strict=True, context={"tensors": refs})
+        return {n: getattr(m, n) for n in self.names}
+
+
+def signature(fn: Callable[..., Any], context_type: type) -> Signature:
+    """The `Signature` of `fn`, from its type hints (unannotated params take any JSON)."""
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)
+    fields: dict[str, Any] = {}
+    names: list[str] = []
+    ctx_param = None
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"{fn.__qualname__}: *{p.name} and **{p.name} params cannot be described")
+        tp = hints.get(p.name, Any)
+        if tp is context_type:
+            ctx_param = p.name
+            continue
+        default = ... if p.default is p.empty else p.default
+        fields[p.name] = (rewrite(tp), default)
+        names.append(p.name)
+    model = pydantic.create_model(  # type: ignore[call-overload]
+        f"{fn.__name__}_params",
+        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+        **fields,
+    )
+    defs: dict[str, Any] = {}
+    params_schema = _split_defs(model.model_json_schema(ref_template=REF_TEMPLATE), defs)
+    params_schema.pop("title", None)
+    ret = hints.get("return", sig.return_annotation)
+    if ret is inspect.Signature.empty or ret is Any:
+        result = None
+        result_schema: dict[str, Any] = {}
+    else:
+        result = pydantic.TypeAdapter(
+            rewrite(ret), config=ConfigDict(arbitrary_types_allowed=True) if _needs_config(ret) else None
+        )
+        result_schema = _split_defs(
+            result.json_schema(ref_template=REF_TEMPLATE, mode="serialization"), defs
+        )
+    return Signature(names, ctx_param, model, result, params_schema, result_schema, defs)
+
+
+def _needs_config(tp: Any) -> bool:
+    """Whether a TypeAdapter of `tp` may be given a config (not for models and
+    dataclasses, which carry their own)."""
+    return not (
+        (isinstance(tp, type) and issubclass(tp, pydantic.BaseModel))
+        or dataclasses.is_dataclass(tp)
+        or typing.is_typeddict(tp)
+    )
+
+
+def encode_any(x: object, enc: Encoding) -> Any:
+    """JSON of an unannotated result: JSON types, tensors, pydantic models, dataclasses;
+    anything else is a `TypeError` naming its type."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, dict):
+        out: dict[str, Any] = {}
+        for k, v in x.items():
+            if not isinstance(k, str):
+                raise TypeError(f"a result dict key must be a str, not {type(k).__qualname__}")
+            out[k] = encode_any(v, enc)
+        return out
+    if isinstance(x, (list, tuple)):
+        return [encode_any(v, enc) for v in x]
+    if _tensors.is_tensor_like(x):
+        return enc.ref(x)
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, pydantic.BaseModel):
+        return x.model_dump(mode="json", context=enc, warnings="error")
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: encode_any(getattr(x, f.name), enc) for f in dataclasses.fields(x)}
+    raise TypeError(f"cannot send a result of type {type(x).__module__}.{type(x).__qualname__}")

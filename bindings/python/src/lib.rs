@@ -1,0 +1,59 @@
+//! `ferry._native`: the native half of the `ferry` Python package (see
+//! `bindings/python/README.md`).
+//!
+//! The Rust side owns everything that touches a socket: the endpoint (unix, QUIC), the
+//! handshake, the channels (shm, cuda-ipc, inline), the JSON-RPC server with its limits
+//! and access rules, HTTP. Python owns the handlers and their schemas. This module is the
+//! seam:
+//!
+//! - [`server::Server`]: a method table whose handlers are Python callables, served on
+//!   addresses with `ferry serve`'s options ([`ferry_cli::cli_rpc::bind`] and `run`).
+//! - [`tensors`]: received tensors as read-only zero-copy views (`__array_interface__`,
+//!   holding the Rust lease), result tensors allocated in the connection's memory.
+//! - [`pipe`]: `ferry.listen` / `ferry.connect`, messages of a header and tensors without
+//!   JSON-RPC.
+//!
+//! Python code never runs on a tokio worker: sync handlers run on tokio's blocking pool
+//! (the GIL taken there, released whenever Rust waits), async handlers on the app's asyncio
+//! loop (its own thread), which reports back through [`server::Done`].
+
+use std::sync::OnceLock;
+
+use pyo3::prelude::*;
+
+pub mod pipe;
+pub mod server;
+pub mod tensors;
+
+/// The runtime every server and pipe of this process runs on.
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cpus.clamp(1, 4))
+            .thread_name("ferry-rt")
+            .enable_all()
+            .build()
+            .expect("the ferry runtime could not start (no threads?)")
+    })
+}
+
+/// The module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<server::Server>()?;
+    m.add_class::<server::Context>()?;
+    m.add_class::<server::Done>()?;
+    m.add_class::<tensors::TensorRef>()?;
+    m.add_class::<tensors::OutTensor>()?;
+    m.add_class::<pipe::Pipe>()?;
+    m.add_class::<pipe::Listener>()?;
+    m.add_class::<pipe::Message>()?;
+    m.add_function(wrap_pyfunction!(pipe::listen, m)?)?;
+    m.add_function(wrap_pyfunction!(pipe::connect, m)?)?;
+    m.add_function(wrap_pyfunction!(tensors::dtypes, m)?)?;
+    m.add("FerryError", m.py().get_type::<pyo3::exceptions::PyOSError>())?;
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! `ferry.listen` / `ferry.connect`: pipes between two processes without JSON-RPC, as
+//! TensorPipe offers them: a message is a JSON header and tensors, zero-copy over shm in
+//! both directions. Every wait releases the GIL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{Endpoint, Tensor};
+use pyo3::exceptions::{PyConnectionError, PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::runtime;
+use crate::tensors::{OutTensor, TensorRef, meta_of};
+
+/// The endpoint pipes use: every transport and channel this build has.
+fn endpoint(token: Option<String>) -> Endpoint {
+    let mut b = ferry::endpoint();
+    if let Some(t) = token {
+        b = b.token(t.clone()).require_token(t);
+    }
+    b.build()
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> PyErr {
+    PyConnectionError::new_err(format!("{what}: {e}"))
+}
+
+/// A listening address.
+#[pyclass(frozen, module = "ferry._native")]
+pub struct Listener {
+    inner: AsyncMutex<ferry_core::PipeListener>,
+    addr: String,
+}
+
+#[pymethods]
+impl Listener {
+    /// The address peers connect to.
+    #[getter]
+    fn address(&self) -> String {
+        self.addr.clone()
+    }
+
+    /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next peer.
+    #[pyo3(signature = (timeout=None))]
+    fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Pipe> {
+        let r = py.detach(|| {
+            runtime().block_on(async {
+                let mut l = self.inner.lock().await;
+                match timeout {
+                    Some(s) => tokio::time::timeout(Duration::from_secs_f64(s.max(0.0)), l.accept()).await.ok(),
+                    None => Some(l.accept().await),
+                }
+            })
+        });
+        match r {
+            None => Err(PyTimeoutError::new_err(format!("no peer connected to {} within {timeout:?} s", self.addr))),
+            Some(Ok(p)) => Ok(Pipe { pipe: Arc::new(p) }),
+            Some(Err(e)) => Err(io_err("accepting", e)),
+        }
+    }
+}
+
+/// A received message: the header as JSON text and the tensors as read-only views.
+#[pyclass(frozen, module = "ferry._native")]
+pub struct Message {
+    /// The header, JSON text.
+    #[pyo3(get)]
+    header: String,
+    tensors: Vec<Py<TensorRef>>,
+}
+
+#[pymethods]
+impl Message {
+    /// The tensors.
+    #[getter]
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.tensors.iter().map(|t| t.clone_ref(py)))
+    }
+}
+
+/// One end of a pipe.
+#[pyclass(frozen, module = "ferry._native")]
+pub struct Pipe {
+    pipe: Arc<ferry_core::Pipe>,
+}
+
+#[pymethods]
+impl Pipe {
+    /// The negotiated channel (`shm`, `inline`, ...).
+    #[getter]
+    fn channel(&self) -> String {
+        self.pipe.channel().to_owned()
+    }
+
+    /// The transport (`unix`, `quic`).
+    #[getter]
+    fn transport(&self) -> &'static str {
+        self.pipe.transport()
+    }
+
+    /// A writable tensor in this pipe's memory (shm: sending it costs no copy).
+    fn alloc(&self, py: Python<'_>, shape: Vec<u64>, dtype: &str) -> PyResult<OutTensor> {
+        let meta = meta_of(shape, dtype)?;
+        let p = self.pipe.clone();
+        let t = py.detach(|| runtime().block_on(p.alloc(meta))).map_err(|e| io_err("allocating", e))?;
+        Ok(OutTensor::new(t))
+    }
+
+    /// Sends a header (JSON text) and tensors ([`OutTensor`] from `alloc`, or received
+    /// [`TensorRef`]s to forward).
+    fn send(&self, py: Python<'_>, header: &str, tensors: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let header: serde_json::Value =
+            serde_json::from_str(header).map_err(|e| PyValueError::new_err(format!("header JSON: {e}")))?;
+        let mut ts: Vec<Tensor> = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            if let Ok(o) = t.cast::<OutTensor>() {
+                ts.push(o.get().take()?);
+            } else if let Ok(r) = t.cast::<TensorRef>() {
+                ts.push(r.get().tensor.clone());
+            } else {
+                return Err(PyTypeError::new_err(format!(
+                    "send takes OutTensor or TensorRef, not {}",
+                    t.get_type().qualname()?
+                )));
+            }
+        }
+        let p = self.pipe.clone();
+        py.detach(|| runtime().block_on(p.send(ferry_core::Message::with_tensors(header, ts))))
+            .map_err(|e| io_err("sending", e))
+    }
+
+    /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next message.
+    #[pyo3(signature = (timeout=None))]
+    fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
+        let p = self.pipe.clone();
+        let r = py.detach(|| {
+            runtime().block_on(async {
+                match timeout {
+                    Some(s) => tokio::time::timeout(Duration::from_secs_f64(s.max(0.0)), p.recv()).await.ok(),
+                    None => Some(p.recv().await),
+                }
+            })
+        });
+        let msg = match r {
+            None => return Err(PyTimeoutError::new_err(format!("no message within {timeout:?} s"))),
+            Some(r) => r.map_err(|e| io_err("receiving", e))?,
+        };
+        let tensors = msg.tensors.into_iter().map(|t| Py::new(py, TensorRef::new(t))).collect::<PyResult<_>>()?;
+        Ok(Message { header: msg.header.to_string(), tensors })
+    }
+
+    /// True once the peer is gone.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.pipe.is_closed()
+    }
+}
+
+/// Listens on `addr` (`unix:NAME`, a socket path, `quic://HOST:PORT`) for pipes.
+#[pyfunction]
+#[pyo3(signature = (addr, *, token=None))]
+pub fn listen(py: Python<'_>, addr: &str, token: Option<String>) -> PyResult<Listener> {
+    let ep = endpoint(token);
+    let l = py.detach(|| runtime().block_on(ep.listen(addr))).map_err(|e| io_err(&format!("listening on {addr}"), e))?;
+    let addr = l.local_addr().to_string();
+    Ok(Listener { inner: AsyncMutex::new(l), addr })
+}
+
+/// Connects to a listener.
+#[pyfunction]
+#[pyo3(signature = (addr, *, token=None))]
+pub fn connect(py: Python<'_>, addr: &str, token: Option<String>) -> PyResult<Pipe> {
+    let ep = endpoint(token);
+    let p = py.detach(|| runtime().block_on(ep.connect(addr))).map_err(|e| io_err(&format!("connecting to {addr}"), e))?;
+    Ok(Pipe { pipe: Arc::new(p) })
+}
