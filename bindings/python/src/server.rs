@@ -10,7 +10,7 @@
 //!   `Done(outcome)` when it ends; dropping the call (cancelled, timed out, connection
 //!   gone) calls `handle.cancel()`, which raises `CancelledError` in the coroutine.
 //!
-//! An outcome is `(result_json, [OutTensor])` or `(code, message, data_json | None)`.
+//! An outcome is `(result_json, [OutTensor | TensorRef])` or `(code, message, data_json | None)`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,8 +48,15 @@ fn outcome(py: Python<'_>, o: &Bound<'_, PyAny>) -> Result<Reply, ErrorObject> {
             let outs = outs.cast::<PyList>().map_err(|_| ErrorObject::internal("result tensors: not a list"))?;
             let mut tensors = Vec::with_capacity(outs.len());
             for o in outs.iter() {
-                let o = o.cast::<OutTensor>().map_err(|_| ErrorObject::internal("result tensor: not an OutTensor"))?;
-                tensors.push(o.get().take().map_err(bad)?);
+                if let Ok(o) = o.cast::<OutTensor>() {
+                    tensors.push(o.get().take().map_err(bad)?);
+                } else if let Ok(r) = o.cast::<TensorRef>() {
+                    // A received tensor sent back as it is (an echo): no copy, over shm the
+                    // peer gets its own memory back.
+                    tensors.push(r.get().tensor.clone());
+                } else {
+                    return Err(ErrorObject::internal("result tensor: neither an OutTensor nor a TensorRef"));
+                }
             }
             Ok(Reply { value, tensors })
         }

@@ -110,6 +110,13 @@ impl TensorRef {
         self.tensor.nbytes()
     }
 
+    /// The address of the first byte (host tensors; 0 for device ones): to recognise a
+    /// result that is this tensor.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.tensor.host_bytes().map_or(0, |b| b.as_ptr() as usize)
+    }
+
     /// numpy's array interface (host tensors only): read-only, no copy.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -34,18 +34,62 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve an app (MODULE:APP) on one or more addresses")
     s.add_argument("app", help="the app, as MODULE:ATTRIBUTE (uvicorn's convention)")
-    s.add_argument("addrs", nargs="*", help="addresses (default unix:APP_NAME): unix:NAME, a socket path, quic://HOST:PORT")
+    s.add_argument(
+        "addrs",
+        nargs="*",
+        help="addresses (default unix:APP_NAME): unix:NAME, a socket path, quic://HOST:PORT",
+    )
     s.add_argument("--http", metavar="HOST:PORT", help="also serve JSON-RPC over HTTP POST")
-    s.add_argument("--token", default=os.environ.get("FERRY_TOKEN"), help="require this bearer token (default: $FERRY_TOKEN)")
-    s.add_argument("--allow-unauthenticated", action="store_true", help="serve a non-loopback QUIC/HTTP address without a token")
-    s.add_argument("--http-allow-origin", action="append", default=[], metavar="ORIGIN", help="a browser origin allowed over HTTP (repeatable)")
-    s.add_argument("--http-allow-host", action="append", default=[], metavar="NAME", help="an extra Host accepted over HTTP (repeatable)")
-    s.add_argument("--shm-pool-mib", type=int, metavar="MIB", help="shared memory per connection for results (default 2048)")
-    s.add_argument("--busy-poll-us", type=int, metavar="US", help="µs a connection polls for the next request after an answer")
-    s.add_argument("--max-connections", type=int, default=512, metavar="N", help="connections served at once (default 512)")
+    s.add_argument(
+        "--token",
+        default=os.environ.get("FERRY_TOKEN"),
+        help="require this bearer token (default: $FERRY_TOKEN)",
+    )
+    s.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback QUIC/HTTP address without a token",
+    )
+    s.add_argument(
+        "--http-allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin allowed over HTTP (repeatable)",
+    )
+    s.add_argument(
+        "--http-allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an extra Host accepted over HTTP (repeatable)",
+    )
+    s.add_argument(
+        "--shm-pool-mib",
+        type=int,
+        metavar="MIB",
+        help="shared memory per connection for results (default 2048)",
+    )
+    s.add_argument(
+        "--busy-poll-us",
+        type=int,
+        metavar="US",
+        help="µs a connection polls for the next request after an answer",
+    )
+    s.add_argument(
+        "--max-connections",
+        type=int,
+        default=512,
+        metavar="N",
+        help="connections served at once (default 512)",
+    )
     s.add_argument("--max-in-flight", type=int, metavar="N", help="calls in flight per connection")
     s.add_argument("--max-tasks", type=int, metavar="N", help="tasks held at once")
-    s.add_argument("--debug", action="store_true", help="internal errors carry the handler's traceback")
+    s.add_argument(
+        "--debug",
+        action="store_true",
+        help="internal errors carry the handler's traceback",
+    )
     a = p.parse_args(argv)
     app = _load(a.app)
     if a.debug:

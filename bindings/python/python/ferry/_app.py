@@ -26,7 +26,7 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 CANCELLED = -32002
 
-Outcome = tuple[str, list[_native.OutTensor]] | tuple[int, str, str | None]
+Outcome = tuple[str, list[_tensors.Out]] | tuple[int, str, str | None]
 """What a handler wrapper gives Rust: `(result_json, tensors)` or `(code, message,
 data_json)`."""
 
@@ -60,7 +60,9 @@ class Context:
         peer: dict[str, Any] = json.loads(self._native.peer)
         return peer
 
-    def alloc(self, shape: tuple[int, ...] | list[int], dtype: object = "f32") -> np.ndarray[Any, Any]:
+    def alloc(
+        self, shape: tuple[int, ...] | list[int], dtype: object = "f32"
+    ) -> np.ndarray[Any, Any]:
         """A writable array in the connection's memory: return it (or a torch tensor made
         from it with `torch.from_numpy`) and it travels without a copy."""
         out = self._native.alloc([int(n) for n in shape], _tensors.dtype_name(dtype))
@@ -131,7 +133,7 @@ class _Function:
                 return _invalid_params(e)
             try:
                 result = self.fn(**kwargs)
-            except BaseException as e:  # noqa: BLE001 - every failure is an answer
+            except BaseException as e:
                 return self.app._failure(e)
             return self._encode(result, ctx)
         finally:
@@ -146,7 +148,13 @@ class _Function:
     ) -> Any:
         loop = self.app._loop
         if loop is None or loop.is_closed():
-            done((INTERNAL_ERROR, "Internal error", json.dumps({"reason": "the app's event loop is not running"})))
+            done(
+                (
+                    INTERNAL_ERROR,
+                    "Internal error",
+                    json.dumps({"reason": "the app's event loop is not running"}),
+                )
+            )
             return _Nothing()
         fut = asyncio.run_coroutine_threadsafe(self._run(params, refs, native), loop)
 
@@ -174,7 +182,7 @@ class _Function:
             result = await self.fn(**kwargs)
         except asyncio.CancelledError:
             raise
-        except BaseException as e:  # noqa: BLE001 - every failure is an answer
+        except BaseException as e:
             return self.app._failure(e)
         return self._encode(result, ctx)
 
@@ -195,10 +203,14 @@ class _Function:
                 obj = _schema.encode_any(result, enc)
             else:
                 obj = self.sig.result.dump_python(
-                    result, mode="json", context=enc, warnings="error", fallback=enc.fallback
+                    result,
+                    mode="json",
+                    context=enc,
+                    warnings="error",
+                    fallback=enc.fallback,
                 )
             text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
-        except Exception as e:  # noqa: BLE001 - a result that cannot be sent is an answer
+        except Exception as e:
             reason = f"the result of {self.name} cannot be sent: {type(e).__qualname__}: {e}"
             return (INTERNAL_ERROR, "Internal error", json.dumps({"reason": reason}))
         return (text, enc.outs)
@@ -240,7 +252,12 @@ class App:
     """
 
     def __init__(
-        self, name: str, *, version: str = "0.1.0", description: str | None = None, debug: bool = False
+        self,
+        name: str,
+        *,
+        version: str = "0.1.0",
+        description: str | None = None,
+        debug: bool = False,
     ) -> None:
         self.name = name
         self.version = version
@@ -267,7 +284,7 @@ class App:
         deprecated: bool = False,
     ) -> Callable[[F], F]: ...
 
-    def function(
+    def function(  # type: ignore[misc]  # mypy: the keyword-only overload is accepted
         self,
         fn: F | None = None,
         /,
@@ -369,23 +386,30 @@ class App:
         `http` (`HOST:PORT`) until Ctrl-C or SIGTERM (then it returns after a clean
         shutdown) or `stop()`. The options are `ferry serve`'s. Prints `listening on
         ADDR` lines unless `announce=False`; `ready(addresses)` is called once listening."""
-        limits = _limits(max_connections, max_in_flight, max_request_bytes, max_tasks, max_tasks_per_identity, idle_timeout)
+        limits = _limits(
+            max_connections,
+            max_in_flight,
+            max_request_bytes,
+            max_tasks,
+            max_tasks_per_identity,
+            idle_timeout,
+        )
         server = self._native_server(limits)
         self._servers.append(server)
-        kwargs = {
-            "http": http,
-            "token": token,
-            "allow_unauthenticated": allow_unauthenticated,
-            "http_allow_origin": list(http_allow_origin),
-            "http_allow_host": list(http_allow_host),
-            "shm_pool_mib": shm_pool_mib,
-            "busy_poll_us": busy_poll_us,
-            "announce": announce,
-            "ready": ready,
-        }
         try:
             with self._own_loop(), _on_sigterm(server.stop):
-                server.serve(list(addrs) or [f"unix:{self.name}"], **kwargs)
+                server.serve(
+                    list(addrs) or [f"unix:{self.name}"],
+                    http=http,
+                    token=token,
+                    allow_unauthenticated=allow_unauthenticated,
+                    http_allow_origin=list(http_allow_origin),
+                    http_allow_host=list(http_allow_host),
+                    shm_pool_mib=shm_pool_mib,
+                    busy_poll_us=busy_poll_us,
+                    announce=announce,
+                    ready=ready,
+                )
         except KeyboardInterrupt:
             if announce:
                 print(f"{self.name}: stopped", file=sys.stderr)
@@ -395,7 +419,14 @@ class App:
     async def serve_async(self, *addrs: str, **options: Any) -> None:
         """`serve` from a running event loop: async handlers run on this loop; cancelling
         the awaiting task stops the server."""
-        limit_names = ("max_connections", "max_in_flight", "max_request_bytes", "max_tasks", "max_tasks_per_identity", "idle_timeout")
+        limit_names = (
+            "max_connections",
+            "max_in_flight",
+            "max_request_bytes",
+            "max_tasks",
+            "max_tasks_per_identity",
+            "idle_timeout",
+        )
         limits = {k: options.pop(k) for k in limit_names if options.get(k) is not None}
         for k in limit_names:
             options.pop(k, None)
@@ -454,7 +485,14 @@ class App:
 
 
 def _limits(*values: Any) -> dict[str, Any]:
-    names = ("max_connections", "max_in_flight", "max_request_bytes", "max_tasks", "max_tasks_per_identity", "idle_timeout")
+    names = (
+        "max_connections",
+        "max_in_flight",
+        "max_request_bytes",
+        "max_tasks",
+        "max_tasks_per_identity",
+        "idle_timeout",
+    )
     return {n: v for n, v in zip(names, values, strict=True) if v is not None}
 
 

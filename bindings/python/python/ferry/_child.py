@@ -33,12 +33,16 @@ def _child_main(argv: list[str]) -> None:
                 raise TypeError(f"{module}: {attr} is not a ferry.App")
         else:
             app = _import_app(module, attr)
-        app.serve(addr, announce=False, ready=lambda addrs: tell("ready", addrs), **json.loads(options_json))
+        app.serve(
+            addr,
+            announce=False,
+            ready=lambda addrs: tell("ready", addrs),
+            **json.loads(options_json),
+        )
     except BaseException as e:
         with contextlib.suppress(Exception):
             tell("error", f"{type(e).__qualname__}: {e}")
         raise
-
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ class Pipe:
         """True once the peer is gone."""
         return self._native.closed
 
-    def alloc(self, shape: tuple[int, ...] | list[int], dtype: object = "f32") -> np.ndarray[Any, Any]:
+    def alloc(
+        self, shape: tuple[int, ...] | list[int], dtype: object = "f32"
+    ) -> np.ndarray[Any, Any]:
         """A writable array in this pipe's memory: sending it costs no copy. Do not write
         to it once sent."""
         out = self._native.alloc([int(n) for n in shape], _tensors.dtype_name(dtype))

@@ -39,7 +39,7 @@ class Encoding:
     def __init__(self, alloc: _tensors.Alloc, allocated: list[_native.OutTensor]) -> None:
         self.alloc = alloc
         self.allocated = allocated
-        self.outs: list[_native.OutTensor] = []
+        self.outs: list[_tensors.Out] = []
 
     def ref(self, x: object) -> dict[str, int]:
         """`{"$tensor": i}` for `x`, which is appended to the outgoing tensors."""
@@ -64,7 +64,9 @@ def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
             raise PydanticCustomError("tensor", 'expected a tensor ({"$tensor": i})')
         if not 0 <= i < len(refs):
             raise PydanticCustomError(
-                "tensor", "tensor index {i} out of range ({n} sent)", {"i": i, "n": len(refs)}
+                "tensor",
+                "tensor index {i} out of range ({n} sent)",
+                {"i": i, "n": len(refs)},
             )
         ref = refs[i]
         return _tensors.to_torch(ref) if kind == "torch" else _tensors.to_numpy(ref)
@@ -101,7 +103,10 @@ def _is_torch_tensor(tp: Any) -> bool:
 
 
 def _is_cupy(tp: Any) -> bool:
-    return getattr(tp, "__module__", "").startswith("cupy") and getattr(tp, "__name__", "") == "ndarray"
+    return (
+        getattr(tp, "__module__", "").startswith("cupy")
+        and getattr(tp, "__name__", "") == "ndarray"
+    )
 
 
 def rewrite(tp: Any) -> Any:
@@ -119,7 +124,10 @@ def rewrite(tp: Any) -> Any:
     args = get_args(tp)
     if origin is Annotated:
         inner = rewrite(args[0])
-        return Annotated[(inner, *args[1:])] if inner is not args[0] else tp
+        if inner is args[0]:
+            return tp
+        params = (inner, *args[1:])
+        return Annotated[params]
     new = tuple(rewrite(a) if not isinstance(a, list) else [rewrite(x) for x in a] for a in args)
     if all(n is a for n, a in zip(new, args, strict=True)):
         return tp
@@ -127,17 +135,21 @@ def rewrite(tp: Any) -> Any:
         return typing.Union[new]  # noqa: UP007 - built from a tuple
     if origin is Callable or str(origin) == "collections.abc.Callable":
         return tp
+    generic: Any = origin
     try:
-        return origin[new] if len(new) != 1 else origin[new[0]]
+        return generic[new] if len(new) != 1 else generic[new[0]]
     except TypeError:
-        base = {list: typing.List, dict: typing.Dict, tuple: typing.Tuple}.get(origin)  # noqa: UP006
+        base: Any = {list: typing.List, dict: typing.Dict, tuple: typing.Tuple}.get(origin)  # noqa: UP006
         return base[new] if base is not None else tp
 
 
 def _unmark(v: Any) -> Any:
     if isinstance(v, dict):
         if v.get(_TENSOR_MARK) is True:
-            return {**TENSOR_SCHEMA, **{k: x for k, x in v.items() if k not in (_TENSOR_MARK, "title")}}
+            return {
+                **TENSOR_SCHEMA,
+                **{k: x for k, x in v.items() if k not in (_TENSOR_MARK, "title")},
+            }
         return {k: _unmark(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_unmark(x) for x in v]
@@ -191,7 +203,9 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
     ctx_param = None
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"{fn.__qualname__}: *{p.name} and **{p.name} params cannot be described")
+            raise TypeError(
+                f"{fn.__qualname__}: *{p.name} and **{p.name} params cannot be described"
+            )
         tp = hints.get(p.name, Any)
         if tp is context_type:
             ctx_param = p.name
@@ -199,7 +213,7 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (rewrite(tp), default)
         names.append(p.name)
-    model = pydantic.create_model(  # type: ignore[call-overload]
+    model = pydantic.create_model(
         f"{fn.__name__}_params",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
         **fields,
@@ -213,7 +227,8 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
         result_schema: dict[str, Any] = {}
     else:
         result = pydantic.TypeAdapter(
-            rewrite(ret), config=ConfigDict(arbitrary_types_allowed=True) if _needs_config(ret) else None
+            rewrite(ret),
+            config=ConfigDict(arbitrary_types_allowed=True) if _needs_config(ret) else None,
         )
         result_schema = _split_defs(
             result.json_schema(ref_template=REF_TEMPLATE, mode="serialization"), defs

@@ -53,12 +53,27 @@ def spawn(
     if module == "__main__":
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         if main_file is None:
-            raise TypeError("ferry.spawn: an app defined in an interactive session cannot be started in a child")
+            raise TypeError(
+                "ferry.spawn: an app defined in an interactive session cannot be started in a child"
+            )
         module = os.path.abspath(main_file)
     addr = addr or f"unix:ferry-spawn-{os.getpid()}-{secrets.token_hex(4)}"
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "ferry._child", module, attr, addr, json.dumps(options), str(w), str(os.getpid())]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "ferry._child",
+        module,
+        attr,
+        addr,
+        json.dumps(options),
+        str(w),
+        str(os.getpid()),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path),
+    }
     child = subprocess.Popen(cmd, pass_fds=(w,), env=env)
     os.close(w)
     reader = os.fdopen(r)
@@ -87,4 +102,3 @@ def spawn(
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-

@@ -1,0 +1,159 @@
+"""Type stubs of `ferry._native` (the Rust half; see bindings/python/src). Checked against
+the compiled module by `mypy.stubtest` in CI (`cargo xtask python-server`)."""
+
+from collections.abc import Callable
+from typing import Any, final
+
+__all__ = [
+    "Context",
+    "Done",
+    "FerryError",
+    "Listener",
+    "Message",
+    "OutTensor",
+    "Pipe",
+    "Server",
+    "TensorRef",
+    "__version__",
+    "connect",
+    "dtypes",
+    "listen",
+]
+
+__version__: str
+
+FerryError: type[OSError]
+
+@final
+class TensorRef:
+    """A received tensor: read-only, zero-copy, holding its memory until the last view dies."""
+
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+
+@final
+class OutTensor:
+    """A result tensor being filled by Python: writable, in the connection's memory."""
+
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+
+@final
+class Done:
+    """Where an async handler's outcome goes."""
+
+    def __call__(self, o: tuple[Any, ...]) -> None: ...
+
+@final
+class Context:
+    """What a handler gets besides its params."""
+
+    @property
+    def cancelled(self) -> bool: ...
+    def wait_cancelled(self, timeout: float | None = None) -> bool: ...
+    def alloc(self, shape: list[int], dtype: str) -> OutTensor: ...
+    @property
+    def peer(self) -> str: ...
+
+@final
+class Server:
+    """A method table with Python handlers, and its server once built."""
+
+    def __new__(
+        cls,
+        title: str,
+        version: str,
+        description: str | None = None,
+        *,
+        max_connections: int | None = None,
+        max_in_flight: int | None = None,
+        max_request_bytes: int | None = None,
+        max_tasks: int | None = None,
+        max_tasks_per_identity: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> Server: ...
+    def add(
+        self,
+        name: str,
+        call: Callable[..., Any],
+        *,
+        is_async: bool,
+        params_schema: str,
+        result_schema: str,
+        defs: str,
+        param_names: list[str],
+        summary: str | None = None,
+        description: str | None = None,
+        deprecated: bool = False,
+        concurrency: int | None = None,
+        allow_unknown_params: bool = False,
+    ) -> None: ...
+    def discover(self) -> str: ...
+    def serve(
+        self,
+        addrs: list[str],
+        *,
+        http: str | None = None,
+        token: str | None = None,
+        allow_unauthenticated: bool = False,
+        http_allow_origin: list[str] = ...,
+        http_allow_host: list[str] = ...,
+        shm_pool_mib: int | None = None,
+        busy_poll_us: int | None = None,
+        announce: bool = True,
+        ready: Callable[[list[str]], object] | None = None,
+    ) -> None: ...
+    def stop(self) -> None: ...
+
+@final
+class Message:
+    """A received message."""
+
+    @property
+    def header(self) -> str: ...
+    @property
+    def tensors(self) -> list[TensorRef]: ...
+
+@final
+class Pipe:
+    """One end of a pipe."""
+
+    @property
+    def channel(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def alloc(self, shape: list[int], dtype: str) -> OutTensor: ...
+    def send(self, header: str, tensors: list[OutTensor | TensorRef]) -> None: ...
+    def recv(self, timeout: float | None = None) -> Message: ...
+
+@final
+class Listener:
+    """A listening address."""
+
+    @property
+    def address(self) -> str: ...
+    def accept(self, timeout: float | None = None) -> Pipe: ...
+
+def listen(addr: str, *, token: str | None = None) -> Listener: ...
+def connect(addr: str, *, token: str | None = None) -> Pipe: ...
+def dtypes() -> list[tuple[str, str, int]]: ...
