@@ -13,8 +13,8 @@
 //! - [`pipe`]: `ferry.listen` / `ferry.connect`, messages of a header and tensors without
 //!   JSON-RPC.
 //!
-//! Python code never runs on a tokio worker: sync handlers run on tokio's blocking pool
-//! (the GIL taken there, released whenever Rust waits), async handlers on the app's asyncio
+//! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads
+//! (which keep their Python thread state; the GIL released whenever Rust waits), async handlers on the app's asyncio
 //! loop (its own thread), which reports back through [`server::Done`].
 
 use std::sync::OnceLock;
@@ -22,6 +22,7 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 
 pub mod pipe;
+pub mod pool;
 pub mod server;
 pub mod tensors;
 

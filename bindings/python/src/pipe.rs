@@ -151,6 +151,12 @@ impl Pipe {
         Ok(Message { header: msg.header.to_string(), tensors })
     }
 
+    /// Closes the pipe (the peer's `recv` then fails); waits for the close to be sent.
+    fn close(&self, py: Python<'_>) {
+        let p = self.pipe.clone();
+        py.detach(|| runtime().block_on(p.close()));
+    }
+
     /// True once the peer is gone.
     #[getter]
     fn closed(&self) -> bool {
@@ -163,7 +169,8 @@ impl Pipe {
 #[pyo3(signature = (addr, *, token=None))]
 pub fn listen(py: Python<'_>, addr: &str, token: Option<String>) -> PyResult<Listener> {
     let ep = endpoint(token);
-    let l = py.detach(|| runtime().block_on(ep.listen(addr))).map_err(|e| io_err(&format!("listening on {addr}"), e))?;
+    let l =
+        py.detach(|| runtime().block_on(ep.listen(addr))).map_err(|e| io_err(&format!("listening on {addr}"), e))?;
     let addr = l.local_addr().to_string();
     Ok(Listener { inner: AsyncMutex::new(l), addr })
 }
@@ -173,6 +180,7 @@ pub fn listen(py: Python<'_>, addr: &str, token: Option<String>) -> PyResult<Lis
 #[pyo3(signature = (addr, *, token=None))]
 pub fn connect(py: Python<'_>, addr: &str, token: Option<String>) -> PyResult<Pipe> {
     let ep = endpoint(token);
-    let p = py.detach(|| runtime().block_on(ep.connect(addr))).map_err(|e| io_err(&format!("connecting to {addr}"), e))?;
+    let p =
+        py.detach(|| runtime().block_on(ep.connect(addr))).map_err(|e| io_err(&format!("connecting to {addr}"), e))?;
     Ok(Pipe { pipe: Arc::new(p) })
 }

@@ -3,8 +3,8 @@
 //! A handler is a Python callable made by `ferry.App` (it validates params with pydantic,
 //! calls the user's function, encodes the result):
 //!
-//! - sync: `call(params_json | None, [TensorRef], Context) -> outcome`, run on tokio's
-//!   blocking pool with the GIL;
+//! - sync: `call(params_json | None, [TensorRef], Context) -> outcome`, run on a thread
+//!   of [`crate::pool`] with the GIL;
 //! - async: `call(params_json | None, [TensorRef], Context, Done) -> handle`: it schedules
 //!   the coroutine on the app's asyncio loop and returns at once; the loop calls
 //!   `Done(outcome)` when it ends; dropping the call (cancelled, timed out, connection
@@ -93,40 +93,48 @@ impl ErasedHandler for PyHandler {
         let params = match params {
             Some(mut v) => {
                 // Plain JSON and HTTP callers send tensors inline: Python sees references only.
-                ferry_rpc::tensor::inline_to_refs(&mut v, &mut tensors).map_err(|e| ErrorObject::invalid_params("", e))?;
+                ferry_rpc::tensor::inline_to_refs(&mut v, &mut tensors)
+                    .map_err(|e| ErrorObject::invalid_params("", e))?;
                 Some(v.to_string())
             }
             None => None,
         };
         let call = self.call.clone();
         if !self.is_async {
-            let job = runtime().spawn_blocking(move || {
-                Python::attach(|py| {
-                    let args = (params, refs(py, tensors).map_err(|e| internal_from(py, &e))?, Context { ctx });
-                    match call.call1(py, args) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            crate::pool::run(move |py| {
+                let r = match refs(py, tensors) {
+                    Ok(refs) => match call.call1(py, (params, refs, Context { ctx })) {
                         Ok(o) => outcome(py, o.bind(py)),
                         Err(e) => Err(internal_from(py, &e)),
-                    }
-                })
+                    },
+                    Err(e) => Err(internal_from(py, &e)),
+                };
+                // The call may be gone (cancelled): then nobody waits for its answer.
+                let _ = tx.send(r);
             });
             return Ok(Box::pin(async move {
-                job.await.unwrap_or_else(|e| Err(ErrorObject::internal(format!("the handler's thread failed: {e}"))))
+                rx.await.unwrap_or_else(|_| Err(ErrorObject::internal("the handler's thread ended without an answer")))
             }));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        crate::pool::run(move |py| {
+            let done = Done { tx: Mutex::new(Some(tx)) };
+            let r = match refs(py, tensors) {
+                Ok(refs) => call.call1(py, (params, refs, Context { ctx }, done)).map_err(|e| internal_from(py, &e)),
+                Err(e) => Err(internal_from(py, &e)),
+            };
+            let _ = started_tx.send(r);
+        });
         Ok(Box::pin(async move {
-            let started = runtime().spawn_blocking(move || {
-                Python::attach(|py| {
-                    let done = Done { tx: Mutex::new(Some(tx)) };
-                    let args = (params, refs(py, tensors).map_err(|e| internal_from(py, &e))?, Context { ctx }, done);
-                    call.call1(py, args).map_err(|e| internal_from(py, &e))
-                })
-            });
             let handle = started
                 .await
-                .unwrap_or_else(|e| Err(ErrorObject::internal(format!("the handler's thread failed: {e}"))))?;
+                .unwrap_or_else(|_| Err(ErrorObject::internal("the handler's thread ended without starting it")))?;
             let mut guard = CancelOnDrop(Some(handle));
-            let r = rx.await.unwrap_or_else(|_| Err(ErrorObject::internal("the app's event loop stopped before the call ended")));
+            let r = rx
+                .await
+                .unwrap_or_else(|_| Err(ErrorObject::internal("the app's event loop stopped before the call ended")));
             guard.0 = None;
             r
         }))
@@ -139,12 +147,10 @@ struct CancelOnDrop(Option<Py<PyAny>>);
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(h) = self.0.take() {
-            runtime().spawn_blocking(move || {
-                Python::attach(|py| {
-                    if let Err(e) = h.call_method0(py, "cancel") {
-                        e.print(py);
-                    }
-                })
+            crate::pool::run(move |py| {
+                if let Err(e) = h.call_method0(py, "cancel") {
+                    e.print(py);
+                }
             });
         }
     }
@@ -246,7 +252,7 @@ impl Server {
         self.built.get_or_init(|| {
             let methods = self.methods.lock().ok().and_then(|mut m| m.take());
             let mut b = ferry_rpc::Server::builder(methods.unwrap_or_default())
-                .limits(self.limits.clone())
+                .limits(self.limits)
                 .title(self.title.clone())
                 .version(self.version.clone());
             if let Some(d) = &self.description {
@@ -334,9 +340,12 @@ impl Server {
         concurrency: Option<usize>,
         allow_unknown_params: bool,
     ) -> PyResult<()> {
-        let mut guard = self.methods.lock().map_err(|_| PyRuntimeError::new_err("the method table's lock was poisoned"))?;
+        let mut guard =
+            self.methods.lock().map_err(|_| PyRuntimeError::new_err("the method table's lock was poisoned"))?;
         let Some(methods) = guard.as_mut() else {
-            return Err(PyRuntimeError::new_err("methods cannot be added once the server is built (served or discovered)"));
+            return Err(PyRuntimeError::new_err(
+                "methods cannot be added once the server is built (served or discovered)",
+            ));
         };
         let defs = match parse_json("defs", defs)? {
             Value::Object(m) => m,

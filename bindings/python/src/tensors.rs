@@ -54,7 +54,12 @@ pub fn parse_dtype(name: &str) -> PyResult<DType> {
 }
 
 /// The `__array_interface__` dict of `meta`'s bytes at `ptr`.
-fn array_interface<'py>(py: Python<'py>, meta: &TensorMeta, ptr: usize, readonly: bool) -> PyResult<Bound<'py, PyDict>> {
+fn array_interface<'py>(
+    py: Python<'py>,
+    meta: &TensorMeta,
+    ptr: usize,
+    readonly: bool,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("version", 3)?;
     d.set_item("shape", PyTuple::new(py, meta.shape.iter().copied())?)?;

@@ -56,6 +56,16 @@ class Pipe:
         m = self._native.recv(timeout)
         return json.loads(m.header), [_tensors.to_numpy(t) for t in m.tensors]
 
+    def close(self) -> None:
+        """Closes the pipe: the peer's `recv` fails with `ConnectionError`."""
+        self._native.close()
+
+    def __enter__(self) -> Pipe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     async def asend(self, header: Any = None, tensors: list[Any] | tuple[Any, ...] = ()) -> None:
         """`send` for asyncio (runs in a worker thread)."""
         await asyncio.to_thread(self.send, header, tensors)
