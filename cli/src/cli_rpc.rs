@@ -146,14 +146,11 @@ impl Bound {
     /// The real addresses (a port the OS chose; for QUIC the fingerprint clients pin),
     /// then `http://HOST:PORT` if HTTP is served.
     pub fn addresses(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.listeners.iter().map(|l| l.local_addr().to_string()).collect();
         #[cfg(feature = "http")]
-        if let Some(h) = &self.http
-            && let Ok(a) = h.local_addr()
-        {
-            out.push(format!("http://{a}"));
-        }
-        out
+        let http = self.http.as_ref().and_then(|h| h.local_addr().ok()).map(|a| format!("http://{a}"));
+        #[cfg(not(feature = "http"))]
+        let http: Option<String> = None;
+        self.listeners.iter().map(|l| l.local_addr().to_string()).chain(http).collect()
     }
 
     /// Prints `listening on ADDR` per address (`http on http://...` for HTTP) to stdout,

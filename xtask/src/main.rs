@@ -17,6 +17,7 @@ mod ci;
 mod codegen;
 mod conformance;
 mod flags;
+mod python_server;
 mod rpc_clients;
 mod sdk;
 mod tidy;
@@ -54,6 +55,12 @@ commands:
   sdk-typescript           the TypeScript SDK (CI's step): npm ci && npm test in sdks/typescript,
                            dist/ fresh, then the package installed into scratch projects
                            (link and tarball): require(), import, tsc on a consumer
+  python-server            the ferry Python package: pip install ./sdks/python
+                           ./bindings/python in an empty venv, ruff, mypy --strict,
+                           stubtest, pytest (bindings/python/tests)
+  bench-python-server [ARGS..]
+                           Python-served vs Rust-served calls, echo, 16 clients, and
+                           Python-to-Python pipes (bindings/python/bench/bench_server.py)
   bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
                            bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
@@ -98,6 +105,8 @@ fn try_main() -> anyhow::Result<()> {
             typescript_sdk::test(&sh)
         }
         Some("bench-sdk") => sdk::BenchSdk::parse(flags)?.run(&sh),
+        Some("python-server") => python_server::PythonServer::parse(flags)?.run(&sh),
+        Some("bench-python-server") => python_server::BenchPythonServer::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         None | Some("help" | "-h" | "--help") => {
             print!("{USAGE}");

@@ -61,7 +61,7 @@ fn venv(sh: &Shell, root: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Builds the `ferry` binary (debug, or release) and returns its path.
-fn ferry_bin(sh: &Shell, release: bool) -> anyhow::Result<PathBuf> {
+pub fn ferry_bin(sh: &Shell, release: bool) -> anyhow::Result<PathBuf> {
     let flag = release.then_some("--release");
     cmd!(sh, "cargo build -p ferry-cli --bin ferry --locked {flag...}").run()?;
     let bin = crate::target_dir(sh)?.join(if release { "release" } else { "debug" }).join("ferry");

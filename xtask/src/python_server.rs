@@ -1,0 +1,113 @@
+//! The `ferry` Python package (`bindings/python`): `cargo xtask python-server` (its CI
+//! step) and `cargo xtask bench-python-server`.
+//!
+//! `python-server` does what a user does, then checks the result:
+//! - `pip install ./sdks/python ./bindings/python` into an empty venv
+//!   (`target/python-server-venv`, cleared each run): maturin from PyPI builds the native
+//!   module (release) with this machine's Rust toolchain;
+//! - the pinned tools of `bindings/python/requirements-dev.txt`;
+//! - `ruff format --check` and `ruff check` (package, tests, bench, examples), `mypy
+//!   --strict` (package), `mypy.stubtest ferry._native` (the checked-in stubs match the
+//!   compiled module);
+//! - pytest on `bindings/python/tests` against the installed package, `FERRY_BIN` the
+//!   freshly built `ferry`.
+//!
+//! `bench-python-server` runs `bindings/python/bench/bench_server.py` with that venv and a
+//! release `ferry`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use xshell::{Shell, cmd};
+
+use crate::flags::Flags;
+
+/// Makes the empty venv and installs the packages as a user would, plus the dev tools.
+fn install(sh: &Shell, root: &Path, clear: bool) -> anyhow::Result<PathBuf> {
+    anyhow::ensure!(crate::sdk::has_python(sh), "python3 not found: the ferry Python package needs python3 >= 3.10");
+    let venv = crate::target_dir(sh)?.join("python-server-venv");
+    let python = venv.join("bin").join("python");
+    if clear || !python.exists() {
+        cmd!(sh, "python3 -m venv --clear {venv}").run()?;
+    }
+    let (client, server) = (root.join("sdks/python"), root.join("bindings/python"));
+    eprintln!("xtask: pip install ./sdks/python ./bindings/python (maturin builds the native module)");
+    cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {client} {server}")
+        .run()
+        .context("`pip install ./sdks/python ./bindings/python` failed")?;
+    let reqs = root.join("bindings/python/requirements-dev.txt");
+    cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check -r {reqs}").run()?;
+    Ok(python)
+}
+
+/// `cargo xtask python-server`.
+pub struct PythonServer;
+
+impl PythonServer {
+    /// Parses the (empty) argument list.
+    pub fn parse(flags: Flags) -> anyhow::Result<PythonServer> {
+        flags.finish("python-server")?;
+        Ok(PythonServer)
+    }
+
+    /// Installs, lints, type-checks and tests the package.
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let root = sh.current_dir();
+        let python = install(sh, &root, true)?;
+        let pkg = root.join("bindings/python");
+        let sources: Vec<PathBuf> = ["python", "tests", "bench"]
+            .iter()
+            .map(|d| pkg.join(d))
+            .chain(std::iter::once(root.join("examples/python")))
+            .filter(|p| p.exists())
+            .collect();
+        let config = pkg.join("pyproject.toml");
+        let sources = &sources;
+        cmd!(sh, "{python} -m ruff format --check --config {config} {sources...}").run().context("ruff format")?;
+        cmd!(sh, "{python} -m ruff check --config {config} {sources...}").run().context("ruff check")?;
+        {
+            let _dir = sh.push_dir(&pkg);
+            cmd!(sh, "{python} -m mypy --config-file {config} python/ferry").run().context("mypy --strict")?;
+        }
+        {
+            // From the target directory: the installed module, not the source tree.
+            let _dir = sh.push_dir(crate::target_dir(sh)?);
+            cmd!(sh, "{python} -m mypy.stubtest ferry._native")
+                .run()
+                .context("the stubs (bindings/python/python/ferry/_native.pyi) do not match the module")?;
+        }
+        let ferry = crate::sdk::ferry_bin(sh, false)?;
+        let _dir = sh.push_dir(&pkg);
+        cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests")
+            .env("FERRY_BIN", &ferry)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("PYTHONPATH")
+            .run()
+            .context("pytest bindings/python/tests")?;
+        Ok(())
+    }
+}
+
+/// `cargo xtask bench-python-server [ARGS..]`.
+pub struct BenchPythonServer {
+    args: Vec<String>,
+}
+
+impl BenchPythonServer {
+    /// Takes every argument for the script.
+    pub fn parse(flags: Flags) -> anyhow::Result<BenchPythonServer> {
+        Ok(BenchPythonServer { args: flags.into_rest() })
+    }
+
+    /// Installs (once), builds a release `ferry` and runs the benchmark.
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let root = sh.current_dir();
+        let python = install(sh, &root, false)?;
+        let ferry = crate::sdk::ferry_bin(sh, true)?;
+        let bench = root.join("bindings/python/bench");
+        let _dir = sh.push_dir(&bench);
+        let args = self.args;
+        cmd!(sh, "{python} bench_server.py {args...}").env("FERRY_BIN", &ferry).run()?;
+        Ok(())
+    }
+}
