@@ -113,11 +113,7 @@ fn method(g: &mut SchemaGenerator, info: &MethodInfo) -> Value {
             }
             (given.params.clone(), given.result.clone(), Some(given.param_names.iter().map(String::as_str).collect()))
         }
-        None => (
-            (info.params)(g).to_value(),
-            (info.result)(g).to_value(),
-            (info.param_names)().map(<[&str]>::to_vec),
-        ),
+        None => ((info.params)(g).to_value(), (info.result)(g).to_value(), (info.param_names)().map(<[&str]>::to_vec)),
     };
     let resolved = resolve(g, &params_schema);
     let (params, structure) = content_descriptors(&resolved, names.as_deref());

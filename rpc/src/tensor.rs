@@ -350,8 +350,7 @@ pub fn inline_to_refs(v: &mut Value, tensors: &mut Vec<Tensor>) -> Result<(), St
         && o.len() == 1
         && let Some(inner @ Value::Object(_)) = o.get(TENSOR_KEY)
     {
-        let inline: InlineTensor =
-            serde_json::from_value(inner.clone()).map_err(|e| format!("inline tensor: {e}"))?;
+        let inline: InlineTensor = serde_json::from_value(inner.clone()).map_err(|e| format!("inline tensor: {e}"))?;
         tensors.push(inline.decode()?);
         *v = serde_json::json!({ TENSOR_KEY: tensors.len() - 1 });
         return Ok(());
