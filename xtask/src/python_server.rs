@@ -10,7 +10,13 @@
 //!   --strict` (package), `mypy.stubtest ferry._native` (the checked-in stubs match the
 //!   compiled module);
 //! - pytest on `bindings/python/tests` against the installed package, `FERRY_BIN` the
-//!   freshly built `ferry`.
+//!   freshly built `ferry`, with a real torch ([`TORCH`], CPU use): PyPI has only its
+//!   CUDA build, whose dependencies are ~3 GB to download and 5.3 GB installed (~100 s
+//!   here, and pip's cache does not help: the registry mirror sends no cache headers), so
+//!   it is installed once into a cache venv outside the checkout
+//!   (`$FERRY_TORCH_CACHE`, default `~/.cache/ferry/torch-VERSION`) and made importable
+//!   in the test venv by a `.pth` file. `FERRY_NO_TORCH=1` skips it (the torch tests then
+//!   say they are skipped).
 //!
 //! `bench-python-server` runs `bindings/python/bench/bench_server.py` with that venv and a
 //! release `ferry`.
@@ -21,6 +27,41 @@ use anyhow::Context;
 use xshell::{Shell, cmd};
 
 use crate::flags::Flags;
+
+/// The torch the tests use.
+pub const TORCH: &str = "2.15.0";
+
+/// The cache venv holding torch (made once), and a `.pth` line in the test venv's
+/// site-packages that puts its site-packages on `sys.path` (after the venv's own).
+fn add_torch(sh: &Shell, python: &Path) -> anyhow::Result<()> {
+    if std::env::var("FERRY_NO_TORCH").is_ok_and(|v| !v.is_empty() && v != "0") {
+        eprintln!("xtask: FERRY_NO_TORCH is set: the torch tests will be skipped");
+        return Ok(());
+    }
+    let cache = match std::env::var_os("FERRY_TORCH_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let home = std::env::var_os("HOME").context("HOME is not set (or set FERRY_TORCH_CACHE)")?;
+            PathBuf::from(home).join(".cache/ferry").join(format!("torch-{TORCH}"))
+        }
+    };
+    let torch_python = cache.join("bin/python");
+    let check = "import sys, sysconfig; print(sysconfig.get_paths()['purelib'])";
+    if !torch_python.exists() || cmd!(sh, "{torch_python} -c 'import torch'").quiet().ignore_stderr().run().is_err() {
+        eprintln!("xtask: installing torch {TORCH} once into {} (~3 GB download, ~100 s)", cache.display());
+        cmd!(sh, "python3 -m venv --clear {cache}").run()?;
+        cmd!(sh, "{torch_python} -m pip install --quiet --disable-pip-version-check torch=={TORCH}")
+            .run()
+            .context("installing torch into its cache venv (FERRY_NO_TORCH=1 skips the torch tests)")?;
+    }
+    let torch_site = cmd!(sh, "{torch_python} -c {check}").read()?;
+    let site = cmd!(sh, "{python} -c {check}").read()?;
+    std::fs::write(Path::new(site.trim()).join("ferry-ci-torch.pth"), format!("{}\n", torch_site.trim()))?;
+    cmd!(sh, "{python} -c 'import torch; print(\"xtask: torch\", torch.__version__)'")
+        .run()
+        .context("torch from the cache venv does not import in the test venv")?;
+    Ok(())
+}
 
 /// Makes the empty venv and installs the packages as a user would, plus the dev tools.
 fn install(sh: &Shell, root: &Path, clear: bool) -> anyhow::Result<PathBuf> {
@@ -76,6 +117,7 @@ impl PythonServer {
                 .run()
                 .context("the stubs (bindings/python/python/ferry/_native.pyi) do not match the module")?;
         }
+        add_torch(sh, &python)?;
         let ferry = crate::sdk::ferry_bin(sh, false)?;
         let _dir = sh.push_dir(&pkg);
         cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests")
