@@ -111,9 +111,7 @@ class Row:
 
 
 def start(cmd: list[str], ready: str, cwd: Path | None = None) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=cwd
-    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=cwd)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith(ready):
@@ -178,7 +176,9 @@ def main() -> None:
     a = ap.parse_args()
     ferry_bin = os.environ.get("FERRY_BIN")
     if not ferry_bin:
-        raise SystemExit("set FERRY_BIN to a release `ferry` binary (cargo xtask bench-python-server does)")
+        raise SystemExit(
+            "set FERRY_BIN to a release `ferry` binary (cargo xtask bench-python-server does)"
+        )
     tag = f"{os.getpid()}"
     rust_addr, py_addr = f"unix:ferry-bench-rs-{tag}", f"unix:ferry-bench-py-{tag}"
     procs = [

@@ -39,10 +39,12 @@ fn pool() -> &'static Pool {
     })
 }
 
-/// Runs `job` with the GIL on a pool thread.
+/// Runs `job` with the GIL on a pool thread: an idle one, claimed here (so jobs arriving
+/// together each get their own), else a new one.
 pub fn run(job: impl FnOnce(Python<'_>) + Send + 'static) {
     let p = pool();
-    if p.idle.load(Ordering::Acquire) == 0 && p.threads.load(Ordering::Acquire) < MAX_THREADS {
+    let claimed = p.idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok();
+    if !claimed && p.threads.load(Ordering::Acquire) < MAX_THREADS {
         spawn_thread(p);
     }
     if let Ok(tx) = p.tx.lock() {
@@ -59,19 +61,29 @@ fn spawn_thread(p: &'static Pool) {
     }
 }
 
+/// A pool thread. It is started for a job, so it counts as idle only once that job is
+/// done; `idle` counts the waiting threads no job has claimed.
 fn worker(p: &'static Pool) {
     Python::attach(|py| {
         loop {
-            p.idle.fetch_add(1, Ordering::AcqRel);
             let job = py.detach(|| match p.rx.lock() {
                 Ok(rx) => rx.recv_timeout(IDLE_EXIT),
                 Err(_) => Err(mpsc::RecvTimeoutError::Disconnected),
             });
-            p.idle.fetch_sub(1, Ordering::AcqRel);
             match job {
-                Ok(job) => job(py),
-                Err(mpsc::RecvTimeoutError::Timeout) if p.threads.load(Ordering::Acquire) <= KEEP => {}
-                Err(_) => break,
+                Ok(job) => {
+                    job(py);
+                    p.idle.fetch_add(1, Ordering::AcqRel);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    // Leave only if not needed and no job has claimed this idle slot.
+                    if p.threads.load(Ordering::Acquire) > KEEP
+                        && p.idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+                    {
+                        break;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
     });

@@ -209,12 +209,20 @@ impl Context {
 
     /// A writable tensor for the result in the connection's memory (shm for a ferry client
     /// on the same host: it goes back without a copy). Waits, the GIL released, while the
-    /// connection's pool is full.
+    /// connection's pool is full, until the call is cancelled.
     fn alloc(&self, py: Python<'_>, shape: Vec<u64>, dtype: &str) -> PyResult<OutTensor> {
         let meta = meta_of(shape, dtype)?;
         let ctx = self.ctx.clone();
+        // A full pool makes this wait; a cancelled call stops waiting.
         let t = py
-            .detach(|| runtime().block_on(ctx.alloc(meta)))
+            .detach(|| {
+                runtime().block_on(async {
+                    tokio::select! {
+                        r = ctx.alloc(meta) => r,
+                        () = ctx.cancelled() => Err(ErrorObject::cancelled("the call was cancelled while allocating")),
+                    }
+                })
+            })
             .map_err(|e| PyRuntimeError::new_err(format!("allocating a result tensor: {}", e.message)))?;
         Ok(OutTensor::new(t))
     }

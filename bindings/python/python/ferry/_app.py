@@ -126,6 +126,7 @@ class _Function:
     ) -> Outcome:
         ctx = Context(native)
         token = _current.set(ctx)
+        self.app._sync_calls.enter()
         try:
             try:
                 kwargs = self._kwargs(params, refs, ctx)
@@ -138,6 +139,7 @@ class _Function:
             return self._encode(result, ctx)
         finally:
             _current.reset(token)
+            self.app._sync_calls.leave()
 
     def call_async(
         self,
@@ -216,6 +218,35 @@ class _Function:
         return (text, enc.outs)
 
 
+class _Running:
+    """How many sync handlers of an app are running, to wait for them at shutdown."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._cond = threading.Condition()
+
+    def enter(self) -> None:
+        with self._cond:
+            self._n += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._n -= 1
+            if self._n == 0:
+                self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits up to `timeout` seconds for none to run; whether none does."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._n == 0, timeout)
+
+
+SHUTDOWN_WAIT = 10.0
+"""Seconds `serve` waits, once stopped, for sync handlers still running (cancelled, they
+should end soon). A handler thread that comes back into Python while the interpreter
+finalizes aborts the process, so `serve` must not return under a running handler."""
+
+
 class _Nothing:
     """The handle of a call that never started."""
 
@@ -267,6 +298,7 @@ class App:
         self._functions: dict[str, _Function] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[_native.Server] = []
+        self._sync_calls = _Running()
         self._module = sys._getframe(1).f_globals.get("__name__")
 
     @overload
@@ -415,6 +447,7 @@ class App:
                 print(f"{self.name}: stopped", file=sys.stderr)
         finally:
             self._servers.remove(server)
+            self._sync_calls.wait_idle(SHUTDOWN_WAIT)
 
     async def serve_async(self, *addrs: str, **options: Any) -> None:
         """`serve` from a running event loop: async handlers run on this loop; cancelling
@@ -445,6 +478,7 @@ class App:
         finally:
             self._loop = previous
             self._servers.remove(server)
+            await asyncio.to_thread(self._sync_calls.wait_idle, SHUTDOWN_WAIT)
 
     def stop(self) -> None:
         """Stops every `serve` of this app (from another thread or a handler)."""

@@ -21,6 +21,7 @@ import numpy as np
 import pydantic
 from pydantic import ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
+from typing_extensions import is_typeddict
 
 from . import _native, _tensors
 
@@ -58,6 +59,8 @@ class Encoding:
 
 def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
     def validate(value: Any, info: pydantic.ValidationInfo) -> Any:
+        if _tensors.is_tensor_like(value):
+            return value  # a model built in Python (a result): the array itself
         refs = info.context.get("tensors") if isinstance(info.context, dict) else None
         i = value.get("$tensor") if isinstance(value, dict) and len(value) == 1 else None
         if refs is None or not isinstance(i, int) or isinstance(i, bool):
@@ -228,7 +231,7 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
     else:
         result = pydantic.TypeAdapter(
             rewrite(ret),
-            config=ConfigDict(arbitrary_types_allowed=True) if _needs_config(ret) else None,
+            config=_RESULT_CONFIG if _needs_config(ret) else None,
         )
         result_schema = _split_defs(
             result.json_schema(ref_template=REF_TEMPLATE, mode="serialization"), defs
@@ -236,13 +239,21 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
     return Signature(names, ctx_param, model, result, params_schema, result_schema, defs)
 
 
+_RESULT_CONFIG = ConfigDict(arbitrary_types_allowed=True, ser_json_inf_nan="constants")
+"""A result's config: NaN and infinities stay floats (pydantic's default turns those it
+infers, under `Any` or `dict`, into `null`), so encoding them fails as it must."""
+
+
 def _needs_config(tp: Any) -> bool:
-    """Whether a TypeAdapter of `tp` may be given a config (not for models and
-    dataclasses, which carry their own)."""
+    """Whether a TypeAdapter of `tp` may be given a config (not for models, dataclasses
+    and TypedDicts, which carry their own; also behind `Annotated`, and TypedDicts of
+    typing_extensions, which pydantic requires before Python 3.12)."""
+    if get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
     return not (
         (isinstance(tp, type) and issubclass(tp, pydantic.BaseModel))
         or dataclasses.is_dataclass(tp)
-        or typing.is_typeddict(tp)
+        or is_typeddict(tp)
     )
 
 

@@ -88,7 +88,7 @@ def _host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
         a = np.asarray(x)
     else:
         a = np.from_dlpack(x)
-    if a.dtype == _BF16_NUMPY or a.dtype.name == "bfloat16":
+    if a.dtype.name == "bfloat16":  # ml_dtypes' (`BF16`-tagged uint16: ferry_dtype)
         return a.view(np.uint16), "bf16"
     return a, ferry_dtype(a.dtype)
 
@@ -122,7 +122,12 @@ def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
     if a.flags.c_contiguous:
         ptr = _data_ptr(a)
         for o in allocated:
-            if o.data_ptr == ptr and o.nbytes == a.nbytes and list(o.shape) == list(a.shape):
+            if (
+                o.data_ptr == ptr
+                and o.nbytes == a.nbytes
+                and list(o.shape) == list(a.shape)
+                and o.dtype == dtype  # (not a view of it as another type)
+            ):
                 return o
         r = _received(a)
         if (
@@ -160,7 +165,7 @@ def dtype_name(dtype: object) -> str:
     if isinstance(dtype, str) and dtype in _NAMES:
         return dtype
     d = np.dtype(dtype)  # type: ignore[call-overload]
-    if d == _BF16_NUMPY or d.name == "bfloat16":
+    if d.name == "bfloat16":  # ml_dtypes' (`BF16`-tagged uint16: ferry_dtype)
         return "bf16"
     return ferry_dtype(d)
 

@@ -1,0 +1,213 @@
+"""`ferry.listen` / `ferry.connect`: headers and tensors both ways over shared memory,
+between processes (`tests/pipe_peer.py`) and within one (threads, asyncio)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ferry
+from tests.apps import mapping_of
+from tests.conftest import ROOT, WAIT, unique_addr, wait_until
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - depends on the environment
+    ml_dtypes = None
+
+BIG = 1 << 14
+"""Elements of the tensors that must go through shared memory (64 KiB of f32)."""
+
+
+@pytest.fixture
+def peer() -> Iterator[ferry.Pipe]:
+    """A pipe to `tests.pipe_peer` in a child process (which must exit 0 at the end)."""
+    addr = unique_addr("pipe")
+    listener = ferry.listen(addr)
+    assert listener.address == addr
+    child = subprocess.Popen([sys.executable, "-m", "tests.pipe_peer", addr], cwd=ROOT)
+    try:
+        pipe = listener.accept(timeout=WAIT)
+        yield pipe
+        pipe.send({"op": "bye"})
+        assert pipe.recv(timeout=WAIT)[0] == {"op": "bye"}
+        assert child.wait(WAIT) == 0
+        wait_until(lambda: pipe.closed, "the pipe to see the peer gone")
+        with pytest.raises(ConnectionError):
+            pipe.recv(timeout=WAIT)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_channel_is_shm(peer: ferry.Pipe) -> None:
+    assert peer.channel == "shm"
+    assert not peer.closed
+
+
+def test_header_and_tensors_both_ways(peer: ferry.Pipe) -> None:
+    x = np.arange(BIG, dtype=np.float32).reshape(128, 128)
+    y = np.arange(7, dtype=np.int64)
+    note = {"nested": [1, None, "s", {"deep": True}], "f": 0.5}
+    peer.send({"op": "scale", "k": 3, "note": note}, [x, y])
+    header, ts = peer.recv(timeout=WAIT)
+    assert header["op"] == "scaled"
+    assert header["echo"] == note
+    got = header["got"]
+    assert got["dtypes"] == ["float32", "int64"]
+    assert got["shapes"] == [[128, 128], [7]]
+    assert got["writeable"] == [False, False]
+    assert got["mappings"][0].startswith("/memfd:")  # the large one through shm
+    assert got["sums"] == [float(x.sum(dtype=np.float64)), 21.0]
+    assert [t.dtype for t in ts] == [np.float32, np.int64]
+    np.testing.assert_array_equal(ts[0], x * 3)
+    np.testing.assert_array_equal(ts[1], y * 3)
+    assert not ts[0].flags.writeable
+    assert mapping_of(ts[0]).startswith("/memfd:")
+
+
+def test_allocated_tensors_are_not_copied_either_way(peer: ferry.Pipe) -> None:
+    # This side to the peer: an array from `alloc` is shared, an ordinary one copied.
+    shared = peer.alloc((BIG,), "f32")
+    shared[...] = 1.0
+    ordinary = np.ones(BIG, np.float32)
+    peer.send({"op": "hold"}, [shared, ordinary])
+    assert peer.recv(timeout=WAIT)[0] == {"op": "held", "first": [1.0, 1.0]}
+    shared[...] = 5.0  # (a test only: the peer's view is of this very memory)
+    ordinary[...] = 5.0
+    peer.send({"op": "peek"})
+    assert peer.recv(timeout=WAIT)[0] == {"op": "peeked", "first": [5.0, 1.0]}
+
+    # The peer to this side: its `alloc`ed results view its memory.
+    peer.send({"op": "scale", "k": 2}, [np.ones(BIG, np.float32)])
+    _, ts = peer.recv(timeout=WAIT)
+    np.testing.assert_array_equal(ts[0], np.full(BIG, 2.0, np.float32))
+    peer.send({"op": "poke_sent", "value": 9.0})
+    assert peer.recv(timeout=WAIT)[0] == {"op": "poked"}
+    np.testing.assert_array_equal(ts[0], np.full(BIG, 9.0, np.float32))
+
+
+def test_forwarding_received_tensors(peer: ferry.Pipe) -> None:
+    x = np.arange(BIG, dtype=np.float64)
+    small = np.array([True, False])
+    peer.send({"op": "echo"}, [x, small])
+    header, ts = peer.recv(timeout=WAIT)
+    assert header == {"op": "echoed"}
+    np.testing.assert_array_equal(ts[0], x)
+    np.testing.assert_array_equal(ts[1], small)
+    assert ts[1].dtype == np.bool_
+
+
+def test_header_only_messages(peer: ferry.Pipe) -> None:
+    peer.send({"op": "whatever"})
+    header, ts = peer.recv(timeout=WAIT)
+    assert header == {"op": "unknown", "what": "whatever"}
+    assert ts == []
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[ferry.Pipe, ferry.Pipe]]:
+    """Both ends of a pipe in this process (the connect in a thread)."""
+    addr = unique_addr("pair")
+    listener = ferry.listen(addr)
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(ferry.connect(addr)), daemon=True)
+    t.start()
+    a = listener.accept(timeout=WAIT)
+    t.join(WAIT)
+    assert out, "connect did not return"
+    yield a, out[0]
+
+
+def test_in_process_pair(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
+    a, b = pair
+    assert a.channel == b.channel == "shm"
+    b.send([1, "two", None], [np.arange(3, dtype=np.uint8)])
+    header, ts = a.recv(timeout=WAIT)
+    assert header == [1, "two", None]
+    np.testing.assert_array_equal(ts[0], np.arange(3, dtype=np.uint8))
+    a.send(None)
+    assert b.recv(timeout=WAIT) == (None, [])
+
+
+@pytest.mark.parametrize("dtype", ["bool", "u8", "i64", "f16", "f32", "f64", "bf16"])
+def test_dtypes(pair: tuple[ferry.Pipe, ferry.Pipe], dtype: str) -> None:
+    a, b = pair
+    if dtype == "bf16":
+        if ml_dtypes is None:
+            pytest.skip("ml_dtypes is not installed")
+        x = np.array([1.5, -2.0, 3.0], dtype=ml_dtypes.bfloat16)
+    else:
+        x = (np.arange(-2, 4) % 2 == 0) if dtype == "bool" else np.arange(6)
+        x = x.astype(
+            {
+                "bool": np.bool_,
+                "u8": np.uint8,
+                "i64": np.int64,
+                "f16": np.float16,
+                "f32": np.float32,
+                "f64": np.float64,
+            }[dtype]
+        )
+    out = a.alloc(x.shape, dtype)
+    out[...] = x
+    a.send({"dtype": dtype}, [x, out])
+    header, ts = b.recv(timeout=WAIT)
+    assert header == {"dtype": dtype}
+    for t in ts:
+        assert t.dtype == x.dtype
+        np.testing.assert_array_equal(t, x)
+
+
+def test_asyncio() -> None:
+    async def main() -> None:
+        addr = unique_addr("aio")
+        listener = ferry.listen(addr)
+        connecting = asyncio.ensure_future(asyncio.to_thread(ferry.connect, addr))
+        server = await listener.aaccept(WAIT)
+        client = await connecting
+        x = np.arange(BIG, dtype=np.float32)
+        await client.asend({"n": 1}, [x])
+        header, ts = await server.arecv(WAIT)
+        assert header == {"n": 1}
+        out = server.alloc(ts[0].shape, ts[0].dtype)
+        np.add(ts[0], 1, out=out)
+        await server.asend({"n": header["n"] + 1}, [out])
+        header, ts = await client.arecv(WAIT)
+        assert header == {"n": 2}
+        np.testing.assert_array_equal(ts[0], x + 1)
+        assert mapping_of(ts[0]).startswith("/memfd:")
+
+    asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+def test_timeouts(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
+    a, _ = pair
+    with pytest.raises(TimeoutError):
+        a.recv(timeout=0.05)
+    listener = ferry.listen(unique_addr("lonely"))
+    with pytest.raises(TimeoutError):
+        listener.accept(timeout=0.05)
+
+
+def test_headers_must_be_json(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
+    a, b = pair
+    with pytest.raises(ValueError):
+        a.send({"x": float("nan")})
+    with pytest.raises(TypeError):
+        a.send({"x": object()})
+    a.send({"still": "works"})
+    assert b.recv(timeout=WAIT)[0] == {"still": "works"}
+
+
+def test_connect_to_nobody() -> None:
+    with pytest.raises(ConnectionError):
+        ferry.connect(unique_addr("nobody"))
