@@ -104,10 +104,12 @@ impl PythonServer {
             .collect();
         let config = pkg.join("pyproject.toml");
         let sources = &sources;
-        cmd!(sh, "{python} -m ruff format --check --config {config} {sources...}").run().context("ruff format")?;
-        cmd!(sh, "{python} -m ruff check --config {config} {sources...}").run().context("ruff check")?;
         {
+            // From the package: ruff resolves the config's relative paths (`src`, which makes
+            // `ferry` first-party) against the working directory.
             let _dir = sh.push_dir(&pkg);
+            cmd!(sh, "{python} -m ruff format --check --config {config} {sources...}").run().context("ruff format")?;
+            cmd!(sh, "{python} -m ruff check --config {config} {sources...}").run().context("ruff check")?;
             cmd!(sh, "{python} -m mypy --config-file {config} python/ferry").run().context("mypy --strict")?;
         }
         {
