@@ -329,11 +329,8 @@ impl Method {
     }
 }
 
-/// The docs of a typed method `name` (refused when the name is reserved or empty).
+/// The docs of a typed method `name`.
 fn typed_info<P: DeserializeOwned + JsonSchema, R: JsonSchema>(name: &str) -> Result<MethodInfo, RegisterError> {
-    if name.is_empty() || name.starts_with("rpc.") || name.starts_with("ferry.") {
-        return Err(RegisterError::Reserved(name.to_owned()));
-    }
     Ok(MethodInfo {
         name: name.to_owned(),
         summary: None,
@@ -493,7 +490,8 @@ impl Methods {
         self.insert(Arc::new(handler), typed_info::<P, R>(name)?)
     }
 
-    /// Registers an erased handler with hand-made docs (built-in methods, adapters).
+    /// Registers an erased handler with hand-made docs (adapters, handlers in another
+    /// language). Reserved and taken names are refused as by the typed registrations.
     pub fn register_erased(
         &mut self,
         handler: Arc<dyn ErasedHandler>,
@@ -502,8 +500,12 @@ impl Methods {
         self.insert(handler, info)
     }
 
+    /// Every registration ends here: the name is refused when reserved or empty, or taken.
     fn insert(&mut self, handler: Arc<dyn ErasedHandler>, info: MethodInfo) -> Result<MethodDoc<'_>, RegisterError> {
         use std::collections::btree_map::Entry;
+        if info.name.is_empty() || info.name.starts_with("rpc.") || info.name.starts_with("ferry.") {
+            return Err(RegisterError::Reserved(info.name));
+        }
         match self.map.entry(info.name.clone()) {
             Entry::Occupied(_) => Err(RegisterError::Duplicate(info.name)),
             Entry::Vacant(v) => {

@@ -377,11 +377,6 @@ impl Server {
             additional_params: allow_unknown_params,
             given: Some(Arc::new(given)),
         };
-        if name.starts_with("rpc.") || name.starts_with("ferry.") || name.is_empty() {
-            return Err(PyValueError::new_err(format!(
-                "method name {name:?} is reserved (names starting with \"rpc.\" or \"ferry.\") or empty"
-            )));
-        }
         let handler = Arc::new(PyHandler { call: Arc::new(call), is_async });
         let doc = methods.register_erased(handler, info).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let doc = if allow_unknown_params { doc.allow_unknown_params() } else { doc };

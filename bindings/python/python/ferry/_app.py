@@ -452,17 +452,7 @@ class App:
     async def serve_async(self, *addrs: str, **options: Any) -> None:
         """`serve` from a running event loop: async handlers run on this loop; cancelling
         the awaiting task stops the server."""
-        limit_names = (
-            "max_connections",
-            "max_in_flight",
-            "max_request_bytes",
-            "max_tasks",
-            "max_tasks_per_identity",
-            "idle_timeout",
-        )
-        limits = {k: options.pop(k) for k in limit_names if options.get(k) is not None}
-        for k in limit_names:
-            options.pop(k, None)
+        limits = {k: v for k in _LIMIT_NAMES if (v := options.pop(k, None)) is not None}
         server = self._native_server(limits)
         self._servers.append(server)
         previous, self._loop = self._loop, asyncio.get_running_loop()
@@ -518,16 +508,19 @@ class App:
         return (_import_app, _locate(self))
 
 
+_LIMIT_NAMES = (
+    "max_connections",
+    "max_in_flight",
+    "max_request_bytes",
+    "max_tasks",
+    "max_tasks_per_identity",
+    "idle_timeout",
+)
+"""The keyword options of `serve` that are limits of the native server."""
+
+
 def _limits(*values: Any) -> dict[str, Any]:
-    names = (
-        "max_connections",
-        "max_in_flight",
-        "max_request_bytes",
-        "max_tasks",
-        "max_tasks_per_identity",
-        "idle_timeout",
-    )
-    return {n: v for n, v in zip(names, values, strict=True) if v is not None}
+    return {n: v for n, v in zip(_LIMIT_NAMES, values, strict=True) if v is not None}
 
 
 def _locate(app: App) -> tuple[str, str]:

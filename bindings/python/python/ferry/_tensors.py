@@ -121,22 +121,20 @@ def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
     a, dtype = _host_numpy(x)
     if a.flags.c_contiguous:
         ptr = _data_ptr(a)
+
+        def whole(t: Out) -> bool:  # `a` is exactly `t` (not a part, nor another type)
+            return (
+                t.data_ptr == ptr
+                and t.nbytes == a.nbytes
+                and list(t.shape) == list(a.shape)
+                and t.dtype == dtype
+            )
+
         for o in allocated:
-            if (
-                o.data_ptr == ptr
-                and o.nbytes == a.nbytes
-                and list(o.shape) == list(a.shape)
-                and o.dtype == dtype  # (not a view of it as another type)
-            ):
+            if whole(o):
                 return o
         r = _received(a)
-        if (
-            r is not None
-            and r.data_ptr == ptr
-            and r.nbytes == a.nbytes
-            and list(r.shape) == list(a.shape)
-            and r.dtype == dtype
-        ):
+        if r is not None and whole(r):
             return r
     out = alloc([int(n) for n in a.shape], dtype)
     view: np.ndarray[Any, Any] = np.asarray(out)
