@@ -364,11 +364,13 @@ class _Connection:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CallTimeout("no answer in time")
-            ms = (
-                -1
-                if remaining == math.inf
-                else max(1, math.ceil(min(remaining, 3600.0) * 1000))
-            )
+            if self._sock.fileno() < 0:
+                # Closed by another thread (`close()`): its poll set no longer has the
+                # socket, and polling it would sleep until the deadline.
+                raise ConnectionClosed("the connection was closed by this client")
+            # At most a second per poll, so a close that lands between the check above
+            # and the poll is seen within a second.
+            ms = max(1, math.ceil(min(remaining, 1.0) * 1000))
             if not self._ready(ms):
                 continue
             # (Only in the middle of a payload can it be read in place.)
@@ -416,6 +418,12 @@ class _Connection:
 
     def _teardown(self) -> None:
         if self._sock.fileno() >= 0:
+            # Shut down first: a thread waiting in poll on this socket wakes (end of
+            # stream) instead of sleeping on a descriptor that was closed under it.
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 self._poll.unregister(self._sock.fileno())
             except (KeyError, ValueError):
