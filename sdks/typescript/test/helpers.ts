@@ -1,6 +1,6 @@
 /**
- * Test helpers: a real `ferry serve` child process on a unique address, and timeouts for
- * every await.
+ * Test helpers: a real `ferry serve` child process (or another server's command line) on a
+ * unique address, and timeouts for every await.
  */
 
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
@@ -51,7 +51,7 @@ export function uniqueName(tag: string): string {
   return `ferry-ts-${tag}-${process.pid}-${counter}-${Math.random().toString(36).slice(2, 8)}`;
 }
 
-/** A running `ferry serve`. */
+/** A running `ferry serve` (or the server a `command` started). */
 export interface Server {
   addr: string;
   proc: ChildProcess;
@@ -61,11 +61,37 @@ export interface Server {
   stop(hard?: boolean): Promise<void>;
 }
 
+/** How `startServer` starts its server. */
+export interface StartOptions {
+  /** `ferry serve --api API` (default: no `--api`, i.e. the demo API). */
+  api?: string;
+  /**
+   * A command line to run instead of `ferry serve`: split on whitespace (no quoting), each
+   * literal `{addr}` replaced by the address. It must print `listening on` (stdout or
+   * stderr) once it serves. Empty or undefined: `$FERRY_BIN serve ADDR [--api API]`.
+   */
+  command?: string;
+  /** How long to wait for `listening on` (default 30 s). */
+  timeoutMs?: number;
+}
+
+/** The argv `startServer` runs: `opts.command` with `{addr}` filled in, else `ferry serve`. */
+export function serverArgv(addr: string, opts: StartOptions = {}): string[] {
+  const command = opts.command?.trim();
+  if (!command) return [ferryBin(), "serve", addr, ...(opts.api ? ["--api", opts.api] : [])];
+  const words = command.split(/\s+/);
+  if (!words.some((w) => w.includes("{addr}"))) {
+    throw new Error(`the server command ${JSON.stringify(command)} has no {addr} to put the address in`);
+  }
+  return words.map((w) => w.replaceAll("{addr}", addr));
+}
+
 /**
- * Starts `ferry serve ADDR` and waits for its `listening on` line. `kind: "path"` serves on
- * a socket file in a fresh temporary directory, `"abstract"` on a unique abstract name.
+ * Starts `ferry serve ADDR` (or `opts.command`) and waits for its `listening on` line.
+ * `kind: "path"` serves on a socket file in a fresh temporary directory, `"abstract"` on a
+ * unique abstract name.
  */
-export async function startServer(kind: "path" | "abstract" = "path", timeoutMs = 30_000): Promise<Server> {
+export async function startServer(kind: "path" | "abstract" = "path", opts: StartOptions = {}): Promise<Server> {
   let dir: string | undefined;
   let addr: string;
   if (kind === "path") {
@@ -74,7 +100,15 @@ export async function startServer(kind: "path" | "abstract" = "path", timeoutMs 
   } else {
     addr = `unix:${uniqueName("srv")}`;
   }
-  const proc = spawn(ferryBin(), ["serve", addr], { stdio: ["ignore", "pipe", "pipe"] });
+  let argv: string[];
+  try {
+    argv = serverArgv(addr, opts);
+  } catch (e) {
+    if (dir) rmSync(dir, { recursive: true, force: true });
+    throw e;
+  }
+  const what = opts.command?.trim() ? argv.join(" ") : `ferry serve ${addr}`;
+  const proc = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   const ready = new Promise<void>((resolveReady, reject) => {
     const onData = (d: Buffer): void => {
@@ -83,22 +117,30 @@ export async function startServer(kind: "path" | "abstract" = "path", timeoutMs 
     };
     proc.stdout!.on("data", onData);
     proc.stderr!.on("data", onData);
-    proc.once("error", reject);
-    proc.once("exit", (code, sig) => reject(new Error(`ferry serve exited (${code ?? sig}) before listening: ${out}`)));
+    proc.once("error", (e) => reject(new Error(`could not run ${what}: ${e.message}`)));
+    proc.once("exit", (code, sig) => reject(new Error(`${what} exited (${code ?? sig}) before listening: ${out}`)));
   });
-  const exited = new Promise<void>((r) => proc.once("exit", () => r()));
+  const exited = new Promise<void>((r) => {
+    proc.once("exit", () => r());
+    // A command that could not be started never exits.
+    proc.once("error", () => {
+      if (proc.pid === undefined) r();
+    });
+  });
   const server: Server = {
     addr,
     proc,
     output: () => out,
     stop: async (hard = false) => {
-      if (proc.exitCode === null && proc.signalCode === null) proc.kill(hard ? "SIGKILL" : "SIGTERM");
-      await within(10_000, exited, "ferry serve to exit");
+      if (proc.pid !== undefined && proc.exitCode === null && proc.signalCode === null) {
+        proc.kill(hard ? "SIGKILL" : "SIGTERM");
+      }
+      await within(10_000, exited, `${what} to exit`);
       if (dir) rmSync(dir, { recursive: true, force: true });
     },
   };
   try {
-    await within(timeoutMs, ready, `ferry serve ${addr} to listen`);
+    await within(opts.timeoutMs ?? 30_000, ready, `${what} to listen`);
   } catch (e) {
     await server.stop(true).catch(() => {});
     throw e;
