@@ -189,18 +189,35 @@ pub fn main<F: Fixture>() -> ExitCode {
     if let Some(code) = peer::run_if_peer::<F>() {
         return code;
     }
-    let fx = F::default();
-    let viability = fx.viability();
+    let viability = F::default().viability();
     if let Err(reason) = &viability {
         eprintln!("ferry-conformance: backend {} is not viable here, every case is ignored: {reason}", F::NAME);
     }
+    let cases = cases::all::<F>()
+        .into_iter()
+        .map(|(name, case)| {
+            let run: Suite = Box::new(move || case(&F::default()));
+            (name, run)
+        })
+        .collect();
+    run_suite(F::NAME, viability, cases)
+}
+
+/// One case of [`run_suite`].
+pub type Suite = Box<dyn FnOnce() -> Outcome + Send>;
+
+/// Runs named cases as libtest-mimic trials (two at a time unless `--test-threads` says
+/// otherwise; a panic is a failure) and, with `FERRY_CONFORMANCE_REPORT` set, writes the
+/// report of column `column` there. Not viable: every case is reported ignored, with the
+/// reason.
+pub fn run_suite(column: &str, viability: Result<(), String>, cases: Vec<(String, Suite)>) -> ExitCode {
     let records = Arc::new(Mutex::new(Vec::<Record>::new()));
     let mut args = libtest_mimic::Arguments::from_args();
     // Cases are heavy (processes, 256 MiB payloads): two at a time unless told otherwise.
     if args.test_threads.is_none() {
         args.test_threads = Some(2);
     }
-    let trials = cases::all::<F>()
+    let trials = cases
         .into_iter()
         .map(|(name, case)| {
             let records = records.clone();
@@ -214,10 +231,12 @@ pub fn main<F: Fixture>() -> ExitCode {
                 });
             }
             let trial_name = name.clone();
+            let case = Mutex::new(Some(case));
             libtest_mimic::Trial::test(name, move || {
                 let start = Instant::now();
-                let fx = F::default();
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&fx))).unwrap_or_else(|p| {
+                let case = case.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let case = case.ok_or_else(|| Failed::from("the case ran twice"))?;
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)).unwrap_or_else(|p| {
                     let msg = p
                         .downcast_ref::<String>()
                         .cloned()
@@ -242,7 +261,7 @@ pub fn main<F: Fixture>() -> ExitCode {
     {
         let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
         recs.sort_by(|a, b| a.name.cmp(&b.name));
-        write_report(&path, F::NAME, &viability, &recs);
+        write_report(&path, column, &viability, &recs);
     }
     conclusion.exit_code()
 }

@@ -18,10 +18,18 @@
 //! not viable. The table works on [`Column`]s (a name plus a [`Report`]), so the SDK suites
 //! can be added as more columns.
 //!
-//! SDK columns run after the backends (without `--backend`, or when named by `--backend` /
-//! `--require`): `typescript-sdk` is `npm run conformance` in `sdks/typescript`
-//! ([`crate::typescript_sdk`]), `python-sdk` the pytest scenario of `sdks/python`
-//! ([`crate::sdk`]); both write the same report format.
+//! SDK and server columns run after the backends (without `--backend`, or when named by
+//! `--backend` / `--require`), each against a real server of the conformance API:
+//! - `python-sdk`: the pytest scenario of `sdks/python` ([`crate::sdk`]);
+//! - `typescript-sdk`: `npm run conformance` in `sdks/typescript` ([`crate::typescript_sdk`]);
+//! - `rust-server`: the Rust RPC client's cases (`cli/tests/rpc_conformance.rs`, `rpc::*`);
+//!
+//! all three against `ferry serve --api conformance`; and
+//! - `python-server`: the same three suites against the conformance API served from Python
+//!   ([`crate::python_server::conformance_column`], pointed there by [`OtherServer`]),
+//!   merged into one column ([`merge_columns`]).
+//!
+//! All write the same report format.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -98,6 +106,16 @@ impl Conformance {
             columns.push(column);
             failures.extend(problems);
         }
+        if self.runs_sdk(RUST_SERVER) {
+            let (column, problems) = rpc_cases(sh, &report_dir, self.release, None);
+            columns.push(column);
+            failures.extend(problems);
+        }
+        if self.runs_sdk(crate::python_server::COLUMN) {
+            let (column, problems) = crate::python_server::conformance_column(sh, &report_dir, self.release);
+            columns.push(column);
+            failures.extend(problems);
+        }
 
         println!("\n{}", render_table(&columns));
         print!("{}", render_details(&columns));
@@ -123,7 +141,95 @@ impl Conformance {
 
 /// Columns that are SDK suites rather than `backends/` crates; `--backend` and `--require`
 /// accept them too.
-const SDK_COLUMNS: &[&str] = &[crate::sdk::PYTHON_SDK, crate::typescript_sdk::COLUMN];
+const SDK_COLUMNS: &[&str] =
+    &[crate::sdk::PYTHON_SDK, crate::typescript_sdk::COLUMN, RUST_SERVER, crate::python_server::COLUMN];
+
+/// The column of the Rust RPC client's cases against `ferry serve --api conformance`.
+pub const RUST_SERVER: &str = "rust-server";
+
+/// Another implementation of the conformance API, for the SDK scenarios and the Rust RPC
+/// cases to run against instead of `ferry serve --api conformance`: they read
+/// `FERRY_CONFORMANCE_SERVER` (a command line split on whitespace, `{addr}` standing for
+/// the address to listen on; it prints `listening on ADDR` once it does) and
+/// `FERRY_CONFORMANCE_COLUMN` (the column their report names).
+pub struct OtherServer {
+    /// The column of its results.
+    pub column: String,
+    /// The command line.
+    pub command: String,
+}
+
+impl OtherServer {
+    /// The environment that points a scenario at it.
+    pub fn envs(&self) -> [(&'static str, &str); 2] {
+        [("FERRY_CONFORMANCE_SERVER", &self.command), ("FERRY_CONFORMANCE_COLUMN", &self.column)]
+    }
+}
+
+/// The Rust RPC client's cases (`cargo test -p ferry-cli --test rpc_conformance`): against
+/// `ferry serve --api conformance` (column `rust-server`), or `server`.
+pub fn rpc_cases(sh: &Shell, report_dir: &Path, release: bool, server: Option<&OtherServer>) -> (Column, Vec<String>) {
+    let column = server.map_or(RUST_SERVER, |s| s.column.as_str());
+    let report_path = report_dir.join(format!("{column}-rpc.json"));
+    let _ = std::fs::remove_file(&report_path);
+    let release = release.then_some("--release");
+    let mut c =
+        cmd!(sh, "cargo test -p ferry-cli --locked --test rpc_conformance {release...}").env(REPORT_ENV, &report_path);
+    for (k, v) in server.map(OtherServer::envs).into_iter().flatten() {
+        c = c.env(k, v);
+    }
+    let status = c.run();
+    let mut problems = Vec::new();
+    if let Err(err) = &status {
+        problems.push(format!("{column}: the Rust RPC cases failed: {err}"));
+    }
+    let report = std::fs::read_to_string(&report_path)
+        .with_context(|| format!("no report at {}", report_path.display()))
+        .and_then(|text| Report::parse(&text).with_context(|| format!("reading {}", report_path.display())));
+    let report = report.unwrap_or_else(|err| {
+        problems.push(format!("{column}: {err:#}"));
+        Report::broken(column, format!("{err:#}"))
+    });
+    (Column { name: column.to_owned(), report }, problems)
+}
+
+/// One column from several suites' columns of the same server: every case of each, a case
+/// named by more than one (the SDK scenarios share their names) failing if any failed and
+/// passing only if every one that ran passed; its detail names the suite (`labels`).
+pub fn merge_columns(name: &str, parts: Vec<(&str, Column)>) -> Column {
+    let mut cases: Vec<CaseResult> = Vec::new();
+    let mut viable = true;
+    let mut reasons = Vec::new();
+    for (label, part) in parts {
+        if !part.report.viable {
+            viable = false;
+            reasons.push(format!("{label}: {}", part.report.reason.as_deref().unwrap_or("not viable")));
+        }
+        for case in part.report.cases {
+            let detail = case.detail.map(|d| format!("{label}: {d}"));
+            match cases.iter_mut().find(|c| c.name == case.name) {
+                None => cases.push(CaseResult { detail, ..case }),
+                Some(c) => {
+                    c.outcome = match (c.outcome, case.outcome) {
+                        (Outcome::Fail, _) | (_, Outcome::Fail) => Outcome::Fail,
+                        (Outcome::Ignored, Outcome::Ignored) => Outcome::Ignored,
+                        _ => Outcome::Pass,
+                    };
+                    c.detail = match (c.detail.take(), detail) {
+                        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                        (a, b) => a.or(b),
+                    };
+                    c.ms = match (c.ms, case.ms) {
+                        (Some(a), Some(b)) => Some(a + b),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+    }
+    let reason = (!reasons.is_empty()).then(|| reasons.join("; "));
+    Column { name: name.to_owned(), report: Report { backend: name.to_owned(), viable, reason, cases } }
+}
 
 impl Conformance {
     /// Whether the SDK column `name` runs: always without `--backend`, else when named
@@ -414,6 +520,30 @@ mod tests {
             Column { name: "pipe".into(), report: Report::parse(PIPE).unwrap() },
             Column { name: "cuda-ipc".into(), report: Report::parse(CUDA).unwrap() },
         ]
+    }
+
+    #[test]
+    fn merges_the_suites_of_one_server() {
+        let part = |name: &str, json: &str| Column { name: name.into(), report: Report::parse(json).unwrap() };
+        let py = r#"{"backend":"s","viable":true,"reason":null,"cases":[
+            {"name":"sdk::a","outcome":"pass","detail":null,"ms":1},
+            {"name":"sdk::b","outcome":"fail","detail":"boom","ms":2},
+            {"name":"sdk::only_py","outcome":"pass","detail":null,"ms":3}]}"#;
+        let ts = r#"{"backend":"s","viable":true,"reason":null,"cases":[
+            {"name":"sdk::a","outcome":"fail","detail":"differs","ms":4},
+            {"name":"sdk::b","outcome":"pass","detail":null,"ms":5},
+            {"name":"sdk::c","outcome":"ignored","detail":null,"ms":0}]}"#;
+        let m = merge_columns("s", vec![("py", part("s", py)), ("ts", part("s", ts))]);
+        assert!(m.report.viable);
+        let get = |n: &str| m.report.cases.iter().find(|c| c.name == n).unwrap();
+        assert_eq!((get("sdk::a").outcome, get("sdk::a").detail.as_deref()), (Outcome::Fail, Some("ts: differs")));
+        assert_eq!((get("sdk::b").outcome, get("sdk::b").detail.as_deref()), (Outcome::Fail, Some("py: boom")));
+        assert_eq!(get("sdk::b").ms, Some(7));
+        assert_eq!(get("sdk::only_py").outcome, Outcome::Pass);
+        assert_eq!(get("sdk::c").outcome, Outcome::Ignored);
+        let m = merge_columns("s", vec![("py", part("s", py)), ("cuda", part("s", CUDA))]);
+        assert!(!m.report.viable);
+        assert_eq!(m.report.reason.as_deref(), Some("cuda: no CUDA driver"));
     }
 
     #[test]

@@ -26,7 +26,48 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use xshell::{Shell, cmd};
 
+use crate::conformance::{Column, OtherServer, Report, merge_columns};
 use crate::flags::Flags;
+
+/// The conformance column: the conformance API served from Python.
+pub const COLUMN: &str = "python-server";
+
+/// The `python-server` column of `cargo xtask conformance`: the conformance API implemented
+/// in Python (`bindings/python/tests/conformance_app.py`, served by `python -m ferry serve`
+/// from the installed package), exercised by the Rust RPC client's cases, the Python SDK's
+/// scenario and the TypeScript SDK's scenario, merged into one column (an `sdk::` case
+/// passes when both SDKs' runs of it pass).
+pub fn conformance_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, Vec<String>) {
+    let root = sh.current_dir();
+    let python = match install(sh, &root, false) {
+        Ok(p) => p,
+        Err(e) => {
+            let reason = format!("installing the package failed: {e:#}");
+            let report = Report::broken(COLUMN, reason.clone());
+            return (Column { name: COLUMN.to_owned(), report }, vec![format!("{COLUMN}: {reason}")]);
+        }
+    };
+    let app_dir = root.join("bindings/python/tests");
+    let command =
+        format!("{} -m ferry serve conformance_app:app {{addr}} --app-dir {}", python.display(), app_dir.display());
+    if command.split_whitespace().count() != 8 {
+        let reason = format!("the command line `{command}` is split on whitespace: a path holds a space");
+        let report = Report::broken(COLUMN, reason.clone());
+        return (Column { name: COLUMN.to_owned(), report }, vec![format!("{COLUMN}: {reason}")]);
+    }
+    let server = OtherServer { column: COLUMN.to_owned(), command };
+    let (rust, mut problems) = crate::conformance::rpc_cases(sh, report_dir, release, Some(&server));
+    let (py, p) = crate::sdk::python_scenario(sh, report_dir, release, Some(&server));
+    problems.extend(p);
+    let (ts, p) = crate::typescript_sdk::scenario(sh, report_dir, Some(&server));
+    problems.extend(p);
+    let column = merge_columns(COLUMN, vec![("rust", rust), ("python-sdk", py), ("typescript-sdk", ts)]);
+    let merged = report_dir.join(format!("{COLUMN}.json"));
+    if let Err(e) = std::fs::write(&merged, column.report.to_json().to_string() + "\n") {
+        problems.push(format!("{COLUMN}: writing {}: {e}", merged.display()));
+    }
+    (column, problems)
+}
 
 /// The torch the tests use.
 pub const TORCH: &str = "2.15.0";

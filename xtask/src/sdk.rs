@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use xshell::{Shell, cmd};
 
-use crate::conformance::{Column, REPORT_ENV, Report};
+use crate::conformance::{Column, OtherServer, REPORT_ENV, Report};
 use crate::flags::Flags;
 
 /// The conformance column's name.
@@ -103,7 +103,7 @@ impl SdkPython {
         // Python shows.
         let compiler = has_c_compiler(sh);
         let _expect = sh.push_env("FERRY_EXPECT_COMPILED", if compiler { "1" } else { "0" });
-        pytest(sh, &root, &python, &ferry, "tests", None)?;
+        pytest(sh, &root, &python, &ferry, "tests")?;
         if compiler {
             let stray = stray_extensions(&root)?;
             anyhow::ensure!(
@@ -115,7 +115,7 @@ impl SdkPython {
             let _pure = sh.push_env("PYTHONPATH", root.join("sdks/python"));
             let _expect = sh.push_env("FERRY_EXPECT_COMPILED", "0");
             eprintln!("xtask: the Python SDK's tests again, interpreted (the source tree)");
-            pytest(sh, &root, &python, &ferry, "tests", None)?;
+            pytest(sh, &root, &python, &ferry, "tests")?;
         }
         Ok(())
     }
@@ -206,23 +206,13 @@ fn stray_extensions(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Runs pytest on `sdks/python/{what}` from `target/`, so that `import ferry_client` finds
 /// the installed package (as a user gets it), not the source tree.
-fn pytest(
-    sh: &Shell,
-    root: &Path,
-    python: &Path,
-    ferry: &Path,
-    what: &str,
-    report: Option<&Path>,
-) -> anyhow::Result<()> {
+fn pytest(sh: &Shell, root: &Path, python: &Path, ferry: &Path, what: &str) -> anyhow::Result<()> {
     let _dir = sh.push_dir(crate::target_dir(sh)?);
     let tests = root.join("sdks/python").join(what);
-    let mut c = cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
+    cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
         .env("FERRY_BIN", ferry)
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-    if let Some(report) = report {
-        c = c.env(REPORT_ENV, report);
-    }
-    c.run()?;
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .run()?;
     Ok(())
 }
 
@@ -243,32 +233,56 @@ fn python_snapshots(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 /// The `python-sdk` column of `cargo xtask conformance`, and the problems running it.
 pub fn python_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, Vec<String>) {
+    python_scenario(sh, report_dir, release, None)
+}
+
+/// The Python SDK's scenario against `server` (another implementation of the conformance
+/// API) instead of `ferry serve --api conformance`: its report is named after the server's
+/// column, in `<column>-python-sdk.json`.
+pub fn python_scenario(
+    sh: &Shell,
+    report_dir: &Path,
+    release: bool,
+    server: Option<&OtherServer>,
+) -> (Column, Vec<String>) {
     let root = sh.current_dir();
-    let report_path = report_dir.join(format!("{PYTHON_SDK}.json"));
+    let column = server.map_or(PYTHON_SDK, |s| s.column.as_str());
+    let file = server.map_or_else(|| format!("{PYTHON_SDK}.json"), |s| format!("{}-{PYTHON_SDK}.json", s.column));
+    let report_path = report_dir.join(file);
     let _ = std::fs::remove_file(&report_path);
     if !has_python(sh) {
-        loud("python3 not found: the python-sdk conformance column is NOT viable");
-        let report = Report::broken(PYTHON_SDK, "python3 not found".to_owned());
-        return (Column { name: PYTHON_SDK.to_owned(), report }, Vec::new());
+        loud(&format!("python3 not found: the {column} conformance column is NOT viable"));
+        let report = Report::broken(column, "python3 not found".to_owned());
+        return (Column { name: column.to_owned(), report }, Vec::new());
     }
     let mut problems = Vec::new();
     let run = || -> anyhow::Result<()> {
         let python = venv(sh, &root)?;
         let ferry = ferry_bin(sh, release)?;
-        pytest(sh, &root, &python, &ferry, "tests/test_conformance.py", Some(&report_path))
+        let _dir = sh.push_dir(crate::target_dir(sh)?);
+        let tests = root.join("sdks/python/tests/test_conformance.py");
+        let mut c = cmd!(sh, "{python} -m pytest -q -p no:cacheprovider {tests}")
+            .env("FERRY_BIN", ferry)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env(REPORT_ENV, &report_path);
+        for (k, v) in server.map(OtherServer::envs).into_iter().flatten() {
+            c = c.env(k, v);
+        }
+        c.run()?;
+        Ok(())
     };
     let status = run();
     if let Err(e) = &status {
-        problems.push(format!("{PYTHON_SDK}: the scenario failed: {e:#}"));
+        problems.push(format!("{column}: the Python SDK scenario failed: {e:#}"));
     }
     let report = match std::fs::read_to_string(&report_path) {
-        Ok(text) => Report::parse(&text).unwrap_or_else(|e| Report::broken(PYTHON_SDK, format!("{e:#}"))),
+        Ok(text) => Report::parse(&text).unwrap_or_else(|e| Report::broken(column, format!("{e:#}"))),
         Err(_) => {
-            problems.push(format!("{PYTHON_SDK}: no report at {}", report_path.display()));
-            Report::broken(PYTHON_SDK, "no report (see the output above)".to_owned())
+            problems.push(format!("{column}: no report at {}", report_path.display()));
+            Report::broken(column, "no report (see the output above)".to_owned())
         }
     };
-    (Column { name: PYTHON_SDK.to_owned(), report }, problems)
+    (Column { name: column.to_owned(), report }, problems)
 }
 
 /// `cargo xtask bench-sdk [ARGS..]`: the Python SDK's round trips beside bare Python

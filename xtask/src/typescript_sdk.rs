@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use xshell::{Shell, cmd};
 
-use crate::conformance::{Column, REPORT_ENV, Report};
+use crate::conformance::{Column, OtherServer, REPORT_ENV, Report};
 
 /// The package's directory, relative to the repository root.
 pub const DIR: &str = "sdks/typescript";
@@ -141,40 +141,53 @@ fn install_checks(sh: &Shell, bin: &Path) -> anyhow::Result<()> {
 /// Runs `npm run conformance` and returns the `typescript-sdk` column and the problems with
 /// running it (as `run_backend` does for a backend).
 pub fn conformance_column(sh: &Shell, report_dir: &Path) -> (Column, Vec<String>) {
-    let report_path = report_dir.join(format!("{COLUMN}.json"));
+    scenario(sh, report_dir, None)
+}
+
+/// The scenario against `server` (another implementation of the conformance API) instead
+/// of `ferry serve --api conformance`: its report goes to `<column>-typescript-sdk.json`
+/// and names the server's column.
+pub fn scenario(sh: &Shell, report_dir: &Path, server: Option<&OtherServer>) -> (Column, Vec<String>) {
+    let column = server.map_or(COLUMN, |s| s.column.as_str());
+    let file = server.map_or_else(|| format!("{COLUMN}.json"), |s| format!("{}-{COLUMN}.json", s.column));
+    let report_path = report_dir.join(file);
     // A report left from an earlier run must not pass for this run's.
     let _ = std::fs::remove_file(&report_path);
     if !has_npm(sh) {
-        loud(&format!("npm/node not found: the {COLUMN} conformance column was NOT run"));
-        let report = Report::broken(COLUMN, "npm/node not found on this machine".to_owned());
-        return (Column { name: COLUMN.to_owned(), report }, Vec::new());
+        loud(&format!("npm/node not found: the {column} conformance column was NOT run"));
+        let report = Report::broken(column, "npm/node not found on this machine".to_owned());
+        return (Column { name: column.to_owned(), report }, Vec::new());
     }
     let command = format!("npm ci && npm run conformance (in {DIR})");
     let status = ferry_bin(sh).and_then(|bin| {
         npm_ci(sh)?;
         let _dir = sh.push_dir(DIR);
-        cmd!(sh, "npm run conformance").env("FERRY_BIN", &bin).env(REPORT_ENV, &report_path).run()?;
+        let mut c = cmd!(sh, "npm run conformance").env("FERRY_BIN", &bin).env(REPORT_ENV, &report_path);
+        for (k, v) in server.map(OtherServer::envs).into_iter().flatten() {
+            c = c.env(k, v);
+        }
+        c.run()?;
         Ok(())
     });
 
     let mut problems = Vec::new();
     if let Err(err) = &status {
-        problems.push(format!("{COLUMN}: `{command}` failed: {err:#}"));
+        problems.push(format!("{column}: `{command}` failed: {err:#}"));
     }
     let report = std::fs::read_to_string(&report_path)
         .with_context(|| format!("no report at {}: `{command}` wrote none", report_path.display()))
         .and_then(|text| Report::parse(&text).with_context(|| format!("reading {}", report_path.display())));
     let report = match report {
         Ok(report) => {
-            if report.backend != COLUMN {
-                problems.push(format!("{COLUMN}: its report names backend `{}`", report.backend));
+            if report.backend != column {
+                problems.push(format!("{column}: its report names backend `{}`", report.backend));
             }
             report
         }
         Err(err) => {
-            problems.push(format!("{COLUMN}: {err:#}"));
-            Report::broken(COLUMN, format!("{err:#}"))
+            problems.push(format!("{column}: {err:#}"));
+            Report::broken(column, format!("{err:#}"))
         }
     };
-    (Column { name: COLUMN.to_owned(), report }, problems)
+    (Column { name: column.to_owned(), report }, problems)
 }

@@ -23,6 +23,7 @@ from tests.conftest import (
     Background,
     CliServer,
     memfd_count,
+    read_line,
     unique_addr,
     wait_until,
 )
@@ -160,3 +161,38 @@ def test_cli_debug_flag(cli_server: Start) -> None:
             c.call("crash", [1])
         assert e.value.data["traceback"].startswith("Traceback (most recent call last):")
     assert s.stop(signal.SIGTERM) == 0
+
+
+def test_cli_app_dir() -> None:
+    """`--app-dir DIR` imports the app's module from DIR (uvicorn's option), from any
+    working directory; a missing DIR is refused by name."""
+    addr = unique_addr("appdir")
+    cmd = [sys.executable, "-m", "ferry", "serve", "conformance_app:app", addr]
+    proc = subprocess.Popen(
+        [*cmd, "--app-dir", str(ROOT / "tests")],
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = read_line(proc.stdout)
+        assert line.startswith("listening on"), line
+        with ferry.Client.connect(addr, timeout=WAIT) as c:
+            assert c.call("slow", {"ms": 1}) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+        for s in (proc.stdout, proc.stderr):
+            if s is not None:
+                s.close()
+    out = subprocess.run(
+        [*cmd, "--app-dir", "/no/such/dir"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "--app-dir '/no/such/dir' is not a directory" in out.stderr

@@ -12,6 +12,7 @@ import socket
 import threading
 import os
 import select
+import shlex
 import signal
 import subprocess
 import time
@@ -46,14 +47,25 @@ def unique_addr(tag: str) -> str:
     return f"unix:ferry-py-{tag}-{os.getpid()}-{next(_COUNTER)}"
 
 
+def server_command(api: str, addr: str) -> list[str]:
+    """`ferry serve ADDR --api API`; for the conformance API,
+    `$FERRY_CONFORMANCE_SERVER` (a command line, `{addr}` standing for the address)
+    replaces it: the scenario then checks another server of the same API (the Python
+    one, for `cargo xtask conformance`'s `python-server` column)."""
+    other = os.environ.get("FERRY_CONFORMANCE_SERVER")
+    if api == "conformance" and other:
+        return [part.replace("{addr}", addr) for part in shlex.split(other)]
+    return [ferry_bin(), "serve", addr, "--api", api]
+
+
 class Server:
-    """A `ferry serve` child process."""
+    """A `ferry serve` child process (or `$FERRY_CONFORMANCE_SERVER`'s)."""
 
     def __init__(self, api: str, addr: str | None = None) -> None:
         self.api = api
         self.addr = addr or unique_addr(api)
         self.proc = subprocess.Popen(
-            [ferry_bin(), "serve", self.addr, "--api", api],
+            server_command(api, self.addr),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -183,7 +195,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     import json
 
-    report = {"backend": "python-sdk", "viable": True, "reason": None, "cases": _REPORT}
+    column = os.environ.get("FERRY_CONFORMANCE_COLUMN", "python-sdk")
+    report = {"backend": column, "viable": True, "reason": None, "cases": _REPORT}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -10,11 +10,13 @@ import sys
 from ._app import App
 
 
-def _load(spec: str) -> App:
+def _load(spec: str, app_dir: str = ".") -> App:
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise SystemExit(f"ferry: {spec!r}: give the app as MODULE:ATTRIBUTE (e.g. mymodule:app)")
-    sys.path.insert(0, os.getcwd())
+    if not os.path.isdir(app_dir):
+        raise SystemExit(f"ferry: --app-dir {app_dir!r} is not a directory")
+    sys.path.insert(0, os.path.abspath(app_dir))
     try:
         obj = importlib.import_module(module)
     except ImportError as e:
@@ -38,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         "addrs",
         nargs="*",
         help="addresses (default unix:APP_NAME): unix:NAME, a socket path, quic://HOST:PORT",
+    )
+    s.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="import the app's module from this directory (default: the current one)",
     )
     s.add_argument("--http", metavar="HOST:PORT", help="also serve JSON-RPC over HTTP POST")
     s.add_argument(
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         help="internal errors carry the handler's traceback",
     )
     a = p.parse_args(argv)
-    app = _load(a.app)
+    app = _load(a.app, a.app_dir)
     if a.debug:
         app.debug = True
     app.serve(
