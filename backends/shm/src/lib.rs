@@ -4,8 +4,9 @@
 //! - **Memory**: each side owns a pool for what it sends, made of unnamed memfd segments
 //!   sealed against shrinking and growing. A segment's descriptor crosses the connection
 //!   once (SCM_RIGHTS, attached to the first message that uses it); the receiver checks
-//!   the seals and the size and maps it read-only. Nothing is ever named in /dev/shm or on
-//!   disk, so nothing is left behind when a process dies, even by SIGKILL.
+//!   the seals and the size and maps it private (copy-on-write: a write by foreign code,
+//!   e.g. torch, copies a page and never reaches the sender). Nothing is ever named in
+//!   /dev/shm or on disk, so nothing is left behind when a process dies, even by SIGKILL.
 //! - **Zero copy**: [`ferry_core::Pipe::alloc`] returns a writable tensor inside the pool;
 //!   sending it moves only a descriptor (segment, offset, length, lease). A tensor that lives
 //!   elsewhere is copied into the pool exactly once; tensors under

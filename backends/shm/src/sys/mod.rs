@@ -5,8 +5,10 @@
 //!   growing, mapped read-write. Its bytes are reached only through claims
 //!   ([`ExclusiveRange`], then [`SharedRange`]); a registry makes sure claims never overlap.
 //! - [`PeerSegment`]: a memfd received from a peer, checked (seals, size) and mapped
-//!   read-only. Because the peer cannot shrink it, reading any byte below its size can
-//!   never fault (no SIGBUS).
+//!   private (copy-on-write): nothing this process writes reaches the peer, and a write by
+//!   foreign code (a torch tensor over a received tensor) copies a page instead of faulting.
+//!   Because the peer cannot shrink it, reading any byte below its size can never fault (no
+//!   SIGBUS).
 #![allow(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 // Segments and claims are never empty (creation refuses zero lengths), so no `is_empty`.
@@ -17,7 +19,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-use memmap2::{MmapOptions, MmapRaw};
+use memmap2::{MmapMut, MmapOptions, MmapRaw};
 use rustix::fs::{MemfdFlags, SealFlags};
 
 /// Seals every segment must carry: its size can never change.
@@ -154,10 +156,13 @@ impl SharedRange {
     }
 }
 
-/// A segment received from a peer, mapped read-only.
+/// A segment received from a peer, mapped private (copy-on-write): this process reads the
+/// peer's pages, and foreign code that writes into a received tensor (torch has no
+/// read-only tensors) gets private copies of the pages it writes, never the peer's memory
+/// and never a fault.
 #[derive(Debug)]
 pub struct PeerSegment {
-    map: MmapRaw,
+    map: MmapMut,
     len: usize,
 }
 
@@ -178,7 +183,8 @@ pub enum PeerSegmentError {
 }
 
 impl PeerSegment {
-    /// Checks `fd` (seals, size `len`) and maps it read-only.
+    /// Checks `fd` (seals, size `len`) and maps it private, without reserving swap (only pages
+    /// written, by foreign code, take memory of this process).
     pub fn open(fd: OwnedFd, len: u64) -> Result<Self, PeerSegmentError> {
         let seals = rustix::fs::fcntl_get_seals(&fd)
             .map_err(|e| PeerSegmentError::NotSealed(format!("cannot read seals ({e}); not a memfd?")))?;
@@ -191,7 +197,12 @@ impl PeerSegment {
             return Err(PeerSegmentError::WrongSize { announced: len, actual });
         }
         let ulen = usize::try_from(len).map_err(|_| PeerSegmentError::WrongSize { announced: len, actual })?;
-        let map = MmapOptions::new().len(ulen).map_raw_read_only(&fd).map_err(PeerSegmentError::Io)?;
+        // SAFETY: a private mapping: what the peer writes to the memfd may show through
+        // (its lease rules say it must not, and bytes it changes can only change the values
+        // read, see `slice`), and nothing written here reaches the memfd. The sealed size
+        // keeps every byte below `len` mapped.
+        let map =
+            unsafe { MmapOptions::new().len(ulen).no_reserve_swap().map_copy(&fd) }.map_err(PeerSegmentError::Io)?;
         // The mapping keeps the memory; the descriptor is not needed any more.
         drop(fd);
         Ok(PeerSegment { map, len: ulen })
@@ -213,8 +224,9 @@ impl PeerSegment {
         if end > self.len {
             return None;
         }
-        // SAFETY: in bounds of a live read-only mapping of a memfd whose size is sealed, so
-        // no access can fault. The peer may still write the bytes (it owns them); the lease
+        // SAFETY: in bounds of a live mapping of a memfd whose size is sealed, so no access
+        // can fault. Rust never writes to it (no `&mut` is ever made of it); foreign code
+        // writing a received tensor gets private pages (see `PeerSegment`). The peer may still write the bytes (it owns them); the lease
         // protocol says it must not while a lease is held, and a peer breaking that can only
         // change the values we read, never memory safety of this process.
         Some(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset), len) })
