@@ -42,6 +42,8 @@ mod session;
 #[cfg(target_os = "linux")]
 mod sys;
 
+pub use sys::discard_private_pages;
+
 /// Helpers for tests of hostile peers (descriptors a misbehaving peer might send).
 #[cfg(target_os = "linux")]
 #[doc(hidden)]

@@ -80,12 +80,27 @@ fn array_interface<'py>(
 #[pyclass(frozen, module = "ferry._native")]
 pub struct TensorRef {
     pub(crate) tensor: Tensor,
+    /// Handed to code that may write into it (torch): its pages are discarded on drop.
+    writable: std::sync::atomic::AtomicBool,
 }
 
 impl TensorRef {
     /// Wraps a tensor.
     pub fn new(tensor: Tensor) -> TensorRef {
-        TensorRef { tensor }
+        TensorRef { tensor, writable: std::sync::atomic::AtomicBool::new(false) }
+    }
+}
+
+impl Drop for TensorRef {
+    fn drop(&mut self) {
+        // Pages written through a torch view became private copies of the shared memory;
+        // dropped here, before the lease goes back, so that the next tensor the peer puts
+        // there is seen as it is.
+        if *self.writable.get_mut()
+            && let Some(b) = self.tensor.host_bytes()
+        {
+            ferry::ferry_shm::discard_private_pages(b.as_ptr() as usize, b.len());
+        }
     }
 }
 
@@ -120,6 +135,13 @@ impl TensorRef {
     #[getter]
     fn data_ptr(&self) -> usize {
         self.tensor.host_bytes().map_or(0, |b| b.as_ptr() as usize)
+    }
+
+    /// Marks the tensor as handed to code that may write into it (torch has no read-only
+    /// tensors): such writes stay in this process (the memory is mapped copy-on-write), and
+    /// the written pages are dropped with the tensor, before its memory goes back to the peer.
+    fn _mark_writable(&self) {
+        self.writable.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// numpy's array interface (host tensors only): read-only, no copy.

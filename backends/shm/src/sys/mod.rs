@@ -205,6 +205,7 @@ impl PeerSegment {
             unsafe { MmapOptions::new().len(ulen).no_reserve_swap().map_copy(&fd) }.map_err(PeerSegmentError::Io)?;
         // The mapping keeps the memory; the descriptor is not needed any more.
         drop(fd);
+        peer_maps().insert(map.as_ptr() as usize, ulen);
         Ok(PeerSegment { map, len: ulen })
     }
 
@@ -231,6 +232,45 @@ impl PeerSegment {
         // change the values we read, never memory safety of this process.
         Some(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset), len) })
     }
+}
+
+impl Drop for PeerSegment {
+    fn drop(&mut self) {
+        // Before the mapping goes (fields drop after this): `discard_private_pages` holds the
+        // registry while it advises, so it never touches an unmapped range.
+        peer_maps().remove(&(self.map.as_ptr() as usize));
+    }
+}
+
+/// The live [`PeerSegment`] mappings of this process: address -> length.
+fn peer_maps() -> std::sync::MutexGuard<'static, BTreeMap<usize, usize>> {
+    static MAPS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+    MAPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Drops this process's private copies of the pages holding `[addr, addr + len)` when
+/// that range lies in a received segment, so that they show the peer's memory again: pages
+/// written by foreign code (a torch tensor over a received tensor) became private copies,
+/// and would otherwise go on hiding what the peer later puts there. Whole pages are
+/// dropped (a tensor of a ferry sender never shares a page: sends of 4 KiB and more are
+/// page-aligned, smaller ones travel inline). Returns whether the range was in a received
+/// segment (otherwise nothing is done).
+pub fn discard_private_pages(addr: usize, len: usize) -> bool {
+    let maps = peer_maps();
+    let Some((&start, &seg_len)) = maps.range(..=addr).next_back() else { return false };
+    let Some(end) = addr.checked_add(len) else { return false };
+    if len == 0 || end > start + seg_len {
+        return false;
+    }
+    let page = rustix::param::page_size();
+    let lo = addr - (addr - start) % page;
+    let hi = (start + (end - start).next_multiple_of(page)).min(start + seg_len);
+    // SAFETY: `[lo, hi)` lies inside a live private mapping of a memfd (the registry lock is
+    // held, and a segment leaves the registry before it is unmapped). MADV_DONTNEED on a
+    // private file mapping only drops this process's copies of written pages; the next read
+    // maps the file's (the peer's) pages again, so no reference into the range dangles.
+    let r = unsafe { rustix::mm::madvise(lo as *mut std::ffi::c_void, hi - lo, rustix::mm::Advice::LinuxDontNeed) };
+    r.is_ok()
 }
 
 /// A memfd of `len` bytes without seals (for tests of the refusal path).
@@ -262,6 +302,33 @@ mod tests {
         drop(r);
         assert!(s.claim(100, 4).is_some(), "released claim can be taken again");
         drop(other);
+    }
+
+    #[test]
+    fn foreign_writes_stay_private_until_discarded() {
+        let len = 1 << 16;
+        let s = OwnSegment::create(len).unwrap();
+        let mut w = s.claim(4096, 8192).unwrap();
+        w.as_mut_slice().fill(1);
+        let p = PeerSegment::open(s.dup_fd().unwrap(), len as u64).unwrap();
+        let at = p.addr() + 4096 + 10;
+        // SAFETY: a test standing in for foreign code (torch) writing into a received
+        // tensor: in bounds of the live private mapping, and no slice of it is alive.
+        unsafe { (at as *mut u8).write(7) };
+        assert_eq!(w.as_slice()[10], 1, "a write of the receiver reached the sender");
+        assert_eq!(p.slice(4096 + 10, 1).unwrap(), [7]);
+        w.as_mut_slice().fill(2); // the sender reuses the memory
+        assert_eq!(p.slice(4096 + 10, 1).unwrap(), [7], "the written page is private");
+        assert_eq!(p.slice(4096 + 4096, 1).unwrap(), [2], "an unwritten page shows the sender's");
+        assert!(discard_private_pages(at, 100));
+        assert_eq!(p.slice(4096 + 10, 1).unwrap(), [2], "the discarded page shows the sender's again");
+        let heap = [5u8; 100];
+        assert!(!discard_private_pages(heap.as_ptr() as usize, heap.len()), "not a received segment");
+        assert!(!discard_private_pages(p.addr(), len + 1), "past the segment");
+        let addr = p.addr();
+        drop(p);
+        assert!(!discard_private_pages(addr, 10), "an unmapped segment");
+        assert_eq!(heap[0], 5);
     }
 
     #[test]

@@ -58,14 +58,17 @@ def to_numpy(ref: _native.TensorRef) -> np.ndarray[Any, Any]:
 
 def to_torch(ref: _native.TensorRef) -> Any:
     """A torch tensor over a received tensor's memory (no copy; bf16 as bfloat16).
-    torch has no read-only tensors: writing into it is an error of the handler (the
-    memory is the peer's, mapped read-only)."""
+    torch has no read-only tensors: a write into it (`x.mul_(2)`) copies the pages it
+    touches into this process (the peer's memory is mapped copy-on-write), so the peer
+    never sees it; such a tensor, returned, is sent as a copy."""
     import torch
+    from torch.utils.dlpack import from_dlpack
 
+    ref._mark_writable()
     a = np.asarray(ref)
     if ref.dtype == "bf16":
-        return torch.from_dlpack(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_dlpack(a)
+        return from_dlpack(a.view(np.int16)).view(torch.bfloat16)
+    return from_dlpack(a)
 
 
 def _host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
@@ -116,8 +119,8 @@ def _received(a: np.ndarray[Any, Any]) -> _native.TensorRef | None:
 
 def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
     """What sends `x`: one of `allocated` when `x` is exactly it, the received tensor
-    when `x` is exactly one (no copy either way), else a new `OutTensor` with `x`'s bytes
-    copied in."""
+    when `x` is a read-only numpy view of exactly one (no copy either way), else a new
+    `OutTensor` with `x`'s bytes copied in."""
     a, dtype = _host_numpy(x)
     if a.flags.c_contiguous:
         ptr = _data_ptr(a)
@@ -133,7 +136,10 @@ def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
         for o in allocated:
             if whole(o):
                 return o
-        r = _received(a)
+        # Only a read-only numpy view of a received tensor goes back as it is: a torch
+        # tensor over one may have been written (torch has no read-only tensors; the write
+        # went to this process's private copy of the pages, not to the peer's memory).
+        r = _received(a) if isinstance(x, np.ndarray) and not x.flags.writeable else None
         if r is not None and whole(r):
             return r
     out = alloc([int(n) for n in a.shape], dtype)
