@@ -30,9 +30,11 @@ pub mod tensors;
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
-        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        // As `ferry serve`: half the CPUs when busy polling (the default), the rest are for
+        // the Python threads and the peers; at most 4 (Python, not the runtime, is the work).
+        let workers = ferry_cli::cli_rpc::default_workers(ferry_cli::cli_rpc::default_busy_poll());
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cpus.clamp(1, 4))
+            .worker_threads(workers.clamp(1, 4))
             .thread_name("ferry-rt")
             .enable_all()
             .build()
