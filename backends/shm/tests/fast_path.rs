@@ -3,26 +3,15 @@
 //! handler answered at once (`EndpointBuilder::busy_poll`), and releases of the peer's
 //! leases batched behind outgoing messages (`ShmOptions::release_batch`, `release_delay`).
 
-use std::future::Future;
-use std::sync::{Arc, Weak};
-use std::task::{Context, Poll, Waker};
+mod common;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{DType, Endpoint, InlineChannel, Message, Pipe, PipeListener, TensorMeta};
-use ferry_pipe::PipeTransport;
-use ferry_shm::{ShmChannel, ShmOptions};
+use common::{T, echo_now, endpoint};
+use ferry_core::{DType, Message, Pipe, PipeListener, TensorMeta};
+use ferry_shm::ShmOptions;
 use serde_json::json;
-
-const T: Duration = Duration::from_secs(20);
-
-fn endpoint(opts: ShmOptions, busy_poll: Duration) -> Endpoint {
-    Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
-        .channel(Arc::new(ShmChannel::with_options(opts)))
-        .channel(Arc::new(InlineChannel))
-        .busy_poll(busy_poll)
-        .build()
-}
 
 async fn pair(opts: ShmOptions, busy_poll: Duration, tag: &str) -> (PipeListener, Pipe, Arc<Pipe>) {
     let addr = format!("unix:ferry-fast-test-{}", ferry_conformance::unique(tag));
@@ -32,20 +21,6 @@ async fn pair(opts: ShmOptions, busy_poll: Duration, tag: &str) -> (PipeListener
     let s = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
     assert_eq!(c.channel(), "shm");
     (l, c, Arc::new(s))
-}
-
-/// Sends `msg` back: at once when the send finishes on its first poll (then true, as a
-/// server answering inline), else in a task (false).
-fn echo_now(pipe: Weak<Pipe>, msg: Message) -> bool {
-    let Some(pipe) = pipe.upgrade() else { return false };
-    let mut send = Box::pin(async move {
-        let _ = pipe.send(msg).await;
-    });
-    if let Poll::Ready(()) = send.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        return true;
-    }
-    tokio::spawn(send);
-    false
 }
 
 /// Polls `f` until it is true (bounded).

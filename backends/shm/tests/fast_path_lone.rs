@@ -3,40 +3,15 @@
 //! in one process would change (it failed there under `cargo test`, whose tests share a
 //! process, though never under nextest, which runs each in its own).
 
-use std::future::Future;
-use std::sync::{Arc, Weak};
-use std::task::{Context, Poll, Waker};
+mod common;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{Endpoint, InlineChannel, Message, Pipe};
-use ferry_pipe::PipeTransport;
-use ferry_shm::{ShmChannel, ShmOptions};
+use common::{T, echo_now, endpoint};
+use ferry_core::Message;
+use ferry_shm::ShmOptions;
 use serde_json::json;
-
-const T: Duration = Duration::from_secs(20);
-
-fn endpoint(opts: ShmOptions, busy_poll: Duration) -> Endpoint {
-    Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
-        .channel(Arc::new(ShmChannel::with_options(opts)))
-        .channel(Arc::new(InlineChannel))
-        .busy_poll(busy_poll)
-        .build()
-}
-
-/// Sends `msg` back at once when the send finishes on its first poll (then true), else in a
-/// task (false).
-fn echo_now(pipe: Weak<Pipe>, msg: Message) -> bool {
-    let Some(pipe) = pipe.upgrade() else { return false };
-    let mut send = Box::pin(async move {
-        let _ = pipe.send(msg).await;
-    });
-    if let Poll::Ready(()) = send.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        return true;
-    }
-    tokio::spawn(send);
-    false
-}
 
 /// The one connection of its listener busy-polls after an answer given at once: its reader
 /// takes a place among the spinning ones, and the next message comes through the spin.

@@ -16,6 +16,7 @@ import os
 from typing import Annotated, Any, Literal
 
 import numpy as np
+from ferry_client import NUMPY_DTYPES
 from ferry_client.tensors import ferry_dtype
 from pydantic import Field
 from typing_extensions import NotRequired, TypedDict
@@ -47,9 +48,6 @@ MAX_SLOW_MS = 600_000
 
 INVALID_PARAMS = -32602
 TENSOR_ERROR = -32006
-
-_ITEMSIZE = {"bool": 1, "u8": 1, "i8": 1, "u16": 2, "i16": 2, "u32": 4, "i32": 4}
-_ITEMSIZE |= {"u64": 8, "i64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
 def invalid(path: str, reason: str) -> ferry.RpcError:
@@ -129,7 +127,7 @@ def _make(ctx: ferry.Context, dtype: str, shape: list[int], path: str = "shape")
     n = 1
     for d in shape:
         n *= d
-    nbytes = n * _ITEMSIZE[dtype]
+    nbytes = n * NUMPY_DTYPES[dtype].itemsize
     if nbytes > MAX_MAKE_BYTES:
         raise invalid(path, f"{nbytes} bytes is over the limit of {MAX_MAKE_BYTES}")
     out = ctx.alloc(shape, dtype)

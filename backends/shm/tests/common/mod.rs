@@ -1,0 +1,38 @@
+//! What the fast-path tests share: their endpoint and an echoing handler.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use ferry_core::{Endpoint, InlineChannel, Message, Pipe};
+use ferry_pipe::PipeTransport;
+use ferry_shm::{ShmChannel, ShmOptions};
+
+/// How long a test waits for anything.
+pub const T: Duration = Duration::from_secs(20);
+
+/// An endpoint of unix sockets, shm (with `opts`) and inline, busy-polling `busy_poll`.
+pub fn endpoint(opts: ShmOptions, busy_poll: Duration) -> Endpoint {
+    Endpoint::builder()
+        .transport(Arc::new(PipeTransport::new()))
+        .channel(Arc::new(ShmChannel::with_options(opts)))
+        .channel(Arc::new(InlineChannel))
+        .busy_poll(busy_poll)
+        .build()
+}
+
+/// Sends `msg` back: at once when the send finishes on its first poll (then true, as a
+/// server answering inline), else in a task (false).
+pub fn echo_now(pipe: Weak<Pipe>, msg: Message) -> bool {
+    let Some(pipe) = pipe.upgrade() else { return false };
+    let mut send = Box::pin(async move {
+        let _ = pipe.send(msg).await;
+    });
+    if let Poll::Ready(()) = send.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        return true;
+    }
+    tokio::spawn(send);
+    false
+}
