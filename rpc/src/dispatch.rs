@@ -15,6 +15,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use ferry_core::{Pipe, Tensor};
@@ -56,6 +57,8 @@ pub(crate) struct Shared {
     pub(crate) doc: OnceLock<Value>,
     /// Connections served now (bounded by [`RpcLimits::max_connections`]).
     pub(crate) connections: AtomicUsize,
+    /// Runs answers instead of `tokio::spawn` ([`crate::ServerBuilder::spawner`]).
+    pub(crate) spawner: Option<crate::server::Spawner>,
 }
 
 /// One served connection's place under [`RpcLimits::max_connections`]; freed when dropped.
@@ -93,6 +96,33 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// Runs the answer to one request or batch (the call, then writing its response).
+    ///
+    /// Normally in a task of its own, even one that would finish at once: a handler doing
+    /// long synchronous work before its first await must not stop the connection's read
+    /// loop from reading the next calls. When every method it calls is cheap (`inline`:
+    /// built-in ones and those marked [`crate::method::MethodDoc::inline`]), it is polled
+    /// once right here instead, and only spawned if it is not done by then (the handler or
+    /// the write waits), which saves a task spawn and a wake-up per call. Futures may be
+    /// polled with a different waker each time, so the first poll's no-op waker is
+    /// harmless: the task's first poll registers its own. Spawning is the server's
+    /// [`crate::ServerBuilder::spawner`] if it has one.
+    /// Returns true when the reader may busy-poll for the next call: the answer finished
+    /// here, or the spawner runs it off the runtime.
+    pub(crate) fn answer_here_or_spawn(&self, answer: impl Future<Output = ()> + Send + 'static, inline: bool) -> bool {
+        let mut answer = Box::pin(answer);
+        if inline && answer.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready() {
+            return true;
+        }
+        match &self.shared.spawner {
+            Some(spawn) => spawn(answer),
+            None => {
+                tokio::spawn(answer);
+                false
+            }
+        }
+    }
+
     /// Calls running (or answered and not yet written) on this connection.
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)

@@ -55,6 +55,6 @@ pub use dispatch::{CancelParams, CancelResult};
 pub use http::HttpOptions;
 pub use limits::RpcLimits;
 pub use method::{CallContext, ConnKind, GivenSchemas, Identity, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
-pub use server::{Server, ServerBuilder};
+pub use server::{Server, ServerBuilder, Spawner};
 pub use task::{TaskState, TaskStatus};
 pub use tensor::{InlineTensor, RpcTensor, TensorMap};

@@ -12,8 +12,8 @@
 //! - When a connection ends, every call still running on it is cancelled, and so are the
 //!   tasks (`ferry.task.*`) it submitted, unless they were submitted `detached`.
 
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Waker};
 
 use ferry_core::{Accepted, ForeignConn, Message, Pipe, PipeError, PipeListener};
 use serde_json::Value;
@@ -36,12 +36,29 @@ pub struct ServerBuilder {
     methods: Methods,
     limits: RpcLimits,
     api: ApiInfo,
+    spawner: Option<Spawner>,
 }
+
+/// Runs answers (a call's handler, then writing its response) that do not finish at once,
+/// instead of `tokio::spawn` (see [`ServerBuilder::spawner`]). Returns true when the answer
+/// runs off the runtime's workers, so that the connection's reader may busy-poll for the
+/// next call meanwhile.
+pub type Spawner = Arc<dyn Fn(Pin<Box<dyn Future<Output = ()> + Send>>) -> bool + Send + Sync>;
 
 impl ServerBuilder {
     /// Sets the limits (default [`RpcLimits::default`]).
     pub fn limits(mut self, limits: RpcLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Runs the server's answers with `spawner` instead of `tokio::spawn`. It gets each
+    /// answer that did not finish when first polled (or is not polled where it starts) and
+    /// must poll it to the end, within the server's runtime: an executor that polls an
+    /// answer on the thread that wakes it (the Python server's handler threads, which then
+    /// write the response themselves instead of waking a runtime worker to).
+    pub fn spawner(mut self, spawner: Spawner) -> Self {
+        self.spawner = Some(spawner);
         self
     }
 
@@ -73,6 +90,7 @@ impl ServerBuilder {
                 api: self.api,
                 doc: OnceLock::new(),
                 connections: std::sync::atomic::AtomicUsize::new(0),
+                spawner: self.spawner,
             }),
             shutdown: CancellationToken::new(),
         }
@@ -103,7 +121,7 @@ pub struct Server {
 impl Server {
     /// A builder serving `methods`.
     pub fn builder(methods: Methods) -> ServerBuilder {
-        ServerBuilder { methods, limits: RpcLimits::default(), api: ApiInfo::default() }
+        ServerBuilder { methods, limits: RpcLimits::default(), api: ApiInfo::default(), spawner: None }
     }
 
     /// A server with default limits.
@@ -320,7 +338,7 @@ impl Server {
                             }
                             drop(out.slots);
                         };
-                        answer_here_or_spawn(answer, inline);
+                        conn.answer_here_or_spawn(answer, inline);
                         continue;
                     }
                 },
@@ -381,31 +399,7 @@ fn answer_message(conn: &Arc<Conn>, pipe: Arc<Pipe>, msg: Message) -> bool {
         }
         drop(out.slots);
     };
-    answer_here_or_spawn(answer, inline)
-}
-
-/// Runs the answer to one request or batch (the call, then writing its response).
-///
-/// Normally in a task of its own, even one that would finish at once: a handler doing long
-/// synchronous work before its first await must not stop the connection's read loop from
-/// reading the next calls. When every method it calls is cheap (`inline`: built-in ones
-/// and those marked [`crate::method::MethodDoc::inline`]), it is polled once right here
-/// instead, and only spawned if it is not done by then (the handler or the write waits),
-/// which saves a task spawn and a wake-up per call. Futures may be polled with a different
-/// waker each time, so the first poll's no-op waker is harmless: the task's first poll
-/// registers its own.
-/// Returns true when it finished here.
-fn answer_here_or_spawn(answer: impl Future<Output = ()> + Send + 'static, inline: bool) -> bool {
-    if !inline {
-        tokio::spawn(answer);
-        return false;
-    }
-    let mut answer = Box::pin(answer);
-    if answer.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_pending() {
-        tokio::spawn(answer);
-        return false;
-    }
-    true
+    conn.answer_here_or_spawn(answer, inline)
 }
 
 /// Sends a response; if it cannot go (a tensor over the peer's limits, a device tensor

@@ -14,27 +14,33 @@
 //!   JSON-RPC.
 //!
 //! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads
-//! (which keep their Python thread state; the GIL released whenever Rust waits), async handlers on the app's asyncio
-//! loop (its own thread), which reports back through [`server::Done`].
+//! (which keep their Python thread state; the GIL released whenever Rust waits), async
+//! handlers on the app's asyncio loop (its own thread), which reports back through
+//! [`server::Done`]. A sync handler's thread writes its response itself ([`answer`]).
 
 use std::sync::OnceLock;
 
 use pyo3::prelude::*;
 
+pub mod answer;
 pub mod pipe;
 pub mod pool;
 pub mod server;
 pub mod tensors;
 
+/// The runtime's worker threads: as `ferry serve`'s, half the CPUs when busy polling (the
+/// default), the rest are for the Python threads and the peers; at most 4 (Python, not the
+/// runtime, is the work).
+pub(crate) fn runtime_workers() -> usize {
+    ferry_cli::cli_rpc::default_workers(ferry_cli::cli_rpc::default_busy_poll()).clamp(1, 4)
+}
+
 /// The runtime every server and pipe of this process runs on.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
-        // As `ferry serve`: half the CPUs when busy polling (the default), the rest are for
-        // the Python threads and the peers; at most 4 (Python, not the runtime, is the work).
-        let workers = ferry_cli::cli_rpc::default_workers(ferry_cli::cli_rpc::default_busy_poll());
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers.clamp(1, 4))
+            .worker_threads(runtime_workers())
             .thread_name("ferry-rt")
             .enable_all()
             .build()

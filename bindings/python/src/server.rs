@@ -21,7 +21,7 @@ use ferry_rpc::method::{ErasedHandler, HandlerFuture};
 use ferry_rpc::{CallContext, ErrorObject, GivenSchemas, MethodInfo, Methods, Reply, RpcLimits};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -41,9 +41,13 @@ fn outcome(py: Python<'_>, o: &Bound<'_, PyAny>) -> Result<Reply, ErrorObject> {
     let bad = |e: PyErr| internal_from(py, &e);
     match t.len() {
         2 => {
-            let text: String = t.get_item(0).and_then(|v| v.extract()).map_err(bad)?;
-            let value: Value =
-                serde_json::from_str(&text).map_err(|e| ErrorObject::internal(format!("result JSON: {e}")))?;
+            let json = t.get_item(0).map_err(bad)?;
+            // `bytes` from pydantic's `dump_json`, `str` from `json.dumps`.
+            let parsed = match json.cast::<PyBytes>() {
+                Ok(b) => serde_json::from_slice(b.as_bytes()),
+                Err(_) => serde_json::from_str(json.extract::<&str>().map_err(bad)?),
+            };
+            let value: Value = parsed.map_err(|e| ErrorObject::internal(format!("result JSON: {e}")))?;
             let outs = t.get_item(1).map_err(bad)?;
             let outs = outs.cast::<PyList>().map_err(|_| ErrorObject::internal("result tensors: not a list"))?;
             let mut tensors = Vec::with_capacity(outs.len());
@@ -85,6 +89,29 @@ fn refs<'py>(py: Python<'py>, tensors: Vec<Tensor>) -> PyResult<Bound<'py, PyLis
 struct PyHandler {
     call: Arc<Py<PyAny>>,
     is_async: bool,
+    /// Its params in positional order.
+    names: Vec<String>,
+}
+
+impl PyHandler {
+    /// The params as a JSON object text for the app's validator: params given by
+    /// position are named here (cheaper than in Python), too many is an error.
+    fn params_text(&self, params: Value) -> Result<String, ErrorObject> {
+        let Value::Array(values) = params else { return Ok(params.to_string()) };
+        if values.len() > self.names.len() {
+            return Err(ErrorObject::invalid_params(
+                "",
+                format!(
+                    "{} params given by position; it takes {} ({})",
+                    values.len(),
+                    self.names.len(),
+                    self.names.join(", ")
+                ),
+            ));
+        }
+        let named: serde_json::Map<String, Value> = self.names.iter().cloned().zip(values).collect();
+        Ok(Value::Object(named).to_string())
+    }
 }
 
 impl ErasedHandler for PyHandler {
@@ -95,7 +122,7 @@ impl ErasedHandler for PyHandler {
                 // Plain JSON and HTTP callers send tensors inline: Python sees references only.
                 ferry_rpc::tensor::inline_to_refs(&mut v, &mut tensors)
                     .map_err(|e| ErrorObject::invalid_params("", e))?;
-                Some(v.to_string())
+                Some(self.params_text(v)?)
             }
             None => None,
         };
@@ -111,7 +138,7 @@ impl ErasedHandler for PyHandler {
                     Err(e) => Err(internal_from(py, &e)),
                 };
                 // The call may be gone (cancelled): then nobody waits for its answer.
-                let _ = tx.send(r);
+                let _ = crate::answer::delivering(|| tx.send(r));
             });
             return Ok(Box::pin(async move {
                 rx.await.unwrap_or_else(|_| Err(ErrorObject::internal("the handler's thread ended without an answer")))
@@ -125,7 +152,7 @@ impl ErasedHandler for PyHandler {
                 Ok(refs) => call.call1(py, (params, refs, Context { ctx }, done)).map_err(|e| internal_from(py, &e)),
                 Err(e) => Err(internal_from(py, &e)),
             };
-            let _ = started_tx.send(r);
+            let _ = crate::answer::delivering(|| started_tx.send(r));
         });
         Ok(Box::pin(async move {
             let handle = started
@@ -262,7 +289,8 @@ impl Server {
             let mut b = ferry_rpc::Server::builder(methods.unwrap_or_default())
                 .limits(self.limits)
                 .title(self.title.clone())
-                .version(self.version.clone());
+                .version(self.version.clone())
+                .spawner(crate::answer::spawner());
             if let Some(d) = &self.description {
                 b = b.description(d.clone());
             }
@@ -364,7 +392,7 @@ impl Server {
             params: parse_json("params_schema", params_schema)?,
             result: parse_json("result_schema", result_schema)?,
             defs,
-            param_names,
+            param_names: param_names.clone(),
         };
         let info = MethodInfo {
             name: name.to_owned(),
@@ -377,7 +405,7 @@ impl Server {
             additional_params: allow_unknown_params,
             given: Some(Arc::new(given)),
         };
-        let handler = Arc::new(PyHandler { call: Arc::new(call), is_async });
+        let handler = Arc::new(PyHandler { call: Arc::new(call), is_async, names: param_names });
         let doc = methods.register_erased(handler, info).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let doc = if allow_unknown_params { doc.allow_unknown_params() } else { doc };
         if let Some(n) = concurrency {
@@ -426,6 +454,7 @@ impl Server {
             Some(us) => Duration::from_micros(us),
             None => ferry_cli::cli_rpc::default_busy_poll(),
         };
+        crate::pool::set_spin(busy_poll);
         let opts = ServeOptions {
             addrs,
             http,

@@ -78,6 +78,31 @@ def test_async_handler_cancelled_by_ferry_cancel(
     wait_until(recorded(client, key, "cancelled"), "CancelledError in the coroutine")
 
 
+def test_sync_handler_deaf_to_cancel_is_answered_at_once(
+    served: Served, client: ferry.Client, key: str
+) -> None:
+    """`ferry.cancel` answers a sync call whose handler ignores it while the handler still
+    runs (its thread writes responses itself, but does not hold the call's answer), and the
+    handler's own outcome, when it comes, goes nowhere."""
+    plain = PlainJson(served.addr)
+    try:
+        plain.send({"jsonrpc": "2.0", "method": "hang", "params": [key], "id": "hung-1"})
+        wait_until(recorded(client, key, "running"), "the call to start")
+        plain.send({"jsonrpc": "2.0", "method": "ferry.cancel", "params": {"id": "hung-1"}})
+        r = plain.receive()
+        assert r["id"] == "hung-1"
+        assert r["error"]["code"] == CANCELLED
+        # Answered while the handler is still blocked in it.
+        assert client.call("record", [key]) == "running"
+        assert client.call("release", [key]) is True
+        wait_until(recorded(client, key, "released"), "the handler to end")
+        # The connection goes on: the late outcome was dropped, not sent.
+        plain.send({"jsonrpc": "2.0", "method": "add", "params": [1, 2], "id": 7})
+        assert plain.receive() == {"jsonrpc": "2.0", "result": 3.0, "id": 7}
+    finally:
+        plain.close()
+
+
 def test_async_results(client: ferry.Client) -> None:
     assert client.call("async_add", [2, 3]) == 5
     assert client.call("async_add", {"a": -1, "b": 1}) == 0

@@ -33,6 +33,7 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
         api: ApiInfo::default(),
         doc: OnceLock::new(),
         connections: std::sync::atomic::AtomicUsize::new(0),
+        spawner: None,
     });
     Conn::new(shared, peer(), None)
 }
@@ -161,6 +162,7 @@ async fn non_finite_results_are_errors() {
         api: ApiInfo::default(),
         doc: OnceLock::new(),
         connections: std::sync::atomic::AtomicUsize::new(0),
+        spawner: None,
     });
     let c = Conn::new(shared, peer(), None);
     let r = finish(c.start(json!({"jsonrpc": "2.0", "method": "add", "params": [1e308, 1e308], "id": 1}), vec![]))

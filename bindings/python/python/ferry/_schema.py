@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import typing
 from collections.abc import Callable
 from typing import Annotated, Any, get_args, get_origin
@@ -180,21 +179,18 @@ class Signature:
     result_schema: dict[str, Any]
     defs: dict[str, Any]
 
+    result_json: Callable[..., bytes] | None = None
+    """`result`'s `dump_json` where it writes what `dump_python` + `json.dumps` would
+    (plain types under `_RESULT_CONFIG`), else None."""
+
     def validate(self, params_text: str | None, refs: list[_native.TensorRef]) -> dict[str, Any]:
-        """The keyword arguments of a call. Raises `pydantic.ValidationError` or
-        `ValueError` (too many positional params)."""
-        if params_text is None:
-            params_text = "{}"
-        elif params_text.startswith("["):
-            values = json.loads(params_text)
-            if len(values) > len(self.names):
-                raise ValueError(
-                    f"{len(values)} params given by position; it takes {len(self.names)}"
-                    f" ({', '.join(self.names)})"
-                )
-            params_text = json.dumps(dict(zip(self.names, values, strict=False)))
-        m = self.model.model_validate_json(params_text, strict=True, context={"tensors": refs})
-        return {n: getattr(m, n) for n in self.names}
+        """The keyword arguments of a call, from its params by name (the server turns
+        params by position into names). Raises `pydantic.ValidationError`."""
+        m = self.model.model_validate_json(
+            params_text or "{}", strict=True, context={"tensors": refs}
+        )
+        # The model forbids extra fields: its fields are the params (callers do not change it).
+        return m.__dict__
 
 
 def signature(fn: Callable[..., Any], context_type: type) -> Signature:
@@ -225,18 +221,21 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
     params_schema = _split_defs(model.model_json_schema(ref_template=REF_TEMPLATE), defs)
     params_schema.pop("title", None)
     ret = hints.get("return", sig.return_annotation)
+    result_json = None
     if ret is inspect.Signature.empty or ret is Any:
         result = None
         result_schema: dict[str, Any] = {}
     else:
-        result = pydantic.TypeAdapter(
-            rewrite(ret),
-            config=_RESULT_CONFIG if _needs_config(ret) else None,
-        )
+        plain = _needs_config(ret)
+        result = pydantic.TypeAdapter(rewrite(ret), config=_RESULT_CONFIG if plain else None)
         result_schema = _split_defs(
             result.json_schema(ref_template=REF_TEMPLATE, mode="serialization"), defs
         )
-    return Signature(names, ctx_param, model, result, params_schema, result_schema, defs)
+        if plain:
+            result_json = result.dump_json
+    return Signature(
+        names, ctx_param, model, result, params_schema, result_schema, defs, result_json
+    )
 
 
 _RESULT_CONFIG = ConfigDict(arbitrary_types_allowed=True, ser_json_inf_nan="constants")
