@@ -58,7 +58,7 @@ class Encoding:
 
 def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
     def validate(value: Any, info: pydantic.ValidationInfo) -> Any:
-        if _tensors.is_tensor_like(value):
+        if not isinstance(value, dict) and _tensors.is_tensor_like(value):
             return value  # a model built in Python (a result): the array itself
         refs = info.context.get("tensors") if isinstance(info.context, dict) else None
         i = value.get("$tensor") if isinstance(value, dict) and len(value) == 1 else None

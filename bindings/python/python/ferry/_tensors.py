@@ -26,9 +26,10 @@ Alloc = Callable[[list[int], str], _native.OutTensor]
 try:  # bf16 as a real numpy dtype when ml_dtypes is installed (ferry[bf16]).
     import ml_dtypes
 
-    _BF16_NUMPY: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    _ML_BF16: np.dtype[Any] | None = np.dtype(ml_dtypes.bfloat16)
 except ImportError:  # pragma: no cover - depends on the environment
-    _BF16_NUMPY = BF16
+    _ML_BF16 = None
+_BF16_NUMPY: np.dtype[Any] = BF16 if _ML_BF16 is None else _ML_BF16
 
 
 def _torch() -> Any:
@@ -91,7 +92,7 @@ def _host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
         a = np.asarray(x)
     else:
         a = np.from_dlpack(x)
-    if a.dtype.name == "bfloat16":  # ml_dtypes' (`BF16`-tagged uint16: ferry_dtype)
+    if _ML_BF16 is not None and a.dtype == _ML_BF16:  # (`BF16`-tagged uint16: ferry_dtype)
         return a.view(np.uint16), "bf16"
     return a, ferry_dtype(a.dtype)
 
@@ -123,15 +124,15 @@ def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
     `OutTensor` with `x`'s bytes copied in."""
     a, dtype = _host_numpy(x)
     if a.flags.c_contiguous:
-        ptr = _data_ptr(a)
+        ptr: int | None = None
 
         def whole(t: Out) -> bool:  # `a` is exactly `t` (not a part, nor another type)
-            return (
-                t.data_ptr == ptr
-                and t.nbytes == a.nbytes
-                and list(t.shape) == list(a.shape)
-                and t.dtype == dtype
-            )
+            nonlocal ptr
+            if t.nbytes != a.nbytes or t.dtype != dtype or tuple(t.shape) != a.shape:
+                return False
+            if ptr is None:
+                ptr = _data_ptr(a)
+            return t.data_ptr == ptr
 
         for o in allocated:
             if whole(o):
