@@ -32,7 +32,13 @@ pub mod tensors;
 /// default), the rest are for the Python threads and the peers; at most 4 (Python, not the
 /// runtime, is the work).
 pub(crate) fn runtime_workers() -> usize {
-    ferry_cli::cli_rpc::default_workers(ferry_cli::cli_rpc::default_busy_poll()).clamp(1, 4)
+    ferry_cli::cli_rpc::default_workers(busy_poll()).clamp(1, 4)
+}
+
+/// `ferry serve`'s default busy-poll window, counted once (counting CPUs reads cgroup files).
+pub(crate) fn busy_poll() -> std::time::Duration {
+    static D: OnceLock<std::time::Duration> = OnceLock::new();
+    *D.get_or_init(ferry_cli::cli_rpc::default_busy_poll)
 }
 
 /// The runtime every server and pipe of this process runs on.

@@ -2,6 +2,7 @@
 //! TensorPipe offers them: a message is a JSON header and tensors, zero-copy over shm in
 //! both directions. Every wait releases the GIL.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,32 @@ fn endpoint(token: Option<String>) -> Endpoint {
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> PyErr {
     PyConnectionError::new_err(format!("{what}: {e}"))
+}
+
+/// The next message if it comes within the busy-poll window (`ferry serve`'s default):
+/// looked for without parking this thread, so that a reply arriving soon costs no thread
+/// wake-up (a peer answering at once is the common case of a request/response pipe).
+fn spin_recv(p: &ferry_core::Pipe) -> Option<Result<ferry_core::Message, ferry_core::PipeError>> {
+    let window = crate::busy_poll();
+    if window.is_zero() {
+        return None;
+    }
+    let _rt = runtime().enter();
+    let until = std::time::Instant::now() + window;
+    loop {
+        // `recv` is cancel-safe: a future dropped unfinished takes nothing.
+        let mut recv = std::pin::pin!(p.recv());
+        if let std::task::Poll::Ready(r) =
+            recv.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        {
+            return Some(r);
+        }
+        if std::time::Instant::now() >= until {
+            return None;
+        }
+        // Not `spin_loop`: the runtime worker that reads the message may share this CPU.
+        std::thread::yield_now();
+    }
 }
 
 /// A listening address.
@@ -136,6 +163,9 @@ impl Pipe {
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
         let p = self.pipe.clone();
         let r = py.detach(|| {
+            if let Some(r) = spin_recv(&p) {
+                return Some(r);
+            }
             runtime().block_on(async {
                 match timeout {
                     Some(s) => tokio::time::timeout(Duration::from_secs_f64(s.max(0.0)), p.recv()).await.ok(),

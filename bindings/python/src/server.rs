@@ -452,7 +452,7 @@ impl Server {
                 )));
             }
             Some(us) => Duration::from_micros(us),
-            None => ferry_cli::cli_rpc::default_busy_poll(),
+            None => crate::busy_poll(),
         };
         crate::pool::set_spin(busy_poll);
         let opts = ServeOptions {
