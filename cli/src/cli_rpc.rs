@@ -39,8 +39,9 @@ pub fn default_workers(busy_poll: Duration) -> usize {
     if busy_poll.is_zero() { cpus } else { (cpus / 2).max(1) }
 }
 
-/// Who may call `ferry serve`: its `--token`, `--allow-unauthenticated`,
-/// `--http-allow-origin` and `--http-allow-host` (threat model in SECURITY.md).
+/// Who may call `ferry serve` and how much one caller may hold: its `--token`,
+/// `--allow-unauthenticated`, `--http-allow-origin`, `--http-allow-host` (threat model in
+/// SECURITY.md), `--max-connections` and `--max-queued-answers`.
 #[derive(Debug, Clone)]
 pub struct Access {
     /// Every client must present this bearer token: ferry clients in their handshake
@@ -55,6 +56,10 @@ pub struct Access {
     pub http_allow_hosts: Vec<String>,
     /// Connections served at once (`--max-connections`, [`ferry_rpc::RpcLimits::max_connections`]).
     pub max_connections: usize,
+    /// [`ferry_rpc::RpcLimits::max_queued_answers`] (`--max-queued-answers`).
+    pub max_queued_answers: usize,
+    /// [`ferry_rpc::RpcLimits::max_queued_answer_bytes`] (`--max-queued-answer-mib`).
+    pub max_queued_answer_bytes: u64,
 }
 
 impl Access {
@@ -96,7 +101,10 @@ pub async fn serve(
     shm_pool: Option<u64>,
     access: &Access,
 ) -> anyhow::Result<()> {
-    let limits = ferry_rpc::RpcLimits::default().max_connections(access.max_connections);
+    let limits = ferry_rpc::RpcLimits::default()
+        .max_connections(access.max_connections)
+        .max_queued_answers(access.max_queued_answers)
+        .max_queued_answer_bytes(access.max_queued_answer_bytes);
     let server = match api {
         crate::sdk::Api::Demo => crate::demo::server_with(limits),
         crate::sdk::Api::Conformance => crate::conformance_api::server_with(limits),

@@ -110,6 +110,14 @@ enum Cmd {
         /// a message naming this option.
         #[arg(long, value_name = "N", default_value_t = 512)]
         max_connections: usize,
+        /// Answers one connection holds that are not written yet (running calls and error
+        /// answers included); at this many the server stops reading that connection until
+        /// some leave, so a client that never reads its answers stalls in its own writes.
+        #[arg(long, value_name = "N", default_value_t = 256)]
+        max_queued_answers: usize,
+        /// As --max-queued-answers, in MiB of responses (one bigger response still goes).
+        #[arg(long, value_name = "MIB", default_value_t = 64)]
+        max_queued_answer_mib: u64,
     },
     /// Generate a typed client (python or typescript) from a server's OpenRPC document.
     #[cfg(feature = "rpc")]
@@ -311,6 +319,8 @@ fn main() -> ExitCode {
                 http_allow_host,
                 shm_pool_mib,
                 max_connections,
+                max_queued_answers,
+                max_queued_answer_mib,
             } => {
                 let busy_poll = serve_busy_poll(busy_poll_us)?;
                 let access = ferry_cli::cli_rpc::Access {
@@ -319,6 +329,8 @@ fn main() -> ExitCode {
                     http_allow_origins: http_allow_origin,
                     http_allow_hosts: http_allow_host,
                     max_connections,
+                    max_queued_answers,
+                    max_queued_answer_bytes: max_queued_answer_mib.saturating_mul(1 << 20),
                 };
                 let shm_pool = shm_pool_mib.map(|m| m.saturating_mul(1 << 20));
                 ferry_cli::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await

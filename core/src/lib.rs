@@ -46,7 +46,7 @@ pub use error::{ChannelError, CodecError, LimitError, MetaError, PipeError, Prot
 pub use inline::InlineChannel;
 pub use message::Message;
 pub use meta::{MAX_DIMS, TensorMeta};
-pub use pipe::{MessageHandler, Pipe, PipeInfo};
+pub use pipe::{Handled, MessageHandler, Pipe, PipeInfo};
 pub use tensor::{ALIGN, AlignedBuf, DeviceBuffer, Storage, Tensor, TensorMut, WritableStorage};
 pub use transport::{Address, BusyPoll, ConnInfo, Connection, FdQueue, Listener, Split, Transport, TransportHandle};
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};

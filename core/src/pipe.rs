@@ -8,6 +8,7 @@
 //! fails: `recv` returns the error once, then [`PipeError::Closed`].
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -72,9 +73,21 @@ struct HandlerSlot {
 }
 
 /// Takes each received message in the pipe's reader task (see [`Pipe::set_handler`]).
-/// Returns true when it has answered the message, or started nothing that still waits to
-/// run: the reader may then busy-poll for the next one ([`crate::BusyPoll`]).
-pub type MessageHandler = Box<dyn FnMut(Message) -> bool + Send>;
+pub type MessageHandler = Box<dyn FnMut(Message) -> Handled + Send>;
+
+/// What a [`MessageHandler`] did with a message: what the reader does next.
+pub enum Handled {
+    /// Answered it, or started nothing that still waits to run: the reader may busy-poll
+    /// for the next message ([`crate::BusyPoll`]).
+    Done,
+    /// Started work that goes on elsewhere: the reader waits for the next message the
+    /// ordinary way.
+    Started,
+    /// Started work, and the handler's bound on work not yet finished is full: the reader
+    /// reads nothing more until this future ends (a peer sending faster than its answers
+    /// leave is held back by its own writes, not by the receiver's memory).
+    Pause(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
 
 /// One negotiated connection. `send` and `recv` take `&self`: share a pipe between tasks
 /// with an `Arc` (concurrent sends are serialised; each message goes out whole).
@@ -250,8 +263,8 @@ impl Pipe {
     /// task as soon as the message is decoded, instead of queueing it for [`Pipe::recv`]:
     /// no queue and no second task between the socket and the handler, the lowest latency
     /// (a server answering requests). `handler` must return quickly: it may answer at once
-    /// what is cheap, and should spawn anything that waits. Its return value allows the
-    /// reader to busy-poll ([`crate::EndpointBuilder::busy_poll`]).
+    /// what is cheap, and should spawn anything that waits. Its [`Handled`] allows the
+    /// reader to busy-poll ([`crate::EndpointBuilder::busy_poll`]), or pauses it.
     ///
     /// Messages received before the call are still queued for `recv`; after them, `recv`
     /// returns only the error that ends the pipe. The handler is dropped when the pipe
@@ -505,15 +518,32 @@ async fn read_frames(
                     }
                     continue;
                 };
-                let idle = handler(msg);
-                reader.arm_busy_poll(idle);
-                let mut slot = shared.handler_slot();
-                // Unless it was replaced or cleared meanwhile.
-                if slot.generation == generation && slot.handler.is_none() {
-                    slot.handler = Some(handler);
-                } else {
-                    drop(slot);
-                    drop(handler);
+                let pause = match handler(msg) {
+                    Handled::Done => {
+                        reader.arm_busy_poll(true);
+                        None
+                    }
+                    Handled::Started => {
+                        reader.arm_busy_poll(false);
+                        None
+                    }
+                    Handled::Pause(until) => {
+                        reader.arm_busy_poll(false);
+                        Some(until)
+                    }
+                };
+                {
+                    let mut slot = shared.handler_slot();
+                    // Unless it was replaced or cleared meanwhile.
+                    if slot.generation == generation && slot.handler.is_none() {
+                        slot.handler = Some(handler);
+                    } else {
+                        drop(slot);
+                        drop(handler);
+                    }
+                }
+                if let Some(until) = pause {
+                    until.await;
                 }
             }
             Ok(None) => {}

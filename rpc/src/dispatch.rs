@@ -30,6 +30,7 @@ use crate::jsonrpc::{self, Entry, Incoming, failure, success};
 use crate::limits::RpcLimits;
 use crate::method::{CallContext, HandlerFuture, Methods, PeerInfo, Reply, decode_params, encode_result};
 use crate::openrpc::ApiInfo;
+use crate::outbox::Outbox;
 use crate::task::{ResultParams, SubmitParams, Submitted, Submitter, TaskParams, TaskTable};
 use crate::tensor::shift_refs;
 
@@ -93,6 +94,8 @@ pub(crate) struct Conn {
     calls: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// Cancelled when the connection ends: every call still running is cancelled.
     pub(crate) closed: CancellationToken,
+    /// Its answers not yet written.
+    pub(crate) outbox: Arc<Outbox>,
 }
 
 impl Conn {
@@ -190,13 +193,14 @@ fn respond(id: Value, r: Result<Reply, ErrorObject>) -> Reply {
 impl Conn {
     pub(crate) fn new(shared: Arc<Shared>, peer: PeerInfo, pipe: Option<Arc<Pipe>>) -> Arc<Conn> {
         Arc::new(Conn {
-            shared,
             peer: Arc::new(peer),
             pipe,
             in_flight: AtomicUsize::new(0),
             seq: AtomicU64::new(0),
             calls: Mutex::new(HashMap::new()),
             closed: CancellationToken::new(),
+            outbox: Outbox::new(shared.limits.max_queued_answers, shared.limits.max_queued_answer_bytes),
+            shared,
         })
     }
 

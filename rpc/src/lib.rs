@@ -42,6 +42,7 @@ pub mod jsonrpc;
 pub mod limits;
 pub mod method;
 pub mod openrpc;
+mod outbox;
 pub mod pending;
 pub mod server;
 mod strict;

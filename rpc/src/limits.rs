@@ -10,6 +10,15 @@ pub struct RpcLimits {
     /// Calls (and notifications) running at once on one connection; one more is answered
     /// with a limit error at once (default 64). Batch elements count one each.
     pub max_in_flight: usize,
+    /// Answers one connection holds that are not written yet (running calls included, and
+    /// every error answer): at this many, the server stops reading the connection until
+    /// answers leave (default 256). A client that sends calls and never reads the answers
+    /// then stalls in its own writes instead of growing the server.
+    pub max_queued_answers: usize,
+    /// Bytes of responses one connection holds that are not written yet; as
+    /// [`RpcLimits::max_queued_answers`] (default 64 MiB; one bigger response still goes,
+    /// alone).
+    pub max_queued_answer_bytes: u64,
     /// Bytes in one request line (plain JSON on the socket) or one HTTP body (default
     /// 64 MiB). Requests on ferry pipes are bounded by the pipe's own
     /// [`ferry_core::Limits`] instead.
@@ -48,6 +57,8 @@ impl Default for RpcLimits {
     fn default() -> Self {
         RpcLimits {
             max_in_flight: 64,
+            max_queued_answers: 256,
+            max_queued_answer_bytes: 64 << 20,
             max_request_bytes: 64 << 20,
             max_batch: 1024,
             idle_timeout: Duration::from_secs(300),
@@ -67,6 +78,20 @@ impl RpcLimits {
     #[must_use]
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_queued_answers`] (at least 1).
+    #[must_use]
+    pub fn max_queued_answers(mut self, n: usize) -> Self {
+        self.max_queued_answers = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_queued_answer_bytes`] (at least 1).
+    #[must_use]
+    pub fn max_queued_answer_bytes(mut self, n: u64) -> Self {
+        self.max_queued_answer_bytes = n.max(1);
         self
     }
 

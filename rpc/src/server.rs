@@ -15,7 +15,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
-use ferry_core::{Accepted, ForeignConn, Message, Pipe, PipeError, PipeListener};
+use ferry_core::{Accepted, ForeignConn, Handled, Message, Pipe, PipeError, PipeListener};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -27,6 +27,7 @@ use crate::jsonrpc::failure;
 use crate::limits::RpcLimits;
 use crate::method::{ConnKind, Identity, Methods, PeerInfo, Reply, next_connection_id};
 use crate::openrpc::ApiInfo;
+use crate::outbox::{Ticket, json_len};
 use crate::task::TaskTable;
 use crate::tensor::refs_to_inline;
 
@@ -241,7 +242,10 @@ impl Server {
         // no second task between the socket and the call. (The handler holds the pipe
         // through `conn`; the pipe drops it when it ends, and so does this loop.)
         let (c, weak) = (conn.clone(), Arc::downgrade(&pipe));
-        pipe.set_handler(Box::new(move |msg| weak.upgrade().is_some_and(|pipe| answer_message(&c, pipe, msg))));
+        pipe.set_handler(Box::new(move |msg| match weak.upgrade() {
+            Some(pipe) => answer_message(&c, pipe, msg),
+            None => Handled::Started,
+        }));
         // However this ends (the pipe ends, shutdown, or this future is dropped): no more
         // answers, calls still running cancelled, the cycle through the handler broken.
         let _end = EndServing { pipe: pipe.clone(), conn: conn.clone() };
@@ -252,7 +256,9 @@ impl Server {
                 _ = self.shutdown.cancelled() => break,
             };
             let Ok(msg) = msg else { break };
-            answer_message(&conn, pipe.clone(), msg);
+            if let Handled::Pause(room) = answer_message(&conn, pipe.clone(), msg) {
+                room.await;
+            }
         }
     }
 
@@ -274,17 +280,31 @@ impl Server {
         let conn = Conn::new(self.shared.clone(), peer, None);
         let max = self.shared.limits.max_request_bytes;
         let max_inline = self.shared.limits.max_inline_bytes;
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(self.shared.limits.max_in_flight.max(1));
+        // Each line travels with its answer's ticket, dropped once the line is written.
+        let (tx, mut rx) = mpsc::channel::<(Vec<u8>, Ticket)>(self.shared.limits.max_in_flight.max(1));
         let writer = tokio::spawn(async move {
-            while let Some(buf) = rx.recv().await {
+            while let Some((buf, ticket)) = rx.recv().await {
                 if write.write_all(&buf).await.is_err() || write.flush().await.is_err() {
                     break;
                 }
+                drop(ticket);
             }
         });
+        let line_for = |line: Vec<u8>| {
+            let mut ticket = conn.outbox.ticket();
+            ticket.add_bytes(line.len() as u64);
+            (line, ticket)
+        };
         let mut buf = Vec::new();
         let (idle, line_timeout) = (self.shared.limits.idle_timeout, self.shared.limits.request_timeout);
         loop {
+            // A client that does not read its answers: read nothing more until some leave.
+            if conn.outbox.full() {
+                tokio::select! {
+                    () = conn.outbox.room() => {}
+                    _ = self.shutdown.cancelled() => break,
+                }
+            }
             // Waiting for a request: a connection with nothing running is closed after
             // `idle_timeout`; one whose calls still run waits for them.
             let first = tokio::select! {
@@ -311,7 +331,8 @@ impl Server {
                             line_timeout.as_millis() as u64 + 1,
                             line_timeout.as_millis() as u64,
                         );
-                        let _ = tx.send(inline_line(Reply { value: failure(Value::Null, e), tensors: Vec::new() }, 0)).await;
+                        let line = inline_line(Reply { value: failure(Value::Null, e), tensors: Vec::new() }, 0);
+                        let _ = tx.send(line_for(line)).await;
                         break;
                     }
                 },
@@ -329,12 +350,15 @@ impl Server {
                     Err(e) => failure(Value::Null, ErrorObject::parse_error(e)),
                     Ok(v) => {
                         let inline = conn.runs_inline(&v);
+                        let mut ticket = conn.outbox.ticket();
                         let work = conn.start(v, Vec::new());
                         let tx = tx.clone();
                         let answer = async move {
                             let out = work.await;
                             if let Some(reply) = out.reply {
-                                let _ = tx.send(inline_line(reply, max_inline)).await;
+                                let line = inline_line(reply, max_inline);
+                                ticket.add_bytes(line.len() as u64);
+                                let _ = tx.send((line, ticket)).await;
                             }
                             drop(out.slots);
                         };
@@ -343,7 +367,7 @@ impl Server {
                     }
                 },
             };
-            if tx.send(inline_line(Reply { value: v, tensors: Vec::new() }, max_inline)).await.is_err() {
+            if tx.send(line_for(inline_line(Reply { value: v, tensors: Vec::new() }, max_inline))).await.is_err() {
                 break;
             }
         }
@@ -387,19 +411,28 @@ impl Drop for EndServing {
     }
 }
 
-/// Starts answering one ferry message (a request or a batch); true when it is answered
-/// already (nothing was left running).
-fn answer_message(conn: &Arc<Conn>, pipe: Arc<Pipe>, msg: Message) -> bool {
+/// Starts answering one ferry message (a request or a batch): [`Handled::Done`] when it is
+/// answered already (nothing was left running), [`Handled::Pause`] when the connection's
+/// answers not yet written are at their bound ([`crate::RpcLimits::max_queued_answers`]).
+fn answer_message(conn: &Arc<Conn>, pipe: Arc<Pipe>, msg: Message) -> Handled {
     let inline = conn.runs_inline(&msg.header);
+    let mut ticket = conn.outbox.ticket();
     let work = conn.start(msg.header, msg.tensors);
     let answer = async move {
         let out = work.await;
         if let Some(reply) = out.reply {
+            ticket.add_bytes(json_len(&reply.value));
             send_reply(&pipe, reply).await;
         }
         drop(out.slots);
+        drop(ticket);
     };
-    conn.answer_here_or_spawn(answer, inline)
+    let idle = conn.answer_here_or_spawn(answer, inline);
+    if conn.outbox.full() {
+        let c = conn.clone();
+        return Handled::Pause(Box::pin(async move { c.outbox.room().await }));
+    }
+    if idle { Handled::Done } else { Handled::Started }
 }
 
 /// Sends a response; if it cannot go (a tensor over the peer's limits, a device tensor

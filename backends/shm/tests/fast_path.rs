@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{T, echo_now, endpoint};
-use ferry_core::{DType, Message, Pipe, PipeListener, TensorMeta};
+use ferry_core::{DType, Handled, Message, Pipe, PipeListener, TensorMeta};
 use ferry_shm::ShmOptions;
 use serde_json::json;
 
@@ -82,7 +82,7 @@ async fn a_handler_that_spawns_is_not_held_up_by_busy_polling() {
                 let _ = p.send(m).await;
             }
         });
-        false
+        Handled::Started
     }));
     for i in 0..50 {
         c.send(Message::new(json!(i))).await.unwrap();
@@ -132,7 +132,7 @@ async fn the_handler_is_dropped_when_the_pipe_ends() {
     s.set_handler(Box::new(move |m| {
         let _ = (&held, &w);
         drop(m);
-        true
+        Handled::Done
     }));
     c.send(Message::new(json!("hi"))).await.unwrap();
     c.close().await;
@@ -176,7 +176,7 @@ async fn a_handler_cleared_while_it_runs_is_not_put_back() {
             p.clear_handler();
         }
         drop(m);
-        true
+        Handled::Done
     }));
     for i in 0..3 {
         c.send(Message::new(json!(i))).await.unwrap();

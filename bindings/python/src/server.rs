@@ -309,7 +309,8 @@ impl Server {
     /// `ferry_rpc::RpcLimits`); `None` keeps the default.
     #[new]
     #[pyo3(signature = (title, version, description=None, *, max_connections=None, max_in_flight=None,
-        max_request_bytes=None, max_tasks=None, max_tasks_per_identity=None, idle_timeout=None))]
+        max_request_bytes=None, max_tasks=None, max_tasks_per_identity=None, idle_timeout=None,
+        max_queued_answers=None, max_queued_answer_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         title: String,
@@ -321,6 +322,8 @@ impl Server {
         max_tasks: Option<usize>,
         max_tasks_per_identity: Option<usize>,
         idle_timeout: Option<f64>,
+        max_queued_answers: Option<usize>,
+        max_queued_answer_bytes: Option<u64>,
     ) -> PyResult<Server> {
         let mut limits = RpcLimits::default();
         if let Some(n) = max_connections {
@@ -337,6 +340,12 @@ impl Server {
         }
         if let Some(n) = max_tasks_per_identity {
             limits = limits.max_tasks_per_identity(n);
+        }
+        if let Some(n) = max_queued_answers {
+            limits = limits.max_queued_answers(n);
+        }
+        if let Some(n) = max_queued_answer_bytes {
+            limits = limits.max_queued_answer_bytes(n);
         }
         if let Some(s) = idle_timeout {
             if !(s.is_finite() && s > 0.0) {
@@ -466,6 +475,8 @@ impl Server {
                 http_allow_origins: http_allow_origin,
                 http_allow_hosts: http_allow_host,
                 max_connections: self.limits.max_connections,
+                max_queued_answers: self.limits.max_queued_answers,
+                max_queued_answer_bytes: self.limits.max_queued_answer_bytes,
             },
         };
         let bound = py

@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ferry_core::{Endpoint, InlineChannel, Message, Pipe};
+use ferry_core::{Endpoint, Handled, InlineChannel, Message, Pipe};
 use ferry_pipe::PipeTransport;
 use ferry_shm::{ShmChannel, ShmOptions};
 
@@ -25,14 +25,14 @@ pub fn endpoint(opts: ShmOptions, busy_poll: Duration) -> Endpoint {
 
 /// Sends `msg` back: at once when the send finishes on its first poll (then true, as a
 /// server answering inline), else in a task (false).
-pub fn echo_now(pipe: Weak<Pipe>, msg: Message) -> bool {
-    let Some(pipe) = pipe.upgrade() else { return false };
+pub fn echo_now(pipe: Weak<Pipe>, msg: Message) -> Handled {
+    let Some(pipe) = pipe.upgrade() else { return Handled::Started };
     let mut send = Box::pin(async move {
         let _ = pipe.send(msg).await;
     });
     if let Poll::Ready(()) = send.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        return true;
+        return Handled::Done;
     }
     tokio::spawn(send);
-    false
+    Handled::Started
 }

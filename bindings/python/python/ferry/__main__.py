@@ -94,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-in-flight", type=int, metavar="N", help="calls in flight per connection")
     s.add_argument("--max-tasks", type=int, metavar="N", help="tasks held at once")
     s.add_argument(
+        "--max-queued-answers",
+        type=int,
+        metavar="N",
+        help="answers per connection not yet written before it is no longer read (default 256)",
+    )
+    s.add_argument(
         "--debug",
         action="store_true",
         help="internal errors carry the handler's traceback",
@@ -114,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         max_connections=a.max_connections,
         max_in_flight=a.max_in_flight,
         max_tasks=a.max_tasks,
+        max_queued_answers=a.max_queued_answers,
     )
     return 0
 

@@ -436,6 +436,8 @@ class App:
         max_tasks: int | None = None,
         max_tasks_per_identity: int | None = None,
         idle_timeout: float | None = None,
+        max_queued_answers: int | None = None,
+        max_queued_answer_bytes: int | None = None,
     ) -> None:
         """Serves on `addrs` (default `unix:NAME`; `unix:/path`, `quic://HOST:PORT`) and
         `http` (`HOST:PORT`) until Ctrl-C or SIGTERM (then it returns after a clean
@@ -448,6 +450,8 @@ class App:
             max_tasks,
             max_tasks_per_identity,
             idle_timeout,
+            max_queued_answers,
+            max_queued_answer_bytes,
         )
         server = self._native_server(limits)
         self._servers.append(server)
@@ -538,6 +542,8 @@ _LIMIT_NAMES = (
     "max_tasks",
     "max_tasks_per_identity",
     "idle_timeout",
+    "max_queued_answers",
+    "max_queued_answer_bytes",
 )
 """The keyword options of `serve` that are limits of the native server."""
 

@@ -90,6 +90,8 @@ class Server:
         max_tasks: int | None = None,
         max_tasks_per_identity: int | None = None,
         idle_timeout: float | None = None,
+        max_queued_answers: int | None = None,
+        max_queued_answer_bytes: int | None = None,
     ) -> Server: ...
     def add(
         self,
