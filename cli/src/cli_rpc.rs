@@ -39,6 +39,25 @@ pub fn default_workers(busy_poll: Duration) -> usize {
     if busy_poll.is_zero() { cpus } else { (cpus / 2).max(1) }
 }
 
+/// Raises this process's soft limit on open files to its hard limit: a server holds a
+/// descriptor per connection (and a few per shm peer), and the common soft limit of 1024
+/// let a handful of connections holding descriptors lock every new client out. Where it
+/// cannot, the limit stays as it was (the accept loop backs off and recovers when
+/// descriptors run out).
+#[cfg(unix)]
+fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    if let (Some(cur), Some(max)) = (l.current, l.maximum)
+        && cur < max
+    {
+        l.current = Some(max);
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            tracing::debug!("could not raise the open-file limit from {cur} to {max}: {e}");
+        }
+    }
+}
+
 /// Who may call `ferry serve` and how much one caller may hold: its `--token`,
 /// `--allow-unauthenticated`, `--http-allow-origin`, `--http-allow-host` (threat model in
 /// SECURITY.md), `--max-connections` and `--max-queued-answers`.
@@ -181,6 +200,8 @@ impl Bound {
 /// Binds every address of `opts` (and its HTTP address) with its access rules: nothing is
 /// served yet, so "listening" can be announced only once everything listens.
 pub async fn bind(opts: &ServeOptions) -> anyhow::Result<Bound> {
+    #[cfg(unix)]
+    raise_fd_limit();
     let access = &opts.access;
     if access.token.as_deref() == Some("") {
         bail!("the token is empty: give a non-empty --token (or FERRY_TOKEN)");

@@ -189,7 +189,24 @@ pub struct FrameReader {
 impl FrameReader {
     /// Wraps a read half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(read: Box<dyn AsyncRead + Send + Unpin>, fds: Option<FdQueue>, limits: Limits) -> Self {
-        FrameReader { inner: BufReader::with_capacity(READ_BUF, read), fds, limits, busy_poll: None }
+        let r = FrameReader { inner: BufReader::with_capacity(READ_BUF, read), fds, limits, busy_poll: None };
+        r.cap_unclaimed_fds();
+        r
+    }
+
+    /// Descriptors may arrive ahead of the frame that claims them (read-ahead holds a few
+    /// frames): up to four frames' worth of [`Limits::max_fds`] wait; more are closed on
+    /// arrival and fail the pipe.
+    fn unclaimed_fds_cap(&self) -> usize {
+        4 * usize::from(self.limits.max_fds).max(1)
+    }
+
+    /// The queue holds a frame's own descriptors besides those.
+    fn cap_unclaimed_fds(&self) {
+        #[cfg(unix)]
+        if let Some(q) = &self.fds {
+            q.set_incoming_cap(self.unclaimed_fds_cap() + usize::from(self.limits.max_fds));
+        }
     }
 
     /// With the connection's busy-polling control (see [`BusyPoll`]).
@@ -295,10 +312,24 @@ impl FrameReader {
     /// ones, [`HANDSHAKE_LIMITS`], the pipe with the agreed ones).
     pub fn set_limits(&mut self, limits: Limits) {
         self.limits = limits;
+        self.cap_unclaimed_fds();
     }
 
+    /// The `n` descriptors a frame announces; checks on every frame that the peer sends
+    /// no descriptors beyond what its frames announce.
     #[cfg(unix)]
     fn take_fds(&mut self, n: u16) -> Result<Vec<std::os::fd::OwnedFd>, PipeError> {
+        if let Some(q) = &self.fds {
+            let (dropped, waiting) = (q.overflowed(), q.pending().saturating_sub(usize::from(n)));
+            if dropped > 0 || waiting > self.unclaimed_fds_cap() {
+                return Err(ProtocolError::Fds(format!(
+                    "{} descriptors arrived that no frame announced (at most {} may wait: 4 x max_fds)",
+                    waiting + dropped,
+                    self.unclaimed_fds_cap()
+                ))
+                .into());
+            }
+        }
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -311,12 +342,6 @@ impl FrameReader {
         let got = q.take(n as usize);
         if got.len() != n as usize {
             return Err(ProtocolError::Fds(format!("frame announces {n} descriptors, {} arrived", got.len())).into());
-        }
-        // Descriptors arrive with the first byte of their frame, so read-ahead may hold a
-        // few frames' worth; far more than that were never announced.
-        let pending = q.pending();
-        if pending > 4 * usize::from(self.limits.max_fds) {
-            return Err(ProtocolError::Fds(format!("{pending} descriptors arrived that no frame announced")).into());
         }
         Ok(got)
     }

@@ -122,10 +122,19 @@ impl Eq for TransportHandle {}
 
 /// File descriptors travelling with a connection (unix). The transport's write half sends
 /// what was attached with the next bytes it writes; its read half queues what arrives.
+///
+/// Received descriptors no frame has claimed yet are capped ([`FdQueue::set_incoming_cap`]):
+/// those beyond the cap are closed as they arrive, and the queue remembers it
+/// ([`FdQueue::overflowed`]), so that a peer cannot park descriptors in the process.
 #[derive(Default)]
 pub struct FdQueue {
     #[cfg(unix)]
     incoming: Mutex<VecDeque<std::os::fd::OwnedFd>>,
+    /// 0: no cap set yet (then [`DEFAULT_INCOMING_FDS`]).
+    #[cfg(unix)]
+    cap: std::sync::atomic::AtomicUsize,
+    #[cfg(unix)]
+    dropped: std::sync::atomic::AtomicUsize,
     #[cfg(unix)]
     outgoing: Mutex<Vec<std::os::fd::OwnedFd>>,
     #[cfg(not(unix))]
@@ -157,9 +166,32 @@ impl FdQueue {
         self.incoming.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Transport side: queues received descriptors.
+    /// Transport side: queues received descriptors; those beyond the cap are closed here.
     pub fn push_received(&self, fds: impl IntoIterator<Item = std::os::fd::OwnedFd>) {
-        self.incoming.lock().unwrap_or_else(|e| e.into_inner()).extend(fds);
+        use std::sync::atomic::Ordering;
+        let cap = match self.cap.load(Ordering::Relaxed) {
+            0 => DEFAULT_INCOMING_FDS,
+            n => n,
+        };
+        let mut q = self.incoming.lock().unwrap_or_else(|e| e.into_inner());
+        for fd in fds {
+            if q.len() < cap {
+                q.push_back(fd);
+            } else {
+                drop(fd);
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Sets how many received descriptors may wait for a frame to claim them.
+    pub fn set_incoming_cap(&self, n: usize) {
+        self.cap.store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Descriptors closed on arrival because the queue was at its cap.
+    pub fn overflowed(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Attaches descriptors to the next bytes written.
@@ -179,6 +211,10 @@ impl FdQueue {
         *q = fds;
     }
 }
+
+/// Received descriptors that may wait unclaimed when no cap is set (the frame reader sets
+/// it from [`crate::Limits::max_fds`]).
+pub const DEFAULT_INCOMING_FDS: usize = 256;
 
 /// Shared handle to a connection's descriptor queue.
 pub type FdQueueRef = Arc<FdQueue>;
