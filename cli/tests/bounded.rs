@@ -110,3 +110,38 @@ fn before_the_handshake_frames_are_small() {
     assert!(grew < 2048, "oversized handshake frames grew the server by {grew} KiB");
     add_works(&s.addr);
 }
+
+/// The peak resident memory of process `pid` so far, in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_huge_flat_request_is_refused_before_it_is_parsed() {
+    let s = Served::start(false);
+    add_works(&s.addr);
+    let before = peak_kib(s.pid());
+    // 63 MiB of `[0,0,...]` on one plain JSON line: parsed into values it took a gigabyte.
+    let n = 63 << 20;
+    let mut line = Vec::with_capacity(n + 2);
+    line.push(b'[');
+    while line.len() < n - 2 {
+        line.extend_from_slice(b"0,");
+    }
+    line.extend_from_slice(b"0]\n");
+    let mut c = connect(&s.addr);
+    c.write_all(&line).unwrap();
+    let mut answer = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(&mut c), &mut answer).unwrap();
+    assert!(answer.contains("max_batch"), "{answer}");
+    let peak = peak_kib(s.pid());
+    let grew = peak.saturating_sub(before);
+    eprintln!(
+        "a 63 MiB [0,0,...] line: peak RSS {before} -> {peak} KiB (+{grew} KiB, {:.2}x the line)",
+        grew as f64 * 1024.0 / n as f64
+    );
+    assert!(grew * 1024 <= 3 * n as u64, "a 63 MiB line raised the peak by {grew} KiB");
+    add_works(&s.addr);
+}

@@ -45,6 +45,7 @@ pub mod openrpc;
 mod outbox;
 pub mod pending;
 pub mod server;
+mod shape;
 mod strict;
 pub mod task;
 pub mod tensor;

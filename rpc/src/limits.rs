@@ -25,6 +25,12 @@ pub struct RpcLimits {
     pub max_request_bytes: usize,
     /// Requests in one batch (default 1024).
     pub max_batch: usize,
+    /// JSON values (numbers, strings, arrays, ...) in one plain JSON or HTTP request
+    /// (default 1,048,576), counted on its bytes before it is parsed: parsed, each costs
+    /// about 32 bytes, so `[0,0,...]` takes 17 times its text. Tensors travel as tensors
+    /// (base64 inline, or a ferry pipe). Batch length and nesting depth (128) are checked
+    /// the same way.
+    pub max_request_values: usize,
     /// A plain JSON connection (or an HTTP keep-alive connection) with no call running and
     /// nothing sent for this long is closed (default 5 minutes).
     pub idle_timeout: Duration,
@@ -61,6 +67,7 @@ impl Default for RpcLimits {
             max_queued_answer_bytes: 64 << 20,
             max_request_bytes: 64 << 20,
             max_batch: 1024,
+            max_request_values: 1 << 20,
             idle_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(30),
             max_connections: 512,
@@ -106,6 +113,13 @@ impl RpcLimits {
     #[must_use]
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_request_values`] (at least 1).
+    #[must_use]
+    pub fn max_request_values(mut self, n: usize) -> Self {
+        self.max_request_values = n.max(1);
         self
     }
 

@@ -346,8 +346,8 @@ impl Server {
                     failure(Value::Null, e)
                 }
                 Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => continue,
-                Ok(Line::Data) => match crate::strict::parse(&buf) {
-                    Err(e) => failure(Value::Null, ErrorObject::parse_error(e)),
+                Ok(Line::Data) => match parse_request(&mut buf, self.shared.limits).await {
+                    Err(e) => failure(Value::Null, e),
                     Ok(v) => {
                         let inline = conn.runs_inline(&v);
                         let mut ticket = conn.outbox.ticket();
@@ -384,8 +384,9 @@ impl Server {
     /// get it: `None` when nothing is to be answered (notifications only).
     pub async fn handle_text(&self, text: &[u8], peer: PeerInfo) -> Option<Vec<u8>> {
         let conn = Conn::new(self.shared.clone(), peer, None);
-        let reply = match crate::strict::parse(text) {
-            Err(e) => Some(Reply { value: failure(Value::Null, ErrorObject::parse_error(e)), tensors: Vec::new() }),
+        let mut text = text.to_vec();
+        let reply = match parse_request(&mut text, self.shared.limits).await {
+            Err(e) => Some(Reply { value: failure(Value::Null, e), tensors: Vec::new() }),
             Ok(v) => conn.start(v, Vec::new()).await.reply,
         };
         conn.end();
@@ -395,6 +396,29 @@ impl Server {
             line
         })
     }
+}
+
+/// Requests at least this long are parsed on the blocking pool, not on the reader (whose
+/// runtime worker other connections need).
+const PARSE_OFF_READER_BYTES: usize = 1 << 20;
+
+/// Parses one plain JSON-RPC text (a request or a batch) after checking its shape
+/// ([`crate::shape::check`]: batch length, depth, values) on the bytes; a big one on the
+/// blocking pool. `text` is handed back as it was (its buffer is reused).
+async fn parse_request(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Value, ErrorObject> {
+    let parse = move |t: &[u8]| {
+        crate::shape::check(t, limits.max_batch, limits.max_request_values)?;
+        crate::strict::parse(t).map_err(ErrorObject::parse_error)
+    };
+    if text.len() < PARSE_OFF_READER_BYTES {
+        return parse(text);
+    }
+    let owned = std::mem::take(text);
+    let (r, owned) = tokio::task::spawn_blocking(move || (parse(&owned), owned))
+        .await
+        .map_err(|e| ErrorObject::internal(format!("parsing the request: {e}")))?;
+    *text = owned;
+    r
 }
 
 /// Ends serving a pipe when dropped: clears its handler (which holds the connection state,
