@@ -20,6 +20,10 @@ use crate::wire::{Hello, Limits, PROTOCOL_VERSION, Refusal, Welcome};
 /// Default time a handshake may take.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a frame, once begun, may take to deliver its prefix and header, and its
+/// payload may go without a byte (see [`EndpointBuilder::frame_timeout`]).
+pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Options shared by every pipe an endpoint makes.
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -27,6 +31,7 @@ pub(crate) struct Config {
     pub(crate) channels: Vec<Arc<dyn Channel>>,
     pub(crate) limits: Limits,
     pub(crate) handshake_timeout: Duration,
+    pub(crate) frame_timeout: Duration,
     pub(crate) version: u16,
     pub(crate) token: Option<String>,
     pub(crate) require_token: Option<String>,
@@ -49,6 +54,7 @@ impl Default for EndpointBuilder {
                 channels: Vec::new(),
                 limits: Limits::default(),
                 handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+                frame_timeout: DEFAULT_FRAME_TIMEOUT,
                 version: PROTOCOL_VERSION,
                 token: None,
                 require_token: None,
@@ -84,6 +90,16 @@ impl EndpointBuilder {
     /// How long a handshake may take (default 10 s).
     pub fn handshake_timeout(mut self, d: Duration) -> Self {
         self.cfg.handshake_timeout = d;
+        self
+    }
+
+    /// How long a frame, once its first byte arrived, may take to deliver its prefix and
+    /// header, and how long its payload may go without a byte (default
+    /// [`DEFAULT_FRAME_TIMEOUT`], 30 s; zero: no limit). A pipe may idle between frames as
+    /// long as it likes; a peer trickling a frame (slowloris) fails with
+    /// [`crate::PipeError::Timeout`] naming `frame_timeout`, and its pipe is closed.
+    pub fn frame_timeout(mut self, d: Duration) -> Self {
+        self.cfg.frame_timeout = d;
         self
     }
 
@@ -320,7 +336,10 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
         b.set_window(cfg.busy_poll);
     }
     // Until the handshake is done, frames are held to the small handshake limits.
-    let reader = FrameReader::new(read, fds.clone(), crate::frame::HANDSHAKE_LIMITS).with_busy_poll(busy_poll);
+    let frame_timeout = (!cfg.frame_timeout.is_zero()).then_some(cfg.frame_timeout);
+    let reader = FrameReader::new(read, fds.clone(), crate::frame::HANDSHAKE_LIMITS)
+        .with_busy_poll(busy_poll)
+        .with_frame_timeout(frame_timeout);
     (info, reader, FrameWriter::new(write, fds))
 }
 

@@ -5,6 +5,7 @@
 //! [`FrameWriter`] drive them over a connection's byte streams.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -184,12 +185,21 @@ pub struct FrameReader {
     fds: Option<FdQueue>,
     limits: Limits,
     busy_poll: Option<Arc<BusyPoll>>,
+    /// Once a frame has begun: the longest its prefix and header may take, and the longest
+    /// its payload may go without a byte (none: no limit).
+    frame_timeout: Option<Duration>,
 }
 
 impl FrameReader {
     /// Wraps a read half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(read: Box<dyn AsyncRead + Send + Unpin>, fds: Option<FdQueue>, limits: Limits) -> Self {
-        let r = FrameReader { inner: BufReader::with_capacity(READ_BUF, read), fds, limits, busy_poll: None };
+        let r = FrameReader {
+            inner: BufReader::with_capacity(READ_BUF, read),
+            fds,
+            limits,
+            busy_poll: None,
+            frame_timeout: None,
+        };
         r.cap_unclaimed_fds();
         r
     }
@@ -207,6 +217,15 @@ impl FrameReader {
         if let Some(q) = &self.fds {
             q.set_incoming_cap(self.unclaimed_fds_cap() + usize::from(self.limits.max_fds));
         }
+    }
+
+    /// With a time limit on frames once they have begun (a pipe may idle between frames as
+    /// long as it likes): the prefix and header must arrive within `d` of the frame's first
+    /// byte, and the payload may go at most `d` without a byte. A peer trickling a frame
+    /// (slowloris) fails with [`PipeError::Timeout`].
+    pub fn with_frame_timeout(mut self, d: Option<Duration>) -> Self {
+        self.frame_timeout = d;
+        self
     }
 
     /// With the connection's busy-polling control (see [`BusyPoll`]).
@@ -246,7 +265,38 @@ impl FrameReader {
     /// [`PipeError::Closed`]; a frame over the limits is refused before its body is read.
     pub async fn read_frame(&mut self) -> Result<Frame, PipeError> {
         let mut p = [0u8; PREFIX_LEN];
-        self.inner.read_exact(&mut p).await?;
+        match self.frame_timeout {
+            None => {
+                self.inner.read_exact(&mut p).await?;
+            }
+            Some(d) => {
+                // Idle between frames as long as it likes; from the first byte on, timed.
+                if self.peek_byte().await?.is_none() {
+                    return Err(PipeError::Closed);
+                }
+                // Bytes already buffered need no timer (the common case: no clock read).
+                let mut started = None;
+                if self.inner.buffer().len() >= PREFIX_LEN {
+                    self.inner.read_exact(&mut p).await?;
+                } else {
+                    let s = *started.insert(tokio::time::Instant::now());
+                    tokio::time::timeout_at(s + d, self.inner.read_exact(&mut p))
+                        .await
+                        .map_err(|_| PipeError::Timeout(d, "a frame's prefix (frame_timeout)"))??;
+                }
+                return self.read_rest(p, Some((d, started))).await;
+            }
+        }
+        self.read_rest(p, None).await
+    }
+
+    /// The rest of a frame whose prefix is `p`; `timed`: the frame timeout and when the
+    /// frame began.
+    async fn read_rest(
+        &mut self,
+        p: [u8; PREFIX_LEN],
+        timed: Option<(Duration, Option<tokio::time::Instant>)>,
+    ) -> Result<Frame, PipeError> {
         let prefix = FramePrefix::decode(&p);
         let kind = prefix.check(&self.limits)?;
         #[cfg(unix)]
@@ -255,7 +305,17 @@ impl FrameReader {
         if prefix.fds != 0 {
             return Err(ProtocolError::Fds("this transport cannot carry file descriptors".into()).into());
         }
-        let header = self.read_aligned(prefix.header_len as usize).await?.to_vec();
+        let header_len = prefix.header_len as usize;
+        let header = match timed {
+            Some((d, started)) if self.inner.buffer().len() < header_len => {
+                let s = started.unwrap_or_else(tokio::time::Instant::now);
+                tokio::time::timeout_at(s + d, self.read_aligned(header_len, None))
+                    .await
+                    .map_err(|_| PipeError::Timeout(d, "a frame's header (frame_timeout)"))??
+                    .to_vec()
+            }
+            _ => self.read_aligned(header_len, None).await?.to_vec(),
+        };
         let len = usize::try_from(prefix.payload_len).map_err(|_| {
             PipeError::Limit(LimitError {
                 limit: "max_payload_bytes",
@@ -265,7 +325,7 @@ impl FrameReader {
                 hint: "this machine cannot address that much memory".into(),
             })
         })?;
-        let payload = self.read_aligned(len).await?;
+        let payload = self.read_aligned(len, timed.map(|(d, _)| d)).await?;
         Ok(Frame {
             kind,
             header,
@@ -281,7 +341,8 @@ impl FrameReader {
     /// [`FIRST_STEP`] or the bytes already received, whichever is larger. A peer announcing
     /// 4 GiB and sending 100 bytes costs [`FIRST_STEP`]; an honest frame is zeroed once and
     /// filled once, as before.
-    async fn read_aligned(&mut self, len: usize) -> Result<Bytes, PipeError> {
+    /// `stall`: the longest it may wait for a byte.
+    async fn read_aligned(&mut self, len: usize, stall: Option<Duration>) -> Result<Bytes, PipeError> {
         if len == 0 {
             return Ok(Bytes::new());
         }
@@ -302,7 +363,28 @@ impl FrameReader {
             let step = (len - filled).min(filled.max(FIRST_STEP));
             let start = v.len();
             v.resize(start + step, 0);
-            self.inner.read_exact(&mut v[start..]).await?;
+            match stall {
+                None => {
+                    self.inner.read_exact(&mut v[start..]).await?;
+                }
+                Some(d) => {
+                    let mut at = start;
+                    while at < v.len() {
+                        // Buffered bytes need no timer.
+                        let n = if self.inner.buffer().is_empty() {
+                            tokio::time::timeout(d, self.inner.read(&mut v[at..])).await.map_err(|_| {
+                                PipeError::Timeout(d, "a frame's payload, without a byte (frame_timeout)")
+                            })??
+                        } else {
+                            self.inner.read(&mut v[at..]).await?
+                        };
+                        if n == 0 {
+                            return Err(PipeError::Closed);
+                        }
+                        at += n;
+                    }
+                }
+            }
             filled += step;
         }
         Ok(Bytes::from(v).slice(pad..))

@@ -41,7 +41,7 @@ pub mod wire;
 pub use channel::{Channel, ChannelSession, Committed, ControlOut, ControlSender, Incoming, Outgoing, SessionCtx};
 pub use codec::{RawCodec, SafetensorsCodec, TensorCodec};
 pub use dtype::{DType, Device, DeviceKind, Element};
-pub use endpoint::{Accepted, Endpoint, EndpointBuilder, ForeignConn, PipeListener};
+pub use endpoint::{Accepted, DEFAULT_FRAME_TIMEOUT, Endpoint, EndpointBuilder, ForeignConn, PipeListener};
 pub use error::{ChannelError, CodecError, LimitError, MetaError, PipeError, ProtocolError, TransportError, ViewError};
 pub use inline::InlineChannel;
 pub use message::Message;

@@ -88,3 +88,89 @@ async fn http_connections_that_send_no_headers_are_closed() {
     }
     server.shutdown();
 }
+
+/// A ferry pipe that begins a frame and trickles the rest is closed after `frame_timeout`,
+/// naming it; one that idles between frames for longer stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ferry_frame_trickled_is_closed_and_an_idle_pipe_is_not() {
+    use std::io::{Read, Write};
+
+    use ferry_core::PROTOCOL_VERSION;
+    use ferry_core::frame::{FrameKind, FramePrefix, PREAMBLE_LEN, PREFIX_LEN, preamble};
+    use ferry_core::wire::PROTOCOL;
+
+    let server = ferry_rpc::Server::new(common::methods(Default::default()));
+    let addr = common::addr();
+    let ep = ferry_core::Endpoint::builder()
+        .transport(std::sync::Arc::new(ferry_pipe::PipeTransport::new()))
+        .channel(std::sync::Arc::new(ferry_core::InlineChannel))
+        .frame_timeout(Duration::from_millis(300))
+        .build();
+    let listener = t(ep.listen(&addr)).await.unwrap();
+    let s = server.clone();
+    tokio::spawn(async move {
+        let _ = s.serve(listener).await;
+    });
+    let raw = move || {
+        use std::os::linux::net::SocketAddrExt;
+        let name = addr.strip_prefix("unix:").unwrap().to_owned();
+        let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let mut c = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(&preamble(PROTOCOL_VERSION)).unwrap();
+        let hello = serde_json::to_vec(&serde_json::json!({
+            "protocol": PROTOCOL, "version": PROTOCOL_VERSION,
+            "channels": [{"name": "inline", "devices": ["cpu"]}], "agent": "slow-test",
+        }))
+        .unwrap();
+        let p = FramePrefix {
+            kind: FrameKind::Hello as u8,
+            flags: 0,
+            fds: 0,
+            header_len: hello.len() as u32,
+            payload_len: 0,
+        };
+        c.write_all(&p.encode()).unwrap();
+        c.write_all(&hello).unwrap();
+        let mut pre = [0u8; PREAMBLE_LEN];
+        c.read_exact(&mut pre).unwrap();
+        let mut p = [0u8; PREFIX_LEN];
+        c.read_exact(&mut p).unwrap();
+        let p = FramePrefix::decode(&p);
+        let mut rest = vec![0u8; p.header_len as usize + p.payload_len as usize];
+        c.read_exact(&mut rest).unwrap();
+        c
+    };
+    let call = serde_json::to_vec(&serde_json::json!({
+        "header": {"jsonrpc": "2.0", "method": "add", "params": [1, 2], "id": 1}, "tensors": []
+    }))
+    .unwrap();
+    let prefix =
+        FramePrefix { kind: FrameKind::Message as u8, flags: 0, fds: 0, header_len: call.len() as u32, payload_len: 0 }
+            .encode();
+    let (call2, prefix2) = (call.clone(), prefix);
+    tokio::task::spawn_blocking(move || {
+        // Idle between frames for twice the frame timeout, then a whole call: answered.
+        let mut idle = raw();
+        std::thread::sleep(Duration::from_millis(600));
+        idle.write_all(&prefix2).unwrap();
+        idle.write_all(&call2).unwrap();
+        let mut p = [0u8; PREFIX_LEN];
+        idle.read_exact(&mut p).unwrap();
+        let p = FramePrefix::decode(&p);
+        let mut h = vec![0u8; p.header_len as usize];
+        idle.read_exact(&mut h).unwrap();
+        assert!(String::from_utf8_lossy(&h).contains("\"result\":3.0"), "{}", String::from_utf8_lossy(&h));
+        // A frame begun and not finished: the pipe is closed, saying why.
+        let mut slow = raw();
+        slow.write_all(&prefix).unwrap();
+        slow.write_all(&call[..call.len() / 2]).unwrap();
+        let mut said = Vec::new();
+        let _ = slow.read_to_end(&mut said);
+        let said = String::from_utf8_lossy(&said);
+        assert!(said.contains("frame_timeout"), "the server said: {said}");
+    })
+    .await
+    .unwrap();
+    server.shutdown();
+}
