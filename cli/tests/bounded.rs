@@ -7,54 +7,15 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{Served, exe, run};
+use common::Served;
+use common::raw::{add_works, frame_prefix, handshaken, rss_kib, status_kib};
 use ferry_core::PROTOCOL_VERSION;
-use ferry_core::frame::{FrameKind, FramePrefix, PREAMBLE_LEN, PREFIX_LEN, preamble};
-use ferry_core::wire::PROTOCOL;
-
-/// The resident memory of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
+use ferry_core::frame::{FrameKind, PREAMBLE_LEN, PREFIX_LEN, preamble};
 
 fn connect(addr: &str) -> UnixStream {
     common::connect_abstract(addr)
-}
-
-fn frame_prefix(kind: FrameKind, header_len: u32, payload_len: u64) -> [u8; PREFIX_LEN] {
-    FramePrefix { kind: kind as u8, flags: 0, fds: 0, header_len, payload_len }.encode()
-}
-
-/// A raw connection that completed the handshake (inline channel).
-fn handshaken(addr: &str) -> UnixStream {
-    let mut s = connect(addr);
-    s.write_all(&preamble(PROTOCOL_VERSION)).unwrap();
-    let hello = serde_json::json!({
-        "protocol": PROTOCOL, "version": PROTOCOL_VERSION,
-        "channels": [{"name": "inline", "devices": ["cpu"]}], "agent": "bounded-test",
-    });
-    let h = serde_json::to_vec(&hello).unwrap();
-    s.write_all(&frame_prefix(FrameKind::Hello, h.len() as u32, 0)).unwrap();
-    s.write_all(&h).unwrap();
-    let mut pre = [0u8; PREAMBLE_LEN];
-    s.read_exact(&mut pre).unwrap();
-    let mut p = [0u8; PREFIX_LEN];
-    s.read_exact(&mut p).unwrap();
-    let p = FramePrefix::decode(&p);
-    assert_eq!(p.kind, FrameKind::Welcome as u8, "no WELCOME");
-    let mut rest = vec![0u8; p.header_len as usize + p.payload_len as usize];
-    s.read_exact(&mut rest).unwrap();
-    s
-}
-
-fn add_works(addr: &str) {
-    let out = run(Command::new(exe()).args(["call", addr, "add", "[1, 2]"]), Duration::from_secs(60));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.0", "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// RSS after the server settles (it may still be reading what was sent).
@@ -113,9 +74,7 @@ fn before_the_handshake_frames_are_small() {
 
 /// The peak resident memory of process `pid` so far, in KiB.
 fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    status_kib(pid, "VmHWM:")
 }
 
 #[test]

@@ -5,62 +5,23 @@
 
 mod common;
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{IoSlice, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Served, exe, run};
-use ferry_core::PROTOCOL_VERSION;
-use ferry_core::frame::{FrameKind, FramePrefix, PREAMBLE_LEN, PREFIX_LEN, preamble};
-use ferry_core::wire::PROTOCOL;
+use common::raw::{add_call_frame, add_works, handshaken};
+use common::{Served, exe};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
 }
 
-fn add_works(addr: &str) {
-    let out = run(Command::new(exe()).args(["call", addr, "add", "[1, 2]"]), Duration::from_secs(60));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.0", "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn prefix(kind: FrameKind, header_len: u32) -> [u8; PREFIX_LEN] {
-    FramePrefix { kind: kind as u8, flags: 0, fds: 0, header_len, payload_len: 0 }.encode()
-}
-
-/// A raw ferry connection past the handshake, offering the shm channel (which passes
-/// descriptors) so that the server reads descriptors on it.
-fn handshaken(addr: &str) -> UnixStream {
-    let mut s = common::connect_abstract(addr);
-    s.write_all(&preamble(PROTOCOL_VERSION)).unwrap();
-    let hello = serde_json::json!({
-        "protocol": PROTOCOL, "version": PROTOCOL_VERSION,
-        "channels": [{"name": "inline", "devices": ["cpu"]}], "agent": "fds-test",
-    });
-    let h = serde_json::to_vec(&hello).unwrap();
-    s.write_all(&prefix(FrameKind::Hello, h.len() as u32)).unwrap();
-    s.write_all(&h).unwrap();
-    let mut pre = [0u8; PREAMBLE_LEN];
-    s.read_exact(&mut pre).unwrap();
-    let mut p = [0u8; PREFIX_LEN];
-    s.read_exact(&mut p).unwrap();
-    let p = FramePrefix::decode(&p);
-    assert_eq!(p.kind, FrameKind::Welcome as u8, "no WELCOME");
-    let mut rest = vec![0u8; p.header_len as usize + p.payload_len as usize];
-    s.read_exact(&mut rest).unwrap();
-    s
-}
-
 /// Sends an `add` call in a frame announcing no descriptors, with `fds` attached.
 fn call_with_unannounced(s: &UnixStream, id: usize, fds: &[OwnedFd]) -> std::io::Result<()> {
-    let h = serde_json::to_vec(&serde_json::json!({
-        "header": {"jsonrpc": "2.0", "method": "add", "params": [1, 2], "id": id}, "tensors": []
-    }))
-    .unwrap();
-    let mut frame = prefix(FrameKind::Message, h.len() as u32).to_vec();
-    frame.extend_from_slice(&h);
+    let frame = add_call_frame(id);
     let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
     let mut space = vec![std::mem::MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
     let mut anc = SendAncillaryBuffer::new(&mut space);

@@ -8,15 +8,12 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{Served, exe, run};
-use ferry_core::PROTOCOL_VERSION;
-use ferry_core::frame::{FrameKind, FramePrefix, PREAMBLE_LEN, PREFIX_LEN, preamble};
-use ferry_core::wire::PROTOCOL;
+use common::Served;
+use common::raw::{add_call_frame, add_works, handshaken, rss_kib};
 
 /// Messages a flood sends at most (the server stops reading long before, when it works;
 /// the socket buffers hold a few hundred kilobytes).
@@ -25,46 +22,9 @@ const FLOOD: usize = 400_000;
 /// during, within 64 MiB of idle after).
 const SLACK_KIB: u64 = 64 * 1024;
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 fn settled_rss(pid: u32) -> u64 {
     std::thread::sleep(Duration::from_millis(500));
     rss_kib(pid)
-}
-
-fn add_works(addr: &str) {
-    let out = run(Command::new(exe()).args(["call", addr, "add", "[1, 2]"]), Duration::from_secs(60));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.0", "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn frame_prefix(kind: FrameKind, header_len: u32) -> [u8; PREFIX_LEN] {
-    FramePrefix { kind: kind as u8, flags: 0, fds: 0, header_len, payload_len: 0 }.encode()
-}
-
-/// A raw ferry connection past the handshake (inline channel).
-fn handshaken(addr: &str) -> UnixStream {
-    let mut s = common::connect_abstract(addr);
-    s.write_all(&preamble(PROTOCOL_VERSION)).unwrap();
-    let hello = serde_json::json!({
-        "protocol": PROTOCOL, "version": PROTOCOL_VERSION,
-        "channels": [{"name": "inline", "devices": ["cpu"]}], "agent": "flood-test",
-    });
-    let h = serde_json::to_vec(&hello).unwrap();
-    s.write_all(&frame_prefix(FrameKind::Hello, h.len() as u32)).unwrap();
-    s.write_all(&h).unwrap();
-    let mut pre = [0u8; PREAMBLE_LEN];
-    s.read_exact(&mut pre).unwrap();
-    let mut p = [0u8; PREFIX_LEN];
-    s.read_exact(&mut p).unwrap();
-    let p = FramePrefix::decode(&p);
-    assert_eq!(p.kind, FrameKind::Welcome as u8, "no WELCOME");
-    let mut rest = vec![0u8; p.header_len as usize + p.payload_len as usize];
-    s.read_exact(&mut rest).unwrap();
-    s
 }
 
 /// Writes `message(i)` for i in 0..FLOOD until a write stalls for a second (the server
@@ -79,16 +39,6 @@ fn flood(s: &mut UnixStream, message: impl Fn(usize) -> Vec<u8>) -> usize {
         }
     }
     FLOOD
-}
-
-fn ferry_call(i: usize) -> Vec<u8> {
-    let h = serde_json::to_vec(&serde_json::json!({
-        "header": {"jsonrpc": "2.0", "method": "add", "params": [1, 2], "id": i}, "tensors": []
-    }))
-    .unwrap();
-    let mut m = frame_prefix(FrameKind::Message, h.len() as u32).to_vec();
-    m.extend_from_slice(&h);
-    m
 }
 
 /// After one call (a plain JSON connection is told by its first byte), a valid JSON text
@@ -125,7 +75,7 @@ fn bounded_flood(what: &str, open: impl Fn(&str) -> UnixStream, message: fn(usiz
 
 #[test]
 fn a_ferry_client_that_never_reads_cannot_grow_the_server() {
-    bounded_flood("ferry frames", handshaken, ferry_call);
+    bounded_flood("ferry frames", handshaken, add_call_frame);
 }
 
 #[test]

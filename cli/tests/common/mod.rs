@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+#[cfg(unix)]
+pub mod raw;
+
 static N: AtomicUsize = AtomicUsize::new(0);
 
 /// The `ferry` binary under test.
