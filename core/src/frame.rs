@@ -264,39 +264,17 @@ impl FrameReader {
     /// Reads one whole frame. End of stream, at a frame boundary or inside a frame, is
     /// [`PipeError::Closed`]; a frame over the limits is refused before its body is read.
     pub async fn read_frame(&mut self) -> Result<Frame, PipeError> {
-        let mut p = [0u8; PREFIX_LEN];
-        match self.frame_timeout {
-            None => {
-                self.inner.read_exact(&mut p).await?;
-            }
-            Some(d) => {
-                // Idle between frames as long as it likes; from the first byte on, timed.
-                if self.peek_byte().await?.is_none() {
-                    return Err(PipeError::Closed);
-                }
-                // Bytes already buffered need no timer (the common case: no clock read).
-                let mut started = None;
-                if self.inner.buffer().len() >= PREFIX_LEN {
-                    self.inner.read_exact(&mut p).await?;
-                } else {
-                    let s = *started.insert(tokio::time::Instant::now());
-                    tokio::time::timeout_at(s + d, self.inner.read_exact(&mut p))
-                        .await
-                        .map_err(|_| PipeError::Timeout(d, "a frame's prefix (frame_timeout)"))??;
-                }
-                return self.read_rest(p, Some((d, started))).await;
-            }
+        let limit = self.frame_timeout;
+        // Idle between frames as long as it likes; from a frame's first byte on, timed.
+        if limit.is_some() && self.peek_byte().await?.is_none() {
+            return Err(PipeError::Closed);
         }
-        self.read_rest(p, None).await
-    }
-
-    /// The rest of a frame whose prefix is `p`; `timed`: the frame timeout and when the
-    /// frame began.
-    async fn read_rest(
-        &mut self,
-        p: [u8; PREFIX_LEN],
-        timed: Option<(Duration, Option<tokio::time::Instant>)>,
-    ) -> Result<Frame, PipeError> {
+        // When the frame began: set at its first wait (buffered bytes need no clock read).
+        let mut started = None;
+        let mut p = [0u8; PREFIX_LEN];
+        let buffered = self.inner.buffer().len() >= PREFIX_LEN;
+        let read = async { self.inner.read_exact(&mut p).await.map(drop).map_err(PipeError::from) };
+        within(limit, buffered, &mut started, "a frame's prefix (frame_timeout)", read).await?;
         let prefix = FramePrefix::decode(&p);
         let kind = prefix.check(&self.limits)?;
         #[cfg(unix)]
@@ -306,16 +284,9 @@ impl FrameReader {
             return Err(ProtocolError::Fds("this transport cannot carry file descriptors".into()).into());
         }
         let header_len = prefix.header_len as usize;
-        let header = match timed {
-            Some((d, started)) if self.inner.buffer().len() < header_len => {
-                let s = started.unwrap_or_else(tokio::time::Instant::now);
-                tokio::time::timeout_at(s + d, self.read_aligned(header_len, None))
-                    .await
-                    .map_err(|_| PipeError::Timeout(d, "a frame's header (frame_timeout)"))??
-                    .to_vec()
-            }
-            _ => self.read_aligned(header_len, None).await?.to_vec(),
-        };
+        let buffered = self.inner.buffer().len() >= header_len;
+        let read = self.read_aligned(header_len, None);
+        let header = within(limit, buffered, &mut started, "a frame's header (frame_timeout)", read).await?.to_vec();
         let len = usize::try_from(prefix.payload_len).map_err(|_| {
             PipeError::Limit(LimitError {
                 limit: "max_payload_bytes",
@@ -325,7 +296,7 @@ impl FrameReader {
                 hint: "this machine cannot address that much memory".into(),
             })
         })?;
-        let payload = self.read_aligned(len, timed.map(|(d, _)| d)).await?;
+        let payload = self.read_aligned(len, limit).await?;
         Ok(Frame {
             kind,
             header,
@@ -426,6 +397,24 @@ impl FrameReader {
             return Err(ProtocolError::Fds(format!("frame announces {n} descriptors, {} arrived", got.len())).into());
         }
         Ok(got)
+    }
+}
+
+/// `read`, within the frame's time limit when it may have to wait for bytes (not all
+/// `buffered`): the frame's first wait starts its clock (`started`).
+async fn within<T>(
+    limit: Option<Duration>,
+    buffered: bool,
+    started: &mut Option<tokio::time::Instant>,
+    what: &'static str,
+    read: impl std::future::Future<Output = Result<T, PipeError>>,
+) -> Result<T, PipeError> {
+    match limit {
+        Some(d) if !buffered => {
+            let s = *started.get_or_insert_with(tokio::time::Instant::now);
+            tokio::time::timeout_at(s + d, read).await.map_err(|_| PipeError::Timeout(d, what))?
+        }
+        _ => read.await,
     }
 }
 

@@ -91,30 +91,24 @@ impl Conformance {
         std::fs::create_dir_all(&report_dir).with_context(|| format!("creating {}", report_dir.display()))?;
         let mut failures = Vec::new();
         let mut columns = Vec::new();
-        for backend in &backends {
-            let (column, problems) = run_backend(sh, &report_dir, backend, self.release);
+        let mut add = |(column, problems): (Column, Vec<String>)| {
             columns.push(column);
             failures.extend(problems);
+        };
+        for backend in &backends {
+            add(run_backend(sh, &report_dir, backend, self.release));
         }
         if self.runs_sdk(crate::sdk::PYTHON_SDK) {
-            let (column, problems) = crate::sdk::python_column(sh, &report_dir, self.release);
-            columns.push(column);
-            failures.extend(problems);
+            add(crate::sdk::python_column(sh, &report_dir, self.release));
         }
         if self.runs_sdk(crate::typescript_sdk::COLUMN) {
-            let (column, problems) = crate::typescript_sdk::conformance_column(sh, &report_dir);
-            columns.push(column);
-            failures.extend(problems);
+            add(crate::typescript_sdk::conformance_column(sh, &report_dir));
         }
         if self.runs_sdk(RUST_SERVER) {
-            let (column, problems) = rpc_cases(sh, &report_dir, self.release, None);
-            columns.push(column);
-            failures.extend(problems);
+            add(rpc_cases(sh, &report_dir, self.release, None));
         }
         if self.runs_sdk(crate::python_server::COLUMN) {
-            let (column, problems) = crate::python_server::conformance_column(sh, &report_dir, self.release);
-            columns.push(column);
-            failures.extend(problems);
+            add(crate::python_server::conformance_column(sh, &report_dir, self.release));
         }
 
         println!("\n{}", render_table(&columns));
@@ -183,14 +177,8 @@ pub fn rpc_cases(sh: &Shell, report_dir: &Path, release: bool, server: Option<&O
     if let Err(err) = &status {
         problems.push(format!("{column}: the Rust RPC cases failed: {err}"));
     }
-    let report = std::fs::read_to_string(&report_path)
-        .with_context(|| format!("no report at {}", report_path.display()))
-        .and_then(|text| Report::parse(&text).with_context(|| format!("reading {}", report_path.display())));
-    let report = report.unwrap_or_else(|err| {
-        problems.push(format!("{column}: {err:#}"));
-        Report::broken(column, format!("{err:#}"))
-    });
-    (Column { name: column.to_owned(), report }, problems)
+    let column = read_column(column, &report_path, "the Rust RPC cases wrote none", &mut problems);
+    (column, problems)
 }
 
 /// One column from several suites' columns of the same server: every case of each, a case
@@ -254,29 +242,39 @@ fn run_backend(sh: &Shell, report_dir: &Path, backend: &str, release: bool) -> (
     if let Err(err) = &status {
         problems.push(format!("backend {backend}: `{command}` failed: {err}"));
     }
-    let report = match std::fs::read_to_string(&report_path) {
-        Ok(text) => Report::parse(&text).with_context(|| format!("reading {}", report_path.display())),
-        Err(_) if status.is_err() => Err(anyhow::anyhow!(
-            "no report: the conformance test binary failed to build or run (see the cargo output above)"
-        )),
-        Err(_) => Err(anyhow::anyhow!(
-            "no report: `{command}` passed but wrote nothing to ${REPORT_ENV} \
+    let missing = if status.is_err() {
+        "the conformance test binary failed to build or run (see the cargo output above)".to_owned()
+    } else {
+        format!(
+            "`{command}` passed but wrote nothing to ${REPORT_ENV} \
              (does tests/conformance.rs call `ferry_conformance::main`?)"
-        )),
+        )
+    };
+    let column = read_column(backend, &report_path, &missing, &mut problems);
+    (column, problems)
+}
+
+/// The column a suite wrote its report for at `report_path`: a report naming another
+/// column is a problem; none (`missing` says why) or an unreadable one makes a broken
+/// column, and a problem.
+pub fn read_column(column: &str, report_path: &Path, missing: &str, problems: &mut Vec<String>) -> Column {
+    let report = match std::fs::read_to_string(report_path) {
+        Ok(text) => Report::parse(&text).with_context(|| format!("reading {}", report_path.display())),
+        Err(_) => Err(anyhow::anyhow!("no report at {}: {missing}", report_path.display())),
     };
     let report = match report {
         Ok(report) => {
-            if report.backend != backend {
-                problems.push(format!("backend {backend}: its report names backend `{}`", report.backend));
+            if report.backend != column {
+                problems.push(format!("{column}: its report names backend `{}`", report.backend));
             }
             report
         }
         Err(err) => {
-            problems.push(format!("backend {backend}: {err:#}"));
-            Report::broken(backend, format!("{err:#}"))
+            problems.push(format!("{column}: {err:#}"));
+            Report::broken(column, format!("{err:#}"))
         }
     };
-    (Column { name: backend.to_owned(), report }, problems)
+    Column { name: column.to_owned(), report }
 }
 
 /// One column of the table: a backend (later also an SDK) and its report.

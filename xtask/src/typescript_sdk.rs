@@ -174,20 +174,7 @@ pub fn scenario(sh: &Shell, report_dir: &Path, server: Option<&OtherServer>) -> 
     if let Err(err) = &status {
         problems.push(format!("{column}: `{command}` failed: {err:#}"));
     }
-    let report = std::fs::read_to_string(&report_path)
-        .with_context(|| format!("no report at {}: `{command}` wrote none", report_path.display()))
-        .and_then(|text| Report::parse(&text).with_context(|| format!("reading {}", report_path.display())));
-    let report = match report {
-        Ok(report) => {
-            if report.backend != column {
-                problems.push(format!("{column}: its report names backend `{}`", report.backend));
-            }
-            report
-        }
-        Err(err) => {
-            problems.push(format!("{column}: {err:#}"));
-            Report::broken(column, format!("{err:#}"))
-        }
-    };
-    (Column { name: column.to_owned(), report }, problems)
+    let column =
+        crate::conformance::read_column(column, &report_path, &format!("`{command}` wrote none"), &mut problems);
+    (column, problems)
 }

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
-import itertools
 import json
 import signal
 import sys
@@ -232,36 +231,29 @@ class _Function:
 class _Running:
     """How many sync handlers of an app are running, to wait for them at shutdown.
 
-    Two counters whose `next()` is atomic under the GIL: cheaper per call than a lock
-    (a condition variable cost a microsecond of a call); `wait_idle` polls instead."""
+    A plain lock around a count (a condition variable cost a microsecond of a call);
+    `wait_idle` polls instead of waiting to be notified."""
 
     def __init__(self) -> None:
-        self._entered = itertools.count()
-        self._left = itertools.count()
+        self._n = 0
+        self._lock = threading.Lock()
 
     def enter(self) -> None:
-        next(self._entered)
+        with self._lock:
+            self._n += 1
 
     def leave(self) -> None:
-        next(self._left)
-
-    def running(self) -> int:
-        """Handlers running now."""
-        # A count's repr is `count(N)`: its next value, read without advancing it.
-        return _peek(self._entered) - _peek(self._left)
+        with self._lock:
+            self._n -= 1
 
     def wait_idle(self, timeout: float) -> bool:
         """Waits up to `timeout` seconds for none to run; whether none does."""
         deadline = time.monotonic() + timeout
-        while self.running() > 0:
+        while self._n > 0:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
         return True
-
-
-def _peek(c: itertools.count[int]) -> int:
-    return int(repr(c)[6:-1])
 
 
 SHUTDOWN_WAIT = 10.0
