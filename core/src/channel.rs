@@ -64,6 +64,15 @@ pub struct SessionCtx {
     pub closed: tokio::sync::watch::Receiver<bool>,
     /// True on the accepting side.
     pub is_server: bool,
+    /// The handshake features both sides agreed to (`Welcome::features`).
+    pub features: Vec<String>,
+}
+
+impl SessionCtx {
+    /// Whether both sides agreed to handshake feature `name`.
+    pub fn has_feature(&self, name: &str) -> bool {
+        self.features.iter().any(|f| f == name)
+    }
 }
 
 /// A way to move tensor bytes, registered in an [`crate::Endpoint`].

@@ -27,8 +27,14 @@ use crate::wire::{InlineRef, Location, ShmRef, ShmReturnRef, TensorDesc};
 /// may send compact tensor descriptors.
 pub const FEATURE_COMPACT_TENSORS: &str = "compact_tensors";
 
+/// The handshake feature under which the shm channel's CONTROL body may carry `forget`
+/// (PROTOCOL.md §11.5): the sender will never use a segment again, and the receiver unmaps
+/// it. A sender shares long-lived segments of its own (a tensor store's buckets) only with a
+/// peer that agreed to it.
+pub const FEATURE_SHM_FORGET: &str = "shm_forget";
+
 /// The protocol features this build understands, offered in HELLO and granted in WELCOME.
-pub const FEATURES: [&str; 1] = [FEATURE_COMPACT_TENSORS];
+pub const FEATURES: [&str; 2] = [FEATURE_COMPACT_TENSORS, FEATURE_SHM_FORGET];
 
 /// A message's descriptors as they go on the wire: each as the compact array when
 /// `compact` (the peer takes it) and the descriptor has one, else as the object.

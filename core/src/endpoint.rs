@@ -375,7 +375,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     if !welcome.channels.contains_key(&DeviceKind::Cpu) {
         return Err(ProtocolError::BadHeader("server chose no channel for cpu tensors".into()).into());
     }
-    let (ctx, closed_tx, control_rx) = session_ctx(&info, false);
+    let (ctx, closed_tx, control_rx) = session_ctx(&info, false, &welcome.features);
     let mut sessions = BTreeMap::new();
     for (kind, name) in &welcome.channels {
         let offered = hello.channels.iter().any(|o| &o.name == name && o.devices.contains(kind));
@@ -457,7 +457,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         }
         Ok((welcome, hello)) => {
             let hello: Hello = hello;
-            let (ctx, closed_tx, control_rx) = session_ctx(&info, true);
+            let (ctx, closed_tx, control_rx) = session_ctx(&info, true, &welcome.features);
             let mut sessions = BTreeMap::new();
             for (kind, name) in &welcome.channels {
                 if let Some(c) = cfg.channels.iter().find(|c| c.name() == name) {
@@ -493,10 +493,10 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
 
 type CtxParts = (SessionCtx, watch::Sender<bool>, mpsc::UnboundedReceiver<ControlOut>);
 
-fn session_ctx(info: &crate::transport::ConnInfo, is_server: bool) -> CtxParts {
+fn session_ctx(info: &crate::transport::ConnInfo, is_server: bool, features: &[String]) -> CtxParts {
     let (control, control_rx) = ControlSender::channel();
     let (closed_tx, closed) = watch::channel(false);
-    (SessionCtx { conn: info.clone(), control, closed, is_server }, closed_tx, control_rx)
+    (SessionCtx { conn: info.clone(), control, closed, is_server, features: features.to_vec() }, closed_tx, control_rx)
 }
 
 /// Compares without an early exit (the length is not secret).

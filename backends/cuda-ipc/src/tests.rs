@@ -34,7 +34,8 @@ fn end(drv: Arc<FakeDriver>, opts: CudaIpcOptions) -> End {
 fn session_of(chan: CudaIpcChannel, drv: Arc<FakeDriver>) -> End {
     let (control, rx) = ControlSender::channel();
     let (closed, closed_rx) = watch::channel(false);
-    let ctx = SessionCtx { conn: ConnInfo::default(), control, closed: closed_rx, is_server: false };
+    let ctx =
+        SessionCtx { conn: ConnInfo::default(), control, closed: closed_rx, is_server: false, features: Vec::new() };
     let session = chan.open(ctx).expect("open");
     End { chan, drv, session, control: rx, closed }
 }
@@ -496,7 +497,7 @@ async fn the_real_channel_without_a_driver_is_not_viable() {
     assert!(!real.accepts(&offer, &conn));
     let (control, _rx) = ControlSender::channel();
     let (_tx, closed) = watch::channel(false);
-    assert!(real.open(SessionCtx { conn, control, closed, is_server: true }).is_err());
+    assert!(real.open(SessionCtx { conn, control, closed, is_server: true, features: Vec::new() }).is_err());
     let m = TensorMeta::new(DType::U8, vec![4]).with_device(Device::Cuda(0));
     assert!(real.alloc_device(m.clone()).await.is_err());
     let fake_tensor = Tensor::from_device(m, Arc::new(Foreign { ptr: 0x1000, len: 4 })).unwrap();

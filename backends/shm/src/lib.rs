@@ -40,8 +40,12 @@ mod pool;
 #[cfg(target_os = "linux")]
 mod session;
 #[cfg(target_os = "linux")]
+mod shared;
+#[cfg(target_os = "linux")]
 mod sys;
 
+#[cfg(target_os = "linux")]
+pub use shared::{SharedSegment, SharedSegmentMut};
 pub use sys::discard_private_pages;
 
 /// Helpers for tests of hostile peers (descriptors a misbehaving peer might send).

@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 
 use crate::ShmOptions;
 use crate::pool::{Pool, PoolSlotMut, SlotCore};
+use crate::shared::{self, Forgets, SharedSegment};
 use crate::sys::{PeerSegment, PeerSegmentError};
 
 const NAME: &str = "shm";
@@ -27,9 +28,25 @@ fn bad(reason: impl Into<String>) -> ChannelError {
     ChannelError::BadDescriptor { channel: NAME, reason: reason.into() }
 }
 
+/// Memory this side lends: a slot of the pipe's pool, or a shared segment.
+#[derive(Clone)]
+enum Source {
+    Slot(Arc<SlotCore>),
+    Shared(Arc<SharedSegment>),
+}
+
+impl Source {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Source::Slot(core) => core.bytes(),
+            Source::Shared(seg) => seg.as_slice(),
+        }
+    }
+}
+
 /// A lease this side granted: the peer may read these bytes until it releases.
 struct Granted {
-    core: Arc<SlotCore>,
+    core: Source,
     /// Offset of the leased range inside the slot.
     start: usize,
     len: usize,
@@ -119,9 +136,14 @@ impl Batcher {
 
 /// CONTROL bodies of the shm channel.
 #[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Control {
     /// Leases the sender of this frame no longer needs.
     release: Vec<u64>,
+    /// Segments of the sender of this frame that it will never use again (feature
+    /// `shm_forget`): the receiver unmaps them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    forget: Vec<u64>,
 }
 
 /// One pipe's session.
@@ -133,6 +155,10 @@ pub(crate) struct ShmSession {
     next_lease: AtomicU64,
     peer: Arc<Mutex<PeerState>>,
     batcher: Arc<Batcher>,
+    /// Whether the peer takes `forget` (and so may be lent shared segments).
+    forget_ok: bool,
+    /// Shared segments announced to the peer, and those gone, for the peer to forget.
+    forgets: Arc<Forgets>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -141,6 +167,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ShmSession {
     pub(crate) fn new(ctx: SessionCtx, opts: ShmOptions) -> Arc<Self> {
+        let ctx_forget_ok = ctx.has_feature(ferry_core::compact::FEATURE_SHM_FORGET);
         let s = Arc::new(ShmSession {
             pool: Pool::new(opts.clone()),
             ctx,
@@ -149,9 +176,68 @@ impl ShmSession {
             granted: Arc::default(),
             next_lease: AtomicU64::new(1),
             peer: Arc::default(),
+            forget_ok: ctx_forget_ok,
+            forgets: Arc::default(),
         });
-        tokio::spawn(flush_loop(s.ctx.clone(), s.batcher.clone(), s.granted.clone(), s.peer.clone()));
+        tokio::spawn(flush_loop(
+            s.ctx.clone(),
+            s.batcher.clone(),
+            s.granted.clone(),
+            s.peer.clone(),
+            s.forgets.clone(),
+        ));
         s
+    }
+
+    /// Lends `len` bytes at `start` of a shared segment.
+    fn grant_shared(
+        &self,
+        seg: Arc<SharedSegment>,
+        start: usize,
+        len: usize,
+        out: &mut Outgoing,
+    ) -> Result<Location, ChannelError> {
+        let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let id = seg.id();
+        let announce = if lock(&self.forgets.announced).insert(id) {
+            let forgets = Arc::downgrade(&self.forgets);
+            out.on_abort(move || {
+                if let Some(f) = forgets.upgrade() {
+                    lock(&f.announced).remove(&id);
+                }
+            });
+            // Told to forget it only once the announcement is on its way.
+            let (weak, forgets) = (Arc::downgrade(&seg), self.forgets.clone());
+            out.on_commit(move || {
+                if let Some(seg) = weak.upgrade() {
+                    seg.announced_to(&forgets);
+                }
+            });
+            let fd = seg.dup_fd().map_err(|e| ChannelError::Backend(Arc::new(e)))?;
+            let idx = out.attach_fd(fd);
+            Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
+        } else {
+            None
+        };
+        self.record_grant(lease, Granted { core: Source::Shared(seg), start, len }, out);
+        Ok(Location::Shm(ShmRef {
+            segment: id,
+            offset: start as u64,
+            len: len as u64,
+            lease,
+            announce,
+            lazy_release: false,
+        }))
+    }
+
+    fn record_grant(&self, lease: u64, g: Granted, out: &mut Outgoing) {
+        lock(&self.granted).insert(lease, g);
+        let granted = Arc::downgrade(&self.granted);
+        out.on_abort(move || {
+            if let Some(g) = granted.upgrade() {
+                lock(&g).remove(&lease);
+            }
+        });
     }
 
     fn grant(
@@ -179,13 +265,7 @@ impl ShmSession {
             let idx = out.attach_fd(fd);
             Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
         };
-        lock(&self.granted).insert(lease, Granted { core, start, len });
-        let granted = Arc::downgrade(&self.granted);
-        out.on_abort(move || {
-            if let Some(g) = granted.upgrade() {
-                lock(&g).remove(&lease);
-            }
-        });
+        self.record_grant(lease, Granted { core: Source::Slot(core), start, len }, out);
         Ok(Location::Shm(ShmRef {
             segment: u64::from(segment),
             offset,
@@ -293,6 +373,28 @@ impl ShmSession {
         Ok(Tensor::new(meta, Bytes::from_owner(owner))?)
     }
 
+    /// The peer will never use these segments again: unmap them (once no tensor of this
+    /// side refers to them).
+    fn forget(&self, ids: &[u64]) -> Result<(), ChannelError> {
+        if !self.forget_ok {
+            return Err(bad("forget without the shm_forget feature"));
+        }
+        let mut peer = lock(&self.peer);
+        for &id in ids {
+            let Some(seg) = peer.segs.get(&id) else {
+                return Err(bad(format!("forget of segment {id}, which is not mapped")));
+            };
+            if peer.held.range((id, 0, 0)..=(id, usize::MAX, u64::MAX)).next().is_some() {
+                return Err(bad(format!("forget of segment {id}, on which leases are held")));
+            }
+            let (addr, len) = (seg.addr(), seg.len() as u64);
+            peer.by_addr.remove(&addr);
+            peer.segs.remove(&id);
+            peer.mapped = peer.mapped.saturating_sub(len);
+        }
+        Ok(())
+    }
+
     fn decode_return(&self, meta: TensorMeta, r: &ShmReturnRef) -> Result<Tensor, ChannelError> {
         let granted = lock(&self.granted);
         let g = granted.get(&r.lease).ok_or_else(|| bad(format!("returned lease {} was never granted", r.lease)))?;
@@ -335,6 +437,12 @@ impl ChannelSession for ShmSession {
         if let Some(core) = self.pool.find(ptr, n) {
             let start = ptr - core.addr();
             return self.grant(core, start, n, out);
+        }
+        // A shared segment (a store's bucket), lent to a peer that will unmap it when told.
+        if self.forget_ok
+            && let Some((seg, start)) = shared::find(ptr, n)
+        {
+            return self.grant_shared(seg, start, n, out);
         }
         // The peer's own memory, leased to us: send it back by reference.
         if let Some((lease, offset)) = self.name_held(ptr, n, out) {
@@ -398,6 +506,9 @@ impl ChannelSession for ShmSession {
 
     fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
         let c: Control = serde_json::from_value(body).map_err(|e| bad(format!("control message: {e}")))?;
+        if !c.forget.is_empty() {
+            self.forget(&c.forget)?;
+        }
         let mut granted = lock(&self.granted);
         let mut freed = Vec::with_capacity(c.release.len());
         for id in c.release {
@@ -420,11 +531,13 @@ async fn flush_loop(
     batcher: Arc<Batcher>,
     granted: Arc<Mutex<HashMap<u64, Granted>>>,
     peer: Arc<Mutex<PeerState>>,
+    forgets: Arc<Forgets>,
 ) {
     let mut closed = ctx.closed.clone();
     loop {
         tokio::select! {
             _ = batcher.notify.notified() => {}
+            _ = forgets.notify.notified() => {}
             _ = closed.wait_for(|c| *c) => break,
         }
         // Give later releases `delay` to join this one (a full batch cuts it short).
@@ -440,10 +553,18 @@ async fn flush_loop(
             }
         }
         let ids = lock(&batcher.pending).take();
-        if ids.is_empty() {
+        let forget = std::mem::take(&mut *lock(&forgets.ids));
+        {
+            let mut announced = lock(&forgets.announced);
+            for id in &forget {
+                announced.remove(id);
+            }
+        }
+        if ids.is_empty() && forget.is_empty() {
             continue;
         }
-        let msg = ControlOut { channel: NAME, body: serde_json::json!({ "release": ids }), fds: Vec::new() };
+        let body = serde_json::to_value(Control { release: ids, forget }).unwrap_or_default();
+        let msg = ControlOut { channel: NAME, body, fds: Vec::new() };
         if ctx.control.send(msg).is_err() {
             break;
         }
@@ -515,7 +636,7 @@ fn unname(peer: &Weak<Mutex<PeerState>>, batcher: &Weak<Batcher>, lease: u64) {
 
 /// Owner of a tensor the peer sent back into our own pool.
 struct Returned {
-    core: Arc<SlotCore>,
+    core: Source,
     off: usize,
     len: usize,
 }

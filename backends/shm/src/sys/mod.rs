@@ -148,6 +148,11 @@ impl SharedRange {
         self.0.len
     }
 
+    /// The segment it is in.
+    pub fn segment(&self) -> &Arc<OwnSegment> {
+        &self.0.seg
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: inside the live mapping (checked by `claim`); the claim is held, so no
