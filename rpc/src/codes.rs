@@ -41,6 +41,12 @@ pub const UNAVAILABLE: i64 = -32007;
 /// The caller did not present the server's bearer token, or its request was refused before
 /// it was read (a foreign browser origin, a foreign Host, not JSON) (ferry).
 pub const UNAUTHORIZED: i64 = -32008;
+/// No such object: an unknown, freed or foreign tensor-store bundle, version or reference
+/// (ferry-store).
+pub const NOT_FOUND: i64 = -32009;
+/// The caller's identity may not change this object: a bundle another identity published
+/// (ferry-store).
+pub const FORBIDDEN: i64 = -32010;
 
 /// One row of the error-code table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
@@ -135,6 +141,18 @@ pub const ERROR_CODES: &[ErrorCode] = &[
         name: "UNAUTHORIZED",
         message: "Unauthorized",
         description: "The server requires a bearer token that was not presented, or refused the request before reading it (HTTP: a browser origin not allowed, a foreign Host header, a Content-Type other than application/json).",
+    },
+    ErrorCode {
+        code: NOT_FOUND,
+        name: "NOT_FOUND",
+        message: "Not found",
+        description: "No such object: a tensor-store bundle, version or reference that is unknown, was freed, or belongs to another identity.",
+    },
+    ErrorCode {
+        code: FORBIDDEN,
+        name: "FORBIDDEN",
+        message: "Forbidden",
+        description: "The caller's identity may not change this object (a tensor-store bundle another identity published).",
     },
 ];
 

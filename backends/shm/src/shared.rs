@@ -120,6 +120,12 @@ impl SharedSegment {
         (end <= self.len()).then(|| Bytes::from_owner(SharedSlice { seg: self.clone(), offset, len }))
     }
 
+    /// The live shared segment that holds all of `bytes`, and the offset of their first
+    /// byte in it (a tensor made over [`SharedSegment::bytes`] is found again this way).
+    pub fn containing(bytes: &[u8]) -> Option<(Arc<SharedSegment>, usize)> {
+        find(bytes.as_ptr() as usize, bytes.len())
+    }
+
     /// The wire segment id (the same on every pipe).
     pub(crate) fn id(&self) -> u64 {
         self.id

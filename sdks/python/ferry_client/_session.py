@@ -126,6 +126,8 @@ class Session:
         self.cuda_max_peer_allocs = cuda_max_peer_allocs
         self.compact = False
         """Both sides take compact tensor descriptors (PROTOCOL.md 7.3)."""
+        self.shm_forget = False
+        """Both sides agreed to shm `forget` (PROTOCOL.md 11.5)."""
         self._sent: dict[int, _Sent] = {}
         """Pool arrays sent before, by `id` (see `_Sent`)."""
 
@@ -194,6 +196,7 @@ class Session:
             self.compact = (
                 "compact_tensors" in features and "compact_tensors" in FEATURES
             )
+            self.shm_forget = "shm_forget" in features and "shm_forget" in FEATURES
             self.channel = str(cpu)
             self.welcome = w
             if cpu == "shm":
@@ -338,7 +341,15 @@ class Session:
                     f"malformed frame header: control frame for channel {h['channel']!r:.100}, "
                     "which this pipe does not use"
                 )
-            self.pool.release(h["body"])
+            body = h["body"]
+            if isinstance(body, dict) and "forget" in body:
+                if not self.shm_forget or self.receiver is None:
+                    raise ProtocolError(
+                        "forget without the shm_forget feature (PROTOCOL.md 11.5)"
+                    )
+                body = dict(body)
+                self.receiver.forget(body.pop("forget"))
+            self.pool.release(body)
             return []
         if f.kind == CLOSE:
             h = f.header if isinstance(f.header, dict) else {}
@@ -462,7 +473,7 @@ _COMPACT_ARITY: dict[str, tuple[int, int]] = {
 }
 """Elements of a compact descriptor by location: [dtype, shape, location, ..fields]."""
 
-FEATURES: list[str] = ["compact_tensors"]
+FEATURES: list[str] = ["compact_tensors", "shm_forget"]
 """Protocol features this client offers in HELLO (PROTOCOL.md 6.2)."""
 
 

@@ -132,7 +132,8 @@ class ShmReceiver:
         self.max_peer_bytes = max_peer_bytes
         self.segments: dict[int, npt.NDArray[np.uint8]] = {}
         self.mapped = 0
-        self.held: set[int] = set()
+        self.held: dict[int, int] = {}
+        """Leases held -> the segment each is on."""
         self.done: deque[int] = deque()
 
     def take_releases(self) -> list[int]:
@@ -140,8 +141,7 @@ class ShmReceiver:
         out: list[int] = []
         while self.done:
             lease = self.done.popleft()
-            if lease in self.held:
-                self.held.discard(lease)
+            if self.held.pop(lease, None) is not None:
                 out.append(lease)
         return out
 
@@ -198,7 +198,7 @@ class ShmReceiver:
         if span == 0:
             # No byte of the lease is read: the array needs no memory of its own.
             self.done.append(lease)
-            self.held.add(lease)
+            self.held[lease] = seg_id
             return np.empty(shape, dtype)
         holder = PeerView(
             seg,
@@ -208,8 +208,26 @@ class ShmReceiver:
             self.done,
             array_interface(shape, dtype, strides, start, True),
         )
-        self.held.add(lease)
+        self.held[lease] = seg_id
         return make_array(holder, dtype)
+
+    def forget(self, ids: object) -> None:
+        """The server's `forget` (feature `shm_forget`, PROTOCOL.md 11.5): it will never use
+        these segments again. They leave the table (and `max_peer_bytes`' count); the
+        mapping goes once no array refers to it."""
+        if not isinstance(ids, list):
+            raise ProtocolError(f"forget must be a list, got {ids!r:.100}")
+        for raw in ids:
+            seg_id = uint(raw, "forget")
+            seg = self.segments.get(seg_id)
+            if seg is None:
+                raise ProtocolError(f"forget of segment {seg_id}, which is not mapped")
+            if seg_id in self.held.values():
+                raise ProtocolError(
+                    f"forget of segment {seg_id}, on which leases are held"
+                )
+            del self.segments[seg_id]
+            self.mapped -= len(seg)
 
 
 def open_segment(fd: int, size: int, seg_id: int) -> npt.NDArray[np.uint8]:
@@ -405,7 +423,8 @@ class ShmPool:
                     self._unref(entry[0])
 
     def release(self, ids: object) -> None:
-        """The server's CONTROL body `{"release": [..]}` (strict, PROTOCOL.md 11.5)."""
+        """The server's CONTROL body `{"release": [..]}` (strict, PROTOCOL.md 11.5; a
+        `forget` beside it is taken off first, by `ShmReceiver.forget`)."""
         if (
             not isinstance(ids, dict)
             or len(ids) != 1

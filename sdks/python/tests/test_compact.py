@@ -20,7 +20,7 @@ def test_the_server_grants_compact_descriptors_and_both_directions_use_them(
     with Client.connect(demo.addr) as c:
         session = c._session
         assert session.compact, session.welcome
-        assert session.welcome["features"] == ["compact_tensors"]
+        assert session.welcome["features"] == ["compact_tensors", "shm_forget"]
         a = c.alloc((1920, 1080, 3), "f32")
         a[...] = 0.5
         for _ in range(3):  # announce, remember, then the compact memo
@@ -75,7 +75,7 @@ def compact_handshake(conn: socket.socket) -> None:
         "features": ["compact_tensors"],
     }
     hello = handshake(conn, welcome)
-    assert b'"features":["compact_tensors"]' in hello
+    assert b'"features":["compact_tensors","shm_forget"]' in hello
 
 
 def answer(desc: object, payload: bytes = b"") -> bytes:

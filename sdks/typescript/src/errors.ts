@@ -36,6 +36,8 @@ export const ErrorCode = {
   TENSOR_ERROR: -32006,
   UNAVAILABLE: -32007,
   UNAUTHORIZED: -32008,
+  NOT_FOUND: -32009,
+  FORBIDDEN: -32010,
 } as const;
 
 /** A JSON-RPC error object as it travels. */
@@ -98,6 +100,10 @@ export class TensorError extends RpcError {}
 export class UnavailableError extends RpcError {}
 /** -32008: the server requires a bearer token, or refused the request before reading it. */
 export class UnauthorizedError extends RpcError {}
+/** -32009: no such tensor-store bundle, version or reference (unknown, freed or another identity's). */
+export class NotFoundError extends RpcError {}
+/** -32010: the caller's identity may not change this object (a bundle another identity published). */
+export class ForbiddenError extends RpcError {}
 
 type RpcErrorClass = new (code: number, message: string, data?: unknown) => RpcError;
 
@@ -116,6 +122,8 @@ const BY_CODE = new Map<number, RpcErrorClass>([
   [ErrorCode.TENSOR_ERROR, TensorError],
   [ErrorCode.UNAVAILABLE, UnavailableError],
   [ErrorCode.UNAUTHORIZED, UnauthorizedError],
+  [ErrorCode.NOT_FOUND, NotFoundError],
+  [ErrorCode.FORBIDDEN, ForbiddenError],
 ]);
 
 /** The connection is closed: by `close()`, by the server (CLOSE frame or end of stream), or it died. */

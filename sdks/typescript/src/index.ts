@@ -44,6 +44,8 @@ export {
   TimeoutError,
   UnavailableError,
   UnauthorizedError,
+  NotFoundError,
+  ForbiddenError,
 } from "./errors.js";
 export { type Limits, DEFAULT_LIMITS, VERSION } from "./frame.js";
 export type { Welcome } from "./connection.js";

@@ -1,0 +1,104 @@
+//! ferry-store: a tensor store of named, versioned, immutable bundles (a model's
+//! state_dict), for handing weights from a trainer or a weight daemon to inference engines.
+//!
+//! - **Bundles and versions.** [`Store::publish`] (or [`Store::builder`], to build a
+//!   version in place and publish it without a copy) makes the next version of a name.
+//!   Versions are immutable. The latest is what [`Store::open`] gives by default; a
+//!   superseded version lives, and can still be opened, while a reader holds it, and its
+//!   memory is freed when the last reader lets go.
+//! - **Buckets.** A version's tensors are laid out in a few large buckets
+//!   ([`StoreOptions::bucket_bytes`], default 512 MiB), each one sealed memfd on Linux
+//!   (ferry-shm's shared segments). A reader maps the buckets, zero-copy, and slices them
+//!   by the manifest ([`Entry`]), so opening costs O(buckets), not O(tensors).
+//! - **Digests.** Each version gets a BLAKE3 digest of its content ([`Manifest::digest`]),
+//!   computed in the background after publishing (publishing stays O(1)); a reader that
+//!   passes `expect_digest` waits for it and is refused on a mismatch.
+//! - **Checkpoints.** [`weights::publish_safetensors`] reads `.safetensors` files into
+//!   buckets and publishes them through core's [`ferry_core::SafetensorsCodec`].
+//! - **RPC.** [`rpc::methods`] serves a store as `store.publish`, `store.open`,
+//!   `store.list` and `store.unpublish` (PROTOCOL.md §20); `ferry serve-weights` serves
+//!   one with checkpoints published.
+//! - **Limits.** [`StoreOptions::budget_bytes`] bounds the bytes of live buckets; a publish
+//!   past it fails with [`StoreError::Budget`], naming the option.
+
+mod bucket;
+mod manifest;
+pub mod rpc;
+mod store;
+pub mod weights;
+
+pub use manifest::Entry;
+pub use store::{BundleBuilder, BundleStatus, Manifest, Owner, Store, Version};
+
+/// Options of a [`Store`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Most bytes of buckets alive at once: latest versions, superseded versions readers
+    /// still hold, and versions being built (default: half of this machine's memory, or
+    /// 16 GiB where it cannot be read).
+    pub budget_bytes: u64,
+    /// Largest bucket (default 512 MiB); a larger tensor gets a bucket of its own size.
+    pub bucket_bytes: usize,
+    /// Compute each version's BLAKE3 digest (default true).
+    pub digest: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { budget_bytes: default_budget(), bucket_bytes: 512 << 20, digest: true }
+    }
+}
+
+/// Half of `MemTotal`, or 16 GiB.
+fn default_budget() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024 / 2)
+        })
+        .unwrap_or(16 << 30)
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No such bundle, version or tensor (or it was freed).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The bundle belongs to another identity.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    /// Publishing would exceed [`StoreOptions::budget_bytes`].
+    #[error(
+        "store budget exceeded: {needed} more bytes needed, {used} in use, budget_bytes = {budget} (StoreOptions::budget_bytes, `ferry serve-weights --budget-mib`)"
+    )]
+    Budget {
+        /// Bytes the new version needs.
+        needed: u64,
+        /// Bytes in use.
+        used: u64,
+        /// The budget.
+        budget: u64,
+    },
+    /// The digest is not the one expected.
+    #[error("digest mismatch: version {version} of {name:?} has digest {actual}, expected {expected}")]
+    DigestMismatch {
+        /// The bundle.
+        name: String,
+        /// Its version.
+        version: u64,
+        /// What the reader expected.
+        expected: String,
+        /// What it is.
+        actual: String,
+    },
+    /// The input cannot be stored (a device tensor, a strided one, a bad checkpoint).
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// A system call failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,262 @@
+//! The store over JSON-RPC: `store.publish`, `store.open`, `store.list`, `store.unpublish`
+//! (PROTOCOL.md §20).
+//!
+//! `store.open` answers with the version's manifest and its buckets as `u8` tensors: over
+//! the shm channel each bucket is lent, not copied (a lease the reader holds until it drops
+//! the last array made from it), so opening costs O(buckets) whatever the number of
+//! tensors, and a reader holds its version exactly as long as it holds its arrays.
+
+use std::sync::Arc;
+
+use ferry_rpc::codes::{FORBIDDEN, NOT_FOUND};
+use ferry_rpc::{CallContext, ErrorObject, Methods, RegisterError, RpcTensor, TensorMap};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Entry, Manifest, Store, StoreError};
+
+/// Params of `store.publish`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishParams {
+    /// The bundle's name.
+    pub name: String,
+    /// The tensors (a state_dict), by name.
+    pub tensors: TensorMap,
+    /// Any JSON the readers get with the version (a step number, a config).
+    #[serde(default)]
+    pub metadata: Value,
+}
+
+/// What `store.publish` made.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct Published {
+    /// The bundle's name.
+    pub name: String,
+    /// The new version's number.
+    pub version: u64,
+    /// Bytes of its buckets.
+    pub bytes: u64,
+    /// How many tensors it holds.
+    pub tensors: u64,
+}
+
+/// Params of `store.open`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenParams {
+    /// The bundle's name.
+    pub name: String,
+    /// A version number; absent or null: the latest.
+    #[serde(default)]
+    pub version: Option<u64>,
+    /// Refuse the version unless its digest is this (`blake3:HEX`); waits for the digest
+    /// while it is computed.
+    #[serde(default)]
+    pub expect_digest: Option<String>,
+}
+
+/// An opened version: its manifest and its buckets.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct Opened {
+    /// The bundle's name.
+    pub name: String,
+    /// The version's number.
+    pub version: u64,
+    /// Its digest (`blake3:HEX`); null while it is still computed, or when the store
+    /// computes none.
+    pub digest: Option<String>,
+    /// The producer's metadata.
+    pub metadata: Value,
+    /// Bytes of its buckets.
+    pub bytes: u64,
+    /// When it was published (milliseconds since the Unix epoch).
+    pub published_ms: u64,
+    /// Its buckets, each a `u8` vector; a tensor's bytes are a range of one.
+    pub buckets: Vec<RpcTensor>,
+    /// Every tensor as `[name, dtype, shape, bucket, offset]`, in the order published.
+    pub tensors: Vec<Entry>,
+}
+
+/// Params of `store.list`.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {}
+
+/// One bundle in `store.list`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct BundleInfo {
+    /// The bundle's name.
+    pub name: String,
+    /// The latest version (null once unpublished while readers hold older ones).
+    pub version: Option<u64>,
+    /// Bytes of the latest version's buckets.
+    pub bytes: u64,
+    /// Tensors in the latest version.
+    pub tensors: u64,
+    /// The latest version's digest, once computed.
+    pub digest: Option<String>,
+    /// The latest version's metadata.
+    pub metadata: Value,
+    /// Superseded versions that readers still hold.
+    pub held_versions: Vec<u64>,
+}
+
+/// Params of `store.unpublish`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UnpublishParams {
+    /// The bundle's name.
+    pub name: String,
+}
+
+/// A store error as a JSON-RPC error.
+pub fn error(e: StoreError) -> ErrorObject {
+    match e {
+        StoreError::NotFound(m) => ErrorObject::new(NOT_FOUND, m),
+        StoreError::Forbidden(m) => ErrorObject::new(FORBIDDEN, m),
+        StoreError::Budget { needed, used, budget } => {
+            let mut err = ErrorObject::limit("budget_bytes", "bytes of the tensor store", used + needed, budget);
+            err.message = StoreError::Budget { needed, used, budget }.to_string();
+            err
+        }
+        e @ StoreError::DigestMismatch { .. } => ErrorObject::invalid_params("expect_digest", e.to_string()),
+        StoreError::Invalid(m) => ErrorObject::invalid_params("", m),
+        e @ StoreError::Io(_) => ErrorObject::internal(e),
+    }
+}
+
+impl Opened {
+    /// Every tensor, in the order published, as a view of the buckets (no copy), after
+    /// checking that each lies inside its bucket.
+    pub fn tensors(&self) -> Result<Vec<(String, ferry_core::Tensor)>, String> {
+        self.tensors
+            .iter()
+            .map(|e| {
+                let bucket = self.buckets.get(e.3 as usize).ok_or_else(|| format!("{:?}: no bucket {}", e.0, e.3))?;
+                let bytes = bucket.0.host_bytes().ok_or_else(|| format!("bucket {} is not in host memory", e.3))?;
+                let len = e.byte_len().ok_or_else(|| format!("{:?}: size overflows", e.0))?;
+                let end = e.4.checked_add(len).filter(|&end| end <= bytes.len() as u64);
+                let end = end.ok_or_else(|| format!("{:?}: {}+{len} is outside bucket {}", e.0, e.4, e.3))?;
+                let whole = bucket.0.bytes();
+                let t = ferry_core::Tensor::new(e.meta(), whole.slice(e.4 as usize..end as usize))
+                    .map_err(|err| format!("{:?}: {err}", e.0))?;
+                Ok((e.0.clone(), t))
+            })
+            .collect()
+    }
+}
+
+/// Calls `store.open` on `client`.
+pub async fn open(
+    client: &ferry_rpc::Client,
+    name: &str,
+    version: Option<u64>,
+    expect_digest: Option<&str>,
+) -> Result<Opened, ferry_rpc::CallError> {
+    let params = serde_json::json!({ "name": name, "version": version, "expect_digest": expect_digest });
+    client.call("store.open", &params).await
+}
+
+fn opened(m: &Manifest, buckets: Vec<RpcTensor>, digest: Option<String>) -> Opened {
+    Opened {
+        name: m.name.clone(),
+        version: m.version,
+        digest,
+        metadata: m.metadata.clone(),
+        bytes: m.bytes,
+        published_ms: m.published_ms,
+        buckets,
+        tensors: m.entries.clone(),
+    }
+}
+
+/// The store's methods, to merge into a server's table.
+pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
+    let mut m = Methods::new();
+    let s = store.clone();
+    m.register_blocking("store.publish", move |p: PublishParams, ctx: CallContext| {
+        let tensors = p.tensors.into_iter().map(|(n, t)| (n, t.into_inner())).collect();
+        let v = s.publish(&p.name, tensors, p.metadata, Some(ctx.peer().identity.clone())).map_err(error)?;
+        let m = v.manifest();
+        Ok(Published { name: m.name.clone(), version: m.version, bytes: m.bytes, tensors: m.entries.len() as u64 })
+    })?
+    .summary("Publish tensors as the next version of a bundle")
+    .description(
+        "Copies the tensors once into the store's buckets and makes them the bundle's latest version. A name \
+         belongs to the identity that first published it (FORBIDDEN for others); past the store's budget: \
+         LIMIT_EXCEEDED naming budget_bytes.",
+    );
+    let s = store.clone();
+    m.register("store.open", move |p: OpenParams| {
+        let s = s.clone();
+        async move {
+            let v = s.open(&p.name, p.version).map_err(error)?;
+            let digest = match &p.expect_digest {
+                None => v.manifest().digest(),
+                Some(want) => {
+                    let man = v.manifest().clone();
+                    let got = tokio::task::spawn_blocking(move || man.wait_digest())
+                        .await
+                        .map_err(ErrorObject::internal)?
+                        .ok_or_else(|| {
+                            ErrorObject::invalid_params("expect_digest", "this store computes no digests")
+                        })?;
+                    if &got != want {
+                        return Err(error(StoreError::DigestMismatch {
+                            name: p.name.clone(),
+                            version: v.manifest().version,
+                            expected: want.clone(),
+                            actual: got,
+                        }));
+                    }
+                    Some(got)
+                }
+            };
+            let buckets = v.bucket_tensors().into_iter().map(RpcTensor).collect();
+            Ok(opened(v.manifest(), buckets, digest))
+        }
+    })?
+    .summary("Open a version of a bundle: its manifest and its buckets (zero-copy over shm)")
+    .description(
+        "The latest version unless `version` is given (a superseded version can be opened while a reader holds \
+         it). Over shm each bucket is lent, not copied: the reader holds the version while it holds arrays made \
+         from the buckets. NOT_FOUND for an unknown bundle or a version no longer held.",
+    );
+    let s = store.clone();
+    m.register("store.list", move |_: ListParams| {
+        let s = s.clone();
+        async move {
+            let out: Vec<BundleInfo> = s
+                .list()
+                .into_iter()
+                .map(|(name, st)| {
+                    let l = st.latest.as_deref();
+                    BundleInfo {
+                        name,
+                        version: l.map(|m| m.version),
+                        bytes: l.map_or(0, |m| m.bytes),
+                        tensors: l.map_or(0, |m| m.entries.len() as u64),
+                        digest: l.and_then(Manifest::digest),
+                        metadata: l.map_or(Value::Null, |m| m.metadata.clone()),
+                        held_versions: st.held.iter().map(|m| m.version).collect(),
+                    }
+                })
+                .collect();
+            Ok::<_, ErrorObject>(out)
+        }
+    })?
+    .summary("The bundles in the store")
+    .inline();
+    let s = store;
+    m.register_ctx("store.unpublish", move |p: UnpublishParams, ctx: CallContext| {
+        let s = s.clone();
+        async move {
+            s.unpublish(&p.name, &Some(ctx.peer().identity.clone())).map_err(error)?;
+            Ok::<_, ErrorObject>(true)
+        }
+    })?
+    .summary("Drop a bundle's latest version (readers keep what they hold)");
+    Ok(m)
+}

@@ -1,0 +1,527 @@
+//! The store: named bundles, their versions, the byte budget, and building a version in
+//! place.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ferry_core::{ALIGN, Tensor, TensorMeta};
+use serde_json::Value;
+
+use crate::bucket::{Bucket, BucketMut, WeakBucket};
+use crate::manifest::{DigestCell, Entry, digest};
+use crate::{StoreError, StoreOptions};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Who publishes: `None` is the process that owns the store (it may publish any name); an
+/// RPC caller is its identity, and a name belongs to the identity that first published it.
+pub type Owner = Option<ferry_rpc::Identity>;
+
+/// What a version is, apart from its memory: kept while any of its buckets lives, so that a
+/// superseded version still held by a reader can be opened again.
+#[derive(Debug)]
+pub struct Manifest {
+    /// The bundle's name.
+    pub name: String,
+    /// Its version number (1, 2, ...).
+    pub version: u64,
+    /// Where each tensor lies, in the order published.
+    pub entries: Vec<Entry>,
+    /// The producer's metadata (any JSON; `null` when none).
+    pub metadata: Value,
+    /// Bytes of its buckets.
+    pub bytes: u64,
+    /// When it was published (milliseconds since the Unix epoch).
+    pub published_ms: u64,
+    pub(crate) digest: Arc<DigestCell>,
+}
+
+impl Manifest {
+    /// The digest (`blake3:HEX`) once computed; `None` while it is computed or when digests
+    /// are off ([`StoreOptions::digest`]).
+    pub fn digest(&self) -> Option<String> {
+        self.digest.get().flatten()
+    }
+
+    /// Waits for the digest (`None`: digests are off).
+    pub fn wait_digest(&self) -> Option<String> {
+        self.digest.wait()
+    }
+}
+
+/// One immutable version of a bundle: its manifest and its buckets. Holding it (or any
+/// tensor made from it) keeps its memory; readers over a pipe hold leases on the buckets
+/// instead.
+#[derive(Clone)]
+pub struct Version {
+    manifest: Arc<Manifest>,
+    buckets: Vec<Bucket>,
+}
+
+impl std::fmt::Debug for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Version")
+            .field("name", &self.manifest.name)
+            .field("version", &self.manifest.version)
+            .field("tensors", &self.manifest.entries.len())
+            .field("buckets", &self.buckets.len())
+            .finish()
+    }
+}
+
+impl Version {
+    /// Its manifest.
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
+    }
+
+    /// Its buckets' bytes, one host tensor (`u8`, 1-D) per bucket: what a reader maps.
+    pub fn bucket_tensors(&self) -> Vec<Tensor> {
+        self.buckets
+            .iter()
+            .map(|b| {
+                Tensor::new(TensorMeta::new(ferry_core::DType::U8, vec![b.len() as u64]), b.whole())
+                    .expect("a u8 vector over a whole bucket is valid")
+            })
+            .collect()
+    }
+
+    /// Every tensor, in the order published, as a view of the buckets (no copy).
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        self.manifest
+            .entries
+            .iter()
+            .filter_map(|e| {
+                let len = usize::try_from(e.byte_len()?).ok()?;
+                let bytes = self.buckets.get(e.3 as usize)?.bytes(usize::try_from(e.4).ok()?, len)?;
+                Some((e.0.clone(), Tensor::new(e.meta(), bytes).ok()?))
+            })
+            .collect()
+    }
+}
+
+/// A superseded version: its manifest and weak handles on its buckets.
+struct Old {
+    manifest: Arc<Manifest>,
+    buckets: Vec<WeakBucket>,
+}
+
+impl Old {
+    fn live_bytes(&self) -> u64 {
+        self.buckets.iter().filter_map(WeakBucket::live_bytes).map(|b| b as u64).sum()
+    }
+
+    fn upgrade(&self) -> Option<Version> {
+        let buckets = self.buckets.iter().map(WeakBucket::upgrade).collect::<Option<Vec<_>>>()?;
+        Some(Version { manifest: self.manifest.clone(), buckets })
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    /// `None`: the process itself; else the identity that first published the name.
+    owner: Owner,
+    latest: Option<Version>,
+    old: Vec<Old>,
+    next: u64,
+}
+
+#[derive(Default)]
+struct State {
+    bundles: BTreeMap<String, Slot>,
+    /// Bytes held by builders not committed yet.
+    building: u64,
+}
+
+impl State {
+    fn prune(&mut self) {
+        for slot in self.bundles.values_mut() {
+            slot.old.retain(|o| o.live_bytes() > 0);
+        }
+        self.bundles.retain(|_, s| s.latest.is_some() || !s.old.is_empty());
+    }
+
+    fn used(&self) -> u64 {
+        self.building
+            + self
+                .bundles
+                .values()
+                .map(|s| {
+                    s.latest.as_ref().map_or(0, |v| v.manifest.bytes) + s.old.iter().map(Old::live_bytes).sum::<u64>()
+                })
+                .sum::<u64>()
+    }
+}
+
+/// Named, versioned, immutable bundles of tensors (a model's state_dict) in a few large
+/// buckets. See the crate docs.
+pub struct Store {
+    opts: StoreOptions,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("opts", &self.opts).finish_non_exhaustive()
+    }
+}
+
+/// What [`Store::list`] says of a bundle.
+#[derive(Debug, Clone)]
+pub struct BundleStatus {
+    /// The latest version (`None` once unpublished while readers still hold older ones).
+    pub latest: Option<Arc<Manifest>>,
+    /// Superseded versions still held by readers.
+    pub held: Vec<Arc<Manifest>>,
+}
+
+impl Store {
+    /// An empty store.
+    pub fn new(opts: StoreOptions) -> Arc<Store> {
+        Arc::new(Store { opts, state: Mutex::new(State::default()) })
+    }
+
+    /// Its options.
+    pub fn options(&self) -> &StoreOptions {
+        &self.opts
+    }
+
+    /// Bytes of live buckets (latest versions, superseded ones readers hold, builders).
+    pub fn used_bytes(&self) -> u64 {
+        let mut st = lock(&self.state);
+        st.prune();
+        st.used()
+    }
+
+    /// Version `version` of `name` (`None`: the latest). A superseded version can be opened
+    /// while some reader still holds it.
+    pub fn open(&self, name: &str, version: Option<u64>) -> Result<Version, StoreError> {
+        let st = lock(&self.state);
+        let slot = st.bundles.get(name).ok_or_else(|| StoreError::NotFound(format!("no bundle named {name:?}")))?;
+        match (version, &slot.latest) {
+            (None, Some(v)) => Ok(v.clone()),
+            (None, None) => Err(StoreError::NotFound(format!("bundle {name:?} was unpublished"))),
+            (Some(n), Some(v)) if v.manifest.version == n => Ok(v.clone()),
+            (Some(n), _) => slot
+                .old
+                .iter()
+                .filter(|o| o.manifest.version == n)
+                .find_map(Old::upgrade)
+                .ok_or_else(|| StoreError::NotFound(format!("version {n} of bundle {name:?} is not held any more"))),
+        }
+    }
+
+    /// Every bundle with a latest version or held versions, by name.
+    pub fn list(&self) -> BTreeMap<String, BundleStatus> {
+        let mut st = lock(&self.state);
+        st.prune();
+        st.bundles
+            .iter()
+            .map(|(n, s)| {
+                let held = s.old.iter().map(|o| o.manifest.clone()).collect();
+                (n.clone(), BundleStatus { latest: s.latest.as_ref().map(|v| v.manifest.clone()), held })
+            })
+            .collect()
+    }
+
+    /// Drops the latest version of `name` (readers keep what they hold). Only its owner may.
+    pub fn unpublish(&self, name: &str, by: &Owner) -> Result<(), StoreError> {
+        let mut st = lock(&self.state);
+        let slot = st.bundles.get_mut(name).ok_or_else(|| StoreError::NotFound(format!("no bundle named {name:?}")))?;
+        check_owner(name, slot, by)?;
+        if let Some(v) = slot.latest.take() {
+            slot.old.push(Old { buckets: v.buckets.iter().map(Bucket::downgrade).collect(), manifest: v.manifest });
+        }
+        st.prune();
+        Ok(())
+    }
+
+    /// Starts a version of `name` built in place: the buckets are allocated for `specs`
+    /// (name and metadata of each tensor, in order) and the producer fills them
+    /// ([`BundleBuilder::tensor_mut`]) before [`BundleBuilder::commit`]. No byte is copied.
+    pub fn builder(
+        self: &Arc<Self>,
+        name: &str,
+        specs: Vec<(String, TensorMeta)>,
+        by: Owner,
+    ) -> Result<BundleBuilder, StoreError> {
+        let mut lens = Vec::with_capacity(specs.len());
+        for (n, m) in &specs {
+            if m.device != ferry_core::Device::Cpu || m.strides.is_some() {
+                return Err(StoreError::Invalid(format!("tensor {n:?}: only contiguous cpu tensors are stored")));
+            }
+            lens.push(m.byte_span().map_err(|e| StoreError::Invalid(format!("tensor {n:?}: {e}")))?);
+        }
+        let (places, bucket_lens) = plan(&lens, self.opts.bucket_bytes as u64);
+        let total: u64 = bucket_lens.iter().sum();
+        self.reserve(name, &by, total)?;
+        let guard = Reservation { store: self.clone(), bytes: total };
+        let mut buckets = Vec::with_capacity(bucket_lens.len());
+        for len in &bucket_lens {
+            let len = usize::try_from(*len).map_err(|_| StoreError::Invalid("bucket too large".into()))?;
+            buckets.push(BucketMut::create(len).map_err(StoreError::Io)?);
+        }
+        let entries =
+            specs.into_iter().zip(&places).map(|((n, m), &(b, off))| Entry(n, m.dtype, m.shape, b, off)).collect();
+        Ok(BundleBuilder { name: name.to_owned(), by, entries, lens, buckets, reservation: guard })
+    }
+
+    /// Publishes `tensors` as the next version of `name`. A tensor whose bytes already lie in
+    /// a bucket (made by a builder, read from a file by [`crate::weights`], or opened from
+    /// another version) is referenced where it is; the others are copied once into new
+    /// buckets.
+    pub fn publish(
+        self: &Arc<Self>,
+        name: &str,
+        tensors: Vec<(String, Tensor)>,
+        metadata: Value,
+        by: Owner,
+    ) -> Result<Version, StoreError> {
+        let mut found: Vec<Option<(Bucket, usize)>> = Vec::with_capacity(tensors.len());
+        let mut copy = Vec::new();
+        for (n, t) in &tensors {
+            let bytes =
+                t.host_bytes().ok_or_else(|| StoreError::Invalid(format!("tensor {n:?} is not in host memory")))?;
+            if t.meta().strides.is_some() {
+                return Err(StoreError::Invalid(format!("tensor {n:?} is strided; send it contiguous")));
+            }
+            let here = Bucket::containing(bytes);
+            if here.is_none() {
+                copy.push((n.clone(), t.meta().clone()));
+            }
+            found.push(here);
+        }
+        let mut builder = self.builder(name, copy, by)?;
+        let mut in_place: Vec<Bucket> = Vec::new();
+        let mut entries = Vec::with_capacity(tensors.len());
+        let mut copied = 0usize;
+        for ((n, t), here) in tensors.iter().zip(found) {
+            match here {
+                Some((bucket, off)) => {
+                    let i = match in_place.iter().position(|b| b.same(&bucket)) {
+                        Some(i) => i,
+                        None => {
+                            in_place.push(bucket);
+                            in_place.len() - 1
+                        }
+                    };
+                    entries.push(Placed::InPlace(Entry(
+                        n.clone(),
+                        t.dtype(),
+                        t.shape().to_vec(),
+                        i as u32,
+                        off as u64,
+                    )));
+                }
+                None => {
+                    let dst = builder.tensor_mut_at(copied).expect("one builder slot per copied tensor");
+                    dst.copy_from_slice(t.as_bytes());
+                    entries.push(Placed::Copied(copied));
+                    copied += 1;
+                }
+            }
+        }
+        builder.commit_with(metadata, in_place, entries)
+    }
+
+    /// Holds `bytes` of the budget for a version of `name` being made outside a builder
+    /// (a checkpoint read into a bucket), until the returned guard drops.
+    pub(crate) fn reservation(self: &Arc<Self>, name: &str, by: &Owner, bytes: u64) -> Result<Reservation, StoreError> {
+        self.reserve(name, by, bytes)?;
+        Ok(Reservation { store: self.clone(), bytes })
+    }
+
+    fn reserve(&self, name: &str, by: &Owner, bytes: u64) -> Result<(), StoreError> {
+        let mut st = lock(&self.state);
+        if let Some(slot) = st.bundles.get(name) {
+            check_owner(name, slot, by)?;
+        }
+        st.prune();
+        let used = st.used();
+        if used.saturating_add(bytes) > self.opts.budget_bytes {
+            return Err(StoreError::Budget { needed: bytes, used, budget: self.opts.budget_bytes });
+        }
+        st.building += bytes;
+        Ok(())
+    }
+
+    fn commit(
+        &self,
+        name: &str,
+        by: &Owner,
+        entries: Vec<Entry>,
+        buckets: Vec<Bucket>,
+        metadata: Value,
+    ) -> Result<Version, StoreError> {
+        let bytes = buckets.iter().map(|b| b.len() as u64).sum();
+        let cell = Arc::new(DigestCell::default());
+        let mut st = lock(&self.state);
+        let slot = st.bundles.entry(name.to_owned()).or_insert_with(|| Slot { owner: by.clone(), ..Slot::default() });
+        check_owner(name, slot, by)?;
+        slot.next += 1;
+        let manifest = Arc::new(Manifest {
+            name: name.to_owned(),
+            version: slot.next,
+            entries,
+            metadata,
+            bytes,
+            published_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            digest: cell.clone(),
+        });
+        let v = Version { manifest, buckets };
+        if let Some(prev) = slot.latest.replace(v.clone()) {
+            slot.old
+                .push(Old { buckets: prev.buckets.iter().map(Bucket::downgrade).collect(), manifest: prev.manifest });
+        }
+        st.prune();
+        drop(st);
+        if self.opts.digest {
+            let for_hash = v.clone();
+            let spawned = std::thread::Builder::new().name("ferry-store-digest".into()).spawn(move || {
+                let tensors = for_hash.tensors();
+                let d = digest(for_hash.manifest.entries.iter().zip(tensors.iter().map(|(_, t)| t.as_bytes())));
+                for_hash.manifest.digest.set(Some(d));
+            });
+            if let Err(e) = spawned {
+                tracing::warn!("ferry-store: cannot start the digest thread ({e}); computing the digest here");
+                let tensors = v.tensors();
+                cell.set(Some(digest(v.manifest.entries.iter().zip(tensors.iter().map(|(_, t)| t.as_bytes())))));
+            }
+        } else {
+            cell.set(None);
+        }
+        tracing::info!(
+            bundle = name,
+            version = v.manifest.version,
+            bytes,
+            tensors = v.manifest.entries.len(),
+            "published"
+        );
+        Ok(v)
+    }
+}
+
+fn check_owner(name: &str, slot: &Slot, by: &Owner) -> Result<(), StoreError> {
+    match (by, &slot.owner) {
+        (None, _) => Ok(()),
+        (Some(who), Some(owner)) if who == owner => Ok(()),
+        _ => Err(StoreError::Forbidden(format!("bundle {name:?} belongs to another identity"))),
+    }
+}
+
+/// Places tensors of `lens` bytes in buckets of at most `bucket_bytes` (a larger tensor gets
+/// a bucket of its own): tensors of 4 KiB and more start on a page, smaller ones on 64
+/// bytes. Returns each tensor's (bucket, offset) and each bucket's length.
+fn plan(lens: &[u64], bucket_bytes: u64) -> (Vec<(u32, u64)>, Vec<u64>) {
+    let mut places = Vec::with_capacity(lens.len());
+    let mut buckets: Vec<u64> = Vec::new();
+    for &len in lens {
+        let align = if len >= 4096 { 4096 } else { ALIGN as u64 };
+        let fits = buckets.last().map(|&used| used.next_multiple_of(align).saturating_add(len) <= bucket_bytes);
+        if fits != Some(true) {
+            buckets.push(0);
+        }
+        let last = buckets.last_mut().expect("a bucket was just made");
+        let off = last.next_multiple_of(align);
+        *last = off + len;
+        places.push(((buckets.len() - 1) as u32, off));
+    }
+    (places, buckets)
+}
+
+/// Budget held by a builder until it commits or is dropped.
+pub(crate) struct Reservation {
+    store: Arc<Store>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut st = lock(&self.store.state);
+        st.building = st.building.saturating_sub(self.bytes);
+    }
+}
+
+enum Placed {
+    InPlace(Entry),
+    Copied(usize),
+}
+
+/// A version being built in place ([`Store::builder`]): fill each tensor, then commit.
+/// Dropped without a commit, it publishes nothing and frees its buckets.
+pub struct BundleBuilder {
+    name: String,
+    by: Owner,
+    entries: Vec<Entry>,
+    lens: Vec<u64>,
+    buckets: Vec<BucketMut>,
+    reservation: Reservation,
+}
+
+impl BundleBuilder {
+    /// The tensors to fill, in order (name, dtype, shape, bucket, offset).
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The bytes of tensor `name`, to fill.
+    pub fn tensor_mut(&mut self, name: &str) -> Option<&mut [u8]> {
+        let i = self.entries.iter().position(|e| e.0 == name)?;
+        self.tensor_mut_at(i)
+    }
+
+    /// The bytes of the `i`-th tensor, to fill.
+    pub fn tensor_mut_at(&mut self, i: usize) -> Option<&mut [u8]> {
+        let e = self.entries.get(i)?;
+        let (off, len) = (usize::try_from(e.4).ok()?, usize::try_from(self.lens[i]).ok()?);
+        self.buckets.get_mut(e.3 as usize)?.as_mut_slice().get_mut(off..off + len)
+    }
+
+    /// Publishes the filled tensors as the next version, with `metadata`.
+    pub fn commit(self, metadata: Value) -> Result<Version, StoreError> {
+        let n = self.entries.len();
+        self.commit_with(metadata, Vec::new(), (0..n).map(Placed::Copied).collect())
+    }
+
+    /// Commits with some tensors referenced in `in_place` buckets (first) and the rest from
+    /// this builder's buckets.
+    fn commit_with(self, metadata: Value, in_place: Vec<Bucket>, placed: Vec<Placed>) -> Result<Version, StoreError> {
+        let BundleBuilder { name, by, entries, buckets, reservation, .. } = self;
+        let shift = in_place.len() as u32;
+        let mut all = in_place;
+        all.extend(buckets.into_iter().map(BucketMut::freeze));
+        let entries = placed
+            .into_iter()
+            .map(|p| match p {
+                Placed::InPlace(e) => e,
+                Placed::Copied(i) => {
+                    let e = &entries[i];
+                    Entry(e.0.clone(), e.1, e.2.clone(), e.3 + shift, e.4)
+                }
+            })
+            .collect();
+        let store = reservation.store.clone();
+        // The committed version is counted from here on; the reservation ends as it is.
+        let v = store.commit(&name, &by, entries, all, metadata);
+        drop(reservation);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan;
+
+    #[test]
+    fn plan_packs_and_aligns() {
+        let (p, b) = plan(&[10, 5000, 100, 1 << 20], 1 << 20);
+        assert_eq!(p, vec![(0, 0), (0, 4096), (0, 9152), (1, 0)]);
+        assert_eq!(b, vec![9252, 1 << 20]);
+        let (p, b) = plan(&[3 << 20], 1 << 20);
+        assert_eq!((p, b), (vec![(0, 0)], vec![3 << 20]), "a large tensor gets its own bucket");
+        assert_eq!(plan(&[], 1 << 20), (vec![], vec![]));
+    }
+}
