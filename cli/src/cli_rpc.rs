@@ -284,7 +284,7 @@ fn quic_ip(addr: &str) -> Option<std::net::IpAddr> {
 }
 
 /// Ctrl-C (SIGINT) or, on unix, SIGTERM.
-async fn stop_signal() -> anyhow::Result<()> {
+pub(crate) async fn stop_signal() -> anyhow::Result<()> {
     #[cfg(unix)]
     {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -27,3 +27,5 @@ pub mod conformance_api;
 pub mod demo;
 #[cfg(feature = "rpc")]
 pub mod sdk;
+#[cfg(feature = "rpc")]
+pub mod weights;

@@ -119,6 +119,38 @@ enum Cmd {
         #[arg(long, value_name = "MIB", default_value_t = 64)]
         max_queued_answer_mib: u64,
     },
+    /// Publish `.safetensors` checkpoints in a tensor store and serve it: readers open the
+    /// bundle zero-copy (Python: `ferry_client.open_weights(ADDR, NAME)`), `store.publish`
+    /// makes new versions.
+    #[cfg(feature = "rpc")]
+    ServeWeights {
+        /// The checkpoint files (`.safetensors`), published together as one bundle.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<std::path::PathBuf>,
+        /// The bundle's name.
+        #[arg(long)]
+        name: String,
+        /// Address to listen on.
+        #[arg(long, default_value = ferry_cli::weights::DEFAULT_ADDR)]
+        addr: String,
+        /// Most MiB of buckets the store holds (latest versions, superseded versions readers
+        /// still hold, versions being published); default: half of this machine's memory.
+        #[arg(long, value_name = "MIB")]
+        budget_mib: Option<u64>,
+        /// Largest bucket in MiB for versions published over RPC (a checkpoint file is one
+        /// bucket).
+        #[arg(long, value_name = "MIB", default_value_t = 512)]
+        bucket_mib: usize,
+        /// Do not compute BLAKE3 digests of versions (readers cannot then check one).
+        #[arg(long)]
+        no_digest: bool,
+        /// Require this bearer token from every client.
+        #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Connections served at once.
+        #[arg(long, value_name = "N", default_value_t = 512)]
+        max_connections: usize,
+    },
     /// Generate a typed client (python or typescript) from a server's OpenRPC document.
     #[cfg(feature = "rpc")]
     Sdk {
@@ -334,6 +366,36 @@ fn main() -> ExitCode {
                 };
                 let shm_pool = shm_pool_mib.map(|m| m.saturating_mul(1 << 20));
                 ferry_cli::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await
+            }
+            #[cfg(feature = "rpc")]
+            Cmd::ServeWeights { files, name, addr, budget_mib, bucket_mib, no_digest, token, max_connections } => {
+                let mut store = ferry_store::StoreOptions { digest: !no_digest, ..Default::default() };
+                if let Some(m) = budget_mib {
+                    store.budget_bytes = m.saturating_mul(1 << 20);
+                }
+                if bucket_mib == 0 {
+                    anyhow::bail!("--bucket-mib 0: a bucket needs at least 1 MiB");
+                }
+                store.bucket_bytes = bucket_mib.saturating_mul(1 << 20);
+                let access = ferry_cli::cli_rpc::Access {
+                    token,
+                    allow_unauthenticated: false,
+                    http_allow_origins: Vec::new(),
+                    http_allow_hosts: Vec::new(),
+                    max_connections,
+                    max_queued_answers: 256,
+                    max_queued_answer_bytes: 64 << 20,
+                };
+                let busy_poll = serve_busy_poll(None)?;
+                ferry_cli::weights::serve_weights(ferry_cli::weights::WeightsOptions {
+                    files,
+                    name,
+                    addr,
+                    store,
+                    busy_poll,
+                    access,
+                })
+                .await
             }
             #[cfg(feature = "rpc")]
             Cmd::Sdk { lang, from, out, name, ts_runtime, timeout } => {

@@ -44,6 +44,7 @@ from .errors import (
     RpcError,
 )
 from .pipe import Message, Pipe
+from .store import Bundle, open_bundle, open_weights
 from .tensors import (
     BF16,
     DTYPES,
@@ -65,6 +66,7 @@ __all__ = [
     "COMPILED",
     "AsyncClient",
     "BF16",
+    "Bundle",
     "CallTimeout",
     "Client",
     "ConnectionClosed",
@@ -86,4 +88,6 @@ __all__ = [
     "bf16_to_f32",
     "f32_to_bf16",
     "is_orphaned",
+    "open_bundle",
+    "open_weights",
 ]

@@ -36,6 +36,8 @@ F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
 F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 0x1, 0x2, 0x4
 NEEDED_SEALS = F_SEAL_SHRINK | F_SEAL_GROW
 MIB = 1 << 20
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+"""Linux's MAP_NORESERVE (Python's mmap module does not name it)."""
 
 
 def shm_domain() -> dict[str, str] | None:
@@ -231,7 +233,8 @@ class ShmReceiver:
 
 
 def open_segment(fd: int, size: int, seg_id: int) -> npt.NDArray[np.uint8]:
-    """Checks a received memfd (seals, then size), maps it read-only and closes `fd`.
+    """Checks a received memfd (seals, then size), maps it (private, copy-on-write) and
+    closes `fd`.
 
     Returns the mapping as a read-only byte array (which keeps the mapping alive).
     """
@@ -252,14 +255,26 @@ def open_segment(fd: int, size: int, seg_id: int) -> npt.NDArray[np.uint8]:
                 f"segment {seg_id} announced as {size} bytes but is {actual}"
             )
         try:
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            # Private (copy-on-write) and writable, like the Rust receiver: arrays made from
+            # it are read-only, but foreign code that writes anyway (a torch tensor over a
+            # received array: `torch.from_numpy` cannot make a read-only tensor) copies the
+            # page it touches instead of faulting, and never reaches the server.
+            # MAP_NORESERVE: no swap is reserved for pages nobody writes.
+            mm = mmap.mmap(
+                fd,
+                size,
+                flags=mmap.MAP_PRIVATE | MAP_NORESERVE,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
         except (OSError, ValueError, OverflowError) as e:
             raise ProtocolError(
                 f"segment {seg_id}: cannot map {size} bytes: {e}"
             ) from None
     finally:
         os.close(fd)
-    return np.frombuffer(mm, dtype=np.uint8)
+    seg = np.frombuffer(mm, dtype=np.uint8)
+    seg.flags.writeable = False
+    return seg
 
 
 class Slot:

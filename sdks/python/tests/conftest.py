@@ -61,11 +61,19 @@ def server_command(api: str, addr: str) -> list[str]:
 class Server:
     """A `ferry serve` child process (or `$FERRY_CONFORMANCE_SERVER`'s)."""
 
-    def __init__(self, api: str, addr: str | None = None) -> None:
+    def __init__(
+        self, api: str, addr: str | None = None, argv: list[str] | None = None
+    ) -> None:
+        """`argv`: another `ferry` command line than `serve` (the address is added last)."""
         self.api = api
         self.addr = addr or unique_addr(api)
+        command = (
+            [ferry_bin(), *argv, self.addr]
+            if argv is not None
+            else server_command(api, self.addr)
+        )
         self.proc = subprocess.Popen(
-            server_command(api, self.addr),
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -171,4 +171,4 @@ def test_a_receive_only_loop_releases_the_peers_memory(conformance: Server) -> N
         del arr, msg
         with pytest.raises(CallTimeout):
             p.recv(timeout=0.05)  # nothing comes, but the release went out first
-        assert receiver.held == set() and not receiver.done
+        assert receiver.held == {} and not receiver.done

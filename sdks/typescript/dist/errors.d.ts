@@ -33,6 +33,8 @@ export declare const ErrorCode: {
     readonly TENSOR_ERROR: -32006;
     readonly UNAVAILABLE: -32007;
     readonly UNAUTHORIZED: -32008;
+    readonly NOT_FOUND: -32009;
+    readonly FORBIDDEN: -32010;
 };
 /** A JSON-RPC error object as it travels. */
 export interface ErrorObject {
@@ -91,6 +93,12 @@ export declare class UnavailableError extends RpcError {
 }
 /** -32008: the server requires a bearer token, or refused the request before reading it. */
 export declare class UnauthorizedError extends RpcError {
+}
+/** -32009: no such tensor-store bundle, version or reference (unknown, freed or another identity's). */
+export declare class NotFoundError extends RpcError {
+}
+/** -32010: the caller's identity may not change this object (a bundle another identity published). */
+export declare class ForbiddenError extends RpcError {
 }
 /** The connection is closed: by `close()`, by the server (CLOSE frame or end of stream), or it died. */
 export declare class ConnectionClosedError extends FerryError {

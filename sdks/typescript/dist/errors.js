@@ -34,6 +34,8 @@ export const ErrorCode = {
     TENSOR_ERROR: -32006,
     UNAVAILABLE: -32007,
     UNAUTHORIZED: -32008,
+    NOT_FOUND: -32009,
+    FORBIDDEN: -32010,
 };
 /** The server answered with a JSON-RPC error. */
 export class RpcError extends FerryError {
@@ -99,6 +101,12 @@ export class UnavailableError extends RpcError {
 /** -32008: the server requires a bearer token, or refused the request before reading it. */
 export class UnauthorizedError extends RpcError {
 }
+/** -32009: no such tensor-store bundle, version or reference (unknown, freed or another identity's). */
+export class NotFoundError extends RpcError {
+}
+/** -32010: the caller's identity may not change this object (a bundle another identity published). */
+export class ForbiddenError extends RpcError {
+}
 const BY_CODE = new Map([
     [ErrorCode.PARSE_ERROR, ParseError],
     [ErrorCode.INVALID_REQUEST, InvalidRequestError],
@@ -114,6 +122,8 @@ const BY_CODE = new Map([
     [ErrorCode.TENSOR_ERROR, TensorError],
     [ErrorCode.UNAVAILABLE, UnavailableError],
     [ErrorCode.UNAUTHORIZED, UnauthorizedError],
+    [ErrorCode.NOT_FOUND, NotFoundError],
+    [ErrorCode.FORBIDDEN, ForbiddenError],
 ]);
 /** The connection is closed: by `close()`, by the server (CLOSE frame or end of stream), or it died. */
 export class ConnectionClosedError extends FerryError {

@@ -358,6 +358,26 @@ export declare class UnauthorizedError extends RpcError {
   static readonly CODE = -32008;
 }
 
+/**
+ * No such object: a tensor-store bundle, version or reference that is unknown,
+ * was freed, or belongs to another identity.
+ *
+ * Code -32009, `NOT_FOUND`: "Not found".
+ */
+export declare class NotFoundError extends RpcError {
+  static readonly CODE = -32009;
+}
+
+/**
+ * The caller's identity may not change this object (a tensor-store bundle
+ * another identity published).
+ *
+ * Code -32010, `FORBIDDEN`: "Forbidden".
+ */
+export declare class ForbiddenError extends RpcError {
+  static readonly CODE = -32010;
+}
+
 /** A constructor of an error class of this module. */
 type RpcErrorClass = new (...args: never[]) => RpcError;
 

@@ -72,6 +72,14 @@ export class UnauthorizedError extends RpcError {
   static CODE = -32008;
 }
 
+export class NotFoundError extends RpcError {
+  static CODE = -32009;
+}
+
+export class ForbiddenError extends RpcError {
+  static CODE = -32010;
+}
+
 export const ERRORS = new Map([
   [-32700, ParseError],
   [-32600, InvalidRequestError],
@@ -87,6 +95,8 @@ export const ERRORS = new Map([
   [-32006, TensorError],
   [-32007, UnavailableError],
   [-32008, UnauthorizedError],
+  [-32009, NotFoundError],
+  [-32010, ForbiddenError],
 ]);
 
 export function errorFromCode(code, message, data) {

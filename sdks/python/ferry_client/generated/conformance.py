@@ -289,6 +289,26 @@ class UnauthorizedError(RpcError):
     CODE = -32008
 
 
+class NotFoundError(RpcError):
+    """No such object: a tensor-store bundle, version or reference that is unknown, was
+    freed, or belongs to another identity.
+
+    Code -32009, `NOT_FOUND`: "Not found".
+    """
+
+    CODE = -32009
+
+
+class ForbiddenError(RpcError):
+    """The caller's identity may not change this object (a tensor-store bundle another
+    identity published).
+
+    Code -32010, `FORBIDDEN`: "Forbidden".
+    """
+
+    CODE = -32010
+
+
 ERRORS: dict[int, type[RpcError]] = {
     -32700: ParseError,
     -32600: InvalidRequestError,
@@ -304,6 +324,8 @@ ERRORS: dict[int, type[RpcError]] = {
     -32006: TensorError,
     -32007: UnavailableError,
     -32008: UnauthorizedError,
+    -32009: NotFoundError,
+    -32010: ForbiddenError,
 }
 """The exception class of each code of the error table."""
 

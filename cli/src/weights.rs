@@ -1,0 +1,106 @@
+//! `ferry serve-weights`: publish `.safetensors` checkpoints in a tensor store and serve it
+//! (`store.open`, `store.list`, `store.publish`, `store.unpublish`).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use ferry_rpc::Server;
+use ferry_store::{Store, StoreOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli_rpc::{Access, ServeOptions, bind, run, stop_signal};
+
+/// The address `ferry serve-weights` uses when none is given.
+pub const DEFAULT_ADDR: &str = "unix:ferry-weights";
+
+/// What `ferry serve-weights` was asked.
+#[derive(Debug, Clone)]
+pub struct WeightsOptions {
+    /// The checkpoint files.
+    pub files: Vec<PathBuf>,
+    /// The bundle name they are published under.
+    pub name: String,
+    /// Where to serve.
+    pub addr: String,
+    /// The store's options (budget, bucket size, digests).
+    pub store: StoreOptions,
+    /// How long a connection busy-polls after an answer.
+    pub busy_poll: std::time::Duration,
+    /// Who may call.
+    pub access: Access,
+}
+
+/// The store's server: its methods, titled.
+pub fn server(store: Arc<Store>, limits: ferry_rpc::RpcLimits) -> anyhow::Result<Server> {
+    let methods = ferry_store::rpc::methods(store).context("registering the store's methods")?;
+    Ok(Server::builder(methods)
+        .limits(limits)
+        .title("ferry weights")
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(
+            "A tensor store (ferry-store): store.open gives a bundle's manifest and its buckets, lent zero-copy over \
+             shm; store.publish makes a new version; store.list and store.unpublish.",
+        )
+        .build())
+}
+
+/// Publishes the files (with a progress bar on a terminal), then serves until interrupted.
+pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
+    let store = Store::new(o.store.clone());
+    let total: u64 = o.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    let bar = if std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(total);
+        b.set_style(
+            ProgressStyle::with_template("reading {msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(o.name.clone());
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let started = std::time::Instant::now();
+    let (s, files, name, b) = (store.clone(), o.files.clone(), o.name.clone(), bar.clone());
+    let v = tokio::task::spawn_blocking(move || {
+        ferry_store::weights::publish_safetensors(&s, &name, &files, serde_json::Value::Null, &mut |done, _| {
+            b.set_position(done)
+        })
+    })
+    .await
+    .context("the publishing thread")??;
+    bar.finish_and_clear();
+    let m = v.manifest().clone();
+    eprintln!(
+        "ferry serve-weights: published {:?} version {}: {} tensors, {:.1} MiB in {} bucket(s), in {:.2} s",
+        m.name,
+        m.version,
+        m.entries.len(),
+        m.bytes as f64 / (1 << 20) as f64,
+        v.bucket_tensors().len(),
+        started.elapsed().as_secs_f64()
+    );
+    drop(v);
+    // The digest is computed in the background; say it when it is known.
+    std::thread::spawn(move || {
+        if let Some(d) = m.wait_digest() {
+            eprintln!("ferry serve-weights: {:?} version {} digest {d}", m.name, m.version);
+        }
+    });
+    let limits = ferry_rpc::RpcLimits::default()
+        .max_connections(o.access.max_connections)
+        .max_queued_answers(o.access.max_queued_answers)
+        .max_queued_answer_bytes(o.access.max_queued_answer_bytes);
+    let server = server(store, limits)?;
+    let opts =
+        ServeOptions { addrs: vec![o.addr], http: None, busy_poll: o.busy_poll, shm_pool: None, access: o.access };
+    let bound = bind(&opts).await?;
+    bound.announce()?;
+    run(bound, &server, async {
+        stop_signal().await?;
+        eprintln!("ferry serve-weights: interrupted, stopping");
+        Ok(())
+    })
+    .await
+}

@@ -1,0 +1,212 @@
+"""Bundles from a ferry tensor store (`ferry serve-weights`, or any server that mounts
+`ferry_store::rpc::methods`): PROTOCOL.md section 20.
+
+`open_bundle(client, name)` calls `store.open` and slices the version's buckets by its
+manifest. Over the shm channel each bucket arrives as a read-only view of the server's
+memory (no copy), so opening costs one mapping per bucket (512 MiB each by default),
+whatever the number of tensors; every array is a view of a bucket and keeps it (and so the
+version) alive until the last one is garbage-collected.
+
+    from ferry_client import open_weights
+    sd = open_weights("unix:ferry-weights", "llama", as_torch=True)
+    model.load_state_dict(sd, assign=True)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .client import Client
+from .errors import ResultError
+from .tensors import NUMPY_DTYPES
+
+__all__ = ["Bundle", "open_bundle", "open_weights", "publish"]
+
+
+class Bundle(Mapping[str, Any]):
+    """One version of a bundle: its tensors by name (read-only numpy arrays, or torch
+    tensors), in the order published, and what the store says of it."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        digest: str | None,
+        metadata: object,
+        nbytes: int,
+        tensors: dict[str, Any],
+        client: Client | None,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.digest = digest
+        """`blake3:HEX`, or None while the store still computes it (pass `expect_digest`
+        to wait for it and have it checked)."""
+        self.metadata = metadata
+        self.nbytes = nbytes
+        """Bytes of the version's buckets."""
+        self.tensors = tensors
+        self._client = client
+        """The connection `open_weights` made: closed with the bundle."""
+
+    def __getitem__(self, key: str) -> Any:
+        return self.tensors[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return (
+            f"Bundle({self.name!r}, version={self.version}, tensors={len(self.tensors)}, "
+            f"nbytes={self.nbytes})"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The tensors as a plain dict (what `load_state_dict` takes)."""
+        return dict(self.tensors)
+
+    def close(self) -> None:
+        """Closes the connection `open_weights` made (the arrays stay valid)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _slice(
+    result: object, as_torch: bool
+) -> tuple[dict[str, Any], str, int, str | None, object, int]:
+    if not isinstance(result, dict):
+        raise ResultError(f"store.open answered {result!r:.100}")
+    buckets = result.get("buckets")
+    entries = result.get("tensors")
+    if not isinstance(buckets, list) or not isinstance(entries, list):
+        raise ResultError("store.open's answer lacks buckets or tensors")
+    for b in buckets:
+        if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 1:
+            raise ResultError("a bucket is not a u8 vector")
+    torch: Any = None
+    if as_torch:
+        import torch as _torch  # type: ignore[import-not-found,unused-ignore]  # (optional)
+
+        torch = _torch
+    out: dict[str, Any] = {}
+    for e in entries:
+        try:
+            name, dtype_name, shape, bucket, offset = e
+            dtype = NUMPY_DTYPES[dtype_name]
+            buf = buckets[bucket]
+            shape = tuple(int(d) for d in shape)
+            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if offset < 0 or offset + n > buf.shape[0]:
+                raise ResultError(f"tensor {name!r} lies outside bucket {bucket}")
+            arr: npt.NDArray[Any] = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+        except (ValueError, TypeError, KeyError, IndexError) as err:
+            raise ResultError(f"bad manifest entry {e!r:.100}: {err}") from None
+        if torch is not None:
+            out[name] = _to_torch(torch, arr, dtype_name)
+        else:
+            out[name] = arr
+    return (
+        out,
+        str(result.get("name")),
+        int(result.get("version", 0)),
+        result.get("digest"),
+        result.get("metadata"),
+        int(result.get("bytes", 0)),
+    )
+
+
+def _to_torch(torch: Any, arr: npt.NDArray[Any], dtype_name: str) -> Any:
+    """A torch tensor over `arr`'s memory (no copy). It is a view of the server's bucket,
+    mapped copy-on-write: a write (an optimizer step) copies the page it touches and never
+    reaches the server or other readers."""
+    with warnings.catch_warnings():
+        # torch warns that the array is read-only: the mapping underneath is copy-on-write.
+        warnings.filterwarnings(
+            "ignore", message="The given NumPy array is not writable"
+        )
+        if dtype_name == "bf16":
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+
+
+def open_bundle(
+    client: Client,
+    name: str,
+    version: int | None = None,
+    *,
+    expect_digest: str | None = None,
+    as_torch: bool = False,
+    timeout: float | None = None,
+) -> Bundle:
+    """Opens version `version` (default: the latest) of bundle `name` on `client`'s server.
+
+    Args:
+        expect_digest: refuse the version unless its digest is this (`blake3:HEX`); the
+            server waits until the digest is computed.
+        as_torch: torch tensors (zero-copy views) instead of numpy arrays.
+
+    Raises:
+        RpcError: code -32009 (NOT_FOUND) for an unknown bundle or a version no longer held;
+            -32602 (INVALID_PARAMS, `data.path` `expect_digest`) for a digest mismatch.
+    """
+    params: dict[str, object] = {"name": name}
+    if version is not None:
+        params["version"] = version
+    if expect_digest is not None:
+        params["expect_digest"] = expect_digest
+    result = client.call("store.open", params, timeout=timeout)
+    tensors, got_name, got_version, digest, metadata, nbytes = _slice(result, as_torch)
+    return Bundle(got_name, got_version, digest, metadata, nbytes, tensors, None)
+
+
+def open_weights(
+    addr: str,
+    name: str,
+    version: int | None = None,
+    *,
+    expect_digest: str | None = None,
+    as_torch: bool = False,
+    **connect: Any,
+) -> Bundle:
+    """Connects to the store at `addr` and opens bundle `name` (see `open_bundle`); the
+    connection lives as long as the returned bundle (`Bundle.close` ends it sooner)."""
+    client = Client.connect(addr, **connect)
+    try:
+        b = open_bundle(
+            client, name, version, expect_digest=expect_digest, as_torch=as_torch
+        )
+    except BaseException:
+        client.close()
+        raise
+    b._client = client
+    return b
+
+
+def publish(
+    client: Client,
+    name: str,
+    tensors: Mapping[str, object],
+    metadata: object = None,
+    *,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Publishes `tensors` (numpy arrays, or anything `Client.call` sends) as the next
+    version of bundle `name`; returns `{"name", "version", "bytes", "tensors"}`. Arrays made
+    by `client.alloc` travel without a copy; the store copies them once into its buckets."""
+    result = client.call(
+        "store.publish",
+        {"name": name, "tensors": dict(tensors), "metadata": metadata},
+        timeout=timeout,
+    )
+    if not isinstance(result, dict):
+        raise ResultError(f"store.publish answered {result!r:.100}")
+    return result
