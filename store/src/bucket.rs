@@ -47,6 +47,10 @@ mod imp {
         pub fn same(&self, other: &Bucket) -> bool {
             Arc::ptr_eq(&self.0, &other.0)
         }
+        /// Whether this is the last handle (dropping it frees the memory).
+        pub fn is_last(&self) -> bool {
+            Arc::strong_count(&self.0) == 1
+        }
     }
 
     /// A bucket of a superseded version, alive while readers hold it.
@@ -103,6 +107,9 @@ mod imp {
         }
         pub fn same(&self, other: &Bucket) -> bool {
             self.0.as_ptr() == other.0.as_ptr()
+        }
+        pub fn is_last(&self) -> bool {
+            false
         }
     }
 

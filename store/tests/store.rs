@@ -91,10 +91,12 @@ fn a_superseded_version_lives_while_a_reader_holds_it() {
     let store = Store::new(opts());
     let v1 = store.publish("m", state_dict(4, 100_000, 0.0), Value::Null, None).unwrap();
     let bytes1 = v1.manifest().bytes;
+    v1.manifest().wait_digest(); // (the digest's thread holds the version until then)
     assert_eq!(v1.bucket_tensors().len(), 2, "two tensors of 400 KB per 1 MiB bucket");
     let mut held = v1.tensors();
     drop(v1);
     let v2 = store.publish("m", state_dict(4, 100_000, 9.0), Value::Null, None).unwrap();
+    v2.manifest().wait_digest();
     assert_eq!(store.used_bytes(), bytes1 + v2.manifest().bytes, "v1's buckets are held");
     assert_eq!(store.list()["m"].held.iter().map(|m| m.version).collect::<Vec<_>>(), vec![1]);
     let again = store.open("m", Some(1)).unwrap();

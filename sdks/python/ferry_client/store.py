@@ -14,6 +14,7 @@ version) alive until the last one is garbage-collected.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -103,11 +104,10 @@ def _slice(
             name, dtype_name, shape, bucket, offset = e
             dtype = NUMPY_DTYPES[dtype_name]
             buf = buckets[bucket]
-            shape = tuple(int(d) for d in shape)
-            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if offset < 0 or offset + n > buf.shape[0]:
+            n = math.prod(shape) * dtype.itemsize
+            if type(offset) is not int or offset < 0 or offset + n > buf.shape[0]:
                 raise ResultError(f"tensor {name!r} lies outside bucket {bucket}")
-            arr: npt.NDArray[Any] = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+            arr: npt.NDArray[Any] = buf[offset : offset + n].view(dtype).reshape(shape)
         except (ValueError, TypeError, KeyError, IndexError) as err:
             raise ResultError(f"bad manifest entry {e!r:.100}: {err}") from None
         if torch is not None:
