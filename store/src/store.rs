@@ -2,9 +2,10 @@
 //! place.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use ferry_core::{ALIGN, Tensor, TensorMeta};
 use serde_json::Value;
 
@@ -37,6 +38,8 @@ pub struct Manifest {
     /// When it was published (milliseconds since the Unix epoch).
     pub published_ms: u64,
     pub(crate) digest: Arc<DigestCell>,
+    /// `entries` as JSON text, written on the first open and sent as is to every reader.
+    pub(crate) entries_json: OnceLock<Bytes>,
 }
 
 impl Manifest {
@@ -49,6 +52,14 @@ impl Manifest {
     /// Waits for the digest (`None`: digests are off).
     pub fn wait_digest(&self) -> Option<String> {
         self.digest.wait()
+    }
+
+    /// `entries` as a JSON array (UTF-8), serialized once per version: what `store.open`
+    /// sends as the manifest, so that an open costs the server O(buckets), not O(tensors).
+    pub fn entries_json(&self) -> Bytes {
+        self.entries_json
+            .get_or_init(|| Bytes::from(serde_json::to_vec(&self.entries).unwrap_or_else(|_| b"[]".to_vec())))
+            .clone()
     }
 }
 
@@ -370,6 +381,7 @@ impl Store {
             bytes,
             published_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             digest: cell.clone(),
+            entries_json: OnceLock::new(),
         });
         let v = Version { manifest, buckets };
         let prev = slot.latest.replace(v.clone());

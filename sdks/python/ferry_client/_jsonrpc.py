@@ -221,38 +221,67 @@ def _resolve_ref(ref: dict[str, Any], arrays: list[npt.NDArray[Any]]) -> Any:
     return arrays[i]
 
 
-def resolve_tensors(value: object, arrays: list[npt.NDArray[Any]]) -> object:
+def resolve_tensors(
+    value: object, arrays: list[npt.NDArray[Any]], budget: list[int] | None = None
+) -> object:
     """Replaces every tensor in `value` (parsed JSON, changed in place): `{"$tensor": i}`
     by `arrays[i]`, the inline form by its array. Raises `ResultError` for an index the
-    message does not have or a malformed inline tensor."""
-    if not isinstance(value, (dict, list)):
-        return value  # a number, string, bool or null: no tensor in it
+    message does not have or a malformed inline tensor.
+
+    `budget`, when given, holds how many tensor objects are left at most (`[n]`, from
+    `_wire.tensor_keys`; -1 for unknown): the walk stops once it has replaced that many,
+    and takes them off. The walk is breadth-first, so tensors near the top of a result
+    (a tensor store's buckets) are found before a large structure beside them (its
+    manifest) is entered.
+    """
+    left = -1 if budget is None else budget[0]
+    if left == 0 or not isinstance(value, (dict, list)):
+        return value  # no tensor in it
     if _is_ref(value):
         assert isinstance(value, dict)
+        if budget is not None and left > 0:
+            budget[0] = left - 1
         return _resolve_ref(value, arrays)
-    stack: list[object] = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
+    queue: list[object] = [value]
+    at = 0
+    while at < len(queue) and left != 0:
+        v = queue[at]
+        at += 1
+        if type(v) is dict:
             for k, x in v.items():
-                if _is_ref(x):
-                    v[k] = _resolve_ref(x, arrays)
-                elif isinstance(x, (dict, list)):
-                    stack.append(x)
-        elif isinstance(v, list):
+                t = type(x)
+                if t is dict:
+                    if _is_ref(x):
+                        v[k] = _resolve_ref(x, arrays)
+                        left -= 1
+                    else:
+                        queue.append(x)
+                elif t is list:
+                    queue.append(x)
+        else:
+            assert type(v) is list
             for i, x in enumerate(v):
-                if _is_ref(x):
-                    v[i] = _resolve_ref(x, arrays)
-                elif isinstance(x, (dict, list)):
-                    stack.append(x)
+                t = type(x)
+                if t is dict:
+                    if _is_ref(x):
+                        v[i] = _resolve_ref(x, arrays)
+                        left -= 1
+                    else:
+                        queue.append(x)
+                elif t is list:
+                    queue.append(x)
+    if budget is not None and budget[0] > 0:
+        budget[0] = max(left, 0)
     return value
 
 
 def responses(
-    app: object, arrays: list[npt.NDArray[Any]]
+    app: object, arrays: list[npt.NDArray[Any]], refs: int = -1
 ) -> list[tuple[object, Outcome]]:
-    """The JSON-RPC responses in a message: (id, result or error) for each."""
+    """The JSON-RPC responses in a message: (id, result or error) for each. `refs`: at most
+    this many tensor objects in `app` (-1: unknown), see `resolve_tensors`."""
     items = app if isinstance(app, list) else [app]
+    budget = [refs]
     out: list[tuple[object, Outcome]] = []
     for r in items:
         if not isinstance(r, dict) or "id" not in r:
@@ -279,7 +308,7 @@ def responses(
             )
         elif "result" in r:
             try:
-                out.append((rid, resolve_tensors(r["result"], arrays)))
+                out.append((rid, resolve_tensors(r["result"], arrays, budget)))
             except ResultError as err:
                 out.append((rid, err))
         else:

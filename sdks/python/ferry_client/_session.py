@@ -298,7 +298,7 @@ class Session:
         try:
             if f.kind == MESSAGE:  # (the usual frame first)
                 app, arrays = self.decode_message(f)
-                return responses(app, arrays)
+                return responses(app, arrays, f.refs)
             return self._on_frame(f)
         except _PEER_FAULTS as e:
             # Anything the checks did not foresee is still the peer's fault, never a crash.
@@ -328,7 +328,7 @@ class Session:
     def _on_frame(self, f: Frame) -> list[tuple[object, Outcome]]:
         if f.kind == MESSAGE:
             app, arrays = self.decode_message(f)
-            return responses(app, arrays)
+            return responses(app, arrays, f.refs)
         if f.kind == CONTROL:
             h = f.header
             if not isinstance(h, dict) or "channel" not in h or "body" not in h:

@@ -100,10 +100,31 @@ def decode_json(text: str) -> Any:
 
 def loads(data: bytes | bytearray | memoryview, what: str) -> Any:
     """Parses JSON (UTF-8) from the peer; anything wrong is a `ProtocolError`."""
+    return _loads_text(data, what)[0]
+
+
+def _loads_text(data: bytes | bytearray | memoryview, what: str) -> tuple[Any, str]:
+    """The parsed JSON and its text."""
     try:
-        return decode_json(bytes(data).decode())
+        text = bytes(data).decode()
+        return decode_json(text), text
     except (ValueError, RecursionError) as e:
         raise ProtocolError(f"malformed {what}: {e}") from None
+
+
+def tensor_keys(text: str) -> int:
+    """How many `{"$tensor": ...}` objects JSON `text` holds at most, or -1 when it cannot
+    tell (a `\\u` escape could spell the key).
+
+    Counts the quoted key `"$tensor"` at C speed: in JSON text those nine characters are the
+    key, or a string value equal to it (a count too high is harmless), never part of another
+    string (whose quotes would be escaped). `resolve_tensors` stops walking a result once it
+    has replaced that many, so a result with a large manifest and few tensors (a tensor
+    store's `store.open`) is not walked to its end, and one with no tensor not at all.
+    """
+    if "\\u" in text:
+        return -1
+    return text.count('"$tensor"')
 
 
 def uint(value: object, what: str, top: int | None = None) -> int:
@@ -133,15 +154,23 @@ class Frame:
 
     # (A plain class, not a dataclass: mypyc cannot compile a dataclass field typed
     # `bytearray`.)
-    __slots__ = ("kind", "header", "payload", "fds")
+    __slots__ = ("kind", "header", "payload", "fds", "refs")
 
     def __init__(
-        self, kind: int, header: Any, payload: bytearray | mmap.mmap, fds: list[int]
+        self,
+        kind: int,
+        header: Any,
+        payload: bytearray | mmap.mmap,
+        fds: list[int],
+        refs: int = -1,
     ) -> None:
         self.kind = kind
         self.header = header
         self.payload = payload
         self.fds = fds
+        self.refs = refs
+        """At most this many `{"$tensor": ...}` objects in `header` (-1: unknown), see
+        `tensor_keys`."""
 
     def __repr__(self) -> str:
         return (
@@ -189,6 +218,7 @@ class FrameReader:
         self._prefix: tuple[int, int, int, int] | None = None  # kind, nfds, hlen, plen
         self._header: Any = None
         self._have_header = False
+        self._refs = -1
         self._payload: bytearray | mmap.mmap | None = None
         self._got = 0
 
@@ -250,11 +280,12 @@ class FrameReader:
                 and hlen <= self.limits.max_header_bytes
             ):
                 try:
-                    header = decode_json(buf[16:end].decode())
+                    text = buf[16:end].decode()
+                    header = decode_json(text)
                 except (ValueError, RecursionError) as e:
                     raise ProtocolError(f"malformed frame header: {e}") from None
                 del buf[:end]
-                return Frame(kind, header, bytearray(), [])
+                return Frame(kind, header, bytearray(), [], tensor_keys(text))
         return self._next_frame()
 
     def _next_frame(self) -> Frame | None:
@@ -307,7 +338,10 @@ class FrameReader:
         if not self._have_header:
             if len(self._buf) < hlen:
                 return None
-            self._header = loads(memoryview(self._buf)[:hlen], "frame header")
+            self._header, text = _loads_text(
+                memoryview(self._buf)[:hlen], "frame header"
+            )
+            self._refs = tensor_keys(text)
             del self._buf[:hlen]
             self._have_header = True
             self._payload = _payload_buffer(plen)
@@ -321,7 +355,7 @@ class FrameReader:
         if self._got < len(self._payload):
             return None
         fds = [self._fds.popleft() for _ in range(nfds)]
-        out = Frame(kind, self._header, self._payload, fds)
+        out = Frame(kind, self._header, self._payload, fds, self._refs)
         self._prefix = None
         self._header = None
         self._have_header = False

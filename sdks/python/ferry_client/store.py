@@ -14,6 +14,7 @@ version) alive until the last one is garbage-collected.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Iterator, Mapping
@@ -31,7 +32,13 @@ __all__ = ["Bundle", "open_bundle", "open_weights", "publish"]
 
 class Bundle(Mapping[str, Any]):
     """One version of a bundle: its tensors by name (read-only numpy arrays, or torch
-    tensors), in the order published, and what the store says of it."""
+    tensors), in the order published, and what the store says of it.
+
+    Opening costs one mapping per bucket; each tensor's view of its bucket is made the
+    first time it is looked up (and kept), so a reader that takes ten tensors of a
+    100,000-tensor bundle pays for ten. A manifest entry that does not fit its bucket is a
+    `ResultError` when that tensor is looked up (`state_dict()` looks them all up).
+    """
 
     def __init__(
         self,
@@ -40,8 +47,9 @@ class Bundle(Mapping[str, Any]):
         digest: str | None,
         metadata: object,
         nbytes: int,
-        tensors: dict[str, Any],
-        client: Client | None,
+        entries: dict[str, list[Any]],
+        buckets: list[npt.NDArray[np.uint8]],
+        as_torch: bool,
     ) -> None:
         self.name = name
         self.version = version
@@ -51,28 +59,47 @@ class Bundle(Mapping[str, Any]):
         self.metadata = metadata
         self.nbytes = nbytes
         """Bytes of the version's buckets."""
-        self.tensors = tensors
-        self._client = client
+        self._entries = entries
+        self._buckets = buckets
+        self._views: dict[str, Any] = {}
+        self._torch: Any = None
+        if as_torch:
+            import torch  # type: ignore[import-not-found,unused-ignore]  # (optional)
+
+            self._torch = torch
+        self._client: Client | None = None
         """The connection `open_weights` made: closed with the bundle."""
 
     def __getitem__(self, key: str) -> Any:
-        return self.tensors[key]
+        v = self._views.get(key)
+        if v is None:
+            v = self._view(self._entries[key])
+            self._views[key] = v
+        return v
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.tensors)
+        return iter(self._entries)
 
     def __len__(self) -> int:
-        return len(self.tensors)
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
 
     def __repr__(self) -> str:
         return (
-            f"Bundle({self.name!r}, version={self.version}, tensors={len(self.tensors)}, "
+            f"Bundle({self.name!r}, version={self.version}, tensors={len(self)}, "
             f"nbytes={self.nbytes})"
         )
 
+    @property
+    def tensors(self) -> dict[str, Any]:
+        """Every tensor by name (a new dict; see `state_dict`)."""
+        return self.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
         """The tensors as a plain dict (what `load_state_dict` takes)."""
-        return dict(self.tensors)
+        return {k: self[k] for k in self._entries}
 
     def close(self) -> None:
         """Closes the connection `open_weights` made (the arrays stay valid)."""
@@ -80,47 +107,58 @@ class Bundle(Mapping[str, Any]):
             self._client.close()
             self._client = None
 
-
-def _slice(
-    result: object, as_torch: bool
-) -> tuple[dict[str, Any], str, int, str | None, object, int]:
-    if not isinstance(result, dict):
-        raise ResultError(f"store.open answered {result!r:.100}")
-    buckets = result.get("buckets")
-    entries = result.get("tensors")
-    if not isinstance(buckets, list) or not isinstance(entries, list):
-        raise ResultError("store.open's answer lacks buckets or tensors")
-    for b in buckets:
-        if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 1:
-            raise ResultError("a bucket is not a u8 vector")
-    torch: Any = None
-    if as_torch:
-        import torch as _torch  # type: ignore[import-not-found,unused-ignore]  # (optional)
-
-        torch = _torch
-    out: dict[str, Any] = {}
-    for e in entries:
+    def _view(self, e: list[Any]) -> Any:
         try:
             name, dtype_name, shape, bucket, offset = e
             dtype = NUMPY_DTYPES[dtype_name]
-            buf = buckets[bucket]
+            buf = self._buckets[bucket]
             n = math.prod(shape) * dtype.itemsize
             if type(offset) is not int or offset < 0 or offset + n > buf.shape[0]:
                 raise ResultError(f"tensor {name!r} lies outside bucket {bucket}")
             arr: npt.NDArray[Any] = buf[offset : offset + n].view(dtype).reshape(shape)
         except (ValueError, TypeError, KeyError, IndexError) as err:
             raise ResultError(f"bad manifest entry {e!r:.100}: {err}") from None
-        if torch is not None:
-            out[name] = _to_torch(torch, arr, dtype_name)
-        else:
-            out[name] = arr
-    return (
-        out,
+        if self._torch is not None:
+            return _to_torch(self._torch, arr, dtype_name)
+        return arr
+
+
+def _bundle(result: object, as_torch: bool) -> Bundle:
+    if not isinstance(result, dict):
+        raise ResultError(f"store.open answered {result!r:.100}")
+    buckets = result.get("buckets")
+    manifest = result.get("manifest")
+    if not isinstance(buckets, list):
+        raise ResultError("store.open's answer lacks its buckets")
+    for b in [*buckets, manifest]:
+        if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 1:
+            raise ResultError("a bucket or the manifest is not a u8 vector")
+    assert isinstance(manifest, np.ndarray)
+    try:
+        entries = json.loads(manifest.tobytes())
+    except ValueError as e:
+        raise ResultError(f"malformed manifest: {e}") from None
+    if not isinstance(entries, list):
+        raise ResultError("the manifest is not a JSON array")
+    try:
+        by_name = {e[0]: e for e in entries}
+    except (TypeError, KeyError, IndexError):
+        raise ResultError(
+            "store.open's manifest has an entry that is not a list"
+        ) from None
+    if len(by_name) != len(entries) or not set(map(type, by_name)) <= {str}:
+        raise ResultError(
+            "store.open's manifest repeats a name or has one that is not a string"
+        )
+    return Bundle(
         str(result.get("name")),
         int(result.get("version", 0)),
         result.get("digest"),
         result.get("metadata"),
         int(result.get("bytes", 0)),
+        by_name,
+        buckets,
+        as_torch,
     )
 
 
@@ -163,9 +201,7 @@ def open_bundle(
         params["version"] = version
     if expect_digest is not None:
         params["expect_digest"] = expect_digest
-    result = client.call("store.open", params, timeout=timeout)
-    tensors, got_name, got_version, digest, metadata, nbytes = _slice(result, as_torch)
-    return Bundle(got_name, got_version, digest, metadata, nbytes, tensors, None)
+    return _bundle(client.call("store.open", params, timeout=timeout), as_torch)
 
 
 def open_weights(

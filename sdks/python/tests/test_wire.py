@@ -25,7 +25,9 @@ from ferry_client._wire import (
     FrameReader,
     Limits,
     byte_span,
+    dumps,
     frame,
+    tensor_keys,
 )
 from ferry_client.errors import ParamsError, Refused
 
@@ -449,6 +451,42 @@ def test_responses_and_results() -> None:
     for bad in ([1], {"result": 1}, {"id": 1}, {"id": 1, "error": {"code": "x"}}):
         with pytest.raises(ProtocolError):
             responses(bad, [])
+
+
+def test_the_tensor_walk_stops_at_the_last_tensor_the_text_can_hold() -> None:
+    a, b = np.arange(2), np.arange(3)
+    # Breadth-first: the refs at the top are found before the large list beside them.
+    manifest: list[Any] = [["x", "f32", [2], 0, 0]] * 500
+    text = dumps(
+        {"id": 1, "result": {"buckets": [{"$tensor": 0}], "manifest": manifest}}
+    ).decode()
+    assert tensor_keys(text) == 1
+    [(_, r)] = responses(json.loads(text), [a], tensor_keys(text))
+    assert isinstance(r, dict) and r["buckets"][0] is a
+    # A string equal to the key makes the count too high: every tensor is still found.
+    app = {"id": 1, "result": [["$tensor"], {"k": [{"$tensor": 1}]}, {"$tensor": 0}]}
+    text = dumps(app).decode()
+    assert tensor_keys(text) == 3
+    [(_, r)] = responses(json.loads(text), [a, b], tensor_keys(text))
+    assert isinstance(r, list) and r[1]["k"][0] is b and r[2] is a
+    # A key spelt with an escape cannot be counted: the walk goes to the end.
+    text = '{"id":1,"result":[[[{"\\u0024tensor":0}]]]}'
+    assert tensor_keys(text) == -1
+    [(_, r)] = responses(json.loads(text), [a], tensor_keys(text))
+    assert isinstance(r, list) and r[0][0][0] is a
+    # No tensor at all: nothing is walked, and the result is what was parsed.
+    assert tensor_keys('{"id":1,"result":[{"a":[1]}]}') == 0
+    [(_, r)] = responses({"id": 1, "result": [{"$tensor": 0}]}, [a], 0)
+    assert r == [{"$tensor": 0}]  # (a count of 0 promises there is none to replace)
+    # The reader counts as it parses a frame's header.
+    reader = FrameReader(Limits(), expect_preamble=False)
+    reader.feed(frame(MESSAGE, {"header": {"x": {"$tensor": 0}}}), [])
+    f = reader.next_frame()
+    assert f is not None and f.refs == 1
+    # Batches share the count.
+    batch = [{"id": 1, "result": {"$tensor": 0}}, {"id": 2, "result": [{"$tensor": 1}]}]
+    [(_, r1), (_, r2)] = responses(batch, [a, b], 2)
+    assert r1 is a and isinstance(r2, list) and r2[0] is b
 
 
 def test_params_encoding() -> None:
