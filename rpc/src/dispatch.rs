@@ -31,6 +31,7 @@ use crate::limits::RpcLimits;
 use crate::method::{CallContext, HandlerFuture, Methods, PeerInfo, Reply, decode_params, encode_result};
 use crate::openrpc::ApiInfo;
 use crate::outbox::Outbox;
+use crate::remote::{FetchParams, FreeParams, KeepParams, ListRefsParams, PublishParams as RefPublishParams, RefTable};
 use crate::task::{ResultParams, SubmitParams, Submitted, Submitter, TaskParams, TaskTable};
 use crate::tensor::shift_refs;
 
@@ -54,6 +55,10 @@ pub(crate) struct Shared {
     pub(crate) methods: Methods,
     pub(crate) limits: RpcLimits,
     pub(crate) tasks: TaskTable,
+    /// Remote tensor references ([`crate::remote`]).
+    pub(crate) refs: Arc<RefTable>,
+    /// Copies a tensor a client sent into memory the server keeps (`ferry.ref.keep`).
+    pub(crate) ref_copy: crate::server::RefCopy,
     pub(crate) api: ApiInfo,
     pub(crate) doc: OnceLock<Value>,
     /// Connections served now (bounded by [`RpcLimits::max_connections`]).
@@ -143,6 +148,10 @@ impl Conn {
             let dropped = self.shared.tasks.connection_closed(n);
             if dropped > 0 {
                 tracing::debug!(addr = %self.peer.addr, dropped, "connection closed: its tasks are cancelled");
+            }
+            let freed = self.shared.refs.connection_closed(n);
+            if freed > 0 {
+                tracing::debug!(addr = %self.peer.addr, freed, "connection closed: its tensor references are freed");
             }
         }
     }
@@ -277,6 +286,20 @@ impl Conn {
                 .and_then(|p| encode_result(&CancelResult { cancelled: self.cancel(&p.id) }));
             return (None, ready(id.map(|id| respond(id, r))));
         }
+        // References in the params become the kept tensors, appended to the message's.
+        let mut params = params;
+        let resolved;
+        let tensors = match (&mut params, self.shared.refs.is_empty()) {
+            (Some(p), false) => {
+                let mut all = tensors.to_vec();
+                if let Err(e) = self.shared.refs.resolve(p, &mut all, &self.peer.identity) {
+                    return (None, ready(id.map(|id| respond(id, Err(e)))));
+                }
+                resolved = all;
+                &resolved[..]
+            }
+            _ => tensors,
+        };
         let Some(slot) = self.try_slot(id.as_ref()) else {
             let max = self.shared.limits.max_in_flight as u64;
             let e = ErrorObject::limit("max_in_flight", "calls in flight on this connection", max + 1, max);
@@ -292,6 +315,7 @@ impl Conn {
             cancel: token.clone(),
             pipe: self.pipe.clone(),
             permit: None,
+            refs: Some(self.shared.refs.clone()),
         };
         let started = self.start_method(method, params, tensors, ctx);
         let fut = async move {
@@ -350,8 +374,14 @@ impl Conn {
                 // The task outlives this call (and if detached its connection): its own
                 // token, no pipe.
                 let token = CancellationToken::new();
-                let task_ctx =
-                    CallContext { peer: ctx.peer.clone(), id: None, cancel: token.clone(), pipe: None, permit: None };
+                let task_ctx = CallContext {
+                    peer: ctx.peer.clone(),
+                    id: None,
+                    cancel: token.clone(),
+                    pipe: None,
+                    permit: None,
+                    refs: ctx.refs.clone(),
+                };
                 let fut = handler.call(p.params, tensors, task_ctx)?;
                 let by =
                     Submitter { owner: ctx.peer.identity.clone(), conn: if p.detached { None } else { ctx.peer.conn } };
@@ -371,6 +401,28 @@ impl Conn {
                 let tasks = shared.tasks.clone();
                 let who = ctx.peer.identity.clone();
                 Ok(Box::pin(async move { tasks.result(&p.task, &who, Duration::from_millis(p.wait_ms), p.keep).await }))
+            }
+            "ferry.ref.keep" => {
+                let p: KeepParams = decode_params(params, tensors)?;
+                let t = (shared.ref_copy)(&p.tensor).map_err(|m| ErrorObject::invalid_params("tensor", m))?;
+                encode_result(&ctx.keep(t, p.ttl_ms.map(Duration::from_millis))?).map(ready_ok)
+            }
+            "ferry.ref.fetch" => {
+                let p: FetchParams = decode_params(params, tensors)?;
+                encode_result(&p.reference).map(ready_ok)
+            }
+            "ferry.ref.free" => {
+                let p: FreeParams = decode_params(params, tensors)?;
+                let freed = shared.refs.free(&p.ids, &ctx.peer.identity, Instant::now());
+                encode_result(&crate::remote::Freed { freed: freed as u64 }).map(ready_ok)
+            }
+            "ferry.ref.publish" => {
+                let p: RefPublishParams = decode_params(params, tensors)?;
+                encode_result(&shared.refs.publish(&p.id, &ctx.peer.identity, Instant::now())?).map(ready_ok)
+            }
+            "ferry.ref.list" => {
+                let _: ListRefsParams = decode_params(params, tensors)?;
+                encode_result(&shared.refs.list(&ctx.peer.identity, Instant::now())).map(ready_ok)
             }
             name => {
                 let m = shared.methods.map.get(name).ok_or_else(|| ErrorObject::method_not_found(name))?;

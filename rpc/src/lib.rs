@@ -15,6 +15,9 @@
 //!   server goes away.
 //! - **Long calls** ([`task`]): `ferry.task.submit / status / result / cancel`, owned by
 //!   the caller's [`Identity`].
+//! - **Remote tensor references** ([`remote`]): a handler returns a tensor kept on the
+//!   server ([`CallContext::keep`], [`TensorRef`]); clients pass it back as a param without
+//!   moving bytes, fetch it, free it (`ferry.ref.*`).
 //! - **Discovery** ([`openrpc`]): `rpc.discover` returns an OpenRPC 1.3 document.
 //! - **Plain clients**: newline-delimited JSON on the same socket
 //!   ([`Server::serve_json`]) and, with feature `http`, HTTP POST (`Server::serve_http`).
@@ -44,6 +47,7 @@ pub mod method;
 pub mod openrpc;
 mod outbox;
 pub mod pending;
+pub mod remote;
 pub mod server;
 mod shape;
 mod strict;
@@ -57,6 +61,7 @@ pub use dispatch::{CancelParams, CancelResult};
 pub use http::HttpOptions;
 pub use limits::RpcLimits;
 pub use method::{CallContext, ConnKind, GivenSchemas, Identity, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
-pub use server::{Server, ServerBuilder, Spawner};
+pub use remote::TensorRef;
+pub use server::{RefCopy, Server, ServerBuilder, Spawner};
 pub use task::{TaskState, TaskStatus};
 pub use tensor::{InlineTensor, RpcTensor, TensorMap};

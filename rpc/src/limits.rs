@@ -57,6 +57,15 @@ pub struct RpcLimits {
     pub task_ttl: Duration,
     /// The longest `wait_ms` a `ferry.task.result` may wait (default 60 s).
     pub max_task_wait: Duration,
+    /// Tensor references ([`crate::remote`]) held at once (default 4096).
+    pub max_refs: usize,
+    /// Tensor references one identity may hold at once (default 1024).
+    pub max_refs_per_identity: usize,
+    /// Bytes of the tensors that references hold, all together (default 8 GiB).
+    pub max_ref_bytes: u64,
+    /// The time to live of a reference made without a connection to die with (over HTTP)
+    /// and without a TTL of its own (default 10 minutes).
+    pub ref_ttl: Duration,
 }
 
 impl Default for RpcLimits {
@@ -76,6 +85,10 @@ impl Default for RpcLimits {
             max_tasks_per_identity: 256,
             task_ttl: Duration::from_secs(600),
             max_task_wait: Duration::from_secs(60),
+            max_refs: 4096,
+            max_refs_per_identity: 1024,
+            max_ref_bytes: 8 << 30,
+            ref_ttl: Duration::from_secs(600),
         }
     }
 }
@@ -169,6 +182,34 @@ impl RpcLimits {
     #[must_use]
     pub fn task_ttl(mut self, d: Duration) -> Self {
         self.task_ttl = d;
+        self
+    }
+
+    /// Sets [`RpcLimits::max_refs`].
+    #[must_use]
+    pub fn max_refs(mut self, n: usize) -> Self {
+        self.max_refs = n;
+        self
+    }
+
+    /// Sets [`RpcLimits::max_refs_per_identity`].
+    #[must_use]
+    pub fn max_refs_per_identity(mut self, n: usize) -> Self {
+        self.max_refs_per_identity = n;
+        self
+    }
+
+    /// Sets [`RpcLimits::max_ref_bytes`].
+    #[must_use]
+    pub fn max_ref_bytes(mut self, n: u64) -> Self {
+        self.max_ref_bytes = n;
+        self
+    }
+
+    /// Sets [`RpcLimits::ref_ttl`].
+    #[must_use]
+    pub fn ref_ttl(mut self, d: Duration) -> Self {
+        self.ref_ttl = d;
         self
     }
 

@@ -98,13 +98,15 @@ pub struct CallContext {
     /// The method's concurrency permit ([`MethodDoc::concurrency`]), held while any clone of
     /// this context lives.
     pub(crate) permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+    /// The server's tensor references (`None` for a detached context).
+    pub(crate) refs: Option<Arc<crate::remote::RefTable>>,
 }
 
 impl CallContext {
     /// A context for calling a handler directly (tests, in-process use): no pipe, never
     /// cancelled unless `cancel` is.
     pub fn detached(peer: PeerInfo, cancel: CancellationToken) -> CallContext {
-        CallContext { peer: Arc::new(peer), id: None, cancel, pipe: None, permit: None }
+        CallContext { peer: Arc::new(peer), id: None, cancel, pipe: None, permit: None, refs: None }
     }
 
     pub(crate) fn with_permit(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
@@ -117,6 +119,20 @@ impl CallContext {
     /// runtime worker, this panics: use `alloc().await` there).
     pub fn alloc_blocking(&self, meta: TensorMeta) -> Result<TensorMut, ErrorObject> {
         tokio::runtime::Handle::current().block_on(self.alloc(meta))
+    }
+
+    /// Keeps `tensor` on the server as a remote reference owned by the caller, to return
+    /// instead of its bytes ([`crate::remote`]). It is freed when the caller's connection
+    /// closes (unless the caller publishes it), after `ttl`, or by `ferry.ref.free`.
+    /// LIMIT_EXCEEDED past the reference limits of [`crate::RpcLimits`].
+    pub fn keep(
+        &self,
+        tensor: ferry_core::Tensor,
+        ttl: Option<std::time::Duration>,
+    ) -> Result<crate::remote::TensorRef, ErrorObject> {
+        let refs =
+            self.refs.as_ref().ok_or_else(|| ErrorObject::internal("this call has no server to keep a tensor on"))?;
+        refs.keep(tensor, &self.peer.identity, self.peer.conn, ttl, std::time::Instant::now())
     }
 
     /// The caller.

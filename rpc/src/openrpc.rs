@@ -20,6 +20,7 @@ use serde_json::{Map, Value, json};
 use crate::codes::ERROR_CODES;
 use crate::dispatch::{CancelParams, CancelResult};
 use crate::method::{MethodInfo, Methods};
+use crate::remote::{self, TensorRef};
 use crate::task::{ResultParams, SubmitParams, Submitted, TaskParams, TaskStatus};
 
 /// The OpenRPC version written.
@@ -295,6 +296,41 @@ fn builtin_infos() -> Vec<MethodInfo> {
             schema_of::<TaskParams>,
             schema_of::<TaskStatus>,
             field_names::<TaskParams>,
+        ),
+        info(
+            "ferry.ref.keep",
+            "Keeps a tensor on the server; returns a reference to pass instead of its bytes.",
+            schema_of::<remote::KeepParams>,
+            schema_of::<TensorRef>,
+            field_names::<remote::KeepParams>,
+        ),
+        info(
+            "ferry.ref.fetch",
+            "The tensor a reference names (zero-copy where the channel lends its memory).",
+            schema_of::<remote::FetchParams>,
+            schema_of::<crate::RpcTensor>,
+            field_names::<remote::FetchParams>,
+        ),
+        info(
+            "ferry.ref.free",
+            "Frees the caller's references by id (unknown ids are skipped).",
+            schema_of::<remote::FreeParams>,
+            schema_of::<remote::Freed>,
+            field_names::<remote::FreeParams>,
+        ),
+        info(
+            "ferry.ref.publish",
+            "Lets a reference outlive the connection that made it.",
+            schema_of::<remote::PublishParams>,
+            schema_of::<TensorRef>,
+            field_names::<remote::PublishParams>,
+        ),
+        info(
+            "ferry.ref.list",
+            "The caller's references.",
+            schema_of::<remote::ListRefsParams>,
+            schema_of::<Vec<TensorRef>>,
+            field_names::<remote::ListRefsParams>,
         ),
     ]
 }

@@ -15,7 +15,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
-use ferry_core::{Accepted, ForeignConn, Handled, Message, Pipe, PipeError, PipeListener};
+use ferry_core::{Accepted, ForeignConn, Handled, Message, Pipe, PipeError, PipeListener, Tensor};
 use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -38,6 +38,7 @@ pub struct ServerBuilder {
     limits: RpcLimits,
     api: ApiInfo,
     spawner: Option<Spawner>,
+    ref_copy: Option<RefCopy>,
 }
 
 /// Runs answers (a call's handler, then writing its response) that do not finish at once,
@@ -60,6 +61,14 @@ impl ServerBuilder {
     /// write the response themselves instead of waking a runtime worker to).
     pub fn spawner(mut self, spawner: Spawner) -> Self {
         self.spawner = Some(spawner);
+        self
+    }
+
+    /// How `ferry.ref.keep` copies a tensor a client sent into memory the server keeps
+    /// (default: host memory of its own, host tensors only). A server that lends shared
+    /// memory over shm (ferry-store's `shared_copy`) makes later fetches zero-copy.
+    pub fn ref_copy(mut self, f: RefCopy) -> Self {
+        self.ref_copy = Some(f);
         self
     }
 
@@ -86,6 +95,8 @@ impl ServerBuilder {
         Server {
             shared: Arc::new(Shared {
                 tasks: TaskTable::new(self.limits),
+                refs: crate::remote::RefTable::new(self.limits),
+                ref_copy: self.ref_copy.unwrap_or_else(|| Arc::new(copy_to_host)),
                 methods: self.methods,
                 limits: self.limits,
                 api: self.api,
@@ -96,6 +107,16 @@ impl ServerBuilder {
             shutdown: CancellationToken::new(),
         }
     }
+}
+
+/// Copies a tensor into memory the server keeps ([`ServerBuilder::ref_copy`]).
+pub type RefCopy = Arc<dyn Fn(&Tensor) -> Result<Tensor, String> + Send + Sync>;
+
+/// The default [`RefCopy`]: a host tensor's bytes copied into an aligned buffer.
+pub(crate) fn copy_to_host(t: &Tensor) -> Result<Tensor, String> {
+    let bytes =
+        t.host_bytes().ok_or_else(|| format!("a {} tensor cannot be kept here: send a cpu tensor", t.device()))?;
+    Tensor::new(t.meta().clone(), ferry_core::AlignedBuf::copy_from(bytes).into_bytes()).map_err(|e| e.to_string())
 }
 
 /// A JSON-RPC 2.0 server over a method table. Cheap to clone.
@@ -122,7 +143,7 @@ pub struct Server {
 impl Server {
     /// A builder serving `methods`.
     pub fn builder(methods: Methods) -> ServerBuilder {
-        ServerBuilder { methods, limits: RpcLimits::default(), api: ApiInfo::default(), spawner: None }
+        ServerBuilder { methods, limits: RpcLimits::default(), api: ApiInfo::default(), spawner: None, ref_copy: None }
     }
 
     /// A server with default limits.

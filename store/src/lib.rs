@@ -23,11 +23,13 @@
 
 mod bucket;
 mod manifest;
+mod refs;
 pub mod rpc;
 mod store;
 pub mod weights;
 
 pub use manifest::Entry;
+pub use refs::shared_copy;
 pub use store::{BundleBuilder, BundleStatus, Manifest, Owner, Store, Version};
 
 /// Options of a [`Store`].

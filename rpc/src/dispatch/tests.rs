@@ -28,6 +28,8 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
         .allow_unknown_params();
     let shared = Arc::new(Shared {
         tasks: TaskTable::new(limits),
+        refs: crate::remote::RefTable::new(limits),
+        ref_copy: Arc::new(crate::server::copy_to_host),
         methods: m,
         limits,
         api: ApiInfo::default(),
@@ -157,6 +159,8 @@ async fn non_finite_results_are_errors() {
     let limits = RpcLimits::default();
     let shared = Arc::new(Shared {
         tasks: TaskTable::new(limits),
+        refs: crate::remote::RefTable::new(limits),
+        ref_copy: Arc::new(crate::server::copy_to_host),
         methods: m,
         limits,
         api: ApiInfo::default(),

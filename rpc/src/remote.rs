@@ -1,0 +1,433 @@
+//! Remote tensor references: a tensor that stays on the server, named by an unguessable id.
+//!
+//! A handler keeps a tensor with [`CallContext::keep`](crate::CallContext::keep) and returns
+//! the [`TensorRef`] instead of the bytes; on the wire that is
+//! `{"$tensor_ref": {"id", "dtype", "shape", "device", "bytes", "expires_ms", "published"}}`
+//! (PROTOCOL.md §21). A client passes the reference back, as `{"$tensor_ref": {"id": ID}}`
+//! (the other fields may be sent and are ignored), wherever a method takes a tensor: the
+//! server puts the kept tensor there before the method's params are decoded, so no byte
+//! moves and every method that takes an [`RpcTensor`](crate::RpcTensor) takes references.
+//!
+//! Built-in methods: `ferry.ref.keep {tensor, ttl_ms?}` (a client's own tensor kept as a
+//! reference), `ferry.ref.fetch {ref}` (the tensor: zero-copy where the channel lends the
+//! memory it lives in), `ferry.ref.free {ids}`, `ferry.ref.publish {id}` and
+//! `ferry.ref.list {}`.
+//!
+//! - A reference belongs to the [`Identity`] that made it; to any other identity it does not
+//!   exist (NOT_FOUND, as for an unknown, freed or expired id).
+//! - It is freed when the connection that made it closes, unless it was published
+//!   (`ferry.ref.publish`), when its TTL passes, or by `ferry.ref.free`. Made without a
+//!   connection (over HTTP) and without a TTL, it lives [`RpcLimits::ref_ttl`].
+//! - The table is bounded: [`RpcLimits::max_refs`], [`RpcLimits::max_refs_per_identity`],
+//!   [`RpcLimits::max_ref_bytes`]; over one, LIMIT_EXCEEDED naming it.
+//!
+//! Time is passed in (`now`) so the table's tests need no clock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ferry_core::{DType, Device, Tensor};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::de::Error as _;
+use serde::ser::SerializeMap as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+use crate::codes::{ErrorObject, NOT_FOUND};
+use crate::limits::RpcLimits;
+use crate::method::Identity;
+
+/// The reserved key of a remote tensor reference.
+pub const REF_KEY: &str = "$tensor_ref";
+
+/// What a reference says of its tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RefInfo {
+    /// The reference's id: 128 random bits, `r` and 32 hex digits.
+    pub id: String,
+    /// The tensor's element type.
+    pub dtype: DType,
+    /// Its dimensions.
+    pub shape: Vec<u64>,
+    /// Where it lives on the server.
+    pub device: Device,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// When it expires (milliseconds since the Unix epoch); null: when freed, or when the
+    /// connection that made it closes unless published.
+    pub expires_ms: Option<u64>,
+    /// Whether it outlives the connection that made it.
+    pub published: bool,
+}
+
+/// A remote tensor reference, as a result field (`{"$tensor_ref": RefInfo}`) or a param.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorRef(pub RefInfo);
+
+impl Serialize for TensorRef {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry(REF_KEY, &self.0)?;
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for TensorRef {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut obj = serde_json::Map::deserialize(d)?;
+        let inner = obj.remove(REF_KEY).ok_or_else(|| D::Error::custom("expected {\"$tensor_ref\": {..}}"))?;
+        if let Some(k) = obj.keys().next() {
+            return Err(D::Error::custom(format!("unexpected key {k:?} beside \"$tensor_ref\"")));
+        }
+        serde_json::from_value(inner).map(TensorRef).map_err(D::Error::custom)
+    }
+}
+
+impl JsonSchema for TensorRef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "TensorRef".into()
+    }
+
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        let info = g.subschema_for::<RefInfo>();
+        json_schema!({
+            "description": "A tensor kept on the server: pass it back where a tensor is taken (only `id` is \
+                            read), fetch it with ferry.ref.fetch, free it with ferry.ref.free.",
+            "type": "object",
+            "required": [REF_KEY],
+            "additionalProperties": false,
+            "properties": { REF_KEY: info }
+        })
+    }
+}
+
+/// The id of `{"$tensor_ref": {"id": ID, ..}}` (and nothing else beside the key), if `v` is
+/// one; `Err` for an object with the key whose inside is not that.
+pub fn ref_id(v: &Value) -> Option<Result<&str, String>> {
+    let Value::Object(o) = v else { return None };
+    let inner = o.get(REF_KEY)?;
+    if o.len() != 1 {
+        return Some(Err("a tensor reference has no key beside \"$tensor_ref\"".into()));
+    }
+    Some(inner.get("id").and_then(Value::as_str).ok_or_else(|| "a tensor reference needs a string `id`".into()))
+}
+
+struct Kept {
+    tensor: Tensor,
+    owner: Identity,
+    /// The connection it dies with (`None`: published, or made without one).
+    conn: Option<u64>,
+    expires: Option<Instant>,
+    info: RefInfo,
+}
+
+/// The server's references (one per [`crate::Server`]).
+pub struct RefTable {
+    limits: RpcLimits,
+    kept: Mutex<HashMap<String, Kept>>,
+}
+
+impl std::fmt::Debug for RefTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefTable").field("refs", &self.len()).finish()
+    }
+}
+
+/// A fresh reference id: 128 random bits from the OS, in hex.
+fn new_id() -> Result<String, ErrorObject> {
+    let mut b = [0u8; 16];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| ErrorObject::internal(format!("no randomness for a reference id: {e}")))?;
+    Ok(format!("r{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
+}
+
+/// NOT_FOUND for a reference that is unknown, freed, expired or another identity's.
+pub fn not_found(id: &str) -> ErrorObject {
+    ErrorObject::new(
+        NOT_FOUND,
+        format!("Tensor reference not found: {id:.80?} (never made, freed, expired, or not yours)"),
+    )
+    .with_data(serde_json::json!({ "ref": id }))
+}
+
+fn epoch_ms(at: Instant, now: Instant) -> u64 {
+    let wall = SystemTime::now() + at.saturating_duration_since(now);
+    wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl RefTable {
+    /// An empty table bounded by `limits`.
+    pub fn new(limits: RpcLimits) -> Arc<RefTable> {
+        Arc::new(RefTable { limits, kept: Mutex::new(HashMap::new()) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Kept>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// References held now (expired ones included until the next operation drops them).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no reference is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps `tensor` for `owner`; it dies with connection `conn` (if any) and after `ttl`
+    /// (if any; without a connection, [`RpcLimits::ref_ttl`] by default).
+    pub fn keep(
+        &self,
+        tensor: Tensor,
+        owner: &Identity,
+        conn: Option<u64>,
+        ttl: Option<Duration>,
+        now: Instant,
+    ) -> Result<TensorRef, ErrorObject> {
+        let bytes = tensor.nbytes() as u64;
+        let ttl = ttl.or(conn.is_none().then_some(self.limits.ref_ttl));
+        let expires = ttl.map(|t| now + t);
+        let id = new_id()?;
+        let mut kept = self.lock();
+        purge(&mut kept, now);
+        let l = &self.limits;
+        if kept.len() >= l.max_refs {
+            return Err(ErrorObject::limit(
+                "max_refs",
+                "tensor references held",
+                kept.len() as u64 + 1,
+                l.max_refs as u64,
+            ));
+        }
+        let mine = kept.values().filter(|k| &k.owner == owner).count();
+        if mine >= l.max_refs_per_identity {
+            let (v, max) = (mine as u64 + 1, l.max_refs_per_identity as u64);
+            return Err(ErrorObject::limit("max_refs_per_identity", "tensor references held by one identity", v, max));
+        }
+        let used: u64 = kept.values().map(|k| k.info.bytes).sum();
+        if used + bytes > l.max_ref_bytes {
+            return Err(ErrorObject::limit(
+                "max_ref_bytes",
+                "bytes held by tensor references",
+                used + bytes,
+                l.max_ref_bytes,
+            ));
+        }
+        let info = RefInfo {
+            id: id.clone(),
+            dtype: tensor.dtype(),
+            shape: tensor.shape().to_vec(),
+            device: tensor.device(),
+            bytes,
+            expires_ms: expires.map(|e| epoch_ms(e, now)),
+            published: false,
+        };
+        kept.insert(id, Kept { tensor, owner: owner.clone(), conn, expires, info: info.clone() });
+        Ok(TensorRef(info))
+    }
+
+    /// The tensor `id` names, if `who` owns it.
+    pub fn get(&self, id: &str, who: &Identity, now: Instant) -> Result<Tensor, ErrorObject> {
+        let mut kept = self.lock();
+        purge(&mut kept, now);
+        kept.get(id).filter(|k| &k.owner == who).map(|k| k.tensor.clone()).ok_or_else(|| not_found(id))
+    }
+
+    /// Frees the references `ids` that `who` owns; the count freed (unknown ids are skipped:
+    /// freeing is idempotent).
+    pub fn free(&self, ids: &[String], who: &Identity, now: Instant) -> usize {
+        let mut kept = self.lock();
+        purge(&mut kept, now);
+        let mut n = 0;
+        for id in ids {
+            if kept.get(id).is_some_and(|k| &k.owner == who) {
+                kept.remove(id);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Lets `id` outlive its connection (its TTL, if any, still holds).
+    pub fn publish(&self, id: &str, who: &Identity, now: Instant) -> Result<TensorRef, ErrorObject> {
+        let mut kept = self.lock();
+        purge(&mut kept, now);
+        let k = kept.get_mut(id).filter(|k| &k.owner == who).ok_or_else(|| not_found(id))?;
+        k.conn = None;
+        k.info.published = true;
+        Ok(TensorRef(k.info.clone()))
+    }
+
+    /// `who`'s references.
+    pub fn list(&self, who: &Identity, now: Instant) -> Vec<TensorRef> {
+        let mut kept = self.lock();
+        purge(&mut kept, now);
+        let mut out: Vec<_> = kept.values().filter(|k| &k.owner == who).map(|k| TensorRef(k.info.clone())).collect();
+        out.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+        out
+    }
+
+    /// Connection `conn` closed: its unpublished references are freed; the count.
+    pub fn connection_closed(&self, conn: u64) -> usize {
+        let mut kept = self.lock();
+        let before = kept.len();
+        kept.retain(|_, k| k.conn != Some(conn));
+        before - kept.len()
+    }
+
+    /// Drops expired references now (also done by every other operation); the count.
+    pub fn purge(&self, now: Instant) -> usize {
+        purge(&mut self.lock(), now)
+    }
+
+    /// The earliest expiry, if any reference has one.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.lock().values().filter_map(|k| k.expires).min()
+    }
+
+    /// Replaces every `{"$tensor_ref": {"id"}}` in `params` by `{"$tensor": i}`, appending
+    /// the kept tensors to `tensors` (cheap clones: no byte moves). NOT_FOUND for an id
+    /// `who` does not hold; INVALID_PARAMS for a malformed reference.
+    pub fn resolve(&self, params: &mut Value, tensors: &mut Vec<Tensor>, who: &Identity) -> Result<(), ErrorObject> {
+        let now = Instant::now();
+        let mut walk = |v: &mut Value| -> Result<bool, ErrorObject> {
+            let Some(id) = ref_id(v) else { return Ok(false) };
+            let id = id.map_err(|m| ErrorObject::invalid_params("", m))?;
+            let t = self.get(id, who, now)?;
+            tensors.push(t);
+            *v = serde_json::json!({ crate::tensor::TENSOR_KEY: tensors.len() - 1 });
+            Ok(true)
+        };
+        visit(params, &mut walk)
+    }
+}
+
+/// Calls `f` on every value of `v`, depth first, not descending into one `f` replaced.
+fn visit(v: &mut Value, f: &mut impl FnMut(&mut Value) -> Result<bool, ErrorObject>) -> Result<(), ErrorObject> {
+    if f(v)? {
+        return Ok(());
+    }
+    match v {
+        Value::Array(a) => a.iter_mut().try_for_each(|x| visit(x, f)),
+        Value::Object(o) => o.values_mut().try_for_each(|x| visit(x, f)),
+        _ => Ok(()),
+    }
+}
+
+fn purge(kept: &mut HashMap<String, Kept>, now: Instant) -> usize {
+    let before = kept.len();
+    kept.retain(|_, k| k.expires.is_none_or(|e| e > now));
+    before - kept.len()
+}
+
+/// Params of `ferry.ref.keep`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeepParams {
+    /// The tensor to keep (copied out of the message into memory of the server's own).
+    pub tensor: crate::RpcTensor,
+    /// Free it after this many milliseconds.
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// Params of `ferry.ref.fetch`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FetchParams {
+    /// The reference (`{"$tensor_ref": {"id"}}`).
+    #[serde(rename = "ref")]
+    pub reference: crate::RpcTensor,
+}
+
+/// Params of `ferry.ref.free`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FreeParams {
+    /// The ids of the references to free.
+    pub ids: Vec<String>,
+}
+
+/// Params of `ferry.ref.publish`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishParams {
+    /// The reference's id.
+    pub id: String,
+}
+
+/// Params of `ferry.ref.list` (none).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListRefsParams {}
+
+/// Result of `ferry.ref.free`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct Freed {
+    /// How many of the ids were the caller's and are now freed.
+    pub freed: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(n: usize) -> Tensor {
+        Tensor::from_slice(vec![n as u64], &vec![1.0f32; n]).unwrap()
+    }
+
+    #[test]
+    fn owners_connections_ttls_and_limits() {
+        let table = RefTable::new(RpcLimits::default().max_refs(3).max_ref_bytes(1000));
+        let (me, you) = (Identity::Uid(1), Identity::Uid(2));
+        let now = Instant::now();
+        let a = table.keep(t(10), &me, Some(7), None, now).unwrap();
+        assert!(a.0.id.starts_with('r') && a.0.id.len() == 33 && a.0.expires_ms.is_none());
+        assert_eq!(table.get(&a.0.id, &me, now).unwrap().shape(), &[10]);
+        assert_eq!(table.get(&a.0.id, &you, now).unwrap_err().code, NOT_FOUND, "foreign = unknown");
+        assert_eq!(table.free(std::slice::from_ref(&a.0.id), &you, now), 0);
+        // A TTL: gone once it passes.
+        let b = table.keep(t(10), &me, Some(7), Some(Duration::from_secs(5)), now).unwrap();
+        assert!(b.0.expires_ms.is_some());
+        assert!(table.get(&b.0.id, &me, now + Duration::from_secs(4)).is_ok());
+        assert_eq!(table.get(&b.0.id, &me, now + Duration::from_secs(6)).unwrap_err().code, NOT_FOUND);
+        // Without a connection: ref_ttl.
+        let c = table.keep(t(10), &me, None, None, now).unwrap();
+        assert!(c.0.expires_ms.is_some());
+        // Limits name themselves.
+        let d = table.keep(t(10), &me, Some(8), None, now).unwrap();
+        let e = table.keep(t(10), &me, Some(8), None, now).unwrap_err();
+        assert!(e.message.contains("max_refs"), "{}", e.message);
+        assert!(table.keep(t(10), &you, Some(9), None, now).is_err());
+        table.free(std::slice::from_ref(&d.0.id), &me, now);
+        let e = table.keep(t(1000), &me, Some(8), None, now).unwrap_err();
+        assert!(e.message.contains("max_ref_bytes"), "{}", e.message);
+        // Closing connection 7 frees a, not the published one.
+        table.publish(&a.0.id, &me, now).unwrap();
+        let f = table.keep(t(10), &me, Some(7), None, now).unwrap();
+        assert_eq!(table.connection_closed(7), 1);
+        assert!(table.get(&a.0.id, &me, now).is_ok() && table.get(&f.0.id, &me, now).is_err());
+        assert_eq!(table.list(&me, now).len(), 2);
+        assert!(table.list(&you, now).is_empty());
+    }
+
+    #[test]
+    fn params_get_the_kept_tensors_in_place_of_references() {
+        let table = RefTable::new(RpcLimits::default());
+        let me = Identity::Uid(1);
+        let a = table.keep(t(4), &me, Some(1), None, Instant::now()).unwrap();
+        let mut params = serde_json::json!({"x": {"$tensor": 0}, "y": [serde_json::to_value(&a).unwrap()]});
+        let mut tensors = vec![t(2)];
+        table.resolve(&mut params, &mut tensors, &me).unwrap();
+        assert_eq!(params, serde_json::json!({"x": {"$tensor": 0}, "y": [{"$tensor": 1}]}));
+        assert_eq!(tensors[1].shape(), &[4]);
+        let mut bad = serde_json::json!([{"$tensor_ref": {"id": "r00"}}]);
+        assert_eq!(table.resolve(&mut bad, &mut tensors, &me).unwrap_err().code, NOT_FOUND);
+        let mut bad = serde_json::json!([{"$tensor_ref": {"id": 3}}]);
+        assert_eq!(table.resolve(&mut bad, &mut tensors, &me).unwrap_err().code, crate::codes::INVALID_PARAMS);
+        let mut other = serde_json::json!([{"$tensor_ref": {"id": a.0.id}}]);
+        assert_eq!(table.resolve(&mut other, &mut tensors, &Identity::Uid(2)).unwrap_err().code, NOT_FOUND);
+    }
+}
