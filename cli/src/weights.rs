@@ -37,6 +37,8 @@ pub fn server(store: Arc<Store>, limits: ferry_rpc::RpcLimits) -> anyhow::Result
     let methods = ferry_store::rpc::methods(store).context("registering the store's methods")?;
     Ok(Server::builder(methods)
         .limits(limits)
+        // (kept tensors in shared segments: ferry.ref.fetch lends them over shm)
+        .ref_copy(std::sync::Arc::new(ferry_store::shared_copy))
         .title("ferry weights")
         .version(env!("CARGO_PKG_VERSION"))
         .description(

@@ -287,19 +287,14 @@ impl Conn {
             return (None, ready(id.map(|id| respond(id, r))));
         }
         // References in the params become the kept tensors, appended to the message's.
+        // (Always looked for, even with no reference held: a freed one is NOT_FOUND.)
         let mut params = params;
-        let resolved;
-        let tensors = match (&mut params, self.shared.refs.is_empty()) {
-            (Some(p), false) => {
-                let mut all = tensors.to_vec();
-                if let Err(e) = self.shared.refs.resolve(p, &mut all, &self.peer.identity) {
-                    return (None, ready(id.map(|id| respond(id, Err(e)))));
-                }
-                resolved = all;
-                &resolved[..]
-            }
-            _ => tensors,
+        let resolved = match params.as_mut().map(|p| self.shared.refs.resolve(p, tensors, &self.peer.identity)) {
+            Some(Err(e)) => return (None, ready(id.map(|id| respond(id, Err(e))))),
+            Some(Ok(r)) => r,
+            None => None,
         };
+        let tensors = resolved.as_deref().unwrap_or(tensors);
         let Some(slot) = self.try_slot(id.as_ref()) else {
             let max = self.shared.limits.max_in_flight as u64;
             let e = ErrorObject::limit("max_in_flight", "calls in flight on this connection", max + 1, max);

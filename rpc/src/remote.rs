@@ -287,20 +287,29 @@ impl RefTable {
         self.lock().values().filter_map(|k| k.expires).min()
     }
 
-    /// Replaces every `{"$tensor_ref": {"id"}}` in `params` by `{"$tensor": i}`, appending
-    /// the kept tensors to `tensors` (cheap clones: no byte moves). NOT_FOUND for an id
-    /// `who` does not hold; INVALID_PARAMS for a malformed reference.
-    pub fn resolve(&self, params: &mut Value, tensors: &mut Vec<Tensor>, who: &Identity) -> Result<(), ErrorObject> {
+    /// Replaces every `{"$tensor_ref": {"id"}}` in `params` by `{"$tensor": i}`, the kept
+    /// tensors appended to a copy of `tensors` (cheap clones: no byte moves), returned when
+    /// there was any reference. NOT_FOUND for an id `who` does not hold; INVALID_PARAMS for
+    /// a malformed reference (the key is reserved).
+    pub fn resolve(
+        &self,
+        params: &mut Value,
+        tensors: &[Tensor],
+        who: &Identity,
+    ) -> Result<Option<Vec<Tensor>>, ErrorObject> {
         let now = Instant::now();
+        let mut out: Option<Vec<Tensor>> = None;
         let mut walk = |v: &mut Value| -> Result<bool, ErrorObject> {
             let Some(id) = ref_id(v) else { return Ok(false) };
             let id = id.map_err(|m| ErrorObject::invalid_params("", m))?;
             let t = self.get(id, who, now)?;
-            tensors.push(t);
-            *v = serde_json::json!({ crate::tensor::TENSOR_KEY: tensors.len() - 1 });
+            let all = out.get_or_insert_with(|| tensors.to_vec());
+            all.push(t);
+            *v = serde_json::json!({ crate::tensor::TENSOR_KEY: all.len() - 1 });
             Ok(true)
         };
-        visit(params, &mut walk)
+        visit(params, &mut walk)?;
+        Ok(out)
     }
 }
 
@@ -419,15 +428,17 @@ mod tests {
         let me = Identity::Uid(1);
         let a = table.keep(t(4), &me, Some(1), None, Instant::now()).unwrap();
         let mut params = serde_json::json!({"x": {"$tensor": 0}, "y": [serde_json::to_value(&a).unwrap()]});
-        let mut tensors = vec![t(2)];
-        table.resolve(&mut params, &mut tensors, &me).unwrap();
+        let tensors = vec![t(2)];
+        let all = table.resolve(&mut params, &tensors, &me).unwrap().unwrap();
         assert_eq!(params, serde_json::json!({"x": {"$tensor": 0}, "y": [{"$tensor": 1}]}));
-        assert_eq!(tensors[1].shape(), &[4]);
+        assert_eq!(all[1].shape(), &[4]);
+        let mut plain = serde_json::json!({"x": [1, {"y": 2}]});
+        assert!(table.resolve(&mut plain, &tensors, &me).unwrap().is_none(), "no copy without a reference");
         let mut bad = serde_json::json!([{"$tensor_ref": {"id": "r00"}}]);
-        assert_eq!(table.resolve(&mut bad, &mut tensors, &me).unwrap_err().code, NOT_FOUND);
+        assert_eq!(table.resolve(&mut bad, &tensors, &me).unwrap_err().code, NOT_FOUND);
         let mut bad = serde_json::json!([{"$tensor_ref": {"id": 3}}]);
-        assert_eq!(table.resolve(&mut bad, &mut tensors, &me).unwrap_err().code, crate::codes::INVALID_PARAMS);
+        assert_eq!(table.resolve(&mut bad, &tensors, &me).unwrap_err().code, crate::codes::INVALID_PARAMS);
         let mut other = serde_json::json!([{"$tensor_ref": {"id": a.0.id}}]);
-        assert_eq!(table.resolve(&mut other, &mut tensors, &Identity::Uid(2)).unwrap_err().code, NOT_FOUND);
+        assert_eq!(table.resolve(&mut other, &tensors, &Identity::Uid(2)).unwrap_err().code, NOT_FOUND);
     }
 }

@@ -44,6 +44,7 @@ from .errors import (
     RpcError,
 )
 from .pipe import Message, Pipe
+from .refs import TensorRef
 from .store import Bundle, open_bundle, open_weights
 from .tensors import (
     BF16,
@@ -78,6 +79,7 @@ __all__ = [
     "NUMPY_DTYPES",
     "ParamsError",
     "Pipe",
+    "TensorRef",
     "ProtocolError",
     "Refused",
     "ResultError",

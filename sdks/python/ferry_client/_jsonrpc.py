@@ -18,6 +18,7 @@ from ._cuda import cuda_array
 from ._cuda_channel import dtype_of
 from ._wire import byte_span
 from .errors import ParamsError, ProtocolError, ResultError, RpcError
+from .refs import REF_KEY, TensorRef
 from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype, typed_view
 
 MAX_PARAM_DEPTH = 256
@@ -149,6 +150,8 @@ def encode_params(value: object, tensors: TensorRefs, depth: int = 0) -> object:
         return {"$tensor": len(tensors) - 1}
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, TensorRef):
+        return value.to_json()
     if isinstance(value, dict):
         out: dict[str, object] = {}
         for k, v in value.items():
@@ -177,7 +180,12 @@ def _is_ref(v: object) -> bool:
     Only those two shapes are tensors; other objects whose only key is `$tensor` (an
     OpenRPC document describing the tensor schema has one) are left as they are.
     """
-    if type(v) is not dict or len(v) != 1 or "$tensor" not in v:
+    if type(v) is not dict or len(v) != 1:
+        return False
+    if REF_KEY in v:  # a remote tensor reference (PROTOCOL.md section 21)
+        inner = v[REF_KEY]
+        return type(inner) is dict and type(inner.get("id")) is str
+    if "$tensor" not in v:
         return False
     inner = v["$tensor"]
     if type(inner) is int:
@@ -210,7 +218,10 @@ def inline_tensor(value: dict[str, Any]) -> npt.NDArray[Any]:
 
 
 def _resolve_ref(ref: dict[str, Any], arrays: list[npt.NDArray[Any]]) -> Any:
-    """The array a `{"$tensor": ...}` value stands for (see `resolve_tensors`)."""
+    """The array a `{"$tensor": ...}` value stands for, or the `TensorRef` a
+    `{"$tensor_ref": ...}` one does (see `resolve_tensors`)."""
+    if REF_KEY in ref:
+        return TensorRef.from_json(ref[REF_KEY])
     i = ref["$tensor"]
     if type(i) is dict:
         return inline_tensor(i)

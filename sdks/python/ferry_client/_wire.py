@@ -113,8 +113,8 @@ def _loads_text(data: bytes | bytearray | memoryview, what: str) -> tuple[Any, s
 
 
 def tensor_keys(text: str) -> int:
-    """How many `{"$tensor": ...}` objects JSON `text` holds at most, or -1 when it cannot
-    tell (a `\\u` escape could spell the key).
+    """How many `{"$tensor": ...}` (and `{"$tensor_ref": ...}`) objects JSON `text` holds
+    at most, or -1 when it cannot tell (a `\\u` escape could spell the key).
 
     Counts the quoted key `"$tensor"` at C speed: in JSON text those nine characters are the
     key, or a string value equal to it (a count too high is harmless), never part of another
@@ -124,7 +124,7 @@ def tensor_keys(text: str) -> int:
     """
     if "\\u" in text:
         return -1
-    return text.count('"$tensor"')
+    return text.count('"$tensor"') + text.count('"$tensor_ref"')
 
 
 def uint(value: object, what: str, top: int | None = None) -> int:
