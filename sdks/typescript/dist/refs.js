@@ -8,6 +8,55 @@ import { ProtocolError } from "./errors.js";
 import { validateMeta } from "./frame.js";
 import { arrayType } from "./dtype.js";
 import { Tensor } from "./tensor.js";
+/**
+ * A remote tensor reference (PROTOCOL.md §21): a tensor kept on the server. A result's
+ * `{"$tensor_ref": {...}}` comes back as one; passed in params it is sent as
+ * `{"$tensor_ref": {"id"}}`, and the server uses its tensor without moving bytes. Fetch it
+ * with `ferry.ref.fetch {ref}`, free it with `ferry.ref.free {ids}`.
+ */
+export class TensorRef {
+    id;
+    dtype;
+    shape;
+    device;
+    bytes;
+    expiresMs;
+    published;
+    constructor(
+    /** 128 random bits: `r` and 32 hex digits. */
+    id, dtype, shape, device = "cpu", bytes = 0, 
+    /** When it expires (milliseconds since the Unix epoch), or null. */
+    expiresMs = null, 
+    /** Whether it outlives the connection that made it. */
+    published = false) {
+        this.id = id;
+        this.dtype = dtype;
+        this.shape = shape;
+        this.device = device;
+        this.bytes = bytes;
+        this.expiresMs = expiresMs;
+        this.published = published;
+    }
+    /** The inside of `{"$tensor_ref": {...}}`; `ProtocolError` when malformed. */
+    static fromJSON(inner) {
+        if (typeof inner !== "object" || inner === null || Array.isArray(inner)) {
+            throw new ProtocolError(`malformed tensor reference ${JSON.stringify(inner)}`);
+        }
+        const r = inner;
+        const shape = r["shape"] ?? [];
+        const expires = r["expires_ms"] ?? null;
+        if (typeof r["id"] !== "string" || !Array.isArray(shape) || !shape.every((d) => Number.isInteger(d))) {
+            throw new ProtocolError(`malformed tensor reference ${JSON.stringify(inner).slice(0, 200)}`);
+        }
+        if (expires !== null && typeof expires !== "number")
+            throw new ProtocolError("a tensor reference's expires_ms is not a number");
+        return new TensorRef(r["id"], String(r["dtype"] ?? ""), shape, String(r["device"] ?? "cpu"), Number(r["bytes"] ?? 0), expires, r["published"] === true);
+    }
+    /** The param form. */
+    toJSON() {
+        return { $tensor_ref: { id: this.id } };
+    }
+}
 function isPlainObject(v) {
     const p = Object.getPrototypeOf(v);
     return p === Object.prototype || p === null;
@@ -32,6 +81,8 @@ export function encodeRefs(value, out, seen = new Map()) {
             }
             return { $tensor: i };
         }
+        if (v instanceof TensorRef)
+            return v.toJSON();
         if (ArrayBuffer.isView(v)) {
             throw new TypeError("a typed array in params must be wrapped in a Tensor (Tensor.from(array, shape))");
         }
@@ -76,6 +127,8 @@ export function decodeRefs(value, tensors) {
         const keys = Object.keys(o);
         if (keys.length === 1 && keys[0] === "$tensor" && isTensorRef(o["$tensor"]))
             return tensorOf(o["$tensor"], tensors);
+        if (keys.length === 1 && keys[0] === "$tensor_ref" && isRemoteRef(o["$tensor_ref"]))
+            return TensorRef.fromJSON(o["$tensor_ref"]);
         for (const k of keys)
             o[k] = walk(o[k]);
         return o;
@@ -91,6 +144,11 @@ function isTensorRef(v) {
     if (typeof v === "number")
         return true;
     return typeof v === "object" && v !== null && !Array.isArray(v) && typeof v["data"] === "string";
+}
+/** Whether the value of a lone `$tensor_ref` member is a reference (an object with a string
+ * `id`); anything else (a JSON Schema's `properties`, say) is left as it is. */
+function isRemoteRef(v) {
+    return typeof v === "object" && v !== null && !Array.isArray(v) && typeof v["id"] === "string";
 }
 function tensorOf(ref, tensors) {
     if (typeof ref === "number") {

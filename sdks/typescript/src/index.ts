@@ -6,6 +6,7 @@
 export { Client, type BatchCall, type BatchResult, type CallOptions, type ConnectOptions, type TaskStatus } from "./client.js";
 export { Tensor, type TensorInput } from "./tensor.js";
 export type { TensorMap } from "./refs.js";
+export { TensorRef } from "./refs.js";
 export {
   DTYPES,
   type DType,

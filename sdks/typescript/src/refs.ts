@@ -10,6 +10,55 @@ import { validateMeta } from "./frame.js";
 import { arrayType } from "./dtype.js";
 import { Tensor } from "./tensor.js";
 
+/**
+ * A remote tensor reference (PROTOCOL.md §21): a tensor kept on the server. A result's
+ * `{"$tensor_ref": {...}}` comes back as one; passed in params it is sent as
+ * `{"$tensor_ref": {"id"}}`, and the server uses its tensor without moving bytes. Fetch it
+ * with `ferry.ref.fetch {ref}`, free it with `ferry.ref.free {ids}`.
+ */
+export class TensorRef {
+  constructor(
+    /** 128 random bits: `r` and 32 hex digits. */
+    readonly id: string,
+    readonly dtype: string,
+    readonly shape: readonly number[],
+    readonly device: string = "cpu",
+    readonly bytes: number = 0,
+    /** When it expires (milliseconds since the Unix epoch), or null. */
+    readonly expiresMs: number | null = null,
+    /** Whether it outlives the connection that made it. */
+    readonly published: boolean = false,
+  ) {}
+
+  /** The inside of `{"$tensor_ref": {...}}`; `ProtocolError` when malformed. */
+  static fromJSON(inner: unknown): TensorRef {
+    if (typeof inner !== "object" || inner === null || Array.isArray(inner)) {
+      throw new ProtocolError(`malformed tensor reference ${JSON.stringify(inner)}`);
+    }
+    const r = inner as Record<string, unknown>;
+    const shape = r["shape"] ?? [];
+    const expires = r["expires_ms"] ?? null;
+    if (typeof r["id"] !== "string" || !Array.isArray(shape) || !shape.every((d) => Number.isInteger(d))) {
+      throw new ProtocolError(`malformed tensor reference ${JSON.stringify(inner).slice(0, 200)}`);
+    }
+    if (expires !== null && typeof expires !== "number") throw new ProtocolError("a tensor reference's expires_ms is not a number");
+    return new TensorRef(
+      r["id"],
+      String(r["dtype"] ?? ""),
+      shape as number[],
+      String(r["device"] ?? "cpu"),
+      Number(r["bytes"] ?? 0),
+      expires,
+      r["published"] === true,
+    );
+  }
+
+  /** The param form. */
+  toJSON(): { $tensor_ref: { id: string } } {
+    return { $tensor_ref: { id: this.id } };
+  }
+}
+
 /** A named tensor map (a model's weights): `{"fc1.weight": Tensor, ...}`. */
 export type TensorMap = Record<string, Tensor>;
 
@@ -37,6 +86,7 @@ export function encodeRefs(value: unknown, out: Tensor[], seen: Map<Tensor, numb
       }
       return { $tensor: i };
     }
+    if (v instanceof TensorRef) return v.toJSON();
     if (ArrayBuffer.isView(v)) {
       throw new TypeError("a typed array in params must be wrapped in a Tensor (Tensor.from(array, shape))");
     }
@@ -75,6 +125,7 @@ export function decodeRefs(value: unknown, tensors: readonly Tensor[]): unknown 
     const o = v as Record<string, unknown>;
     const keys = Object.keys(o);
     if (keys.length === 1 && keys[0] === "$tensor" && isTensorRef(o["$tensor"])) return tensorOf(o["$tensor"], tensors);
+    if (keys.length === 1 && keys[0] === "$tensor_ref" && isRemoteRef(o["$tensor_ref"])) return TensorRef.fromJSON(o["$tensor_ref"]);
     for (const k of keys) o[k] = walk(o[k]);
     return o;
   };
@@ -89,6 +140,12 @@ export function decodeRefs(value: unknown, tensors: readonly Tensor[]): unknown 
 function isTensorRef(v: unknown): boolean {
   if (typeof v === "number") return true;
   return typeof v === "object" && v !== null && !Array.isArray(v) && typeof (v as Record<string, unknown>)["data"] === "string";
+}
+
+/** Whether the value of a lone `$tensor_ref` member is a reference (an object with a string
+ * `id`); anything else (a JSON Schema's `properties`, say) is left as it is. */
+function isRemoteRef(v: unknown): boolean {
+  return typeof v === "object" && v !== null && !Array.isArray(v) && typeof (v as Record<string, unknown>)["id"] === "string";
 }
 
 function tensorOf(ref: unknown, tensors: readonly Tensor[]): Tensor {

@@ -27,7 +27,7 @@ import {
   encodeMessage,
   validateMeta,
 } from "../src/frame.js";
-import { decodeRefs, encodeRefs } from "../src/refs.js";
+import { TensorRef, decodeRefs, encodeRefs } from "../src/refs.js";
 
 /** The MESSAGE of PROTOCOL.md §14, step 5 (151 bytes). */
 const HEX_EXAMPLE =
@@ -177,6 +177,18 @@ describe("encoding", () => {
     assert.throws(() => decodeRefs({ $tensor: 2 }, out), ProtocolError);
     const inline = decodeRefs({ $tensor: { dtype: "f32", shape: [2], data: "AACAPwAAAEA=" } }, []) as Tensor;
     assert.deepEqual([...inline.data], [1, 2]);
+  });
+
+  test("remote tensor references: TensorRef in, {$tensor_ref: {id}} out; schemas left alone", () => {
+    const id = "r" + "0a".repeat(16);
+    const wire = { $tensor_ref: { id, dtype: "f32", shape: [3], device: "cpu", bytes: 12, expires_ms: null, published: false } };
+    const r = decodeRefs({ x: [wire] }, []) as { x: TensorRef[] };
+    assert.ok(r.x[0] instanceof TensorRef);
+    assert.deepEqual([r.x[0].id, r.x[0].dtype, [...r.x[0].shape], r.x[0].bytes], [id, "f32", [3], 12]);
+    assert.deepEqual(encodeRefs({ tensor: r.x[0] }, []), { tensor: { $tensor_ref: { id } } });
+    const schema = { properties: { $tensor_ref: { type: "object" } } };
+    assert.deepEqual(decodeRefs(structuredClone(schema), []), schema);
+    assert.throws(() => decodeRefs({ $tensor_ref: { id, shape: "x" } }, []), ProtocolError);
   });
 });
 
