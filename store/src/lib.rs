@@ -22,15 +22,17 @@
 //!   past it fails with [`StoreError::Budget`], naming the option.
 
 mod bucket;
+mod device;
 mod manifest;
 mod refs;
 pub mod rpc;
 mod store;
 pub mod weights;
 
+pub use device::{DeviceView, device_slice, plan_layout};
 pub use manifest::Entry;
 pub use refs::shared_copy;
-pub use store::{BundleBuilder, BundleStatus, Manifest, Owner, Store, Version};
+pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 
 /// Options of a [`Store`].
 #[derive(Debug, Clone)]

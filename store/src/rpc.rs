@@ -150,6 +150,11 @@ impl Opened {
             .into_iter()
             .map(|e| {
                 let bucket = self.buckets.get(e.3 as usize).ok_or_else(|| format!("{:?}: no bucket {}", e.0, e.3))?;
+                if bucket.0.host_bytes().is_none() {
+                    let t = crate::device_slice(&bucket.0, e.4, e.meta())
+                        .ok_or_else(|| format!("{:?}: outside device bucket {}", e.0, e.3))?;
+                    return Ok((e.0, t));
+                }
                 let bytes = bucket.0.host_bytes().ok_or_else(|| format!("bucket {} is not in host memory", e.3))?;
                 let len = e.byte_len().ok_or_else(|| format!("{:?}: size overflows", e.0))?;
                 let end = e.4.checked_add(len).filter(|&end| end <= bytes.len() as u64);

@@ -91,13 +91,7 @@ impl Version {
 
     /// Its buckets' bytes, one host tensor (`u8`, 1-D) per bucket: what a reader maps.
     pub fn bucket_tensors(&self) -> Vec<Tensor> {
-        self.buckets
-            .iter()
-            .map(|b| {
-                Tensor::new(TensorMeta::new(ferry_core::DType::U8, vec![b.len() as u64]), b.whole())
-                    .expect("a u8 vector over a whole bucket is valid")
-            })
-            .collect()
+        self.buckets.iter().map(Bucket::tensor).collect()
     }
 
     /// Every tensor, in the order published, as a view of the buckets (no copy).
@@ -106,9 +100,14 @@ impl Version {
             .entries
             .iter()
             .filter_map(|e| {
-                let len = usize::try_from(e.byte_len()?).ok()?;
-                let bytes = self.buckets.get(e.3 as usize)?.bytes(usize::try_from(e.4).ok()?, len)?;
-                Some((e.0.clone(), Tensor::new(e.meta(), bytes).ok()?))
+                let t = match self.buckets.get(e.3 as usize)? {
+                    Bucket::Device(b) => crate::device::device_slice(b, e.4, e.meta())?,
+                    b @ Bucket::Host(_) => {
+                        let len = usize::try_from(e.byte_len()?).ok()?;
+                        Tensor::new(e.meta(), b.bytes(usize::try_from(e.4).ok()?, len)?).ok()?
+                    }
+                };
+                Some((e.0.clone(), t))
             })
             .collect()
     }
@@ -359,13 +358,14 @@ impl Store {
         Ok(())
     }
 
-    fn commit(
+    pub(crate) fn commit(
         &self,
         name: &str,
         by: &Owner,
         entries: Vec<Entry>,
         buckets: Vec<Bucket>,
         metadata: Value,
+        read: Option<HostRead>,
     ) -> Result<Version, StoreError> {
         let bytes = buckets.iter().map(|b| b.len() as u64).sum();
         let cell = Arc::new(DigestCell::default());
@@ -401,19 +401,18 @@ impl Store {
         lock(&self.state).prune();
         if self.opts.digest {
             let for_hash = v.clone();
+            let read2 = read.clone();
             let spawned = std::thread::Builder::new().name("ferry-store-digest".into()).spawn(move || {
                 let man = for_hash.manifest.clone();
-                let tensors = for_hash.tensors();
-                let d = digest(man.entries.iter().zip(tensors.iter().map(|(_, t)| t.as_bytes())));
+                let d = version_digest(&for_hash, read2.as_ref());
                 // The buckets are let go before the digest is told: who waited for it may
                 // count on this thread holding nothing.
-                drop((tensors, for_hash));
-                man.digest.set(Some(d));
+                drop(for_hash);
+                man.digest.set(d);
             });
             if let Err(e) = spawned {
                 tracing::warn!("ferry-store: cannot start the digest thread ({e}); computing the digest here");
-                let tensors = v.tensors();
-                cell.set(Some(digest(v.manifest.entries.iter().zip(tensors.iter().map(|(_, t)| t.as_bytes())))));
+                cell.set(version_digest(&v, read.as_ref()));
             }
         } else {
             cell.set(None);
@@ -427,6 +426,33 @@ impl Store {
         );
         Ok(v)
     }
+}
+
+/// Copies a device tensor to the host (for the digest of a version whose buckets are on a
+/// device): e.g. `ferry_cuda_ipc::CudaIpcChannel::copy_to_host`.
+pub type HostRead = Arc<dyn Fn(&Tensor) -> Result<Vec<u8>, String> + Send + Sync>;
+
+/// The digest of `v`'s tensors; `None` when a device bucket cannot be read to the host.
+fn version_digest(v: &Version, read: Option<&HostRead>) -> Option<String> {
+    let mut host: Vec<Bytes> = Vec::with_capacity(v.buckets.len());
+    for b in &v.buckets {
+        host.push(match b {
+            Bucket::Host(_) => b.bytes(0, b.len()).unwrap_or_default(),
+            Bucket::Device(t) => match read.map(|r| r(t)) {
+                Some(Ok(bytes)) => Bytes::from(bytes),
+                Some(Err(e)) => {
+                    tracing::warn!(bundle = %v.manifest.name, "ferry-store: no digest: cannot read a device bucket: {e}");
+                    return None;
+                }
+                None => return None,
+            },
+        });
+    }
+    let slices = v.manifest.entries.iter().map(|e| {
+        let (off, len) = (e.4 as usize, e.byte_len().unwrap_or(0) as usize);
+        host.get(e.3 as usize).and_then(|b| b.get(off..off + len)).unwrap_or(&[])
+    });
+    Some(digest(v.manifest.entries.iter().zip(slices)))
 }
 
 /// The process itself may change any bundle; a caller, the bundles its identity published
@@ -444,7 +470,7 @@ fn check_owner(name: &str, slot: &Slot, by: &Owner) -> Result<(), StoreError> {
 /// Places tensors of `lens` bytes in buckets of at most `bucket_bytes` (a larger tensor gets
 /// a bucket of its own): tensors of 4 KiB and more start on a page, smaller ones on 64
 /// bytes. Returns each tensor's (bucket, offset) and each bucket's length.
-fn plan(lens: &[u64], bucket_bytes: u64) -> (Vec<(u32, u64)>, Vec<u64>) {
+pub(crate) fn plan(lens: &[u64], bucket_bytes: u64) -> (Vec<(u32, u64)>, Vec<u64>) {
     let mut places = Vec::with_capacity(lens.len());
     let mut buckets: Vec<u64> = Vec::new();
     for &len in lens {
@@ -521,7 +547,7 @@ impl BundleBuilder {
         let BundleBuilder { name, by, entries, buckets, reservation, .. } = self;
         let shift = in_place.len() as u32;
         let mut all = in_place;
-        all.extend(buckets.into_iter().map(BucketMut::freeze));
+        all.extend(buckets.into_iter().map(|b| Bucket::from(b.freeze())));
         let entries = placed
             .into_iter()
             .map(|p| match p {
@@ -534,7 +560,7 @@ impl BundleBuilder {
             .collect();
         let store = reservation.store.clone();
         // The committed version is counted from here on; the reservation ends as it is.
-        let v = store.commit(&name, &by, entries, all, metadata);
+        let v = store.commit(&name, &by, entries, all, metadata, None);
         drop(reservation);
         v
     }

@@ -57,7 +57,7 @@ pub fn publish_safetensors(
             progress(done, total);
         })?;
         let decoded = SafetensorsCodec
-            .decode(bucket.whole())
+            .decode(bucket.bytes(0, bucket.len()).unwrap_or_default())
             .map_err(|e| StoreError::Invalid(format!("{}: {e}", f.display())))?;
         for (n, t) in decoded {
             if let Some(other) = seen.insert(n.clone(), f.clone()) {
@@ -114,5 +114,5 @@ fn read_into_bucket(f: &Path, len: u64, progress: &mut dyn FnMut(u64)) -> Result
         // Advice only: failing to drop the cached pages costs memory, not correctness.
         let _ = rustix::fs::fadvise(&file, 0, std::num::NonZeroU64::new(len), rustix::fs::Advice::DontNeed);
     }
-    Ok(bucket.freeze())
+    Ok(bucket.freeze().into())
 }

@@ -82,6 +82,10 @@ struct Granted {
     slot: Arc<Slot>,
     start: u64,
     len: u64,
+    /// The sent buffer itself, held as long as the lease (not only its slot): an owner that
+    /// tracks the buffer weakly (ferry-store's superseded versions) sees it alive while a
+    /// peer holds it.
+    _buf: Option<Arc<dyn DeviceBuffer>>,
 }
 
 struct PeerState {
@@ -269,14 +273,21 @@ impl CudaSession {
     }
 
     /// Grants a lease on `[start, start + len)` of `slot` and describes it.
-    fn grant(&self, slot: Arc<Slot>, start: u64, len: u64, out: &mut Outgoing) -> Result<Location, ChannelError> {
+    fn grant(
+        &self,
+        slot: Arc<Slot>,
+        start: u64,
+        len: u64,
+        buf: Option<Arc<dyn DeviceBuffer>>,
+        out: &mut Outgoing,
+    ) -> Result<Location, ChannelError> {
         let dev = slot.mem.dev;
         let uuid = self.uuid(dev).ok_or_else(|| bad(format!("cuda:{dev} is not an IPC device")))?.to_string();
         let event = self.core.record(dev)?;
         let sink: Arc<dyn RetireSink> = self.core.clone();
         self.pool.note_sent(slot.mem.id, &sink);
         let (mem, alloc_id, alloc_size, offset) = (slot.mem.handle, slot.mem.id, slot.mem.size, slot.offset + start);
-        let lease = lock(&self.core.granted).grant(Granted { slot, start, len });
+        let lease = lock(&self.core.granted).grant(Granted { slot, start, len, _buf: buf });
         // Not sent after all (a later tensor failed): the peer never hears of the lease.
         let core = self.core.clone();
         out.on_abort(move || drop(lock(&core.granted).release(&[lease])));
@@ -414,7 +425,7 @@ impl ChannelSession for CudaSession {
         }
         if let Some(pb) = any.downcast_ref::<PoolBuffer>() {
             // Already exportable memory (pipe.alloc_device, or returned to us): no copy.
-            return self.grant(pb.slot.clone(), pb.start, pb.len, out);
+            return self.grant(pb.slot.clone(), pb.start, pb.len, Some(buf.clone()), out);
         }
         // Anywhere else: one device-to-device copy into the pool, on the stream.
         let len = buf.len() as u64;
@@ -422,7 +433,7 @@ impl ChannelSession for CudaSession {
         let slot = self.pool.alloc(dev, len, Some(&mut closed)).await?;
         self.core.driver.copy_dtod(dev, slot.ptr(), buf.device_ptr(), len).map_err(backend)?;
         self.core.counters.copies_in.fetch_add(1, Ordering::Relaxed);
-        self.grant(slot, 0, len, out)
+        self.grant(slot, 0, len, None, out)
     }
 
     async fn decode(&self, meta: TensorMeta, loc: &Location, _: &mut Incoming) -> Result<Tensor, ChannelError> {
