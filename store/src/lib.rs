@@ -30,7 +30,7 @@ mod store;
 pub mod weights;
 
 pub use device::{DeviceView, device_slice, plan_layout};
-pub use manifest::Entry;
+pub use manifest::{Columns, Entry};
 pub use refs::shared_copy;
 pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 

@@ -75,13 +75,8 @@ pub struct Opened {
     pub published_ms: u64,
     /// Its buckets, each a `u8` vector; a tensor's bytes are a range of one.
     pub buckets: Vec<RpcTensor>,
-    /// Where every tensor lies: a `u8` vector holding a JSON array (UTF-8) of entries
-    /// `[name, dtype, shape, bucket, offset]`, in the order published (schema: [`Entry`]).
-    /// Bytes rather than JSON values: the server writes them once per version and a
-    /// reader parses them in one call, so a thousand-tensor manifest costs neither side a
-    /// walk of thousands of JSON values ([`Opened::entries`]).
-    #[schemars(schema_with = "manifest_schema")]
-    pub manifest: RpcTensor,
+    /// Where every tensor lies, in columns ([`crate::Columns`]; [`Opened::entries`]).
+    pub manifest: crate::Columns,
 }
 
 /// Params of `store.list`.
@@ -135,12 +130,7 @@ pub fn error(e: StoreError) -> ErrorObject {
 impl Opened {
     /// The manifest's entries, in the order published.
     pub fn entries(&self) -> Result<Vec<Entry>, String> {
-        let t = &self.manifest.0;
-        if t.dtype() != ferry_core::DType::U8 || t.shape().len() != 1 {
-            return Err(format!("the manifest is a {} tensor of shape {:?}, not a u8 vector", t.dtype(), t.shape()));
-        }
-        let bytes = t.host_bytes().ok_or("the manifest is not in host memory")?;
-        serde_json::from_slice(bytes).map_err(|e| format!("malformed manifest: {e}"))
+        self.manifest.entries()
     }
 
     /// Every tensor, in the order published, as a view of the buckets (no copy), after
@@ -188,25 +178,8 @@ fn opened(m: &Manifest, buckets: Vec<RpcTensor>, digest: Option<String>) -> Open
         bytes: m.bytes,
         published_ms: m.published_ms,
         buckets,
-        manifest: RpcTensor(manifest_tensor(m.entries_json())),
+        manifest: m.columns(),
     }
-}
-
-/// A tensor whose bytes are JSON entries: `contentMediaType` and `contentSchema` say so.
-fn manifest_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let tensor = g.subschema_for::<RpcTensor>();
-    let entries = g.subschema_for::<Vec<Entry>>();
-    schemars::json_schema!({
-        "allOf": [tensor],
-        "description": "A u8 vector holding the UTF-8 JSON text of the entries.",
-        "contentMediaType": "application/json",
-        "contentSchema": entries,
-    })
-}
-
-fn manifest_tensor(json: bytes::Bytes) -> ferry_core::Tensor {
-    let meta = ferry_core::TensorMeta::new(ferry_core::DType::U8, vec![json.len() as u64]);
-    ferry_core::Tensor::new(meta, json).expect("a u8 vector of its own length")
 }
 
 /// The store's methods, to merge into a server's table.

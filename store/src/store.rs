@@ -38,8 +38,8 @@ pub struct Manifest {
     /// When it was published (milliseconds since the Unix epoch).
     pub published_ms: u64,
     pub(crate) digest: Arc<DigestCell>,
-    /// `entries` as JSON text, written on the first open and sent as is to every reader.
-    pub(crate) entries_json: OnceLock<Bytes>,
+    /// `entries` in columns, made on the first open and sent as they are to every reader.
+    pub(crate) columns: OnceLock<crate::manifest::Columns>,
 }
 
 impl Manifest {
@@ -54,12 +54,10 @@ impl Manifest {
         self.digest.wait()
     }
 
-    /// `entries` as a JSON array (UTF-8), serialized once per version: what `store.open`
+    /// `entries` in columns ([`crate::Columns`]), made once per version: what `store.open`
     /// sends as the manifest, so that an open costs the server O(buckets), not O(tensors).
-    pub fn entries_json(&self) -> Bytes {
-        self.entries_json
-            .get_or_init(|| Bytes::from(serde_json::to_vec(&self.entries).unwrap_or_else(|_| b"[]".to_vec())))
-            .clone()
+    pub fn columns(&self) -> crate::Columns {
+        self.columns.get_or_init(|| crate::Columns::of(&self.entries)).clone()
     }
 }
 
@@ -367,6 +365,9 @@ impl Store {
         metadata: Value,
         read: Option<HostRead>,
     ) -> Result<Version, StoreError> {
+        if let Some(e) = entries.iter().find(|e| e.0.contains('\n')) {
+            return Err(StoreError::Invalid(format!("tensor name {:?} contains a line break", e.0)));
+        }
         let bytes = buckets.iter().map(|b| b.len() as u64).sum();
         let cell = Arc::new(DigestCell::default());
         let mut st = lock(&self.state);
@@ -381,7 +382,7 @@ impl Store {
             bytes,
             published_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             digest: cell.clone(),
-            entries_json: OnceLock::new(),
+            columns: OnceLock::new(),
         });
         let v = Version { manifest, buckets };
         let prev = slot.latest.replace(v.clone());
