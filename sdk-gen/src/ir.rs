@@ -127,6 +127,8 @@ pub enum Ty {
     String,
     /// A tensor (`{"$tensor": ..}` on the wire).
     Tensor,
+    /// A remote tensor reference (`{"$tensor_ref": {..}}`, PROTOCOL.md §21).
+    TensorRef,
     /// An array of one type.
     Array(Box<Ty>),
     /// A fixed-length array (`prefixItems`, or `items` given as an array).
@@ -362,6 +364,15 @@ fn is_tensor_schema(o: &Map<String, Value>) -> bool {
         if p.len() == 1 && p.contains_key("$tensor") && r.iter().any(|x| x == "$tensor"))
 }
 
+/// Whether `o` is ferry's remote tensor reference schema: an object whose only property,
+/// required, is `$tensor_ref`.
+fn is_tensor_ref_schema(o: &Map<String, Value>) -> bool {
+    let props = o.get("properties").and_then(Value::as_object);
+    let required = o.get("required").and_then(Value::as_array);
+    matches!((props, required), (Some(p), Some(r))
+        if p.len() == 1 && p.contains_key("$tensor_ref") && r.iter().any(|x| x == "$tensor_ref"))
+}
+
 /// A name usable as a type identifier: ASCII letters, digits and `_`, starting with a
 /// letter.
 pub fn type_ident(raw: &str) -> String {
@@ -562,6 +573,9 @@ impl<'a> Lower<'a> {
             if schema.as_object().is_some_and(is_tensor_schema) {
                 return Ok(Ty::Tensor);
             }
+            if schema.as_object().is_some_and(is_tensor_ref_schema) {
+                return Ok(Ty::TensorRef);
+            }
             self.todo.insert(key.clone());
             return Ok(Ty::Named(self.idents[&key].clone()));
         }
@@ -590,6 +604,9 @@ impl<'a> Lower<'a> {
         }
         if is_tensor_schema(o) {
             return Ok(Ty::Tensor);
+        }
+        if is_tensor_ref_schema(o) {
+            return Ok(Ty::TensorRef);
         }
         if let Some(all) = o.get("allOf").and_then(Value::as_array) {
             if let [one] = all.as_slice() {

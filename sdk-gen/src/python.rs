@@ -61,6 +61,7 @@ const MODULE_NAMES: &[&str] = &[
     "Client",
     "RpcError",
     "TensorIn",
+    "TensorRef",
     "t",
     "ERRORS",
     "error_from_code",
@@ -151,6 +152,10 @@ impl Ctx<'_> {
             Ty::Integer => "int".into(),
             Ty::Number => "float".into(),
             Ty::String => "str".into(),
+            Ty::TensorRef => {
+                self.imports.insert("TensorRef");
+                "TensorRef".into()
+            }
             Ty::Tensor => match pos {
                 Pos::Param => {
                     self.imports.insert("TensorIn");
@@ -225,6 +230,7 @@ impl Ctx<'_> {
             Ty::Number => "t.NUMBER".into(),
             Ty::String => "t.STRING".into(),
             Ty::Tensor => "t.TENSOR".into(),
+            Ty::TensorRef => "t.TENSOR_REF".into(),
             Ty::Array(inner) => format!("t.ListOf({})", self.spec(inner)),
             Ty::Tuple(ts) => format!("t.TupleOf({})", ts.iter().map(|x| self.spec(x)).collect::<Vec<_>>().join(", ")),
             Ty::Map(inner) => format!("t.MapOf({})", self.spec(inner)),
@@ -283,6 +289,9 @@ pub fn module(api: &Api) -> String {
     let mut runtime = vec!["AsyncClient", "Client", "RpcError"];
     if want("TensorIn") {
         runtime.push("TensorIn");
+    }
+    if want("TensorRef") {
+        runtime.push("TensorRef");
     }
     w.line(format!("from ferry_client import {}", runtime.join(", ")));
     w.line("from ferry_client import types as t");

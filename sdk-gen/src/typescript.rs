@@ -48,10 +48,16 @@ const WIDTH: usize = 80;
 
 /// Names the module imports or defines itself.
 const MODULE_NAMES: &[&str] =
-    &["Client", "RpcError", "Tensor", "CallOptions", "errorFromCode", "ERRORS", "RpcErrorClass"];
+    &["Client", "RpcError", "Tensor", "TensorRef", "CallOptions", "errorFromCode", "ERRORS", "RpcErrorClass"];
 
 /// Members of the generated client class.
 const CLIENT_MEMBERS: &[&str] = &["client", "call", "constructor"];
+
+/// Whether `text` has `word` as a whole identifier (not inside `TensorRefsClient`).
+fn mentions(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+    text.match_indices(word).any(|(i, _)| !text[..i].ends_with(ident) && !text[i + word.len()..].starts_with(ident))
+}
 
 fn ty(t: &Ty, types: &Scope, tensor: &mut bool) -> String {
     match t {
@@ -64,6 +70,8 @@ fn ty(t: &Ty, types: &Scope, tensor: &mut bool) -> String {
             *tensor = true;
             "Tensor".into()
         }
+        // (imported when the declarations mention it: see `declarations`)
+        Ty::TensorRef => "TensorRef".into(),
         Ty::Array(inner) => {
             let s = ty(inner, types, tensor);
             if matches!(**inner, Ty::Union(_) | Ty::Literal(_)) { format!("({s})[]") } else { format!("{s}[]") }
@@ -170,9 +178,14 @@ pub fn modules(api: &Api, runtime: &str) -> (String, String) {
     if tensor {
         type_imports.push("Tensor");
     }
+    let body_text = body.finish();
+    // A user type cannot be called `TensorRef` (MODULE_NAMES): the name is the runtime's.
+    if mentions(&body_text, "TensorRef") {
+        type_imports.push("TensorRef");
+    }
     d.line(format!("import type {{ {} }} from {};", type_imports.join(", "), ts_str(runtime)));
     d.line("");
-    for line in body.finish().lines() {
+    for line in body_text.lines() {
         d.line(line);
     }
 

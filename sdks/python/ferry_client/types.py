@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ResultError
+from .refs import TensorRef
 
 MAX_DEPTH = 256
 
@@ -75,6 +76,10 @@ TENSOR: Spec = _Simple(
     lambda v: isinstance(v, np.ndarray) or hasattr(v, "__cuda_array_interface__"),
 )
 """A numpy array, or a CUDA array (CuPy) on a connection with the cuda-ipc channel."""
+TENSOR_REF: Spec = _Simple(
+    "a remote tensor reference", lambda v: isinstance(v, TensorRef)
+)
+"""A `ferry_client.TensorRef` (PROTOCOL.md section 21)."""
 
 
 class ListOf(Spec):
