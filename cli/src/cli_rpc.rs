@@ -433,6 +433,15 @@ pub fn summary(t: &Tensor) -> String {
     format!("{}[{shape}] {} B {}", t.dtype(), t.nbytes(), preview(t, 8))
 }
 
+/// `1+2i`, `1-2i`, `NaN+NaNi`.
+fn complex(re: impl std::fmt::Display, im: impl std::fmt::Display) -> String {
+    let im = im.to_string();
+    match im.strip_prefix('-') {
+        Some(abs) => format!("{re}-{abs}i"),
+        None => format!("{re}+{im}i"),
+    }
+}
+
 fn preview(t: &Tensor, n: usize) -> String {
     if !t.meta().is_contiguous() || t.device() != ferry_core::Device::Cpu {
         return "[..]".into();
@@ -462,7 +471,34 @@ fn preview(t: &Tensor, n: usize) -> String {
         DType::Bf16 => fmt::<half::bf16>(&t, take, |x| x.to_string()),
         DType::F32 => fmt::<f32>(&t, take, f32::to_string),
         DType::F64 => fmt::<f64>(&t, take, f64::to_string),
+        DType::F8E4M3Fn => {
+            t.as_bytes().iter().take(take).map(|&b| ferry_core::float8::e4m3fn_to_f32(b).to_string()).collect()
+        }
+        DType::F8E5M2 => {
+            t.as_bytes().iter().take(take).map(|&b| ferry_core::float8::e5m2_to_f32(b).to_string()).collect()
+        }
+        DType::C64 => fmt::<[f32; 2]>(&t, take, |[re, im]| complex(re, im)),
+        DType::C128 => fmt::<[f64; 2]>(&t, take, |[re, im]| complex(re, im)),
     };
     let more = if numel > take { ", ..." } else { "" };
     format!("[{}{more}]", vals.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_of_checkpoint_dtypes() {
+        let raw = |d: DType, bytes: &'static [u8]| {
+            let meta = ferry_core::TensorMeta::new(d, vec![bytes.len() as u64]);
+            Tensor::new(meta, ferry_core::AlignedBuf::copy_from(bytes).into_bytes()).unwrap()
+        };
+        assert_eq!(summary(&raw(DType::F8E4M3Fn, &[0x38, 0xc4, 0x7e, 0x7f])), "f8e4m3fn[4] 4 B [1, -3, 448, NaN]");
+        assert_eq!(summary(&raw(DType::F8E5M2, &[0x3c, 0x7c])), "f8e5m2[2] 2 B [1, inf]");
+        let c = Tensor::from_slice(vec![2], &[[1.5f32, -2.0], [0.0, 0.25]]).unwrap();
+        assert_eq!(summary(&c), "c64[2] 16 B [1.5-2i, 0+0.25i]");
+        let c = Tensor::from_slice(vec![1], &[[1.0f64, f64::NAN]]).unwrap();
+        assert_eq!(summary(&c), "c128[1] 16 B [1+NaNi]");
+    }
 }

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ferry_core::{DType, Element, Tensor, TensorMeta, TensorMut};
+use ferry_core::{DType, Element, Tensor, TensorMeta, TensorMut, float8};
 use ferry_rpc::{CallContext, ErrorObject, Methods, RpcTensor, Server, TensorMap};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -37,7 +37,8 @@ pub const MAX_SLOW_MS: u64 = 600_000;
 /// The documented text of [`pattern`] (in `make`'s description).
 const PATTERN_DOC: &str = "Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed ints: \
                            i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5 (exact in every \
-                           float type).";
+                           float type); float8 (f8e4m3fn, f8e5m2): that value rounded to nearest, ties to even; \
+                           complex (c64, c128): that value as the real part, imaginary part 0.";
 /// The documented text of [`checksum`] (in `inspect`'s description).
 const CHECKSUM_DOC: &str = "checksum: the sum over the tensor's bytes b_j (row-major, little-endian elements) of \
                             b_j * (j % 251 + 1), modulo 2^64, as a decimal string.";
@@ -216,6 +217,8 @@ pub fn server() -> Server {
 pub fn server_with(limits: ferry_rpc::RpcLimits) -> Server {
     Server::builder(methods())
         .limits(limits)
+        // (kept tensors in shared segments: ferry.ref.fetch lends them over shm)
+        .ref_copy(std::sync::Arc::new(ferry_store::shared_copy))
         .title("ferry conformance")
         .version(env!("CARGO_PKG_VERSION"))
         .description(
@@ -340,14 +343,22 @@ fn copy_to_device(_: &ferry_core::Tensor, _: &[u8]) -> Result<(), ErrorObject> {
     Err(ErrorObject::tensor("this server was built without the cuda-ipc feature"))
 }
 
-/// The value of element `i` of `make`'s tensors, as an f64 (bool: 0 or 1).
+/// The value of element `i` of `make`'s tensors, as an f64 (bool: 0 or 1; float8: before
+/// rounding; complex: the real part, the imaginary part is 0).
 pub fn pattern(dtype: DType, i: u64) -> f64 {
     let r = (i % 251) as f64;
     match dtype {
         DType::Bool => f64::from(u8::from(i.is_multiple_of(3))),
         DType::U8 | DType::U16 | DType::U32 | DType::U64 => r,
         DType::I8 | DType::I16 | DType::I32 | DType::I64 => r - 125.0,
-        DType::F16 | DType::Bf16 | DType::F32 | DType::F64 => (r - 125.0) * 0.5,
+        DType::F16
+        | DType::Bf16
+        | DType::F32
+        | DType::F64
+        | DType::F8E4M3Fn
+        | DType::F8E5M2
+        | DType::C64
+        | DType::C128 => (r - 125.0) * 0.5,
     }
 }
 
@@ -389,6 +400,14 @@ async fn make(dtype: &DType, shape: Vec<u64>, ctx: &CallContext) -> Result<RpcTe
         DType::Bf16 => fill_with(&mut t, half::bf16::from_f64)?,
         DType::F32 => fill_with(&mut t, |v| v as f32)?,
         DType::F64 => fill_with(&mut t, |v| v)?,
+        DType::F8E4M3Fn | DType::F8E5M2 => {
+            let encode = if *dtype == DType::F8E4M3Fn { float8::f64_to_e4m3fn } else { float8::f64_to_e5m2 };
+            for (i, b) in t.as_bytes_mut().iter_mut().enumerate() {
+                *b = encode(pattern(*dtype, i as u64));
+            }
+        }
+        DType::C64 => fill_with(&mut t, |v| [v as f32, 0.0])?,
+        DType::C128 => fill_with(&mut t, |v| [v, 0.0])?,
     }
     Ok(RpcTensor(t.freeze()))
 }
@@ -422,6 +441,10 @@ mod tests {
             assert_eq!(half::f16::from_f64(v).to_f64(), v);
             assert_eq!(half::bf16::from_f64(v).to_f64(), v);
         }
+        // float8 rounds: 62.5 is 64 in both; 17 is a tie in e4m3fn (16 or 18: even is 16).
+        assert_eq!(float8::e4m3fn_to_f32(float8::f64_to_e4m3fn(pattern(DType::F8E4M3Fn, 250))), 64.0);
+        assert_eq!(float8::e5m2_to_f32(float8::f64_to_e5m2(pattern(DType::F8E5M2, 250))), 64.0);
+        assert_eq!(float8::e4m3fn_to_f32(float8::f64_to_e4m3fn(pattern(DType::F8E4M3Fn, 159))), 16.0);
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! |---|---|---|
 //! | `add` | `a, b` (numbers) | `a + b` |
 //! | `echo` | `tensor` | the same tensor |
-//! | `create_tensor` | `shape, dtype, fill?` | a tensor of `fill` (allocated in the channel's memory) |
-//! | `sum` | `tensor` | the sum of its elements (f64) |
+//! | `create_tensor` | `shape, dtype, fill?` | a tensor of `fill` (allocated in the channel's memory; complex: `fill + 0i`) |
+//! | `sum` | `tensor` | the sum of its elements (f64; not for complex dtypes) |
 //! | `matmul` | `a [m,k], b [k,n]` (f32) | `a @ b`, f32 `[m,n]` |
 //! | `sleep` | `ms` | `ms`, after sleeping (cancellable; use it as a task) |
 //! | `weights` | — | a named map of a small MLP's tensors |
@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ferry_core::{DType, Element, Tensor, TensorMeta, TensorMut};
+use ferry_core::{DType, Element, Tensor, TensorMeta, TensorMut, float8};
 use ferry_rpc::{CallContext, ErrorObject, Methods, RpcTensor, Server, TensorMap};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -112,6 +112,8 @@ pub fn server() -> Server {
 pub fn server_with(limits: ferry_rpc::RpcLimits) -> Server {
     Server::builder(methods())
         .limits(limits)
+        // (kept tensors in shared segments: ferry.ref.fetch lends them over shm)
+        .ref_copy(std::sync::Arc::new(ferry_store::shared_copy))
         .title("ferry demo")
         .version(env!("CARGO_PKG_VERSION"))
         .description(
@@ -200,6 +202,16 @@ fn fill(t: &mut TensorMut, v: f64) -> Result<(), ErrorObject> {
         DType::Bf16 => fill_as(t, half::bf16::from_f64(v)),
         DType::F32 => fill_as(t, v as f32),
         DType::F64 => fill_as(t, v),
+        DType::F8E4M3Fn => {
+            t.as_bytes_mut().fill(float8::f64_to_e4m3fn(v));
+            Ok(())
+        }
+        DType::F8E5M2 => {
+            t.as_bytes_mut().fill(float8::f64_to_e5m2(v));
+            Ok(())
+        }
+        DType::C64 => fill_as(t, [v as f32, 0.0]),
+        DType::C128 => fill_as(t, [v, 0.0]),
     }
 }
 
@@ -238,6 +250,14 @@ pub fn sum(t: &Tensor, path: &str) -> Result<f64, ErrorObject> {
         DType::Bf16 => sum_as(t, path, |x: half::bf16| x.to_f64()),
         DType::F32 => sum_as(t, path, |x: f32| f64::from(x)),
         DType::F64 => sum_as(t, path, |x: f64| x),
+        DType::F8E4M3Fn | DType::F8E5M2 => {
+            let bytes = t.host_bytes().ok_or_else(|| invalid(path, "sum needs a CPU tensor"))?;
+            let decode = if t.dtype() == DType::F8E4M3Fn { float8::e4m3fn_to_f32 } else { float8::e5m2_to_f32 };
+            Ok(bytes.iter().map(|&b| f64::from(decode(b))).sum())
+        }
+        DType::C64 | DType::C128 => {
+            Err(invalid(path, format!("the sum of a {} tensor is complex: sum takes real dtypes only", t.dtype())))
+        }
     }
 }
 
@@ -306,8 +326,24 @@ mod tests {
         for dtype in DType::ALL {
             let mut t = TensorMut::zeros(TensorMeta::new(dtype, vec![3])).unwrap();
             fill(&mut t, 1.0).unwrap();
-            assert_eq!(sum(&t.freeze(), "t").unwrap(), 3.0, "{dtype}");
+            let t = t.freeze();
+            match dtype {
+                // A complex sum is no f64: refused. The fill is `1 + 0i`.
+                DType::C64 => {
+                    assert!(sum(&t, "t").is_err());
+                    assert_eq!(t.as_slice::<[f32; 2]>().unwrap(), &[[1.0, 0.0]; 3]);
+                }
+                DType::C128 => {
+                    assert!(sum(&t, "t").is_err());
+                    assert_eq!(t.as_slice::<[f64; 2]>().unwrap(), &[[1.0, 0.0]; 3]);
+                }
+                _ => assert_eq!(sum(&t, "t").unwrap(), 3.0, "{dtype}"),
+            }
         }
+        // float8 fills round (ties to even) and sums decode.
+        let mut t = TensorMut::zeros(TensorMeta::new(DType::F8E4M3Fn, vec![2])).unwrap();
+        fill(&mut t, 17.0).unwrap();
+        assert_eq!(sum(&t.freeze(), "t").unwrap(), 32.0);
     }
 
     #[test]

@@ -132,6 +132,10 @@ fn expected(dtype: DType, shape: &[u64]) -> Tensor {
             DType::Bf16 => bytes.extend(half::bf16::from_f64(v).to_le_bytes()),
             DType::F32 => bytes.extend((v as f32).to_le_bytes()),
             DType::F64 => bytes.extend(v.to_le_bytes()),
+            DType::F8E4M3Fn => bytes.push(ferry_core::float8::f64_to_e4m3fn(v)),
+            DType::F8E5M2 => bytes.push(ferry_core::float8::f64_to_e5m2(v)),
+            DType::C64 => bytes.extend([(v as f32).to_le_bytes(), 0f32.to_le_bytes()].concat()),
+            DType::C128 => bytes.extend([v.to_le_bytes(), 0f64.to_le_bytes()].concat()),
         }
     }
     Tensor::new(TensorMeta::new(dtype, shape.to_vec()), bytes.into()).expect("a valid pattern tensor")

@@ -125,9 +125,10 @@ fn is_aligned(t: &Tensor) -> bool {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SafetensorsCodec;
 
-fn to_st(d: DType) -> safetensors::Dtype {
+/// The safetensors dtype of `d`; `None` for `c128`, which safetensors has no name for.
+fn to_st(d: DType) -> Option<safetensors::Dtype> {
     use safetensors::Dtype as S;
-    match d {
+    Some(match d {
         DType::Bool => S::BOOL,
         DType::U8 => S::U8,
         DType::I8 => S::I8,
@@ -141,7 +142,12 @@ fn to_st(d: DType) -> safetensors::Dtype {
         DType::Bf16 => S::BF16,
         DType::F32 => S::F32,
         DType::F64 => S::F64,
-    }
+        // safetensors' `F8_E4M3` is the "fn" variant (torch.float8_e4m3fn writes it).
+        DType::F8E4M3Fn => S::F8_E4M3,
+        DType::F8E5M2 => S::F8_E5M2,
+        DType::C64 => S::C64,
+        DType::C128 => return None,
+    })
 }
 
 fn from_st(d: safetensors::Dtype) -> Option<DType> {
@@ -160,18 +166,22 @@ fn from_st(d: safetensors::Dtype) -> Option<DType> {
         S::BF16 => DType::Bf16,
         S::F32 => DType::F32,
         S::F64 => DType::F64,
+        S::F8_E4M3 => DType::F8E4M3Fn,
+        S::F8_E5M2 => DType::F8E5M2,
+        S::C64 => DType::C64,
         _ => return None,
     })
 }
 
 struct OwnedView<'a> {
     tensor: &'a Tensor,
+    dtype: safetensors::Dtype,
     shape: Vec<usize>,
 }
 
 impl safetensors::View for &OwnedView<'_> {
     fn dtype(&self) -> safetensors::Dtype {
-        to_st(self.tensor.dtype())
+        self.dtype
     }
     fn shape(&self) -> &[usize] {
         &self.shape
@@ -207,7 +217,12 @@ impl TensorCodec for SafetensorsCodec {
                     reason: "dimension over usize".into(),
                 }
             })?;
-            views.push((name.as_str(), OwnedView { tensor: t, shape }));
+            let dtype = to_st(t.dtype()).ok_or_else(|| CodecError::Unsupported {
+                codec: "safetensors",
+                name: name.clone(),
+                reason: format!("safetensors has no dtype for {}", t.dtype()),
+            })?;
+            views.push((name.as_str(), OwnedView { tensor: t, dtype, shape }));
         }
         let bytes = safetensors::serialize(views.iter().map(|(n, v)| (*n, v)), None)
             .map_err(|e| malformed("safetensors", e.to_string()))?;
@@ -273,6 +288,42 @@ mod tests {
             assert_eq!(got, want, "{}", codec.name());
             assert_eq!(got[3].1.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         }
+    }
+
+    #[test]
+    fn checkpoint_dtypes() {
+        let bytes = |d: DType, n: usize| {
+            Tensor::new(TensorMeta::new(d, vec![n as u64]), Bytes::from(vec![0x3cu8; n * d.itemsize()])).unwrap()
+        };
+        let tensors: Vec<(String, Tensor)> = vec![
+            ("a".into(), bytes(DType::F8E4M3Fn, 3)),
+            ("b".into(), bytes(DType::F8E5M2, 5)),
+            ("c".into(), Tensor::from_slice(vec![2], &[[1.0f32, -2.0], [0.5, 4.0]]).unwrap()),
+            ("d".into(), Tensor::from_slice(vec![1], &[[1.0f64, -1.0]]).unwrap()),
+        ];
+        let mut raw = Vec::new();
+        RawCodec.encode(&tensors, &mut raw).unwrap();
+        assert_eq!(RawCodec.decode(Bytes::from(raw)).unwrap(), tensors);
+        // safetensors has F8_E4M3, F8_E5M2 and C64 but no complex128.
+        let st = &tensors[..3];
+        let mut buf = Vec::new();
+        SafetensorsCodec.encode(st, &mut buf).unwrap();
+        let header = String::from_utf8_lossy(&buf[8..8 + u64::from_le_bytes(buf[..8].try_into().unwrap()) as usize])
+            .into_owned();
+        for name in ["\"F8_E4M3\"", "\"F8_E5M2\"", "\"C64\""] {
+            assert!(header.contains(name), "{header}");
+        }
+        let mut back = SafetensorsCodec.decode(Bytes::from(buf)).unwrap();
+        back.sort_by(|a, b| a.0.cmp(&b.0)); // (safetensors orders by alignment)
+        assert_eq!(back, st);
+        let err = SafetensorsCodec.encode(&tensors, &mut Vec::new()).unwrap_err();
+        assert_eq!(err.to_string(), "safetensors cannot encode tensor \"d\": safetensors has no dtype for c128");
+        // A dtype safetensors has and ferry lacks is refused by name, not by a panic.
+        let mut odd = Vec::new();
+        SafetensorsCodec.encode(&tensors[..1], &mut odd).unwrap();
+        let odd = String::from_utf8_lossy(&odd).replace("F8_E4M3", "F8_E8M0").into_bytes();
+        let err = SafetensorsCodec.decode(Bytes::from(odd)).unwrap_err();
+        assert!(err.to_string().contains("F8_E8M0"), "{err}");
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod compact;
 pub mod dtype;
 pub mod endpoint;
 pub mod error;
+pub mod float8;
 pub mod frame;
 pub mod handshake;
 pub mod inline;

@@ -20,12 +20,13 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-/// numpy's type string for a dtype. Types numpy lacks (bf16) are given as the unsigned
-/// integer of their size; the Python side views them as their real type (ml_dtypes or torch).
+/// numpy's type string for a dtype. Types numpy lacks (bf16, the float8s) are given as the
+/// unsigned integer of their size; the Python side views them as their real type (ml_dtypes
+/// or torch).
 pub fn typestr(d: DType) -> &'static str {
     match d {
         DType::Bool => "|b1",
-        DType::U8 => "|u1",
+        DType::U8 | DType::F8E4M3Fn | DType::F8E5M2 => "|u1",
         DType::I8 => "|i1",
         DType::U16 | DType::Bf16 => "<u2",
         DType::I16 => "<i2",
@@ -36,6 +37,8 @@ pub fn typestr(d: DType) -> &'static str {
         DType::F16 => "<f2",
         DType::F32 => "<f4",
         DType::F64 => "<f8",
+        DType::C64 => "<c8",
+        DType::C128 => "<c16",
     }
 }
 

@@ -16,9 +16,17 @@
  * | bf16   | Uint16Array      | raw bfloat16 bits: use `bf16ToNumber` / `numberToBf16`    |
  * | f32    | Float32Array     |                                                       |
  * | f64    | Float64Array     |                                                       |
+ * | f8e4m3fn | Uint8Array     | raw float8 bits: `f8e4m3fnToNumber` / `numberToF8e4m3fn` |
+ * | f8e5m2 | Uint8Array       | raw float8 bits: `f8e5m2ToNumber` / `numberToF8e5m2`  |
+ * | c64    | Float32Array     | two entries per element: real, imaginary (interleaved) |
+ * | c128   | Float64Array     | two entries per element: real, imaginary (interleaved) |
+ *
+ * JavaScript has no float8 or complex typed arrays: float8 tensors hold their bit
+ * patterns (as f16 and bf16 do), complex tensors `lanes(dtype) == 2` numbers per element,
+ * so their `data.length` is twice the number of elements.
  */
 /** The wire name of an element type. */
-export type DType = "bool" | "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "u64" | "i64" | "f16" | "bf16" | "f32" | "f64";
+export type DType = "bool" | "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "u64" | "i64" | "f16" | "bf16" | "f32" | "f64" | "f8e4m3fn" | "f8e5m2" | "c64" | "c128";
 /** Every dtype, in the order of PROTOCOL.md §5.1. */
 export declare const DTYPES: readonly DType[];
 /** The typed array that holds the elements of each dtype. */
@@ -36,6 +44,10 @@ export interface TypedArrayFor {
     bf16: Uint16Array;
     f32: Float32Array;
     f64: Float64Array;
+    f8e4m3fn: Uint8Array;
+    f8e5m2: Uint8Array;
+    c64: Float32Array;
+    c128: Float64Array;
 }
 /** Any typed array a tensor may hold. */
 export type TypedArray = TypedArrayFor[DType];
@@ -47,13 +59,17 @@ export interface TypedArrayConstructor<T extends TypedArray = TypedArray> {
 }
 /** Whether `s` is a dtype name. */
 export declare function isDType(s: unknown): s is DType;
+/** Typed-array entries per element of `dtype`: 2 for `c64` and `c128` (real, imaginary), else 1. */
+export declare function lanes(dtype: DType): number;
 /** Bytes per element of `dtype`. */
 export declare function itemSize(dtype: DType): number;
 /** The typed array constructor for `dtype`. */
 export declare function arrayType<D extends DType>(dtype: D): TypedArrayConstructor<TypedArrayFor[D]>;
 /**
  * The dtype a typed array stands for when no dtype is given: Uint8Array is `u8` (say
- * `"bool"` explicitly), Uint16Array is `u16` (say `"f16"` or `"bf16"` explicitly).
+ * `"bool"`, `"f8e4m3fn"` or `"f8e5m2"` explicitly), Uint16Array is `u16` (say `"f16"` or
+ * `"bf16"` explicitly), Float32Array and Float64Array are `f32` and `f64` (say `"c64"` or
+ * `"c128"` explicitly).
  */
 export declare function dtypeOf(a: TypedArray): DType;
 /** Whether `a` is the typed array class that holds `dtype` (Uint8ClampedArray is not accepted). */
@@ -66,3 +82,11 @@ export declare function numberToF16(x: number): number;
 export declare function bf16ToNumber(bits: number): number;
 /** The bfloat16 bits nearest to `x` (round to nearest even; NaN stays NaN). */
 export declare function numberToBf16(x: number): number;
+/** The number an f8e4m3fn bit pattern stands for. */
+export declare function f8e4m3fnToNumber(bits: number): number;
+/** The number an f8e5m2 bit pattern stands for. */
+export declare function f8e5m2ToNumber(bits: number): number;
+/** The f8e4m3fn bits nearest to `x` (ties to even; past 448, and infinities, are NaN). */
+export declare function numberToF8e4m3fn(x: number): number;
+/** The f8e5m2 bits nearest to `x` (ties to even; overflow is infinity; NaN is 0x7e). */
+export declare function numberToF8e5m2(x: number): number;

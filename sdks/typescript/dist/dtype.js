@@ -16,6 +16,14 @@
  * | bf16   | Uint16Array      | raw bfloat16 bits: use `bf16ToNumber` / `numberToBf16`    |
  * | f32    | Float32Array     |                                                       |
  * | f64    | Float64Array     |                                                       |
+ * | f8e4m3fn | Uint8Array     | raw float8 bits: `f8e4m3fnToNumber` / `numberToF8e4m3fn` |
+ * | f8e5m2 | Uint8Array       | raw float8 bits: `f8e5m2ToNumber` / `numberToF8e5m2`  |
+ * | c64    | Float32Array     | two entries per element: real, imaginary (interleaved) |
+ * | c128   | Float64Array     | two entries per element: real, imaginary (interleaved) |
+ *
+ * JavaScript has no float8 or complex typed arrays: float8 tensors hold their bit
+ * patterns (as f16 and bf16 do), complex tensors `lanes(dtype) == 2` numbers per element,
+ * so their `data.length` is twice the number of elements.
  */
 /** Every dtype, in the order of PROTOCOL.md §5.1. */
 export const DTYPES = [
@@ -32,6 +40,10 @@ export const DTYPES = [
     "bf16",
     "f32",
     "f64",
+    "f8e4m3fn",
+    "f8e5m2",
+    "c64",
+    "c128",
 ];
 const CTORS = {
     bool: Uint8Array,
@@ -47,14 +59,22 @@ const CTORS = {
     bf16: Uint16Array,
     f32: Float32Array,
     f64: Float64Array,
+    f8e4m3fn: Uint8Array,
+    f8e5m2: Uint8Array,
+    c64: Float32Array,
+    c128: Float64Array,
 };
 /** Whether `s` is a dtype name. */
 export function isDType(s) {
     return typeof s === "string" && Object.prototype.hasOwnProperty.call(CTORS, s);
 }
+/** Typed-array entries per element of `dtype`: 2 for `c64` and `c128` (real, imaginary), else 1. */
+export function lanes(dtype) {
+    return dtype === "c64" || dtype === "c128" ? 2 : 1;
+}
 /** Bytes per element of `dtype`. */
 export function itemSize(dtype) {
-    return CTORS[dtype].BYTES_PER_ELEMENT;
+    return CTORS[dtype].BYTES_PER_ELEMENT * lanes(dtype);
 }
 /** The typed array constructor for `dtype`. */
 export function arrayType(dtype) {
@@ -62,7 +82,9 @@ export function arrayType(dtype) {
 }
 /**
  * The dtype a typed array stands for when no dtype is given: Uint8Array is `u8` (say
- * `"bool"` explicitly), Uint16Array is `u16` (say `"f16"` or `"bf16"` explicitly).
+ * `"bool"`, `"f8e4m3fn"` or `"f8e5m2"` explicitly), Uint16Array is `u16` (say `"f16"` or
+ * `"bf16"` explicitly), Float32Array and Float64Array are `f32` and `f64` (say `"c64"` or
+ * `"c128"` explicitly).
  */
 export function dtypeOf(a) {
     if (a instanceof Float32Array)
@@ -149,4 +171,68 @@ export function numberToBf16(x) {
         return ((b >>> 16) | 0x40) & 0xffff;
     const rounded = b + 0x7fff + ((b >>> 16) & 1);
     return (rounded >>> 16) & 0xffff;
+}
+// ---- float8 bit conversions ---------------------------------------------------------------
+// (PROTOCOL.md §5.1: e4m3fn has no infinities and one NaN pattern per sign, largest finite
+// 448; e5m2 is the upper byte of an f16. Rounding and overflow as torch and ml_dtypes do.)
+/** The number an f8e4m3fn bit pattern stands for. */
+export function f8e4m3fnToNumber(bits) {
+    const sign = bits & 0x80 ? -1 : 1;
+    const exp = (bits >> 3) & 0xf;
+    const man = bits & 0x7;
+    if (exp === 0xf && man === 0x7)
+        return NaN;
+    if (exp === 0)
+        return sign * man * 2 ** -9;
+    return sign * (1 + man / 8) * 2 ** (exp - 7);
+}
+/** The number an f8e5m2 bit pattern stands for. */
+export function f8e5m2ToNumber(bits) {
+    return f16ToNumber((bits & 0xff) << 8);
+}
+/**
+ * The float8 bits nearest to `x` (ties to even) of a format with `manBits` mantissa bits and
+ * exponent bias `bias`; a finite value rounding past `maxFinite` (bits without the sign)
+ * becomes `overflow`.
+ */
+function toF8(x, manBits, bias, maxFinite, overflow, inf, nan) {
+    const sign = x < 0 || Object.is(x, -0) ? 0x80 : 0;
+    if (Number.isNaN(x))
+        return nan;
+    const a = Math.abs(x);
+    if (a === Infinity)
+        return sign | inf;
+    const minExp = 1 - bias;
+    let scaled;
+    let base = 0;
+    if (a < 2 ** minExp) {
+        scaled = a * 2 ** (manBits - minExp); // subnormal: exact scaling by a power of two
+    }
+    else {
+        let e = Math.floor(Math.log2(a));
+        if (2 ** e > a)
+            e--; // (log2 may round up just below a power of two)
+        else if (2 ** (e + 1) <= a)
+            e++;
+        if (e + bias > 0x1f)
+            return sign | overflow;
+        base = (e + bias) << manBits;
+        scaled = (a / 2 ** e - 1) * 2 ** manBits; // exact: the mantissa bits, a fraction of them left
+    }
+    const floor = Math.floor(scaled);
+    const rest = scaled - floor;
+    let n = base + floor;
+    if (rest > 0.5 || (rest === 0.5 && n & 1))
+        n++; // (a carry into the exponent is right)
+    if (n > maxFinite)
+        return sign | overflow;
+    return sign | n;
+}
+/** The f8e4m3fn bits nearest to `x` (ties to even; past 448, and infinities, are NaN). */
+export function numberToF8e4m3fn(x) {
+    return toF8(x, 3, 7, 0x7e, 0x7f, 0x7f, 0x7f);
+}
+/** The f8e5m2 bits nearest to `x` (ties to even; overflow is infinity; NaN is 0x7e). */
+export function numberToF8e5m2(x) {
+    return toF8(x, 2, 15, 0x7b, 0x7c, 0x7c, 0x7e);
 }

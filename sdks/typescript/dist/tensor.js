@@ -1,4 +1,4 @@
-import { arrayType, bf16ToNumber, dtypeOf, f16ToNumber, holds, isDType, numberToBf16, numberToF16, } from "./dtype.js";
+import { arrayType, bf16ToNumber, dtypeOf, f16ToNumber, f8e4m3fnToNumber, f8e5m2ToNumber, holds, isDType, lanes, numberToBf16, numberToF16, numberToF8e4m3fn, numberToF8e5m2, } from "./dtype.js";
 /**
  * A CPU tensor: an element type, a shape and a typed array of the elements.
  *
@@ -6,12 +6,15 @@ import { arrayType, bf16ToNumber, dtypeOf, f16ToNumber, holds, isDType, numberTo
  * `BigUint64Array` for 64-bit integers, `Uint8Array` for `bool` (0 or 1), and for `f16` and
  * `bf16` a `Uint16Array` of the **raw bits** (JavaScript has no 16-bit float array in
  * Node 20): convert with `toNumbers()`, `Tensor.from(numbers, shape, "f16")`, or
- * `f16ToNumber` / `numberToF16` and `bf16ToNumber` / `numberToBf16`.
+ * `f16ToNumber` / `numberToF16` and `bf16ToNumber` / `numberToBf16`. The float8 dtypes
+ * (`f8e4m3fn`, `f8e5m2`) are a `Uint8Array` of raw bits the same way. The complex dtypes
+ * (`c64`, `c128`) are a `Float32Array` / `Float64Array` of interleaved real and imaginary
+ * parts: two entries per element (`lanes(dtype)`).
  *
  * Without `strides`, `data` holds the elements in row-major order and
- * `data.length == product(shape)`. A received tensor may carry `strides` (in elements, as
- * on the wire); `data` then holds the whole strided span. `contiguous()` makes a row-major
- * copy.
+ * `data.length == product(shape) * lanes(dtype)`. A received tensor may carry `strides` (in
+ * elements, as on the wire); `data` then holds the whole strided span. `contiguous()` makes
+ * a row-major copy.
  *
  * Tensors received from a server are views into the received message's buffer (no copy);
  * tensors sent to a server are read straight from `data` (no copy): do not modify `data`
@@ -24,7 +27,8 @@ export class Tensor {
     strides;
     /**
      * Checks that `data` is the typed array of `dtype` and holds exactly `product(shape)`
-     * elements (or, with `strides`, at least the strided span).
+     * elements (or, with `strides`, at least the strided span); an element is
+     * `lanes(dtype)` entries of `data`.
      */
     constructor(dtype, shape, data, strides) {
         if (!isDType(dtype))
@@ -34,9 +38,11 @@ export class Tensor {
         }
         const dims = checkDims(shape, "shape");
         const n = numelOf(dims);
+        const k = lanes(dtype);
         if (strides === undefined) {
-            if (data.length !== n) {
-                throw new RangeError(`shape [${dims.join(",")}] needs ${n} elements, the ${dtype} data has ${data.length}`);
+            if (data.length !== n * k) {
+                const what = k === 1 ? `${n} elements` : `${n * k} numbers (${n} elements)`;
+                throw new RangeError(`shape [${dims.join(",")}] needs ${what}, the ${dtype} data has ${data.length}`);
             }
         }
         else {
@@ -44,8 +50,8 @@ export class Tensor {
             if (st.length !== dims.length)
                 throw new RangeError("strides need one entry per dimension");
             const span = stridedSpan(dims, st);
-            if (span > data.length) {
-                throw new RangeError(`shape [${dims}] with strides [${st}] spans ${span} elements, the data has ${data.length}`);
+            if (span * k > data.length) {
+                throw new RangeError(`shape [${dims}] with strides [${st}] spans ${span} elements, the data has ${data.length / k}`);
             }
             this.strides = st;
         }
@@ -57,17 +63,23 @@ export class Tensor {
     }
     /**
      * A tensor from elements. `values` may be a typed array (its dtype is inferred unless
-     * given: Uint8Array is `u8`, Uint16Array is `u16`; pass `"bool"`, `"f16"` or `"bf16"` to
-     * reinterpret) or a plain array: numbers (default dtype `f32`; with `"f16"`/`"bf16"` they
-     * are converted to raw bits), bigints (default `i64`) or booleans (default `bool`). A
-     * typed array of the right class is used as is (not copied); anything else is converted.
-     * `shape` defaults to `[values.length]`.
+     * given: Uint8Array is `u8`, Uint16Array is `u16`; pass `"bool"`, `"f16"`, `"bf16"`,
+     * `"f8e4m3fn"`, `"f8e5m2"`, `"c64"` or `"c128"` to reinterpret) or a plain array: numbers
+     * (default dtype `f32`; with `"f16"`/`"bf16"`/`"f8e4m3fn"`/`"f8e5m2"` they are converted
+     * to raw bits; with `"c64"`/`"c128"` they are interleaved real and imaginary parts),
+     * bigints (default `i64`) or booleans (default `bool`). A typed array of the right class
+     * is used as is (not copied); anything else is converted. `shape` defaults to
+     * `[values.length / lanes(dtype)]`.
      */
     static from(values, shape, dtype) {
         const dt = (dtype ?? inferDType(values));
         if (!isDType(dt))
             throw new TypeError(`unknown dtype ${JSON.stringify(dt)}`);
-        const dims = shape ?? [values.length];
+        const k = lanes(dt);
+        if (values.length % k !== 0) {
+            throw new RangeError(`${dt} takes ${k} numbers per element (real, imaginary), got ${values.length}`);
+        }
+        const dims = shape ?? [values.length / k];
         let data;
         if (holds(dt, values)) {
             data = values;
@@ -80,12 +92,13 @@ export class Tensor {
     /** A tensor of zeros. */
     static zeros(dtype, shape) {
         const dims = checkDims(shape, "shape");
-        return new Tensor(dtype, dims, new (arrayType(dtype))(numelOf(dims)));
+        return new Tensor(dtype, dims, new (arrayType(dtype))(numelOf(dims) * lanes(dtype)));
     }
-    /** A 0-d tensor (shape `[]`) holding one value. */
+    /** A 0-d tensor (shape `[]`) holding one value (complex dtypes: `value + 0i`). */
     static scalar(value, dtype) {
         const dt = (dtype ?? (typeof value === "bigint" ? "i64" : typeof value === "boolean" ? "bool" : "f64"));
-        return Tensor.from(convert(dt, [value]), [], dt);
+        const values = lanes(dt) === 2 ? [value, 0] : [value];
+        return Tensor.from(convert(dt, values), [], dt);
     }
     /** Number of elements (`product(shape)`, 1 for `[]`). */
     get numel() {
@@ -116,7 +129,8 @@ export class Tensor {
         if (this.strides === undefined)
             return this;
         const n = this.numel;
-        const out = new (arrayType(this.dtype))(n);
+        const l = lanes(this.dtype);
+        const out = new (arrayType(this.dtype))(n * l);
         const src = this.data;
         const nd = this.shape.length;
         const idx = new Array(nd).fill(0);
@@ -124,7 +138,8 @@ export class Tensor {
             let off = 0;
             for (let d = 0; d < nd; d++)
                 off += idx[d] * this.strides[d];
-            out[k] = src[off];
+            for (let j = 0; j < l; j++)
+                out[k * l + j] = src[off * l + j];
             for (let d = nd - 1; d >= 0; d--) {
                 if (++idx[d] < this.shape[d])
                     break;
@@ -134,19 +149,26 @@ export class Tensor {
         return new Tensor(this.dtype, this.shape, out);
     }
     /**
-     * The elements as plain numbers in row-major order: f16/bf16 bits are decoded, bool is
-     * 0/1, 64-bit integers are converted with `Number()` (exact up to 2^53).
+     * The elements as plain numbers in row-major order: f16/bf16/float8 bits are decoded,
+     * bool is 0/1, 64-bit integers are converted with `Number()` (exact up to 2^53), complex
+     * elements are two numbers each (real, imaginary).
      */
     toNumbers() {
         const t = this.contiguous();
         const out = new Array(t.data.length);
         const d = t.data;
-        if (t.dtype === "f16")
+        const decode = t.dtype === "f16"
+            ? f16ToNumber
+            : t.dtype === "bf16"
+                ? bf16ToNumber
+                : t.dtype === "f8e4m3fn"
+                    ? f8e4m3fnToNumber
+                    : t.dtype === "f8e5m2"
+                        ? f8e5m2ToNumber
+                        : undefined;
+        if (decode !== undefined)
             for (let i = 0; i < out.length; i++)
-                out[i] = f16ToNumber(d[i]);
-        else if (t.dtype === "bf16")
-            for (let i = 0; i < out.length; i++)
-                out[i] = bf16ToNumber(d[i]);
+                out[i] = decode(d[i]);
         else
             for (let i = 0; i < out.length; i++)
                 out[i] = Number(d[i]);
@@ -227,6 +249,10 @@ function convert(dtype, values) {
                 out[i] = numberToF16(x);
             else if (dtype === "bf16")
                 out[i] = numberToBf16(x);
+            else if (dtype === "f8e4m3fn")
+                out[i] = numberToF8e4m3fn(x);
+            else if (dtype === "f8e5m2")
+                out[i] = numberToF8e5m2(x);
             else if (dtype === "bool")
                 out[i] = x ? 1 : 0;
             else

@@ -32,7 +32,7 @@ export type Color = "red" | "green" | "blue";
 
 /**
  * The element type of a tensor. The wire name is the lowercase variant name
- * (`"f32"`, `"bf16"`).
+ * (`"f32"`, `"bf16"`, `"c64"`).
  */
 export type DType =
   | "bool"
@@ -47,7 +47,11 @@ export type DType =
   | "f16"
   | "bf16"
   | "f32"
-  | "f64";
+  | "f64"
+  | "f8e4m3fn"
+  | "f8e5m2"
+  | "c64"
+  | "c128";
 
 /** Tensors inside lists, maps and objects. */
 export interface Nested {
@@ -450,7 +454,9 @@ export declare class ConformanceClient {
    *
    * Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed
    * ints: i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5
-   * (exact in every float type).
+   * (exact in every float type); float8 (f8e4m3fn, f8e5m2): that value rounded
+   * to nearest, ties to even; complex (c64, c128): that value as the real part,
+   * imaginary part 0.
    */
   make(params: MakeParams, opts?: CallOptions): Promise<MakeResult>;
 
@@ -468,7 +474,9 @@ export declare class ConformanceClient {
    *
    * Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed
    * ints: i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5
-   * (exact in every float type).
+   * (exact in every float type); float8 (f8e4m3fn, f8e5m2): that value rounded
+   * to nearest, ties to even; complex (c64, c128): that value as the real part,
+   * imaginary part 0.
    */
   makeMap(params: MakeMapParams, opts?: CallOptions): Promise<MakeMapResult>;
 

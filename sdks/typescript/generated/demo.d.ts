@@ -19,7 +19,7 @@ import type { Client, Tensor } from "ferry-client";
 
 /**
  * The element type of a tensor. The wire name is the lowercase variant name
- * (`"f32"`, `"bf16"`).
+ * (`"f32"`, `"bf16"`, `"c64"`).
  */
 export type DType =
   | "bool"
@@ -34,7 +34,11 @@ export type DType =
   | "f16"
   | "bf16"
   | "f32"
-  | "f64";
+  | "f64"
+  | "f8e4m3fn"
+  | "f8e5m2"
+  | "c64"
+  | "c128";
 
 /** One entry of `describe`'s result. */
 export interface TensorSummary {

@@ -52,8 +52,13 @@ import {
   Tensor,
   TimeoutError,
   arrayType,
+  f8e4m3fnToNumber,
+  f8e5m2ToNumber,
+  lanes,
   numberToBf16,
   numberToF16,
+  numberToF8e4m3fn,
+  numberToF8e5m2,
 } from "../src/index.js";
 import { REPO_ROOT, type Server, type StartOptions, ensureFerry, startServer, within } from "../test/helpers.js";
 
@@ -84,7 +89,7 @@ const COLUMN = process.env["FERRY_CONFORMANCE_COLUMN"]?.trim() || "typescript-sd
 /** Bytes that are not the pattern (every byte value, NaN floats included). */
 function sample(dtype: DType, shape: number[]): Tensor {
   const n = shape.reduce((a, b) => a * b, 1);
-  const data = new (arrayType(dtype))(n);
+  const data = new (arrayType(dtype))(n * lanes(dtype));
   const bytes = new Uint8Array(data.buffer);
   for (let i = 0; i < bytes.length; i++) bytes[i] = (i * 37 + 11) & 0xff;
   if (dtype === "bool") for (let i = 0; i < n; i++) bytes[i] = i % 3 === 0 ? 1 : 0;
@@ -112,18 +117,35 @@ function patternValue(dtype: DType, i: number): number {
   }
 }
 
-/** The conformance API's `make(dtype, shape)`, computed here. */
+/** The conformance API's `make(dtype, shape)`, computed here (complex: `value + 0i`). */
 function pattern<D extends DType>(dtype: D, shape: number[]): Tensor<D> {
   const n = shape.reduce((a, b) => a * b, 1);
-  const data = new (arrayType(dtype))(n);
+  const l = lanes(dtype);
+  const data = new (arrayType(dtype))(n * l);
   for (let i = 0; i < n; i++) {
     const v = patternValue(dtype, i);
     if (data instanceof BigInt64Array || data instanceof BigUint64Array) data[i] = BigInt(v);
     else if (dtype === "f16") (data as Uint16Array)[i] = numberToF16(v);
     else if (dtype === "bf16") (data as Uint16Array)[i] = numberToBf16(v);
-    else (data as Float64Array)[i] = v;
+    else if (dtype === "f8e4m3fn") (data as Uint8Array)[i] = numberToF8e4m3fn(v);
+    else if (dtype === "f8e5m2") (data as Uint8Array)[i] = numberToF8e5m2(v);
+    else (data as Float64Array)[i * l] = v; // (a complex element's imaginary part stays 0)
   }
   return new Tensor(dtype, shape, data);
+}
+
+/** What `toNumbers()` of the pattern must give: float8 values rounded (ties to even),
+ * complex elements as `[value, 0]`. */
+function patternNumbers(dtype: DType, n: number): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const v = patternValue(dtype, i);
+    if (dtype === "f8e4m3fn") out.push(f8e4m3fnToNumber(numberToF8e4m3fn(v)));
+    else if (dtype === "f8e5m2") out.push(f8e5m2ToNumber(numberToF8e5m2(v)));
+    else if (lanes(dtype) === 2) out.push(v, 0);
+    else out.push(v);
+  }
+  return out;
 }
 
 const CHUNK = 1 << 20;
@@ -164,8 +186,9 @@ function same(got: unknown, want: Tensor, what: string): void {
 function isPattern(got: unknown, dtype: DType, shape: number[], what: string): void {
   same(got, pattern(dtype, shape), what);
   const nums = (got as Tensor).toNumbers();
-  const i = nums.findIndex((x, k) => x !== patternValue(dtype, k));
-  check(i < 0, `${what}: element ${i} is ${nums[i]}, want ${patternValue(dtype, i)}`);
+  const want = patternNumbers(dtype, shape.reduce((a, b) => a * b, 1));
+  const i = nums.findIndex((x, k) => x !== want[k]);
+  check(i < 0 && nums.length === want.length, `${what}: number ${i} is ${nums[i]}, want ${want[i]}`);
 }
 
 interface TensorInfo {

@@ -16,10 +16,35 @@
  * | bf16   | Uint16Array      | raw bfloat16 bits: use `bf16ToNumber` / `numberToBf16`    |
  * | f32    | Float32Array     |                                                       |
  * | f64    | Float64Array     |                                                       |
+ * | f8e4m3fn | Uint8Array     | raw float8 bits: `f8e4m3fnToNumber` / `numberToF8e4m3fn` |
+ * | f8e5m2 | Uint8Array       | raw float8 bits: `f8e5m2ToNumber` / `numberToF8e5m2`  |
+ * | c64    | Float32Array     | two entries per element: real, imaginary (interleaved) |
+ * | c128   | Float64Array     | two entries per element: real, imaginary (interleaved) |
+ *
+ * JavaScript has no float8 or complex typed arrays: float8 tensors hold their bit
+ * patterns (as f16 and bf16 do), complex tensors `lanes(dtype) == 2` numbers per element,
+ * so their `data.length` is twice the number of elements.
  */
 
 /** The wire name of an element type. */
-export type DType = "bool" | "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "u64" | "i64" | "f16" | "bf16" | "f32" | "f64";
+export type DType =
+  | "bool"
+  | "u8"
+  | "i8"
+  | "u16"
+  | "i16"
+  | "u32"
+  | "i32"
+  | "u64"
+  | "i64"
+  | "f16"
+  | "bf16"
+  | "f32"
+  | "f64"
+  | "f8e4m3fn"
+  | "f8e5m2"
+  | "c64"
+  | "c128";
 
 /** Every dtype, in the order of PROTOCOL.md §5.1. */
 export const DTYPES: readonly DType[] = [
@@ -36,6 +61,10 @@ export const DTYPES: readonly DType[] = [
   "bf16",
   "f32",
   "f64",
+  "f8e4m3fn",
+  "f8e5m2",
+  "c64",
+  "c128",
 ];
 
 /** The typed array that holds the elements of each dtype. */
@@ -53,6 +82,10 @@ export interface TypedArrayFor {
   bf16: Uint16Array;
   f32: Float32Array;
   f64: Float64Array;
+  f8e4m3fn: Uint8Array;
+  f8e5m2: Uint8Array;
+  c64: Float32Array;
+  c128: Float64Array;
 }
 
 /** Any typed array a tensor may hold. */
@@ -79,6 +112,10 @@ const CTORS: { [D in DType]: TypedArrayConstructor<TypedArrayFor[D]> } = {
   bf16: Uint16Array,
   f32: Float32Array,
   f64: Float64Array,
+  f8e4m3fn: Uint8Array,
+  f8e5m2: Uint8Array,
+  c64: Float32Array,
+  c128: Float64Array,
 };
 
 /** Whether `s` is a dtype name. */
@@ -86,9 +123,14 @@ export function isDType(s: unknown): s is DType {
   return typeof s === "string" && Object.prototype.hasOwnProperty.call(CTORS, s);
 }
 
+/** Typed-array entries per element of `dtype`: 2 for `c64` and `c128` (real, imaginary), else 1. */
+export function lanes(dtype: DType): number {
+  return dtype === "c64" || dtype === "c128" ? 2 : 1;
+}
+
 /** Bytes per element of `dtype`. */
 export function itemSize(dtype: DType): number {
-  return CTORS[dtype].BYTES_PER_ELEMENT;
+  return CTORS[dtype].BYTES_PER_ELEMENT * lanes(dtype);
 }
 
 /** The typed array constructor for `dtype`. */
@@ -98,7 +140,9 @@ export function arrayType<D extends DType>(dtype: D): TypedArrayConstructor<Type
 
 /**
  * The dtype a typed array stands for when no dtype is given: Uint8Array is `u8` (say
- * `"bool"` explicitly), Uint16Array is `u16` (say `"f16"` or `"bf16"` explicitly).
+ * `"bool"`, `"f8e4m3fn"` or `"f8e5m2"` explicitly), Uint16Array is `u16` (say `"f16"` or
+ * `"bf16"` explicitly), Float32Array and Float64Array are `f32` and `f64` (say `"c64"` or
+ * `"c128"` explicitly).
  */
 export function dtypeOf(a: TypedArray): DType {
   if (a instanceof Float32Array) return "f32";
@@ -174,4 +218,64 @@ export function numberToBf16(x: number): number {
   if ((b & 0x7f800000) === 0x7f800000 && b & 0x7fffff) return ((b >>> 16) | 0x40) & 0xffff;
   const rounded = b + 0x7fff + ((b >>> 16) & 1);
   return (rounded >>> 16) & 0xffff;
+}
+
+// ---- float8 bit conversions ---------------------------------------------------------------
+// (PROTOCOL.md §5.1: e4m3fn has no infinities and one NaN pattern per sign, largest finite
+// 448; e5m2 is the upper byte of an f16. Rounding and overflow as torch and ml_dtypes do.)
+
+/** The number an f8e4m3fn bit pattern stands for. */
+export function f8e4m3fnToNumber(bits: number): number {
+  const sign = bits & 0x80 ? -1 : 1;
+  const exp = (bits >> 3) & 0xf;
+  const man = bits & 0x7;
+  if (exp === 0xf && man === 0x7) return NaN;
+  if (exp === 0) return sign * man * 2 ** -9;
+  return sign * (1 + man / 8) * 2 ** (exp - 7);
+}
+
+/** The number an f8e5m2 bit pattern stands for. */
+export function f8e5m2ToNumber(bits: number): number {
+  return f16ToNumber((bits & 0xff) << 8);
+}
+
+/**
+ * The float8 bits nearest to `x` (ties to even) of a format with `manBits` mantissa bits and
+ * exponent bias `bias`; a finite value rounding past `maxFinite` (bits without the sign)
+ * becomes `overflow`.
+ */
+function toF8(x: number, manBits: number, bias: number, maxFinite: number, overflow: number, inf: number, nan: number): number {
+  const sign = x < 0 || Object.is(x, -0) ? 0x80 : 0;
+  if (Number.isNaN(x)) return nan;
+  const a = Math.abs(x);
+  if (a === Infinity) return sign | inf;
+  const minExp = 1 - bias;
+  let scaled: number;
+  let base = 0;
+  if (a < 2 ** minExp) {
+    scaled = a * 2 ** (manBits - minExp); // subnormal: exact scaling by a power of two
+  } else {
+    let e = Math.floor(Math.log2(a));
+    if (2 ** e > a) e--; // (log2 may round up just below a power of two)
+    else if (2 ** (e + 1) <= a) e++;
+    if (e + bias > 0x1f) return sign | overflow;
+    base = (e + bias) << manBits;
+    scaled = (a / 2 ** e - 1) * 2 ** manBits; // exact: the mantissa bits, a fraction of them left
+  }
+  const floor = Math.floor(scaled);
+  const rest = scaled - floor;
+  let n = base + floor;
+  if (rest > 0.5 || (rest === 0.5 && n & 1)) n++; // (a carry into the exponent is right)
+  if (n > maxFinite) return sign | overflow;
+  return sign | n;
+}
+
+/** The f8e4m3fn bits nearest to `x` (ties to even; past 448, and infinities, are NaN). */
+export function numberToF8e4m3fn(x: number): number {
+  return toF8(x, 3, 7, 0x7e, 0x7f, 0x7f, 0x7f);
+}
+
+/** The f8e5m2 bits nearest to `x` (ties to even; overflow is infinity; NaN is 0x7e). */
+export function numberToF8e5m2(x: number): number {
+  return toF8(x, 2, 15, 0x7b, 0x7c, 0x7c, 0x7e);
 }

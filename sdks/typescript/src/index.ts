@@ -16,10 +16,15 @@ export {
   bf16ToNumber,
   dtypeOf,
   f16ToNumber,
+  f8e4m3fnToNumber,
+  f8e5m2ToNumber,
   isDType,
   itemSize,
+  lanes,
   numberToBf16,
   numberToF16,
+  numberToF8e4m3fn,
+  numberToF8e5m2,
 } from "./dtype.js";
 export {
   CancelledError,

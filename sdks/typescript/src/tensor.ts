@@ -6,10 +6,15 @@ import {
   bf16ToNumber,
   dtypeOf,
   f16ToNumber,
+  f8e4m3fnToNumber,
+  f8e5m2ToNumber,
   holds,
   isDType,
+  lanes,
   numberToBf16,
   numberToF16,
+  numberToF8e4m3fn,
+  numberToF8e5m2,
 } from "./dtype.js";
 
 /** What `Tensor.from` accepts as elements. */
@@ -22,12 +27,15 @@ export type TensorInput = TypedArray | ArrayLike<number> | ArrayLike<bigint> | A
  * `BigUint64Array` for 64-bit integers, `Uint8Array` for `bool` (0 or 1), and for `f16` and
  * `bf16` a `Uint16Array` of the **raw bits** (JavaScript has no 16-bit float array in
  * Node 20): convert with `toNumbers()`, `Tensor.from(numbers, shape, "f16")`, or
- * `f16ToNumber` / `numberToF16` and `bf16ToNumber` / `numberToBf16`.
+ * `f16ToNumber` / `numberToF16` and `bf16ToNumber` / `numberToBf16`. The float8 dtypes
+ * (`f8e4m3fn`, `f8e5m2`) are a `Uint8Array` of raw bits the same way. The complex dtypes
+ * (`c64`, `c128`) are a `Float32Array` / `Float64Array` of interleaved real and imaginary
+ * parts: two entries per element (`lanes(dtype)`).
  *
  * Without `strides`, `data` holds the elements in row-major order and
- * `data.length == product(shape)`. A received tensor may carry `strides` (in elements, as
- * on the wire); `data` then holds the whole strided span. `contiguous()` makes a row-major
- * copy.
+ * `data.length == product(shape) * lanes(dtype)`. A received tensor may carry `strides` (in
+ * elements, as on the wire); `data` then holds the whole strided span. `contiguous()` makes
+ * a row-major copy.
  *
  * Tensors received from a server are views into the received message's buffer (no copy);
  * tensors sent to a server are read straight from `data` (no copy): do not modify `data`
@@ -41,7 +49,8 @@ export class Tensor<D extends DType = DType> {
 
   /**
    * Checks that `data` is the typed array of `dtype` and holds exactly `product(shape)`
-   * elements (or, with `strides`, at least the strided span).
+   * elements (or, with `strides`, at least the strided span); an element is
+   * `lanes(dtype)` entries of `data`.
    */
   constructor(dtype: D, shape: readonly number[], data: TypedArrayFor[D], strides?: readonly number[]) {
     if (!isDType(dtype)) throw new TypeError(`unknown dtype ${JSON.stringify(dtype)}`);
@@ -50,16 +59,18 @@ export class Tensor<D extends DType = DType> {
     }
     const dims = checkDims(shape, "shape");
     const n = numelOf(dims);
+    const k = lanes(dtype);
     if (strides === undefined) {
-      if (data.length !== n) {
-        throw new RangeError(`shape [${dims.join(",")}] needs ${n} elements, the ${dtype} data has ${data.length}`);
+      if (data.length !== n * k) {
+        const what = k === 1 ? `${n} elements` : `${n * k} numbers (${n} elements)`;
+        throw new RangeError(`shape [${dims.join(",")}] needs ${what}, the ${dtype} data has ${data.length}`);
       }
     } else {
       const st = checkDims(strides, "strides");
       if (st.length !== dims.length) throw new RangeError("strides need one entry per dimension");
       const span = stridedSpan(dims, st);
-      if (span > data.length) {
-        throw new RangeError(`shape [${dims}] with strides [${st}] spans ${span} elements, the data has ${data.length}`);
+      if (span * k > data.length) {
+        throw new RangeError(`shape [${dims}] with strides [${st}] spans ${span} elements, the data has ${data.length / k}`);
       }
       this.strides = st;
     }
@@ -71,16 +82,22 @@ export class Tensor<D extends DType = DType> {
 
   /**
    * A tensor from elements. `values` may be a typed array (its dtype is inferred unless
-   * given: Uint8Array is `u8`, Uint16Array is `u16`; pass `"bool"`, `"f16"` or `"bf16"` to
-   * reinterpret) or a plain array: numbers (default dtype `f32`; with `"f16"`/`"bf16"` they
-   * are converted to raw bits), bigints (default `i64`) or booleans (default `bool`). A
-   * typed array of the right class is used as is (not copied); anything else is converted.
-   * `shape` defaults to `[values.length]`.
+   * given: Uint8Array is `u8`, Uint16Array is `u16`; pass `"bool"`, `"f16"`, `"bf16"`,
+   * `"f8e4m3fn"`, `"f8e5m2"`, `"c64"` or `"c128"` to reinterpret) or a plain array: numbers
+   * (default dtype `f32`; with `"f16"`/`"bf16"`/`"f8e4m3fn"`/`"f8e5m2"` they are converted
+   * to raw bits; with `"c64"`/`"c128"` they are interleaved real and imaginary parts),
+   * bigints (default `i64`) or booleans (default `bool`). A typed array of the right class
+   * is used as is (not copied); anything else is converted. `shape` defaults to
+   * `[values.length / lanes(dtype)]`.
    */
   static from<D extends DType = DType>(values: TensorInput, shape?: readonly number[], dtype?: D): Tensor<D> {
     const dt = (dtype ?? inferDType(values)) as D;
     if (!isDType(dt)) throw new TypeError(`unknown dtype ${JSON.stringify(dt)}`);
-    const dims = shape ?? [values.length];
+    const k = lanes(dt);
+    if (values.length % k !== 0) {
+      throw new RangeError(`${dt} takes ${k} numbers per element (real, imaginary), got ${values.length}`);
+    }
+    const dims = shape ?? [values.length / k];
     let data: TypedArrayFor[D];
     if (holds(dt, values)) {
       data = values as TypedArrayFor[D];
@@ -93,13 +110,14 @@ export class Tensor<D extends DType = DType> {
   /** A tensor of zeros. */
   static zeros<D extends DType>(dtype: D, shape: readonly number[]): Tensor<D> {
     const dims = checkDims(shape, "shape");
-    return new Tensor(dtype, dims, new (arrayType(dtype))(numelOf(dims)));
+    return new Tensor(dtype, dims, new (arrayType(dtype))(numelOf(dims) * lanes(dtype)));
   }
 
-  /** A 0-d tensor (shape `[]`) holding one value. */
+  /** A 0-d tensor (shape `[]`) holding one value (complex dtypes: `value + 0i`). */
   static scalar<D extends DType = "f64">(value: number | bigint | boolean, dtype?: D): Tensor<D> {
     const dt = (dtype ?? (typeof value === "bigint" ? "i64" : typeof value === "boolean" ? "bool" : "f64")) as D;
-    return Tensor.from(convert(dt, [value] as ArrayLike<number>), [], dt);
+    const values = lanes(dt) === 2 ? [value, 0] : [value];
+    return Tensor.from(convert(dt, values as ArrayLike<number>), [], dt);
   }
 
   /** Number of elements (`product(shape)`, 1 for `[]`). */
@@ -132,14 +150,15 @@ export class Tensor<D extends DType = DType> {
   contiguous(): Tensor<D> {
     if (this.strides === undefined) return this;
     const n = this.numel;
-    const out = new (arrayType(this.dtype))(n) as TypedArray;
+    const l = lanes(this.dtype);
+    const out = new (arrayType(this.dtype))(n * l) as TypedArray;
     const src = this.data as TypedArray;
     const nd = this.shape.length;
     const idx = new Array<number>(nd).fill(0);
     for (let k = 0; k < n; k++) {
       let off = 0;
       for (let d = 0; d < nd; d++) off += idx[d]! * this.strides[d]!;
-      (out as Float64Array)[k] = (src as Float64Array)[off]!;
+      for (let j = 0; j < l; j++) (out as Float64Array)[k * l + j] = (src as Float64Array)[off * l + j]!;
       for (let d = nd - 1; d >= 0; d--) {
         if (++idx[d]! < this.shape[d]!) break;
         idx[d] = 0;
@@ -149,15 +168,25 @@ export class Tensor<D extends DType = DType> {
   }
 
   /**
-   * The elements as plain numbers in row-major order: f16/bf16 bits are decoded, bool is
-   * 0/1, 64-bit integers are converted with `Number()` (exact up to 2^53).
+   * The elements as plain numbers in row-major order: f16/bf16/float8 bits are decoded,
+   * bool is 0/1, 64-bit integers are converted with `Number()` (exact up to 2^53), complex
+   * elements are two numbers each (real, imaginary).
    */
   toNumbers(): number[] {
     const t = this.contiguous();
     const out = new Array<number>(t.data.length);
     const d = t.data as TypedArray;
-    if (t.dtype === "f16") for (let i = 0; i < out.length; i++) out[i] = f16ToNumber(d[i] as number);
-    else if (t.dtype === "bf16") for (let i = 0; i < out.length; i++) out[i] = bf16ToNumber(d[i] as number);
+    const decode =
+      t.dtype === "f16"
+        ? f16ToNumber
+        : t.dtype === "bf16"
+          ? bf16ToNumber
+          : t.dtype === "f8e4m3fn"
+            ? f8e4m3fnToNumber
+            : t.dtype === "f8e5m2"
+              ? f8e5m2ToNumber
+              : undefined;
+    if (decode !== undefined) for (let i = 0; i < out.length; i++) out[i] = decode(d[i] as number);
     else for (let i = 0; i < out.length; i++) out[i] = Number(d[i]);
     return out;
   }
@@ -225,6 +254,8 @@ function convert(dtype: DType, values: TensorInput): TypedArray {
       const x = typeof v === "bigint" || typeof v === "boolean" ? Number(v) : v;
       if (dtype === "f16") (out as Uint16Array)[i] = numberToF16(x);
       else if (dtype === "bf16") (out as Uint16Array)[i] = numberToBf16(x);
+      else if (dtype === "f8e4m3fn") (out as Uint8Array)[i] = numberToF8e4m3fn(x);
+      else if (dtype === "f8e5m2") (out as Uint8Array)[i] = numberToF8e5m2(x);
       else if (dtype === "bool") (out as Uint8Array)[i] = x ? 1 : 0;
       else (out as Float64Array)[i] = x;
     }

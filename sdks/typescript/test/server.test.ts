@@ -17,6 +17,7 @@ import {
   Tensor,
   TimeoutError,
   arrayType,
+  lanes,
 } from "../src/index.js";
 import { type Server, startServer, within } from "./helpers.js";
 
@@ -38,7 +39,7 @@ after(async () => {
 /** A tensor of `dtype` with `n` elements holding awkward values (extremes, negatives, NaN bits). */
 export function sample(dtype: DType, shape: number[]): Tensor {
   const n = shape.reduce((a, b) => a * b, 1);
-  const data = new (arrayType(dtype))(n);
+  const data = new (arrayType(dtype))(n * lanes(dtype));
   const bytes = new Uint8Array(data.buffer);
   for (let i = 0; i < bytes.length; i++) bytes[i] = (i * 37 + 11) & 0xff;
   if (dtype === "bool") for (let i = 0; i < n; i++) bytes[i] = i % 3 === 0 ? 1 : 0;
@@ -74,19 +75,40 @@ describe("tensors", () => {
       bf16: 0x4040, // 3.0 as bf16 bits
       f32: 3,
       f64: 3,
+      f8e4m3fn: 0x44, // 3.0 as f8e4m3fn bits
+      f8e5m2: 0x42, // 3.0 as f8e5m2 bits
+      c64: 3, // (3 + 0i: the real parts; the imaginary ones are 0)
+      c128: 3,
     };
     for (const dtype of DTYPES) {
       const t = await within(T, client.call<Tensor>("create_tensor", { shape: [2, 2], dtype, fill: 3 }), "create");
       assert.equal(t.dtype, dtype);
-      assert.deepEqual(Array.from(t.data as ArrayLike<number | bigint>), new Array(4).fill(expect[dtype]), dtype);
-      if (dtype !== "bool") assert.deepEqual(t.toNumbers(), [3, 3, 3, 3]);
+      const one = lanes(dtype) === 2 ? [expect[dtype], 0] : [expect[dtype]];
+      assert.deepEqual(Array.from(t.data as ArrayLike<number | bigint>), new Array(4).fill(one).flat(), dtype);
+      const nums = lanes(dtype) === 2 ? [3, 0, 3, 0, 3, 0, 3, 0] : [3, 3, 3, 3];
+      if (dtype !== "bool") assert.deepEqual(t.toNumbers(), nums);
     }
   });
 
-  test("sum sees the values sent (f16, bf16, i64)", async () => {
+  test("sum sees the values sent (f16, bf16, i64, float8)", async () => {
     assert.equal(await client.call("sum", { tensor: Tensor.from([1.5, 2.25, -1], [3], "f16") }), 2.75);
     assert.equal(await client.call("sum", { tensor: Tensor.from([1.5, 2.5], [2], "bf16") }), 4);
     assert.equal(await client.call("sum", { tensor: Tensor.from([-5n, 7n], [2], "i64") }), 2);
+    // 17 rounds to 16 in e4m3fn (a tie: even); 448 is its largest finite value.
+    assert.equal(await client.call("sum", { tensor: Tensor.from([17, 448], [2], "f8e4m3fn") }), 464);
+    assert.equal(await client.call("sum", { tensor: Tensor.from([1.5, -0.25], [2], "f8e5m2") }), 1.25);
+  });
+
+  test("complex tensors: interleaved real and imaginary parts, both ways", async () => {
+    const t = Tensor.from([1, 2, -3.5, 0.25], [2], "c64");
+    assert.ok(t.data instanceof Float32Array && t.data.length === 4);
+    const back = await within(T, client.call<Tensor>("echo", { tensor: t }), "echo c64");
+    assert.equal(back.dtype, "c64");
+    assert.deepEqual(back.toNumbers(), [1, 2, -3.5, 0.25]);
+    const z = await within(T, client.call<Tensor>("create_tensor", { shape: [3], dtype: "c128", fill: -2 }), "c128");
+    assert.ok(z.data instanceof Float64Array);
+    assert.deepEqual([...z.data], [-2, 0, -2, 0, -2, 0]);
+    await assert.rejects(client.call("sum", { tensor: t }), InvalidParamsError); // (a complex sum is no f64)
   });
 
   test("empty and 0-d tensors", async () => {

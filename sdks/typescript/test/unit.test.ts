@@ -10,9 +10,14 @@ import {
   Tensor,
   bf16ToNumber,
   f16ToNumber,
+  f8e4m3fnToNumber,
+  f8e5m2ToNumber,
   itemSize,
+  lanes,
   numberToBf16,
   numberToF16,
+  numberToF8e4m3fn,
+  numberToF8e5m2,
   parseAddress,
 } from "../src/index.js";
 import {
@@ -91,12 +96,65 @@ describe("dtype", () => {
   test("item sizes", () => {
     assert.deepEqual(
       DTYPES.map(itemSize),
-      [1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8],
+      [1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1, 8, 16],
     );
+    assert.deepEqual(DTYPES.slice(-4), ["f8e4m3fn", "f8e5m2", "c64", "c128"]);
+    assert.deepEqual(DTYPES.map(lanes).slice(-4), [1, 1, 2, 2]);
+  });
+
+  test("float8 bits: known values, rounding, overflow, every pattern round trips", () => {
+    assert.equal(f8e4m3fnToNumber(0x38), 1);
+    assert.equal(f8e4m3fnToNumber(0x7e), 448);
+    assert.equal(f8e4m3fnToNumber(0x01), 2 ** -9);
+    assert.ok(Number.isNaN(f8e4m3fnToNumber(0x7f)) && Number.isNaN(f8e4m3fnToNumber(0xff)));
+    assert.equal(f8e5m2ToNumber(0x3c), 1);
+    assert.equal(f8e5m2ToNumber(0x7b), 57344);
+    assert.equal(f8e5m2ToNumber(0xfc), -Infinity);
+    assert.equal(numberToF8e4m3fn(17), 0x58); // 16 or 18: a tie, even (16)
+    assert.equal(numberToF8e4m3fn(1.0625), 0x38); // 1 or 1.125: even (1)
+    assert.equal(numberToF8e4m3fn(1.1875), 0x3a); // 1.125 or 1.25: even (1.25)
+    assert.equal(numberToF8e4m3fn(464), 0x7e); // 448 or (480): even, 448
+    assert.equal(numberToF8e4m3fn(465), 0x7f); // past: NaN, e4m3fn has no infinity
+    assert.equal(numberToF8e4m3fn(-Infinity), 0xff);
+    assert.equal(numberToF8e4m3fn(2 ** -10), 0x00); // half the smallest subnormal: even
+    assert.equal(numberToF8e4m3fn(-0), 0x80);
+    assert.equal(numberToF8e5m2(61440), 0x7c); // 57344 or 65536 (infinity): even
+    assert.equal(numberToF8e5m2(61439), 0x7b);
+    assert.equal(numberToF8e5m2(1.125), 0x3c);
+    assert.equal(numberToF8e5m2(NaN), 0x7e);
+    for (let b = 0; b < 256; b++) {
+      const x = f8e4m3fnToNumber(b);
+      if (!Number.isNaN(x)) assert.equal(numberToF8e4m3fn(x), b, `e4m3fn ${b}`);
+      const y = f8e5m2ToNumber(b);
+      if (!Number.isNaN(y)) assert.equal(numberToF8e5m2(y), b, `e5m2 ${b}`);
+    }
   });
 });
 
 describe("Tensor", () => {
+  test("float8 and complex tensors", () => {
+    const f = Tensor.from([1.5, -2, 1000], [3], "f8e4m3fn");
+    assert.ok(f.data instanceof Uint8Array);
+    assert.deepEqual([...f.data], [0x3c, 0xc0, 0x7f]);
+    assert.deepEqual(f.toNumbers().slice(0, 2), [1.5, -2]);
+    assert.ok(Number.isNaN(f.toNumbers()[2]));
+    assert.deepEqual(Tensor.from(new Uint8Array([0x3c, 0x7c]), [2], "f8e5m2").toNumbers(), [1, Infinity]);
+    // Complex: two numbers per element, real then imaginary.
+    const c = Tensor.from([1, 2, 3, 4, 5, 6], undefined, "c128");
+    assert.deepEqual(c.shape, [3]);
+    assert.equal(c.numel, 3);
+    assert.equal(c.nbytes, 48);
+    assert.throws(() => Tensor.from([1, 2, 3], undefined, "c64"), RangeError);
+    assert.throws(() => new Tensor("c64", [2], new Float32Array(2)), RangeError);
+    assert.deepEqual([...Tensor.scalar(2.5, "c64").data], [2.5, 0]);
+    assert.equal(Tensor.zeros("c64", [2, 3]).data.length, 12);
+    // Strided: the transpose of [[1+1i, 2+2i, 3+3i], [4+4i, 5+5i, 6+6i]].
+    const data = new Float32Array([1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]);
+    const t = new Tensor("c64", [3, 2], data, [1, 3]);
+    assert.deepEqual(t.contiguous().toNumbers(), [1, 1, 4, 4, 2, 2, 5, 5, 3, 3, 6, 6]);
+    assert.throws(() => new Tensor("c64", [3, 2], data.subarray(0, 10), [1, 3]), RangeError);
+  });
+
   test("from typed arrays, plain arrays, and conversions", () => {
     const a = Tensor.from(new Float32Array([1, 2, 3, 4, 5, 6]), [2, 3]);
     assert.equal(a.dtype, "f32");

@@ -56,9 +56,13 @@ DType: TypeAlias = Literal[
     "bf16",
     "f32",
     "f64",
+    "f8e4m3fn",
+    "f8e5m2",
+    "c64",
+    "c128",
 ]
 """The element type of a tensor. The wire name is the lowercase variant name (`"f32"`,
-`"bf16"`).
+`"bf16"`, `"c64"`).
 
 - `"bool"`: One byte per element, 0 or 1.
 - `"u8"`: Unsigned 8-bit integer.
@@ -73,6 +77,12 @@ DType: TypeAlias = Literal[
 - `"bf16"`: bfloat16 (the upper 16 bits of an f32).
 - `"f32"`: IEEE 754 single precision.
 - `"f64"`: IEEE 754 double precision.
+- `"f8e4m3fn"`: float8 e4m3fn: 4 exponent, 3 mantissa bits, no infinity, max 448
+(torch/ml_dtypes `float8_e4m3fn`).
+- `"f8e5m2"`: float8 e5m2: 5 exponent, 2 mantissa bits, IEEE-like (the upper byte of
+an f16; `float8_e5m2`).
+- `"c64"`: Complex of two f32, real part first (numpy/torch `complex64`).
+- `"c128"`: Complex of two f64, real part first (numpy/torch `complex128`).
 """
 
 
@@ -358,6 +368,10 @@ _TYPES: dict[str, t.Spec] = {
         "bf16",
         "f32",
         "f64",
+        "f8e4m3fn",
+        "f8e5m2",
+        "c64",
+        "c128",
     ),
     "Nested": t.Object(
         {"list": t.ListOf(t.TENSOR), "map": t.MapOf(t.TENSOR), "name": t.STRING},
@@ -563,7 +577,9 @@ class ConformanceClient:
 
         Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed
         ints: i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5
-        (exact in every float type).
+        (exact in every float type); float8 (f8e4m3fn, f8e5m2): that value rounded
+        to nearest, ties to even; complex (c64, c128): that value as the real part,
+        imaginary part 0.
 
         Args:
             dtype: Element type.
@@ -613,7 +629,9 @@ class ConformanceClient:
 
         Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed
         ints: i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5
-        (exact in every float type).
+        (exact in every float type); float8 (f8e4m3fn, f8e5m2): that value rounded
+        to nearest, ties to even; complex (c64, c128): that value as the real part,
+        imaginary part 0.
 
         Args:
             names: The names, one tensor each.
@@ -844,7 +862,9 @@ class AsyncConformanceClient:
 
         Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed
         ints: i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5
-        (exact in every float type).
+        (exact in every float type); float8 (f8e4m3fn, f8e5m2): that value rounded
+        to nearest, ties to even; complex (c64, c128): that value as the real part,
+        imaginary part 0.
 
         Args:
             dtype: Element type.
@@ -894,7 +914,9 @@ class AsyncConformanceClient:
 
         Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed
         ints: i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5
-        (exact in every float type).
+        (exact in every float type); float8 (f8e4m3fn, f8e5m2): that value rounded
+        to nearest, ties to even; complex (c64, c128): that value as the real part,
+        imaginary part 0.
 
         Args:
             names: The names, one tensor each.
