@@ -9,7 +9,8 @@ mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
   `alloc` (an array in shared memory, sent without a copy), `discover`.
 - `Pipe` (blocking): the same connection at the message level, without JSON-RPC: `send`
   a JSON header with tensors, `recv` the peer's next `Message`.
-- `Tensor`, `BF16`, `bf16_to_f32`, `f32_to_bf16`: dtypes numpy lacks, and DLPack export.
+- `Tensor`, `BF16`, `bf16_to_f32`, `f32_to_bf16`, `F8E4M3FN`, `F8E5M2`: dtypes numpy
+  lacks (float8 through ml_dtypes), and DLPack export.
 - CUDA tensors (optional, through CuPy): `connect(..., cuda=True)`, `alloc(...,
   device="cuda:0")`; CuPy arrays (and anything with `__cuda_array_interface__`, e.g.
   torch CUDA tensors) travel over the cuda-ipc channel without a copy, and come back as
@@ -19,9 +20,10 @@ mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
 - Typed clients generated from OpenRPC documents live in `ferry_client.generated`
   (`demo`, `conformance`); `ferry sdk --lang python` generates one for any server.
 
-Standard library and numpy only; Linux for shared memory (elsewhere, or with
-`shm=False`, tensors travel inline). The hot modules are compiled with mypyc at install
-time where a C compiler is present (`COMPILED`); else the same code runs interpreted.
+Standard library, numpy and ml_dtypes (float8) only; Linux for shared memory (elsewhere,
+or with `shm=False`, tensors travel inline). The hot modules are compiled with mypyc at
+install time where a C compiler is present (`COMPILED`); else the same code runs
+interpreted.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ from .store import Bundle, open_bundle, open_weights
 from .tensors import (
     BF16,
     DTYPES,
+    F8E4M3FN,
+    F8E5M2,
     NUMPY_DTYPES,
     Tensor,
     TensorIn,
@@ -73,6 +77,8 @@ __all__ = [
     "ConnectionClosed",
     "CudaUnavailable",
     "DTYPES",
+    "F8E4M3FN",
+    "F8E5M2",
     "FerryError",
     "LimitError",
     "Message",

@@ -160,7 +160,7 @@ class CudaArray:
             raise CudaUnavailable(
                 f"a {type(obj).__name__} has an unusable __cuda_array_interface__: {e}"
             ) from None
-        if dtype.byteorder == ">" or dtype.kind not in "biuf":
+        if dtype.byteorder == ">" or dtype.kind not in "biufc":
             raise CudaUnavailable(f"CUDA arrays of dtype {dtype} cannot be sent")
         if strides is not None and len(strides) != len(shape):
             raise CudaUnavailable("__cuda_array_interface__ strides do not match shape")

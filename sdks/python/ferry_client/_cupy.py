@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ._cuda import CUPY_HINT, CudaArray, CudaUnavailable, Driver, format_uuid
+from .tensors import storage_dtype
 
 _EVENT_DISABLE_TIMING = 0x2
 _EVENT_INTERPROCESS = 0x4
@@ -240,7 +241,8 @@ class CupyDriver:
     ) -> Any:
         """A `cupy.ndarray` viewing `ptr` whose memory keeps `owner` alive."""
         cp = self.cp
-        plain = np.dtype(dtype.str)  # (bf16's tag: a uint16 array on the device)
+        # (CuPy lacks bf16 and the float8s: their raw bits, uint16 or uint8, on the device)
+        plain = storage_dtype(dtype)
         n = plain.itemsize
         for d in shape:
             n *= d

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from ._freelist import FreeList
 from ._wire import checked_span, uint
 from .errors import LimitError, ProtocolError
+from .tensors import storage_dtype
 
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
@@ -80,7 +81,9 @@ def array_interface(
     """A numpy `__array_interface__` for memory at `address`."""
     typestr = _TYPESTR.get(dtype)
     if typestr is None:
-        typestr = dtype.str  # (a property that builds the string each time)
+        # (a property that builds the string each time; ml_dtypes' float8 say "<f1" or
+        # "<V1", which numpy cannot read back: their bytes as uint8, viewed by make_array)
+        typestr = storage_dtype(dtype).str
         if len(_TYPESTR) < 64:
             _TYPESTR[dtype] = typestr
     return {

@@ -44,7 +44,7 @@ from ._cupy import make_driver
 from ._session import Outcome, Outgoing, Session
 from ._wire import Limits
 from .errors import CallTimeout, ConnectionClosed, FerryError, ProtocolError, RpcError
-from .tensors import BF16, numpy_dtype
+from .tensors import numpy_dtype, storage_dtype
 
 _SCRATCH = 1 << 16
 _NO_DEADLINE = math.inf
@@ -705,8 +705,9 @@ def alloc(
         return session.alloc_cuda(dims, dt, device)
     nbytes = int(np.prod(dims, dtype=object)) * dt.itemsize
     if session.pool is None or nbytes == 0:
-        arr: npt.NDArray[Any] = np.zeros(dims, dtype=np.dtype(dt.str))
-        return arr.view(BF16) if dt is BF16 else arr
+        plain = storage_dtype(dt)
+        arr: npt.NDArray[Any] = np.zeros(dims, dtype=plain)
+        return arr if plain is dt else arr.view(dt)
     return session.pool.alloc(dims, dt)
 
 

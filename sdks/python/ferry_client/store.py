@@ -171,9 +171,19 @@ def _to_torch(torch: Any, arr: npt.NDArray[Any], dtype_name: str) -> Any:
         warnings.filterwarnings(
             "ignore", message="The given NumPy array is not writable"
         )
-        if dtype_name == "bf16":
-            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        bits = _TORCH_BITS.get(dtype_name)
+        if bits is not None:  # (torch.from_numpy knows numpy's own types only)
+            return torch.from_numpy(arr.view(bits[0])).view(getattr(torch, bits[1]))
         return torch.from_numpy(arr)
+
+
+_TORCH_BITS: dict[str, tuple[type, str]] = {
+    "bf16": (np.int16, "bfloat16"),
+    "f8e4m3fn": (np.uint8, "float8_e4m3fn"),
+    "f8e5m2": (np.uint8, "float8_e5m2"),
+}
+"""Dtypes numpy has no torch-compatible type for: the integer type their bits are viewed
+as, and the torch dtype viewed from it (c64 and c128 need no help)."""
 
 
 def open_bundle(

@@ -1,10 +1,15 @@
-"""Tensors as numpy arrays: dtypes, bfloat16, and a DLPack-exporting wrapper.
+"""Tensors as numpy arrays: dtypes, bfloat16, float8, and a DLPack-exporting wrapper.
 
 - Every ferry dtype maps to a numpy dtype (`NUMPY_DTYPES`), little-endian. `bf16` has no
   numpy type: a bf16 tensor is a `uint16` array of the raw bits whose dtype is `BF16`,
   a `uint16` dtype carrying `metadata={"ferry_dtype": "bf16"}` (views and slices keep it,
   so such an array goes back to the server as bf16). Convert with `bf16_to_f32` and
   `f32_to_bf16`, or mark any `uint16` array as bf16 with `Tensor(array, "bf16")`.
+  An `ml_dtypes.bfloat16` array is sent as bf16 too.
+- `f8e4m3fn` and `f8e5m2` arrive as arrays of ml_dtypes' `float8_e4m3fn` and
+  `float8_e5m2` (`F8E4M3FN`, `F8E5M2`): real float types (`astype(np.float32)` converts),
+  and such arrays go out as those dtypes. `Tensor(bits, "f8e4m3fn")` sends any `uint8`
+  array of raw bits as float8. `c64` and `c128` are numpy's `complex64` and `complex128`.
 - `Tensor` wraps an array with an explicit ferry dtype and implements the DLPack protocol
   (`__dlpack__`, `__dlpack_device__`), so `torch.from_dlpack(Tensor(a))` and
   `np.from_dlpack(...)` work without a copy, read-only arrays included (DLPack 1.0
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -24,6 +30,12 @@ from .errors import ParamsError
 
 BF16 = np.dtype(np.uint16, metadata={"ferry_dtype": "bf16"})
 """The numpy dtype of bf16 arrays: `uint16` raw bits, tagged as bf16."""
+
+F8E4M3FN: np.dtype[Any] = np.dtype(ml_dtypes.float8_e4m3fn)
+"""The numpy dtype of f8e4m3fn arrays (ml_dtypes' `float8_e4m3fn`)."""
+
+F8E5M2: np.dtype[Any] = np.dtype(ml_dtypes.float8_e5m2)
+"""The numpy dtype of f8e5m2 arrays (ml_dtypes' `float8_e5m2`)."""
 
 NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     "bool": np.dtype(np.bool_),
@@ -39,6 +51,10 @@ NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
     "bf16": BF16,
     "f32": np.dtype("<f4"),
     "f64": np.dtype("<f8"),
+    "f8e4m3fn": F8E4M3FN,
+    "f8e5m2": F8E5M2,
+    "c64": np.dtype("<c8"),
+    "c128": np.dtype("<c16"),
 }
 """The numpy dtype of each ferry dtype."""
 
@@ -58,7 +74,21 @@ _BY_NUMPY: dict[tuple[str, int], str] = {
     ("f", 2): "f16",
     ("f", 4): "f32",
     ("f", 8): "f64",
+    ("c", 8): "c64",
+    ("c", 16): "c128",
 }
+
+_BY_TYPE: dict[type, str] = {
+    ml_dtypes.bfloat16: "bf16",
+    ml_dtypes.float8_e4m3fn: "f8e4m3fn",
+    ml_dtypes.float8_e5m2: "f8e5m2",
+}
+"""ml_dtypes' types, by their scalar type (their `kind` says little: `V` or `f`)."""
+
+RAW_BITS: frozenset[str] = frozenset({"bf16", "f8e4m3fn", "f8e5m2"})
+"""Dtypes numpy itself lacks: an unsigned integer array of their size is taken as their
+raw bits (`Tensor(bits, "bf16")`), and consumers that know only numpy's types (DLPack,
+CuPy) get those bits."""
 
 
 _FERRY_BY_ID: dict[int, tuple[np.dtype[Any], str]] = {}
@@ -81,6 +111,9 @@ def _ferry_dtype(dtype: np.dtype[Any]) -> str:
     meta = dtype.metadata
     if meta is not None and meta.get("ferry_dtype") in NUMPY_DTYPES:
         return str(meta["ferry_dtype"])
+    by_type = _BY_TYPE.get(dtype.type)
+    if by_type is not None:
+        return by_type
     name = _BY_NUMPY.get((dtype.kind, dtype.itemsize))
     if name is None or dtype.fields is not None or dtype.subdtype is not None:
         raise ParamsError(
@@ -89,12 +122,28 @@ def _ferry_dtype(dtype: np.dtype[Any]) -> str:
     return name
 
 
+def storage_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The numpy dtype that holds `dtype`'s bytes for code that knows only numpy's own
+    types (DLPack, CuPy, `__array_interface__`): the unsigned integer of its size for bf16
+    and the float8s (tag dropped), `dtype` itself otherwise."""
+    if dtype.metadata is not None or dtype.type in _BY_TYPE:
+        return np.dtype(f"<u{dtype.itemsize}")
+    return dtype
+
+
 def numpy_dtype(name: str) -> np.dtype[Any]:
     """The numpy dtype of the ferry dtype `name`."""
     try:
         return NUMPY_DTYPES[name]
     except KeyError:
         raise ParamsError(f"unknown dtype {name!r}: expected one of {DTYPES}") from None
+
+
+def _ferry_dtype_or_none(dtype: np.dtype[Any]) -> str | None:
+    try:
+        return ferry_dtype(dtype)
+    except ParamsError:
+        return None
 
 
 def bf16_to_f32(bits: npt.ArrayLike) -> npt.NDArray[np.float32]:
@@ -122,9 +171,10 @@ def _dlpack_copy_ok(copy: bool | None) -> bool:
 class Tensor:
     """A numpy array with an explicit ferry dtype, exporting DLPack.
 
-    Use it to send a `uint16` array as bf16 (`Tensor(bits, "bf16")`), or to hand any
-    array, read-only shared memory included, to a DLPack consumer
-    (`torch.from_dlpack(Tensor(array))`).
+    Use it to send a `uint16` array as bf16 (`Tensor(bits, "bf16")`) or a `uint8` one as
+    float8 (`Tensor(bits, "f8e4m3fn")`), or to hand any array, read-only shared memory
+    included, to a DLPack consumer (`torch.from_dlpack(Tensor(array))`; bf16 and float8,
+    which numpy's DLPack export lacks, go as their raw bits).
     """
 
     __slots__ = ("array", "dtype")
@@ -134,15 +184,18 @@ class Tensor:
         if dtype is None:
             dtype = ferry_dtype(arr.dtype)
         want = numpy_dtype(dtype)
-        if arr.dtype.itemsize != want.itemsize or (
-            arr.dtype.kind != want.kind
-            and not (dtype == "bf16" and arr.dtype.kind == "u")
+        raw = dtype in RAW_BITS
+        # (dtype equality ignores bf16's tag: a bf16 array may go as u16)
+        if arr.dtype.itemsize != want.itemsize or not (
+            arr.dtype == want
+            or (raw and arr.dtype.kind == "u")
+            or _ferry_dtype_or_none(arr.dtype) == dtype
         ):
             raise ParamsError(
                 f"an array of dtype {arr.dtype} cannot be a {dtype} tensor"
             )
-        if dtype == "bf16" and arr.dtype != BF16:
-            arr = arr.view(BF16)
+        if raw and (arr.dtype != want or arr.dtype.metadata != want.metadata):
+            arr = arr.view(want)
         self.array: npt.NDArray[Any] = arr
         self.dtype: str = dtype
 
@@ -179,8 +232,9 @@ class Tensor:
         if stream is not None and stream != -1:
             raise BufferError("ferry tensors are CPU tensors: stream must be None")
         arr = self.array
-        if arr.dtype.metadata is not None:
-            arr = arr.view(np.dtype(arr.dtype.str))  # drop the bf16 tag: plain uint16
+        plain = storage_dtype(arr.dtype)
+        if plain is not arr.dtype:
+            arr = arr.view(plain)  # bf16, float8: their raw bits
         versioned = max_version is not None and tuple(max_version) >= (1, 0)
         if versioned:
             return arr.__dlpack__(

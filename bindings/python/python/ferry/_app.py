@@ -81,9 +81,7 @@ def empty(shape: tuple[int, ...] | list[int], dtype: object = "f32", *, like: st
     if like == "torch":
         import torch
 
-        if _tensors.dtype_name(dtype) == "bf16":
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
+        return _tensors.torch_view(a, _tensors.dtype_name(dtype), torch.from_numpy)
     if like != "numpy":
         raise ValueError(f'like={like!r}: "numpy" or "torch"')
     return a

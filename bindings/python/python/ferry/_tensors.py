@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from ferry_client.tensors import BF16, ferry_dtype
+from ferry_client.tensors import BF16, F8E4M3FN, F8E5M2, ferry_dtype
 
 from . import _native
 
@@ -30,6 +30,40 @@ try:  # bf16 as a real numpy dtype when ml_dtypes is installed (ferry[bf16]).
 except ImportError:  # pragma: no cover - depends on the environment
     _ML_BF16 = None
 _BF16_NUMPY: np.dtype[Any] = BF16 if _ML_BF16 is None else _ML_BF16
+
+_NUMPY_VIEW: dict[str, np.dtype[Any]] = {
+    "bf16": _BF16_NUMPY,
+    "f8e4m3fn": F8E4M3FN,
+    "f8e5m2": F8E5M2,
+}
+"""The numpy dtype of the ferry dtypes whose bytes the native module hands over as unsigned
+integers (numpy lacks them): ml_dtypes' types (bf16: raw bits without ml_dtypes)."""
+
+_TORCH_BITS: dict[str, tuple[Any, str]] = {
+    "bf16": (np.int16, "bfloat16"),
+    "f8e4m3fn": (np.uint8, "float8_e4m3fn"),
+    "f8e5m2": (np.uint8, "float8_e5m2"),
+}
+"""For the dtypes torch.from_numpy / from_dlpack cannot take: the integer type their bits
+go through and the torch dtype viewed from it (complex needs no help)."""
+
+_BY_TORCH_NAME: dict[str, str] = {
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "f8e4m3fn",
+    "float8_e5m2": "f8e5m2",
+}
+"""ferry dtypes by the name of a torch dtype (or ml_dtypes type) numpy has no name for."""
+
+
+def torch_view(a: np.ndarray[Any, Any], dtype: str, from_array: Callable[[Any], Any]) -> Any:
+    """A torch tensor over `a`'s memory (`from_array`: `torch.from_numpy` or
+    `from_dlpack`) with the torch dtype of the ferry dtype `dtype`."""
+    bits = _TORCH_BITS.get(dtype)
+    if bits is None:
+        return from_array(a)
+    import torch
+
+    return from_array(a.view(bits[0])).view(getattr(torch, bits[1]))
 
 
 def _torch() -> Any:
@@ -50,26 +84,24 @@ def is_tensor_like(x: object) -> bool:
 
 def to_numpy(ref: _native.TensorRef) -> np.ndarray[Any, Any]:
     """A read-only numpy view of a received tensor (bf16 as ml_dtypes' bfloat16 when
-    installed, else `ferry_client.BF16` raw bits)."""
+    installed, else `ferry_client.BF16` raw bits; float8 as ml_dtypes' float8 types)."""
     a: np.ndarray[Any, Any] = np.asarray(ref)
-    if ref.dtype == "bf16":
-        a = a.view(_BF16_NUMPY)
+    view = _NUMPY_VIEW.get(ref.dtype)
+    if view is not None:
+        a = a.view(view)
     return a
 
 
 def to_torch(ref: _native.TensorRef) -> Any:
-    """A torch tensor over a received tensor's memory (no copy; bf16 as bfloat16).
+    """A torch tensor over a received tensor's memory (no copy; bf16 as bfloat16, float8
+    as torch's float8 dtypes).
     torch has no read-only tensors: a write into it (`x.mul_(2)`) copies the pages it
     touches into this process (the peer's memory is mapped copy-on-write), so the peer
     never sees it; such a tensor, returned, is sent as a copy."""
-    import torch
     from torch.utils.dlpack import from_dlpack
 
     ref._mark_writable()
-    a = np.asarray(ref)
-    if ref.dtype == "bf16":
-        return from_dlpack(a.view(np.int16)).view(torch.bfloat16)
-    return from_dlpack(a)
+    return torch_view(np.asarray(ref), ref.dtype, from_dlpack)
 
 
 def _host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
@@ -80,8 +112,11 @@ def _host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(np.uint16), "bf16"
+        name = _BY_TORCH_NAME.get(str(t.dtype).removeprefix("torch."))
+        if name is not None:  # (no numpy type: their bits, as unsigned integers)
+            if t.element_size() == 2:
+                return t.view(torch.int16).numpy().view(np.uint16), name
+            return t.view(torch.uint8).numpy(), name
         a = t.numpy()
         return a, ferry_dtype(a.dtype)
     if hasattr(x, "__cuda_array_interface__") and hasattr(x, "get"):
@@ -152,23 +187,27 @@ def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
 
 
 def out_array(out: _native.OutTensor) -> np.ndarray[Any, Any]:
-    """A writable numpy view of an `OutTensor` (bf16 as bfloat16 or raw bits)."""
+    """A writable numpy view of an `OutTensor` (bf16 as bfloat16 or raw bits, float8 as
+    ml_dtypes' float8 types)."""
     a: np.ndarray[Any, Any] = np.asarray(out)
-    if out.dtype == "bf16":
-        a = a.view(_BF16_NUMPY)
+    view = _NUMPY_VIEW.get(out.dtype)
+    if view is not None:
+        a = a.view(view)
     return a
 
 
 def dtype_name(dtype: object) -> str:
-    """A ferry dtype name from a name (`"f32"`, `"float32"`), a numpy dtype or type, or a
-    torch dtype."""
+    """A ferry dtype name from a name (`"f32"`, `"float32"`, `"float8_e4m3fn"`), a numpy
+    dtype or type (ml_dtypes' included), or a torch dtype."""
     torch = _torch()
     if torch is not None and isinstance(dtype, torch.dtype):
-        if dtype == torch.bfloat16:
-            return "bf16"
-        return ferry_dtype(np.dtype(str(dtype).removeprefix("torch.")))
-    if isinstance(dtype, str) and dtype in _NAMES:
-        return dtype
+        name = str(dtype).removeprefix("torch.")
+        return _BY_TORCH_NAME.get(name) or ferry_dtype(np.dtype(name))
+    if isinstance(dtype, str):
+        if dtype in _NAMES:
+            return dtype
+        if dtype in _BY_TORCH_NAME:
+            return _BY_TORCH_NAME[dtype]
     d = np.dtype(dtype)  # type: ignore[call-overload]
     if d.name == "bfloat16":  # ml_dtypes' (`BF16`-tagged uint16: ferry_dtype)
         return "bf16"
