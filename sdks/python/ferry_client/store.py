@@ -5,7 +5,12 @@
 manifest. Over the shm channel each bucket arrives as a read-only view of the server's
 memory (no copy), so opening costs one mapping per bucket (512 MiB each by default),
 whatever the number of tensors; every array is a view of a bucket and keeps it (and so the
-version) alive until the last one is garbage-collected.
+version) alive until the last one is garbage-collected. The manifest arrives in columns
+and each tensor's view is made on its first lookup, so opening a 1,000-tensor version costs
+about 1.7 times opening a one-tensor one (`bench/store.py`).
+
+Arrays are read-only; torch tensors (`as_torch=True`) are writable copy-on-write views
+(see `_to_torch` for what a write is seen by).
 
     from ferry_client import open_weights
     sd = open_weights("unix:ferry-weights", "llama", as_torch=True)
@@ -14,7 +19,6 @@ version) alive until the last one is garbage-collected.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Iterator, Mapping
@@ -47,7 +51,7 @@ class Bundle(Mapping[str, Any]):
         digest: str | None,
         metadata: object,
         nbytes: int,
-        entries: dict[str, list[Any]],
+        manifest: _Manifest,
         buckets: list[npt.NDArray[np.uint8]],
         as_torch: bool,
     ) -> None:
@@ -59,7 +63,8 @@ class Bundle(Mapping[str, Any]):
         self.metadata = metadata
         self.nbytes = nbytes
         """Bytes of the version's buckets."""
-        self._entries = entries
+        self._manifest = manifest
+        self._entries = manifest.index
         self._buckets = buckets
         self._views: dict[str, Any] = {}
         self._torch: Any = None
@@ -107,56 +112,101 @@ class Bundle(Mapping[str, Any]):
             self._client.close()
             self._client = None
 
-    def _view(self, e: list[Any]) -> Any:
+    def _view(self, i: int) -> Any:
+        m = self._manifest
+        rows, dims, starts, dtypes = m.rows()
+        name, dtype_name = m.names[i], dtypes[i]
         try:
-            name, dtype_name, shape, bucket, offset = e
+            bucket, offset, ndim = rows[i]
+            shape = tuple(dims[starts[i] : starts[i] + ndim])
             dtype = NUMPY_DTYPES[dtype_name]
             buf = self._buckets[bucket]
             n = math.prod(shape) * dtype.itemsize
-            if type(offset) is not int or offset < 0 or offset + n > buf.shape[0]:
+            if offset + n > buf.shape[0]:
                 raise ResultError(f"tensor {name!r} lies outside bucket {bucket}")
             arr: npt.NDArray[Any] = buf[offset : offset + n].view(dtype).reshape(shape)
         except (ValueError, TypeError, KeyError, IndexError) as err:
-            raise ResultError(f"bad manifest entry {e!r:.100}: {err}") from None
+            raise ResultError(f"bad manifest entry for {name!r:.100}: {err}") from None
         if self._torch is not None:
             return _to_torch(self._torch, arr, dtype_name)
         return arr
+
+
+class _Manifest:
+    """`store.open`'s manifest in columns (PROTOCOL.md section 20): names and dtypes one
+    per line, and two u64 tensors, turned into rows on the first lookup (opening costs a
+    split of the names, not a parse per tensor)."""
+
+    def __init__(self, m: object) -> None:
+        if not isinstance(m, dict):
+            raise ResultError(f"store.open's manifest is {m!r:.100}")
+        names, dtypes, table, dims = (
+            m.get("names"),
+            m.get("dtypes"),
+            m.get("table"),
+            m.get("dims"),
+        )
+        for t, dt in (
+            (names, np.uint8),
+            (dtypes, np.uint8),
+            (table, np.uint64),
+            (dims, np.uint64),
+        ):
+            if not isinstance(t, np.ndarray) or t.dtype != dt:
+                raise ResultError(
+                    "store.open's manifest columns are not u8 text and u64"
+                )
+        assert isinstance(names, np.ndarray) and isinstance(dtypes, np.ndarray)
+        assert isinstance(table, np.ndarray) and isinstance(dims, np.ndarray)
+        n = table.shape[0] if table.ndim == 2 and table.shape[1] == 3 else -1
+        try:
+            self.names = names.tobytes().decode().split("\n") if n > 0 else []
+        except UnicodeDecodeError:
+            raise ResultError("store.open's manifest names are not UTF-8") from None
+        if n < 0 or len(self.names) != n or dims.ndim != 1:
+            raise ResultError("store.open's manifest columns do not add up")
+        self.index = dict(zip(self.names, range(n)))
+        if len(self.index) != n:
+            raise ResultError("store.open's manifest repeats a name")
+        self._columns = (dtypes.tobytes(), table, dims)
+        self._rows: tuple[list[list[int]], list[int], list[int], list[str]] | None = (
+            None
+        )
+
+    def rows(self) -> tuple[list[list[int]], list[int], list[int], list[str]]:
+        """(bucket, offset, ndim) per tensor, every dim, where each tensor's dims start,
+        and the dtypes: made once, checked to add up."""
+        if self._rows is None:
+            dtypes, table, dims = self._columns
+            rows: list[list[int]] = table.tolist()
+            flat: list[int] = dims.tolist()
+            starts, at = [], 0
+            for r in rows:
+                starts.append(at)
+                at += r[2]
+            names = dtypes.decode(errors="replace").split("\n") if rows else []
+            if at != len(flat) or len(names) != len(rows):
+                raise ResultError("store.open's manifest dims or dtypes do not add up")
+            self._rows = (rows, flat, starts, names)
+        return self._rows
 
 
 def _bundle(result: object, as_torch: bool) -> Bundle:
     if not isinstance(result, dict):
         raise ResultError(f"store.open answered {result!r:.100}")
     buckets = result.get("buckets")
-    manifest = result.get("manifest")
     if not isinstance(buckets, list):
         raise ResultError("store.open's answer lacks its buckets")
-    for b in [*buckets, manifest]:
+    for b in buckets:
         if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 1:
-            raise ResultError("a bucket or the manifest is not a u8 vector")
-    assert isinstance(manifest, np.ndarray)
-    try:
-        entries = json.loads(manifest.tobytes())
-    except ValueError as e:
-        raise ResultError(f"malformed manifest: {e}") from None
-    if not isinstance(entries, list):
-        raise ResultError("the manifest is not a JSON array")
-    try:
-        by_name = {e[0]: e for e in entries}
-    except (TypeError, KeyError, IndexError):
-        raise ResultError(
-            "store.open's manifest has an entry that is not a list"
-        ) from None
-    if len(by_name) != len(entries) or not set(map(type, by_name)) <= {str}:
-        raise ResultError(
-            "store.open's manifest repeats a name or has one that is not a string"
-        )
+            raise ResultError("a bucket is not a u8 vector in host memory")
     return Bundle(
         str(result.get("name")),
         int(result.get("version", 0)),
         result.get("digest"),
         result.get("metadata"),
         int(result.get("bytes", 0)),
-        by_name,
+        _Manifest(result.get("manifest")),
         buckets,
         as_torch,
     )
@@ -165,7 +215,10 @@ def _bundle(result: object, as_torch: bool) -> Bundle:
 def _to_torch(torch: Any, arr: npt.NDArray[Any], dtype_name: str) -> Any:
     """A torch tensor over `arr`'s memory (no copy). It is a view of the server's bucket,
     mapped copy-on-write: a write (an optimizer step) copies the page it touches and never
-    reaches the server or other readers."""
+    reaches the server or other processes. The mapping is one per connection, though: a
+    bundle opened twice on one `Client` shares it, and a write through one is seen by the
+    other. Open a copy to train with its own connection (`open_weights` makes one per
+    bundle) or `.clone()` it."""
     with warnings.catch_warnings():
         # torch warns that the array is read-only: the mapping underneath is copy-on-write.
         warnings.filterwarnings(
