@@ -22,11 +22,14 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 - `Client`, `AsyncClient`: calling, from `ferry_client` (the runtime of the generated
   clients).
 - `NDArray`, `AnyTensor`: tensor types for fields of pydantic models and dataclasses.
+- `open_weights`, `open_bundle`, `Bundle`: versioned weight bundles from a ferry tensor
+  store (`ferry serve-weights`), zero-copy numpy or torch; `TensorRef`: a tensor a server
+  keeps (`ferry_client.refs`). Both from `ferry_client`.
 """
 
 from __future__ import annotations
 
-from ferry_client import AsyncClient, Client
+from ferry_client import AsyncClient, Bundle, Client, TensorRef, open_bundle, open_weights
 from ferry_client.errors import RpcError
 
 from ._app import App, Context, empty
@@ -39,15 +42,19 @@ __all__ = [
     "AnyTensor",
     "App",
     "AsyncClient",
+    "Bundle",
     "Client",
     "Context",
     "Listener",
     "NDArray",
     "Pipe",
     "RpcError",
+    "TensorRef",
     "__version__",
     "connect",
     "empty",
     "listen",
+    "open_bundle",
+    "open_weights",
     "spawn",
 ]
