@@ -15,6 +15,7 @@ import dataclasses
 import os
 from typing import Annotated, Any, Literal
 
+import ml_dtypes
 import numpy as np
 from ferry_client import NUMPY_DTYPES
 from ferry_client.tensors import ferry_dtype
@@ -33,7 +34,23 @@ app = ferry.App(
 )
 
 DType = Literal[
-    "bool", "u8", "i8", "u16", "i16", "u32", "i32", "u64", "i64", "f16", "bf16", "f32", "f64"
+    "bool",
+    "u8",
+    "i8",
+    "u16",
+    "i16",
+    "u32",
+    "i32",
+    "u64",
+    "i64",
+    "f16",
+    "bf16",
+    "f32",
+    "f64",
+    "f8e4m3fn",
+    "f8e5m2",
+    "c64",
+    "c128",
 ]
 Dim = Annotated[int, Field(ge=0, le=2**64 - 1)]
 U32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
@@ -75,7 +92,10 @@ def pattern_into(out: np.ndarray[Any, Any], dtype: str) -> None:
             if dtype == "bf16":  # exact in bf16: the top half of the f32
                 bits = (v.astype(np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
                 flat.view(np.uint16)[lo : lo + i.size] = bits
-            else:
+            elif dtype in ("f8e4m3fn", "f8e5m2"):  # rounded to nearest, ties to even
+                f8 = ml_dtypes.float8_e4m3fn if dtype == "f8e4m3fn" else ml_dtypes.float8_e5m2
+                flat.view(np.uint8)[lo : lo + i.size] = v.astype(f8).view(np.uint8)
+            else:  # (complex: the real part, imaginary 0)
                 flat[lo : lo + i.size] = v
 
 
@@ -139,7 +159,8 @@ def _make(ctx: ferry.Context, dtype: str, shape: list[int], path: str = "shape")
 def make(dtype: DType, shape: list[Dim], ctx: ferry.Context) -> np.ndarray:
     """Element i (row-major) is: bool: i % 3 == 0; unsigned ints: i % 251; signed ints:
     i % 251 - 125; floats (f16, bf16, f32, f64): (i % 251 - 125) * 0.5 (exact in every
-    float type)."""
+    float type); float8 (f8e4m3fn, f8e5m2): that value rounded to nearest, ties to even;
+    complex (c64, c128): that value as the real part, imaginary part 0."""
     result: np.ndarray = _make(ctx, dtype, shape)
     return result
 
