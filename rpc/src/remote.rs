@@ -134,14 +134,6 @@ impl std::fmt::Debug for RefTable {
     }
 }
 
-/// A fresh reference id: 128 random bits from the OS, in hex.
-fn new_id() -> Result<String, ErrorObject> {
-    let mut b = [0u8; 16];
-    getrandom::getrandom(&mut b)
-        .map_err(|e| ErrorObject::internal(format!("no randomness for a reference id: {e}")))?;
-    Ok(format!("r{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
-}
-
 /// NOT_FOUND for a reference that is unknown, freed, expired or another identity's.
 pub fn not_found(id: &str) -> ErrorObject {
     ErrorObject::new(
@@ -189,7 +181,7 @@ impl RefTable {
         let bytes = tensor.nbytes() as u64;
         let ttl = ttl.or(conn.is_none().then_some(self.limits.ref_ttl));
         let expires = ttl.map(|t| now + t);
-        let id = new_id()?;
+        let id = crate::task::random_id('r', "a reference id")?;
         let mut kept = self.lock();
         purge(&mut kept, now);
         let l = &self.limits;
@@ -275,16 +267,6 @@ impl RefTable {
         let before = kept.len();
         kept.retain(|_, k| k.conn != Some(conn));
         before - kept.len()
-    }
-
-    /// Drops expired references now (also done by every other operation); the count.
-    pub fn purge(&self, now: Instant) -> usize {
-        purge(&mut self.lock(), now)
-    }
-
-    /// The earliest expiry, if any reference has one.
-    pub fn next_expiry(&self) -> Option<Instant> {
-        self.lock().values().filter_map(|k| k.expires).min()
     }
 
     /// Replaces every `{"$tensor_ref": {"id"}}` in `params` by `{"$tensor": i}`, the kept

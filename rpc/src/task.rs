@@ -200,11 +200,12 @@ impl Inner {
     }
 }
 
-/// A fresh task id: 128 random bits from the OS, in hex.
-fn new_id() -> Result<String, ErrorObject> {
+/// A fresh id: `prefix` and 128 random bits from the OS in hex (unguessable); tasks and
+/// remote tensor references use it. `what` names it in the error.
+pub(crate) fn random_id(prefix: char, what: &str) -> Result<String, ErrorObject> {
     let mut b = [0u8; 16];
-    getrandom::getrandom(&mut b).map_err(|e| ErrorObject::internal(format!("no randomness for a task id: {e}")))?;
-    Ok(format!("t{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
+    getrandom::getrandom(&mut b).map_err(|e| ErrorObject::internal(format!("no randomness for {what}: {e}")))?;
+    Ok(format!("{prefix}{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
 }
 
 fn not_found(id: &str) -> ErrorObject {
@@ -279,7 +280,7 @@ impl TaskTable {
                     self.limits.max_tasks as u64,
                 ));
             }
-            let id = new_id()?;
+            let id = random_id('t', "a task id")?;
             let task = Task {
                 method: method.to_owned(),
                 owner: by.owner,

@@ -173,7 +173,6 @@ impl Bucket {
             Bucket::Host(b) => WeakBucket::Host(b.downgrade()),
             Bucket::Device(t) => match t.storage() {
                 Storage::Device(buf) => WeakBucket::Device(Arc::downgrade(buf), t.meta().clone()),
-                Storage::Host(_) => WeakBucket::Gone,
                 _ => WeakBucket::Gone,
             },
         }

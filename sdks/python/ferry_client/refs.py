@@ -69,11 +69,6 @@ class TensorRef:
         return {REF_KEY: {"id": self.id}}
 
 
-def is_ref(v: object) -> bool:
-    """Whether `v` is the JSON form `{"$tensor_ref": {...}}` of a reference."""
-    return type(v) is dict and len(v) == 1 and REF_KEY in v
-
-
 def _ref(result: object, method: str) -> TensorRef:
     if not isinstance(result, TensorRef):
         raise ResultError(f"{method} answered {result!r:.100}, not a tensor reference")
