@@ -61,6 +61,7 @@ const MODULE_NAMES: &[&str] = &[
     "Client",
     "RpcError",
     "TensorIn",
+    "TensorParam",
     "TensorRef",
     "t",
     "ERRORS",
@@ -123,8 +124,8 @@ const BUILTIN_EXCEPTIONS: &[&str] = &[
 /// Methods of the generated client classes that API methods must not take.
 const CLIENT_MEMBERS: &[&str] = &["client", "connect", "close", "_call"];
 
-/// Where a type appears: params accept more (any sequence, mapping, `Tensor`) than results
-/// give (lists, dicts, numpy arrays).
+/// Where a type appears: params accept more (any sequence, mapping, `Tensor`, a remote
+/// `TensorRef` where a tensor goes) than results give (lists, dicts, numpy arrays).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Pos {
     Param,
@@ -157,9 +158,11 @@ impl Ctx<'_> {
                 "TensorRef".into()
             }
             Ty::Tensor => match pos {
+                // The server takes a reference wherever it takes a tensor (PROTOCOL.md §21):
+                // `TensorParam` is `TensorIn | TensorRef`.
                 Pos::Param => {
-                    self.imports.insert("TensorIn");
-                    "TensorIn".into()
+                    self.imports.insert("TensorParam");
+                    "TensorParam".into()
                 }
                 Pos::Result => {
                     self.imports.insert("npt");
@@ -211,7 +214,15 @@ impl Ctx<'_> {
                 self.imports.insert("Literal");
                 format!("Literal[{}]", vs.iter().map(py_value).collect::<Vec<_>>().join(", "))
             }
-            Ty::Union(ts) => ts.iter().map(|t| self.ty(t, pos)).collect::<Vec<_>>().join(" | "),
+            Ty::Union(ts) => {
+                // A param's tensor already takes a reference: no second `TensorRef`.
+                let has_tensor = pos == Pos::Param && ts.contains(&Ty::Tensor);
+                ts.iter()
+                    .filter(|t| !(has_tensor && **t == Ty::TensorRef))
+                    .map(|t| self.ty(t, pos))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            }
             Ty::Named(n) => self.type_name(n),
         }
     }
@@ -287,8 +298,8 @@ pub fn module(api: &Api) -> String {
     }
     w.line("");
     let mut runtime = vec!["AsyncClient", "Client", "RpcError"];
-    if want("TensorIn") {
-        runtime.push("TensorIn");
+    if want("TensorParam") {
+        runtime.push("TensorParam");
     }
     if want("TensorRef") {
         runtime.push("TensorRef");

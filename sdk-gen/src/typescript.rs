@@ -4,8 +4,9 @@
 //!
 //! The module exports, in this order: the named types (interfaces and type aliases), one
 //! params interface and one result type per method (`<Method>Params`, `<Method>Result`;
-//! tensors are `Tensor`, named tensor maps `Record<string, Tensor>`), one error class per
-//! row of the error table (`class <Name>Error extends RpcError`) with
+//! tensors are `Tensor`, named tensor maps `Record<string, Tensor>`, and a param's tensor is
+//! `Tensor | TensorRef`, the server taking a remote reference wherever it takes a tensor),
+//! one error class per row of the error table (`class <Name>Error extends RpcError`) with
 //! `errorFromCode(code, message, data)`, and `class <Api>Client` with one method per API
 //! method: `method(params, opts?: { timeoutMs?: number }): Promise<Result>`. Errors the
 //! server returns are rethrown as the table's classes. ferry's built-in methods are the
@@ -59,7 +60,15 @@ fn mentions(text: &str, word: &str) -> bool {
     text.match_indices(word).any(|(i, _)| !text[..i].ends_with(ident) && !text[i + word.len()..].starts_with(ident))
 }
 
-fn ty(t: &Ty, types: &Scope, tensor: &mut bool) -> String {
+/// Where a type appears: a param's tensor also takes a remote `TensorRef` (the server puts
+/// its kept tensor there, PROTOCOL.md §21); results and named types are as they travel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pos {
+    Param,
+    Result,
+}
+
+fn ty(t: &Ty, types: &Scope, tensor: &mut bool, pos: Pos) -> String {
     match t {
         Ty::Any => "unknown".into(),
         Ty::Null => "null".into(),
@@ -68,18 +77,33 @@ fn ty(t: &Ty, types: &Scope, tensor: &mut bool) -> String {
         Ty::String => "string".into(),
         Ty::Tensor => {
             *tensor = true;
-            "Tensor".into()
+            match pos {
+                Pos::Param => "Tensor | TensorRef".into(),
+                Pos::Result => "Tensor".into(),
+            }
         }
         // (imported when the declarations mention it: see `declarations`)
         Ty::TensorRef => "TensorRef".into(),
         Ty::Array(inner) => {
-            let s = ty(inner, types, tensor);
-            if matches!(**inner, Ty::Union(_) | Ty::Literal(_)) { format!("({s})[]") } else { format!("{s}[]") }
+            let s = ty(inner, types, tensor, pos);
+            if matches!(**inner, Ty::Union(_) | Ty::Literal(_)) || split_union(&s).len() > 1 {
+                format!("({s})[]")
+            } else {
+                format!("{s}[]")
+            }
         }
-        Ty::Tuple(ts) => format!("[{}]", ts.iter().map(|x| ty(x, types, tensor)).collect::<Vec<_>>().join(", ")),
-        Ty::Map(inner) => format!("Record<string, {}>", ty(inner, types, tensor)),
+        Ty::Tuple(ts) => format!("[{}]", ts.iter().map(|x| ty(x, types, tensor, pos)).collect::<Vec<_>>().join(", ")),
+        Ty::Map(inner) => format!("Record<string, {}>", ty(inner, types, tensor, pos)),
         Ty::Literal(vs) => vs.iter().map(ts_value).collect::<Vec<_>>().join(" | "),
-        Ty::Union(ts) => ts.iter().map(|x| ty(x, types, tensor)).collect::<Vec<_>>().join(" | "),
+        Ty::Union(ts) => {
+            // A param's tensor already takes a reference: no second `TensorRef`.
+            let has_tensor = pos == Pos::Param && ts.contains(&Ty::Tensor);
+            ts.iter()
+                .filter(|x| !(has_tensor && **x == Ty::TensorRef))
+                .map(|x| ty(x, types, tensor, pos))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        }
         Ty::Named(n) => types.get(n).unwrap_or(n).to_owned(),
     }
 }
@@ -133,14 +157,14 @@ pub fn modules(api: &Api, runtime: &str) -> (String, String) {
                         jsdoc(w, &d);
                     }
                     let opt = if p.required { "" } else { "?" };
-                    w.line(format!("{}{opt}: {};", ts_key(&p.name), ty(&p.ty, &types, &mut tensor)));
+                    w.line(format!("{}{opt}: {};", ts_key(&p.name), ty(&p.ty, &types, &mut tensor, Pos::Param)));
                 }
             });
             body.line("}");
         }
         body.blank(1);
         jsdoc(&mut body, &m.result_description.clone().unwrap_or_else(|| format!("Result of `{}`.", m.name)));
-        type_alias(&mut body, result, &ty(&m.result, &types, &mut tensor));
+        type_alias(&mut body, result, &ty(&m.result, &types, &mut tensor, Pos::Result));
     }
     let mut js = CodeWriter::new("  ", WIDTH);
     let mut error_types = types.clone();
@@ -211,13 +235,13 @@ fn type_def(w: &mut CodeWriter, name: &str, def: &TypeDef, types: &Scope, tensor
                         jsdoc(w, d);
                     }
                     let opt = if f.required { "" } else { "?" };
-                    w.line(format!("{}{opt}: {};", ts_key(&f.name), ty(&f.ty, types, tensor)));
+                    w.line(format!("{}{opt}: {};", ts_key(&f.name), ty(&f.ty, types, tensor, Pos::Result)));
                 }
                 if let Some(a) = additional {
                     // An index signature must admit every field's type too.
-                    let mut all: Vec<String> = vec![ty(a, types, tensor)];
+                    let mut all: Vec<String> = vec![ty(a, types, tensor, Pos::Result)];
                     for f in fields {
-                        let t = ty(&f.ty, types, tensor);
+                        let t = ty(&f.ty, types, tensor, Pos::Result);
                         if !all.contains(&t) {
                             all.push(t);
                         }
@@ -236,7 +260,7 @@ fn type_def(w: &mut CodeWriter, name: &str, def: &TypeDef, types: &Scope, tensor
             type_alias(w, name, &t);
         }
         TypeDef::Alias { ty: t, .. } => {
-            let t = ty(t, types, tensor);
+            let t = ty(t, types, tensor, Pos::Result);
             type_alias(w, name, &t);
         }
     }

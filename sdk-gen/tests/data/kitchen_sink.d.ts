@@ -15,7 +15,7 @@
  */
 
 import { RpcError } from "ferry-client";
-import type { Client, Tensor } from "ferry-client";
+import type { Client, Tensor, TensorRef } from "ferry-client";
 
 export type Color = "red" | "blue";
 
@@ -84,7 +84,7 @@ export type PairResult = [number, string];
 /** Params of `scale`. */
 export interface ScaleParams {
   /** The input. */
-  tensor: Tensor;
+  tensor: Tensor | TensorRef;
   factor?: number;
   /** How to round. */
   mode?: Rounding;

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeAlias, TypedDict, cast
 
 import numpy.typing as npt
 
-from ferry_client import AsyncClient, Client, RpcError, TensorIn
+from ferry_client import AsyncClient, Client, RpcError, TensorParam
 from ferry_client import types as t
 
 
@@ -275,7 +275,7 @@ class KitchenSinkClient:
 
     def scale(
         self,
-        tensor: TensorIn,
+        tensor: TensorParam,
         *,
         factor: float | None = None,
         mode: Rounding | None = None,
@@ -463,7 +463,7 @@ class AsyncKitchenSinkClient:
 
     async def scale(
         self,
-        tensor: TensorIn,
+        tensor: TensorParam,
         *,
         factor: float | None = None,
         mode: Rounding | None = None,

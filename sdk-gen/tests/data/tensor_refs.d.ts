@@ -13,7 +13,7 @@
  */
 
 import { RpcError } from "ferry-client";
-import type { Client, TensorRef } from "ferry-client";
+import type { Client, Tensor, TensorRef } from "ferry-client";
 
 /** Params of `embed`. */
 export interface EmbedParams {
@@ -22,6 +22,17 @@ export interface EmbedParams {
 
 /** Result of `embed`. */
 export type EmbedResult = TensorRef;
+
+/** Params of `score`. */
+export interface ScoreParams {
+  query: Tensor | TensorRef;
+  keys: (Tensor | TensorRef)[];
+  weights?: Record<string, Tensor | TensorRef>;
+  mask?: Tensor | TensorRef | null;
+}
+
+/** Result of `score`. */
+export type ScoreResult = Tensor;
 
 /** Params of `search`. */
 export interface SearchParams {
@@ -67,6 +78,9 @@ export declare class TensorRefsClient {
 
   /** Calls `embed`. */
   embed(params: EmbedParams, opts?: CallOptions): Promise<EmbedResult>;
+
+  /** Tensor params take a reference too; the result stays a tensor. */
+  score(params: ScoreParams, opts?: CallOptions): Promise<ScoreResult>;
 
   /** Calls `search`. */
   search(params: SearchParams, opts?: CallOptions): Promise<SearchResult>;

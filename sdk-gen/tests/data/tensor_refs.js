@@ -32,6 +32,10 @@ export class TensorRefsClient {
     return this.call("embed", params, opts);
   }
 
+  score(params, opts) {
+    return this.call("score", params, opts);
+  }
+
   search(params, opts) {
     return this.call("search", params, opts);
   }

@@ -11,9 +11,12 @@ errors the server returns are raised as this module's exception classes, subclas
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from ferry_client import AsyncClient, Client, RpcError, TensorRef
+import numpy.typing as npt
+
+from ferry_client import AsyncClient, Client, RpcError, TensorParam, TensorRef
 from ferry_client import types as t
 
 
@@ -92,6 +95,32 @@ class TensorRefsClient:
         params: dict[str, object] = {"text": text}
         result = self._call("embed", params, timeout)
         return cast("TensorRef", t.check(result, t.TENSOR_REF, "embed", _TYPES))
+
+    def score(
+        self,
+        query: TensorParam,
+        keys: Sequence[TensorParam],
+        *,
+        weights: Mapping[str, TensorParam] | None = None,
+        mask: TensorParam | None = None,
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any]:
+        """Tensor params take a reference too; the result stays a tensor.
+
+        Args:
+            query: `query`.
+            keys: `keys`.
+            weights: `weights`. Optional.
+            mask: `mask`. Optional.
+            timeout: Seconds to wait for the answer (default: the client's timeout).
+        """
+        params: dict[str, object] = {"query": query, "keys": keys}
+        if weights is not None:
+            params["weights"] = weights
+        if mask is not None:
+            params["mask"] = mask
+        result = self._call("score", params, timeout)
+        return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "score", _TYPES))
 
     def search(
         self,
@@ -183,6 +212,32 @@ class AsyncTensorRefsClient:
         params: dict[str, object] = {"text": text}
         result = await self._call("embed", params, timeout)
         return cast("TensorRef", t.check(result, t.TENSOR_REF, "embed", _TYPES))
+
+    async def score(
+        self,
+        query: TensorParam,
+        keys: Sequence[TensorParam],
+        *,
+        weights: Mapping[str, TensorParam] | None = None,
+        mask: TensorParam | None = None,
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any]:
+        """Tensor params take a reference too; the result stays a tensor.
+
+        Args:
+            query: `query`.
+            keys: `keys`.
+            weights: `weights`. Optional.
+            mask: `mask`. Optional.
+            timeout: Seconds to wait for the answer (default: the client's timeout).
+        """
+        params: dict[str, object] = {"query": query, "keys": keys}
+        if weights is not None:
+            params["weights"] = weights
+        if mask is not None:
+            params["mask"] = mask
+        result = await self._call("score", params, timeout)
+        return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "score", _TYPES))
 
     async def search(
         self,

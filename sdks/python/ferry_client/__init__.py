@@ -56,6 +56,7 @@ from .tensors import (
     NUMPY_DTYPES,
     Tensor,
     TensorIn,
+    TensorParam,
     bf16_to_f32,
     f32_to_bf16,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "RpcError",
     "Tensor",
     "TensorIn",
+    "TensorParam",
     "__version__",
     "bf16_to_f32",
     "f32_to_bf16",

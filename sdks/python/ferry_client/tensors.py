@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import ParamsError
+from .refs import TensorRef
 
 BF16 = np.dtype(np.uint16, metadata={"ferry_dtype": "bf16"})
 """The numpy dtype of bf16 arrays: `uint16` raw bits, tagged as bf16."""
@@ -256,6 +257,11 @@ class Tensor:
 TensorIn = Union[npt.NDArray[Any], Tensor]
 """What a tensor param accepts: a numpy array (its dtype decides the ferry dtype) or a
 `Tensor`."""
+
+TensorParam = Union[TensorIn, TensorRef]
+"""What a method's tensor param accepts (generated clients type tensor params so): a
+`TensorIn`, or a `TensorRef` to a tensor the server keeps, which the server puts in its place
+(PROTOCOL.md section 21)."""
 
 
 def typed_view(

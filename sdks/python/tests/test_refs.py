@@ -12,6 +12,7 @@ import pytest
 from conftest import Server
 
 from ferry_client import Client, RpcError, TensorRef
+from ferry_client.generated.demo import DemoClient, NotFoundError
 from ferry_client.refs import fetch, free, keep, list_refs, publish
 
 NOT_FOUND = -32009
@@ -79,3 +80,22 @@ def test_references_die_with_their_connection_unless_published(server: Server) -
             fetch(c, short)
         assert expired.value.code == NOT_FOUND
         assert free(c, kept) == 1
+
+
+def test_the_generated_client_takes_a_reference_for_a_tensor_param(
+    server: Server,
+) -> None:
+    # Typed `TensorParam` (mypy --strict checks these calls): a TensorRef, as the server
+    # takes one wherever it takes a tensor; results stay arrays.
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with DemoClient.connect(server.addr) as demo:
+        r = keep(demo.client, a)
+        assert demo.sum(r) == float(a.sum())
+        back = demo.echo(r)
+        assert isinstance(back, np.ndarray) and np.array_equal(back, a)
+        assert np.array_equal(demo.matmul(r, a.T.copy()), a @ a.T)
+        described = demo.describe({"w": r, "b": np.ones(2, np.float32)})
+        assert described["w"]["sum"] == float(a.sum())
+        assert free(demo.client, r) == 1
+        with pytest.raises(NotFoundError):
+            demo.sum(r)

@@ -15,7 +15,7 @@
  */
 
 import { RpcError } from "ferry-client";
-import type { Client, Tensor } from "ferry-client";
+import type { Client, Tensor, TensorRef } from "ferry-client";
 
 /** Result of `whoami`. */
 export interface Caller {
@@ -113,7 +113,7 @@ export interface TensorInfo {
 /** Params of `echo`. */
 export interface EchoParams {
   /** Any tensor. */
-  tensor: Tensor;
+  tensor: Tensor | TensorRef;
 }
 
 /** Result of `echo`. */
@@ -122,7 +122,7 @@ export type EchoResult = Tensor;
 /** Params of `echo_map`. */
 export interface EchoMapParams {
   /** A named tensor map. */
-  tensors: Record<string, Tensor>;
+  tensors: Record<string, Tensor | TensorRef>;
 }
 
 /** Result of `echo_map`. */
@@ -153,7 +153,7 @@ export type FailResult = null;
 /** Params of `inspect`. */
 export interface InspectParams {
   /** Any tensor. */
-  tensor: Tensor;
+  tensor: Tensor | TensorRef;
 }
 
 /** Result of `inspect`. */
@@ -162,7 +162,7 @@ export type InspectResult = TensorInfo;
 /** Params of `inspect_map`. */
 export interface InspectMapParams {
   /** A named tensor map. */
-  tensors: Record<string, Tensor>;
+  tensors: Record<string, Tensor | TensorRef>;
 }
 
 /** Result of `inspect_map`. */

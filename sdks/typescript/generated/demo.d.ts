@@ -15,7 +15,7 @@
  */
 
 import { RpcError } from "ferry-client";
-import type { Client, Tensor } from "ferry-client";
+import type { Client, Tensor, TensorRef } from "ferry-client";
 
 /**
  * The element type of a tensor. The wire name is the lowercase variant name
@@ -90,7 +90,7 @@ export type CreateTensorResult = Tensor;
 /** Params of `describe`. */
 export interface DescribeParams {
   /** A named tensor map. */
-  weights: Record<string, Tensor>;
+  weights: Record<string, Tensor | TensorRef>;
 }
 
 /** Result of `describe`. */
@@ -99,7 +99,7 @@ export type DescribeResult = Record<string, TensorSummary>;
 /** Params of `echo`. */
 export interface EchoParams {
   /** Any tensor. */
-  tensor: Tensor;
+  tensor: Tensor | TensorRef;
 }
 
 /** Result of `echo`. */
@@ -108,9 +108,9 @@ export type EchoResult = Tensor;
 /** Params of `matmul`. */
 export interface MatmulParams {
   /** Left matrix, f32 `[m, k]`. */
-  a: Tensor;
+  a: Tensor | TensorRef;
   /** Right matrix, f32 `[k, n]`. */
-  b: Tensor;
+  b: Tensor | TensorRef;
 }
 
 /** Result of `matmul`. */
@@ -128,7 +128,7 @@ export type SleepResult = number;
 /** Params of `sum`. */
 export interface SumParams {
   /** Any tensor. */
-  tensor: Tensor;
+  tensor: Tensor | TensorRef;
 }
 
 /** Result of `sum`. */

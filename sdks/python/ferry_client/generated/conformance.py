@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeAlias, TypedDict, cast
 
 import numpy.typing as npt
 
-from ferry_client import AsyncClient, Client, RpcError, TensorIn
+from ferry_client import AsyncClient, Client, RpcError, TensorParam
 from ferry_client import types as t
 
 
@@ -461,7 +461,7 @@ class ConformanceClient:
 
     def echo(
         self,
-        tensor: TensorIn,
+        tensor: TensorParam,
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
@@ -477,7 +477,7 @@ class ConformanceClient:
 
     def echo_map(
         self,
-        tensors: Mapping[str, TensorIn],
+        tensors: Mapping[str, TensorParam],
         *,
         timeout: float | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
@@ -527,7 +527,12 @@ class ConformanceClient:
         result = self._call("fail", params, timeout)
         return cast("None", t.check(result, t.NULL, "fail", _TYPES))
 
-    def inspect(self, tensor: TensorIn, *, timeout: float | None = None) -> TensorInfo:
+    def inspect(
+        self,
+        tensor: TensorParam,
+        *,
+        timeout: float | None = None,
+    ) -> TensorInfo:
         """What the server received
 
         checksum: the sum over the tensor's bytes b_j (row-major, little-endian
@@ -546,7 +551,7 @@ class ConformanceClient:
 
     def inspect_map(
         self,
-        tensors: Mapping[str, TensorIn],
+        tensors: Mapping[str, TensorParam],
         *,
         timeout: float | None = None,
     ) -> dict[str, TensorInfo]:
@@ -736,7 +741,7 @@ class AsyncConformanceClient:
 
     async def echo(
         self,
-        tensor: TensorIn,
+        tensor: TensorParam,
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
@@ -752,7 +757,7 @@ class AsyncConformanceClient:
 
     async def echo_map(
         self,
-        tensors: Mapping[str, TensorIn],
+        tensors: Mapping[str, TensorParam],
         *,
         timeout: float | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
@@ -809,7 +814,7 @@ class AsyncConformanceClient:
 
     async def inspect(
         self,
-        tensor: TensorIn,
+        tensor: TensorParam,
         *,
         timeout: float | None = None,
     ) -> TensorInfo:
@@ -831,7 +836,7 @@ class AsyncConformanceClient:
 
     async def inspect_map(
         self,
-        tensors: Mapping[str, TensorIn],
+        tensors: Mapping[str, TensorParam],
         *,
         timeout: float | None = None,
     ) -> dict[str, TensorInfo]:

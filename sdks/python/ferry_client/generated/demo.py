@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeAlias, TypedDict, cast
 
 import numpy.typing as npt
 
-from ferry_client import AsyncClient, Client, RpcError, TensorIn
+from ferry_client import AsyncClient, Client, RpcError, TensorParam
 from ferry_client import types as t
 
 
@@ -398,7 +398,7 @@ class DemoClient:
 
     def describe(
         self,
-        weights: Mapping[str, TensorIn],
+        weights: Mapping[str, TensorParam],
         *,
         timeout: float | None = None,
     ) -> dict[str, TensorSummary]:
@@ -417,7 +417,7 @@ class DemoClient:
 
     def echo(
         self,
-        tensor: TensorIn,
+        tensor: TensorParam,
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
@@ -433,8 +433,8 @@ class DemoClient:
 
     def matmul(
         self,
-        a: TensorIn,
-        b: TensorIn,
+        a: TensorParam,
+        b: TensorParam,
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
@@ -460,7 +460,7 @@ class DemoClient:
         result = self._call("sleep", params, timeout)
         return cast("int", t.check(result, t.INTEGER, "sleep", _TYPES))
 
-    def sum(self, tensor: TensorIn, *, timeout: float | None = None) -> float:
+    def sum(self, tensor: TensorParam, *, timeout: float | None = None) -> float:
         """Sum of a tensor's elements
 
         Args:
@@ -589,7 +589,7 @@ class AsyncDemoClient:
 
     async def describe(
         self,
-        weights: Mapping[str, TensorIn],
+        weights: Mapping[str, TensorParam],
         *,
         timeout: float | None = None,
     ) -> dict[str, TensorSummary]:
@@ -608,7 +608,7 @@ class AsyncDemoClient:
 
     async def echo(
         self,
-        tensor: TensorIn,
+        tensor: TensorParam,
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
@@ -624,8 +624,8 @@ class AsyncDemoClient:
 
     async def matmul(
         self,
-        a: TensorIn,
-        b: TensorIn,
+        a: TensorParam,
+        b: TensorParam,
         *,
         timeout: float | None = None,
     ) -> npt.NDArray[Any]:
@@ -651,7 +651,7 @@ class AsyncDemoClient:
         result = await self._call("sleep", params, timeout)
         return cast("int", t.check(result, t.INTEGER, "sleep", _TYPES))
 
-    async def sum(self, tensor: TensorIn, *, timeout: float | None = None) -> float:
+    async def sum(self, tensor: TensorParam, *, timeout: float | None = None) -> float:
         """Sum of a tensor's elements
 
         Args:
