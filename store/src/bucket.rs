@@ -24,6 +24,9 @@ mod imp {
         pub fn as_mut_slice(&mut self) -> &mut [u8] {
             self.0.as_mut_slice()
         }
+        pub fn as_slice(&self) -> &[u8] {
+            self.0.as_slice()
+        }
         pub fn freeze(self) -> HostBucket {
             HostBucket(self.0.freeze())
         }
@@ -84,6 +87,9 @@ mod imp {
         }
         pub fn as_mut_slice(&mut self) -> &mut [u8] {
             self.0.as_mut()
+        }
+        pub fn as_slice(&self) -> &[u8] {
+            self.0.as_ref()
         }
         pub fn freeze(self) -> HostBucket {
             HostBucket(self.0.into_bytes())

@@ -31,7 +31,7 @@ pub mod weights;
 
 pub use device::{DeviceView, device_slice, plan_layout};
 pub use manifest::{Columns, Entry};
-pub use refs::shared_copy;
+pub use refs::{shared_copy, shared_tensor_mut};
 pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 
 /// Options of a [`Store`].

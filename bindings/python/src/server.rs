@@ -201,6 +201,9 @@ impl Done {
     }
 }
 
+/// `Context::keep`'s answer: the reference's JSON, or the error's code, message and data.
+type KeepOutcome = (Option<String>, Option<(i64, String, Option<String>)>);
+
 /// What a handler gets besides its params: cancellation, result tensors, the caller.
 #[pyclass(frozen, module = "ferry._native")]
 pub struct Context {
@@ -254,6 +257,42 @@ impl Context {
         Ok(OutTensor::new(t))
     }
 
+    /// A writable tensor to keep as a reference ([`Context::keep`]): a shared segment of
+    /// its own (lent without a copy to every ferry client on this host that fetches it),
+    /// not the connection's memory, which it would hold while it lives.
+    fn keep_alloc(&self, shape: Vec<u64>, dtype: &str) -> PyResult<OutTensor> {
+        let meta = meta_of(shape, dtype)?;
+        ferry_store::shared_tensor_mut(meta)
+            .map(OutTensor::new)
+            .map_err(|e| PyRuntimeError::new_err(format!("allocating a tensor to keep: {e}")))
+    }
+
+    /// Keeps `out` (from `keep_alloc`, filled) on the server as a reference owned by the
+    /// caller, freed after `ttl` seconds if given. Returns `(info_json, None)`, the inside
+    /// of its wire form (`RefInfo`), or `(None, (code, message, data_json))` past the
+    /// server's reference limits (LIMIT_EXCEEDED naming the limit), for `RpcError`.
+    #[pyo3(signature = (out, ttl=None))]
+    fn keep(&self, out: &Bound<'_, OutTensor>, ttl: Option<f64>) -> PyResult<KeepOutcome> {
+        let ttl = match ttl {
+            Some(s) if !(s.is_finite() && s >= 0.0) => {
+                return Err(PyValueError::new_err(format!("ttl={s}: seconds, finite and not negative")));
+            }
+            Some(s) => Some(Duration::from_secs_f64(s)),
+            None => None,
+        };
+        let tensor = out.get().take()?;
+        Ok(match self.ctx.keep(tensor, ttl) {
+            Ok(r) => (
+                Some(
+                    serde_json::to_string(&r.0)
+                        .map_err(|e| PyRuntimeError::new_err(format!("a reference's JSON: {e}")))?,
+                ),
+                None,
+            ),
+            Err(e) => (None, Some((e.code, e.message, e.data.map(|d| d.to_string())))),
+        })
+    }
+
     /// The caller: `{"kind", "addr", "pid", "uid", "agent", "channel"}`.
     #[getter]
     fn peer(&self) -> PyResult<String> {
@@ -290,13 +329,24 @@ impl Server {
                 .limits(self.limits)
                 .title(self.title.clone())
                 .version(self.version.clone())
-                .spawner(crate::answer::spawner());
+                .spawner(crate::answer::spawner())
+                // References kept by `ferry.ref.keep` in shared segments of their own, as
+                // `ferry serve` keeps them: fetches over shm map them without a copy.
+                .ref_copy(Arc::new(ferry_store::shared_copy));
             if let Some(d) = &self.description {
                 b = b.description(d.clone());
             }
             b.build()
         })
     }
+}
+
+/// A positive, finite number of seconds as a duration, or an error naming the option.
+fn seconds(option: &str, s: f64) -> PyResult<Duration> {
+    if !(s.is_finite() && s > 0.0) {
+        return Err(PyValueError::new_err(format!("{option} {s}: give a positive number of seconds")));
+    }
+    Ok(Duration::from_secs_f64(s))
 }
 
 fn parse_json(what: &str, text: &str) -> PyResult<Value> {
@@ -310,7 +360,8 @@ impl Server {
     #[new]
     #[pyo3(signature = (title, version, description=None, *, max_connections=None, max_in_flight=None,
         max_request_bytes=None, max_tasks=None, max_tasks_per_identity=None, idle_timeout=None,
-        max_queued_answers=None, max_queued_answer_bytes=None))]
+        max_queued_answers=None, max_queued_answer_bytes=None, max_refs=None, max_refs_per_identity=None,
+        max_ref_bytes=None, ref_ttl=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         title: String,
@@ -324,6 +375,10 @@ impl Server {
         idle_timeout: Option<f64>,
         max_queued_answers: Option<usize>,
         max_queued_answer_bytes: Option<u64>,
+        max_refs: Option<usize>,
+        max_refs_per_identity: Option<usize>,
+        max_ref_bytes: Option<u64>,
+        ref_ttl: Option<f64>,
     ) -> PyResult<Server> {
         let mut limits = RpcLimits::default();
         if let Some(n) = max_connections {
@@ -347,11 +402,20 @@ impl Server {
         if let Some(n) = max_queued_answer_bytes {
             limits = limits.max_queued_answer_bytes(n);
         }
+        if let Some(n) = max_refs {
+            limits = limits.max_refs(n);
+        }
+        if let Some(n) = max_refs_per_identity {
+            limits = limits.max_refs_per_identity(n);
+        }
+        if let Some(n) = max_ref_bytes {
+            limits = limits.max_ref_bytes(n);
+        }
         if let Some(s) = idle_timeout {
-            if !(s.is_finite() && s > 0.0) {
-                return Err(PyValueError::new_err(format!("idle_timeout {s}: give a positive number of seconds")));
-            }
-            limits = limits.idle_timeout(Duration::from_secs_f64(s));
+            limits = limits.idle_timeout(seconds("idle_timeout", s)?);
+        }
+        if let Some(s) = ref_ttl {
+            limits = limits.ref_ttl(seconds("ref_ttl", s)?);
         }
         Ok(Server {
             methods: Mutex::new(Some(Methods::new())),

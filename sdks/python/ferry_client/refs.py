@@ -16,6 +16,7 @@ made them unless `publish`ed, and may carry a TTL.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 __all__ = ["TensorRef", "fetch", "free", "keep", "list_refs", "publish"]
 
 REF_KEY = "$tensor_ref"
+SCHEMA_MARK = "x-ferry-tensor-ref"
+"""What a `TensorRef` field's JSON Schema is under pydantic (a server replaces it with a
+reference to its `TensorRef` component; pydantic would resolve a `$ref` given here among
+its own definitions)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,47 @@ class TensorRef:
     def to_json(self) -> dict[str, object]:
         """The param form: `{"$tensor_ref": {"id": ID}}`."""
         return {REF_KEY: {"id": self.id}}
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: object, handler: object) -> Any:
+        """As a pydantic field (pydantic is not a dependency: only pydantic calls this):
+        a `TensorRef`, or its wire form, validates; it serializes to its wire form."""
+        core_schema = importlib.import_module("pydantic_core.core_schema")
+
+        def validate(v: object) -> TensorRef:
+            if isinstance(v, TensorRef):
+                return v
+            if isinstance(v, dict) and len(v) == 1 and REF_KEY in v:
+                return TensorRef.from_json(v[REF_KEY])
+            raise ValueError('expected a tensor reference ({"$tensor_ref": {...}})')
+
+        return core_schema.no_info_plain_validator_function(
+            validate,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                TensorRef.to_result_json
+            ),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: object, handler: object
+    ) -> dict[str, Any]:
+        """The mark a ferry server turns into its `TensorRef` component."""
+        return {SCHEMA_MARK: True}
+
+    def to_result_json(self) -> dict[str, object]:
+        """The form a server answers with (every field, PROTOCOL.md section 21)."""
+        return {
+            REF_KEY: {
+                "id": self.id,
+                "dtype": self.dtype,
+                "shape": list(self.shape),
+                "device": self.device,
+                "bytes": self.nbytes,
+                "expires_ms": self.expires_ms,
+                "published": self.published,
+            }
+        }
 
 
 def _ref(result: object, method: str) -> TensorRef:

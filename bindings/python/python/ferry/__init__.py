@@ -15,8 +15,9 @@ def add(a: float, b: float) -> float:
 app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 ```
 
-- `App`, `Context`, `empty`, `RpcError`: serving (`_app`); params and results from type
-  hints with pydantic, tensors as zero-copy numpy / torch views.
+- `App`, `Context`, `empty`, `keep`, `RpcError`: serving (`_app`); params and results
+  from type hints with pydantic, tensors as zero-copy numpy / torch views; `keep` returns
+  a tensor as a reference that stays on the server (a `TensorRef`).
 - `spawn(app)`: the app in a child process and a connected `Client`.
 - `listen` / `connect`: `Pipe`s of headers and tensors without JSON-RPC.
 - `Client`, `AsyncClient`: calling, from `ferry_client` (the runtime of the generated
@@ -32,7 +33,7 @@ from __future__ import annotations
 from ferry_client import AsyncClient, Bundle, Client, TensorRef, open_bundle, open_weights
 from ferry_client.errors import RpcError
 
-from ._app import App, Context, empty
+from ._app import App, Context, empty, keep
 from ._native import __version__
 from ._pipe import Listener, Pipe, connect, listen
 from ._schema import AnyTensor, NDArray
@@ -53,6 +54,7 @@ __all__ = [
     "__version__",
     "connect",
     "empty",
+    "keep",
     "listen",
     "open_bundle",
     "open_weights",

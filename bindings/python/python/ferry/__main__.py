@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="answers per connection not yet written before it is no longer read (default 256)",
     )
+    s.add_argument("--max-refs", type=int, metavar="N", help="tensor references held at once")
+    s.add_argument(
+        "--max-ref-mib", type=int, metavar="MIB", help="bytes of tensor references held at once"
+    )
     s.add_argument(
         "--debug",
         action="store_true",
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         max_in_flight=a.max_in_flight,
         max_tasks=a.max_tasks,
         max_queued_answers=a.max_queued_answers,
+        max_refs=a.max_refs,
+        max_ref_bytes=None if a.max_ref_mib is None else a.max_ref_mib << 20,
     )
     return 0
 

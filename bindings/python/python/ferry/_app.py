@@ -18,6 +18,7 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import pydantic
 from ferry_client.errors import RpcError
+from ferry_client.refs import TensorRef
 
 from . import _native, _schema, _tensors
 
@@ -69,6 +70,33 @@ class Context:
         out = self._native.alloc([int(n) for n in shape], _tensors.dtype_name(dtype))
         self._allocated.append(out)
         return _tensors.out_array(out)
+
+    def keep(self, tensor: object, *, ttl: float | None = None) -> TensorRef:
+        """Keeps `tensor` on the server as a reference owned by the caller, to return in
+        place of its bytes (PROTOCOL.md section 21). The caller passes it back where a
+        method takes a tensor (no byte moves: the handler gets this tensor), fetches it
+        (zero-copy over shm) or frees it. It is copied once, into shared memory of its own;
+        it is freed when the caller's connection closes unless published, after `ttl`
+        seconds if given, or by `ferry.ref.free`. Past the server's reference limits it
+        raises `RpcError` LIMIT_EXCEEDED naming the limit (the caller gets it if the
+        handler does not catch it)."""
+        a, dtype = _tensors.host_numpy(tensor)
+        out = _tensors.copied(a, dtype, self._native.keep_alloc)
+        info, err = self._native.keep(out, ttl)
+        if err is not None:
+            code, message, data = err
+            raise RpcError(code, message, None if data is None else json.loads(data))
+        assert info is not None
+        return TensorRef.from_json(json.loads(info))
+
+
+def keep(tensor: object, *, ttl: float | None = None) -> TensorRef:
+    """`Context.keep` of the call being served (from inside a handler): `tensor` kept on
+    the server as the caller's reference, to return in place of its bytes."""
+    ctx = _current.get(None)
+    if ctx is None:
+        raise RuntimeError("ferry.keep is for results: call it inside a handler being served")
+    return ctx.keep(tensor, ttl=ttl)
 
 
 def empty(shape: tuple[int, ...] | list[int], dtype: object = "f32", *, like: str = "numpy") -> Any:
@@ -428,11 +456,19 @@ class App:
         idle_timeout: float | None = None,
         max_queued_answers: int | None = None,
         max_queued_answer_bytes: int | None = None,
+        max_refs: int | None = None,
+        max_refs_per_identity: int | None = None,
+        max_ref_bytes: int | None = None,
+        ref_ttl: float | None = None,
     ) -> None:
         """Serves on `addrs` (default `unix:NAME`; `unix:/path`, `quic://HOST:PORT`) and
         `http` (`HOST:PORT`) until Ctrl-C or SIGTERM (then it returns after a clean
         shutdown) or `stop()`. The options are `ferry serve`'s. Prints `listening on
-        ADDR` lines unless `announce=False`; `ready(addresses)` is called once listening."""
+        ADDR` lines unless `announce=False`; `ready(addresses)` is called once listening.
+
+        Tensor references (`Context.keep`, `ferry.ref.keep`) are bounded by `max_refs`
+        (default 4096 held at once), `max_refs_per_identity` (1024), `max_ref_bytes` (8
+        GiB in all); one kept over HTTP without a TTL lives `ref_ttl` seconds (600)."""
         limits = _limits(
             max_connections,
             max_in_flight,
@@ -442,6 +478,10 @@ class App:
             idle_timeout,
             max_queued_answers,
             max_queued_answer_bytes,
+            max_refs,
+            max_refs_per_identity,
+            max_ref_bytes,
+            ref_ttl,
         )
         server = self._native_server(limits)
         self._servers.append(server)
@@ -534,6 +574,10 @@ _LIMIT_NAMES = (
     "idle_timeout",
     "max_queued_answers",
     "max_queued_answer_bytes",
+    "max_refs",
+    "max_refs_per_identity",
+    "max_ref_bytes",
+    "ref_ttl",
 )
 """The keyword options of `serve` that are limits of the native server."""
 

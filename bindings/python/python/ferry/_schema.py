@@ -18,6 +18,7 @@ from typing import Annotated, Any, get_args, get_origin
 
 import numpy as np
 import pydantic
+from ferry_client.refs import SCHEMA_MARK, TensorRef
 from pydantic import ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 from typing_extensions import is_typeddict
@@ -29,6 +30,8 @@ TENSOR_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/Tensor"}
 _TENSOR_MARK = "x-ferry-tensor"
 """pydantic resolves a `$ref` given with `WithJsonSchema` among its own definitions, so
 tensor fields carry this mark and become `TENSOR_SCHEMA` afterwards (`_unmark`)."""
+TENSOR_REF_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/TensorRef"}
+"""A `TensorRef` field's schema (pydantic gives `ferry_client.refs.SCHEMA_MARK`)."""
 
 
 class Encoding:
@@ -51,6 +54,8 @@ class Encoding:
         tensors become references, numpy scalars numbers; anything else is refused."""
         if _tensors.is_tensor_like(x):
             return self.ref(x)
+        if isinstance(x, TensorRef):
+            return x.to_result_json()
         if isinstance(x, np.generic):
             return x.item()
         raise TypeError(f"cannot send a result of type {type(x).__module__}.{type(x).__qualname__}")
@@ -145,13 +150,21 @@ def rewrite(tp: Any) -> Any:
         return base[new] if base is not None else tp
 
 
+def _mentions(tp: Any, target: type) -> bool:
+    """Whether `target` appears in the type `tp` (through generics, unions, `Annotated`)."""
+    if tp is target:
+        return True
+    return any(
+        _mentions(a, target) if not isinstance(a, list) else any(_mentions(x, target) for x in a)
+        for a in get_args(tp)
+    )
+
+
 def _unmark(v: Any) -> Any:
     if isinstance(v, dict):
-        if v.get(_TENSOR_MARK) is True:
-            return {
-                **TENSOR_SCHEMA,
-                **{k: x for k, x in v.items() if k not in (_TENSOR_MARK, "title")},
-            }
+        for mark, schema in ((_TENSOR_MARK, TENSOR_SCHEMA), (SCHEMA_MARK, TENSOR_REF_SCHEMA)):
+            if v.get(mark) is True:
+                return {**schema, **{k: x for k, x in v.items() if k not in (mark, "title")}}
         return {k: _unmark(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_unmark(x) for x in v]
@@ -209,6 +222,12 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
         if tp is context_type:
             ctx_param = p.name
             continue
+        if _mentions(tp, TensorRef):
+            raise TypeError(
+                f"{fn.__qualname__}: param {p.name} cannot be a TensorRef: a reference the "
+                "caller passes arrives as the tensor it names, so annotate it as a tensor "
+                "(np.ndarray, torch.Tensor)"
+            )
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (rewrite(tp), default)
         names.append(p.name)
@@ -272,6 +291,8 @@ def encode_any(x: object, enc: Encoding) -> Any:
         return [encode_any(v, enc) for v in x]
     if _tensors.is_tensor_like(x):
         return enc.ref(x)
+    if isinstance(x, TensorRef):  # (a dataclass, but sent in its wire form)
+        return x.to_result_json()
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, pydantic.BaseModel):

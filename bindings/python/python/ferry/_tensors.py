@@ -104,7 +104,7 @@ def to_torch(ref: _native.TensorRef) -> Any:
     return torch_view(np.asarray(ref), ref.dtype, from_dlpack)
 
 
-def _host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
+def host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
     """`x` as a numpy array on the host (a view when it already is one) and its ferry
     dtype."""
     torch = _torch()
@@ -157,7 +157,7 @@ def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
     """What sends `x`: one of `allocated` when `x` is exactly it, the received tensor
     when `x` is a read-only numpy view of exactly one (no copy either way), else a new
     `OutTensor` with `x`'s bytes copied in."""
-    a, dtype = _host_numpy(x)
+    a, dtype = host_numpy(x)
     if a.flags.c_contiguous:
         ptr: int | None = None
 
@@ -178,6 +178,12 @@ def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
         r = _received(a) if isinstance(x, np.ndarray) and not x.flags.writeable else None
         if r is not None and whole(r):
             return r
+    return copied(a, dtype, alloc)
+
+
+def copied(a: np.ndarray[Any, Any], dtype: str, alloc: Alloc) -> _native.OutTensor:
+    """A new `OutTensor` from `alloc` holding a copy of `a` (of ferry dtype `dtype`, as
+    `host_numpy` gives them)."""
     out = alloc([int(n) for n in a.shape], dtype)
     view: np.ndarray[Any, Any] = np.asarray(out)
     if view.dtype != a.dtype:
