@@ -6,6 +6,7 @@ export { Client, type BatchCall, type BatchResult, type CallOptions, type Connec
 export { Tensor, type TensorInput } from "./tensor.js";
 export type { TensorMap } from "./refs.js";
 export { TensorRef } from "./refs.js";
+export { type KeepOptions, fetch, free, keep, listRefs, publish } from "./remote.js";
 export { DTYPES, type DType, type TypedArray, type TypedArrayFor, arrayType, bf16ToNumber, dtypeOf, f16ToNumber, f8e4m3fnToNumber, f8e5m2ToNumber, isDType, itemSize, lanes, numberToBf16, numberToF16, numberToF8e4m3fn, numberToF8e5m2, } from "./dtype.js";
 export { CancelledError, ConnectionClosedError, ErrorCode, type ErrorObject, FerryError, InternalError, InvalidParamsError, InvalidRequestError, LimitError, LimitExceededError, MethodNotFoundError, ParseError, ProtocolError, RefusedError, RpcError, ServerError, ServerTimeoutError, TaskNotFoundError, TaskPendingError, TensorError, TimeoutError, UnavailableError, UnauthorizedError, NotFoundError, ForbiddenError, } from "./errors.js";
 export { type Limits, DEFAULT_LIMITS, VERSION } from "./frame.js";

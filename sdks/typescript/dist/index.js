@@ -5,6 +5,7 @@
 export { Client } from "./client.js";
 export { Tensor } from "./tensor.js";
 export { TensorRef } from "./refs.js";
+export { fetch, free, keep, listRefs, publish } from "./remote.js";
 export { DTYPES, arrayType, bf16ToNumber, dtypeOf, f16ToNumber, f8e4m3fnToNumber, f8e5m2ToNumber, isDType, itemSize, lanes, numberToBf16, numberToF16, numberToF8e4m3fn, numberToF8e5m2, } from "./dtype.js";
 export { CancelledError, ConnectionClosedError, ErrorCode, FerryError, InternalError, InvalidParamsError, InvalidRequestError, LimitError, LimitExceededError, MethodNotFoundError, ParseError, ProtocolError, RefusedError, RpcError, ServerError, ServerTimeoutError, TaskNotFoundError, TaskPendingError, TensorError, TimeoutError, UnavailableError, UnauthorizedError, NotFoundError, ForbiddenError, } from "./errors.js";
 export { DEFAULT_LIMITS, VERSION } from "./frame.js";

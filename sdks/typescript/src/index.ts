@@ -7,6 +7,7 @@ export { Client, type BatchCall, type BatchResult, type CallOptions, type Connec
 export { Tensor, type TensorInput } from "./tensor.js";
 export type { TensorMap } from "./refs.js";
 export { TensorRef } from "./refs.js";
+export { type KeepOptions, fetch, free, keep, listRefs, publish } from "./remote.js";
 export {
   DTYPES,
   type DType,

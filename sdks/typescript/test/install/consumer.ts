@@ -1,6 +1,6 @@
 // Type-checked (tsc --noEmit, module nodenext) against the installed package's
 // declarations: the runtime's and the generated demo client's.
-import { Client, RpcError, Tensor } from "ferry-client";
+import { Client, RpcError, Tensor, type TensorRef, free, keep } from "ferry-client";
 import { DemoClient, InvalidParamsError, type AddParams } from "ferry-client/generated/demo";
 
 export async function sum(addr: string): Promise<number> {
@@ -12,4 +12,11 @@ export async function sum(addr: string): Promise<number> {
   const e: RpcError = new InvalidParamsError(-32602, "x");
   client.close();
   return total + t.numel + e.code;
+}
+
+// A remote reference where the generated client takes a tensor.
+export async function sumByReference(client: Client): Promise<number> {
+  const r: TensorRef = await keep(client, Tensor.from([1, 2], [2], "f32"), { ttlMs: 1000 });
+  const total: number = await new DemoClient(client).sum({ tensor: r });
+  return total + (await free(client, r));
 }
