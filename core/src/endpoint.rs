@@ -24,6 +24,10 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// payload may go without a byte (see [`EndpointBuilder::frame_timeout`]).
 pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Default of [`EndpointBuilder::max_header_values`]: about 32 MiB of parsed values at
+/// most, however the header is written.
+pub const DEFAULT_MAX_HEADER_VALUES: usize = 1 << 20;
+
 /// Options shared by every pipe an endpoint makes.
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -38,6 +42,7 @@ pub(crate) struct Config {
     pub(crate) recv_queue: usize,
     pub(crate) accept_foreign: bool,
     pub(crate) busy_poll: Duration,
+    pub(crate) max_header_values: usize,
 }
 
 /// Builds an [`Endpoint`]: `Endpoint::builder().transport(..).channel(..).build()`.
@@ -61,6 +66,7 @@ impl Default for EndpointBuilder {
                 recv_queue: 16,
                 accept_foreign: false,
                 busy_poll: Duration::ZERO,
+                max_header_values: DEFAULT_MAX_HEADER_VALUES,
             },
         }
     }
@@ -129,6 +135,17 @@ impl EndpointBuilder {
     /// [`Accepted::Foreign`] instead of refusing them. Off by default.
     pub fn accept_foreign(mut self, yes: bool) -> Self {
         self.cfg.accept_foreign = yes;
+        self
+    }
+
+    /// Most JSON values (member names and containers included) in one received message
+    /// header (default [`DEFAULT_MAX_HEADER_VALUES`], at least 1). A header over 64 KiB is
+    /// counted on its bytes before it is parsed (parsed, `[0,0,...]` takes 17 times its
+    /// size), and one over 1 MiB is parsed off the runtime's workers; over the limit the
+    /// pipe closes with a [`crate::LimitError`] naming `max_header_values`. Send big arrays
+    /// as tensors.
+    pub fn max_header_values(mut self, n: usize) -> Self {
+        self.cfg.max_header_values = n.max(1);
         self
     }
 

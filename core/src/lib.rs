@@ -31,6 +31,7 @@ pub mod float8;
 pub mod frame;
 pub mod handshake;
 pub mod inline;
+pub mod json_shape;
 pub mod message;
 pub mod meta;
 pub mod pipe;

@@ -54,6 +54,8 @@ struct Shared {
     sessions: BTreeMap<DeviceKind, Arc<dyn ChannelSession>>,
     peer_limits: Limits,
     limits: Limits,
+    /// [`crate::EndpointBuilder::max_header_values`].
+    max_header_values: usize,
     closed_tx: watch::Sender<bool>,
     error: StdMutex<Option<PipeError>>,
     handler: StdMutex<HandlerSlot>,
@@ -123,6 +125,7 @@ impl Pipe {
             sessions,
             peer_limits,
             limits: cfg.limits,
+            max_header_values: cfg.max_header_values,
             closed_tx,
             error: StdMutex::new(None),
             handler: StdMutex::new(HandlerSlot::default()),
@@ -609,8 +612,57 @@ async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, 
     }
 }
 
-async fn decode_message(shared: &Shared, frame: Frame) -> Result<Message, PipeError> {
-    let h: MessageHeader = frame.parse()?;
+/// Headers at least this long are counted before they are parsed
+/// ([`crate::json_shape::check`]); shorter ones cannot hold a harmful number of values.
+const COUNT_HEADER_FROM: usize = 64 << 10;
+
+/// Headers at least this long are parsed on the blocking pool, not on the runtime worker
+/// that other connections' readers need.
+const PARSE_OFF_WORKER_FROM: usize = 1 << 20;
+
+/// Parses a MESSAGE frame's header, after counting its values when it is big.
+async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHeader, PipeError> {
+    let text = &frame.header;
+    if text.len() >= COUNT_HEADER_FROM {
+        let max = shared.max_header_values;
+        if let Err(e) = crate::json_shape::check(text, usize::MAX, max) {
+            let (what, value, max) = match e {
+                crate::json_shape::ShapeError::Depth(d) => {
+                    return Err(ProtocolError::BadHeader(format!(
+                        "the message header nests {d} deep, over the parser's {}",
+                        crate::json_shape::MAX_DEPTH
+                    ))
+                    .into());
+                }
+                crate::json_shape::ShapeError::Batch(n) | crate::json_shape::ShapeError::Values(n) => {
+                    ("JSON values in a received message header", n as u64, max as u64)
+                }
+            };
+            return Err(PipeError::Limit(LimitError {
+                limit: "max_header_values",
+                what,
+                value,
+                max,
+                hint: "send big arrays as tensors, or raise it with EndpointBuilder::max_header_values on the \
+                       receiving side"
+                    .into(),
+            }));
+        }
+    }
+    if text.len() < PARSE_OFF_WORKER_FROM {
+        return Ok(frame.parse()?);
+    }
+    let header = std::mem::take(&mut frame.header);
+    let parsed = tokio::task::spawn_blocking(move || {
+        serde_json::from_slice::<MessageHeader>(&header).map_err(|e| ProtocolError::BadHeader(e.to_string()))
+    })
+    .await
+    .map_err(|e| ProtocolError::BadHeader(format!("parsing the header: {e}")))?;
+    Ok(parsed?)
+}
+
+async fn decode_message(shared: &Shared, mut frame: Frame) -> Result<Message, PipeError> {
+    let h = message_header(shared, &mut frame).await?;
     if h.tensors.len() as u64 > u64::from(shared.limits.max_tensors) {
         return Err(PipeError::Limit(LimitError {
             limit: "max_tensors",

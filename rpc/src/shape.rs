@@ -1,94 +1,33 @@
-//! A request's shape, measured on its bytes before it is parsed.
-//!
-//! Parsed into `serde_json::Value`s, a JSON text can take 17 times its size (each number of
-//! `[0,0,...]` becomes a 32-byte value): a 63 MiB line took a gigabyte before the batch
-//! limit refused it. [`check`] walks the bytes once, without allocating, and refuses a batch
-//! longer than `max_batch`, nesting deeper than [`MAX_DEPTH`] or more values than
-//! `max_request_values` before any of that memory is taken. It does not validate JSON (the
-//! parser does, afterwards); it only counts, stepping over strings.
+//! A request's shape, measured on its bytes before it is parsed ([`ferry_core::json_shape`]):
+//! a 63 MiB `[0,0,...]` line took a gigabyte parsed before the batch limit refused it.
+
+use ferry_core::json_shape::{self, ShapeError};
 
 use crate::codes::ErrorObject;
 
 /// Nesting the server parses (serde_json stops at 128 too).
-pub const MAX_DEPTH: usize = 128;
+pub const MAX_DEPTH: usize = json_shape::MAX_DEPTH;
 
-/// Refuses `text` if its shape is over the limits; the error names the limit.
+/// Refuses `text` if its shape is over the limits (batch length `max_batch`, nesting
+/// [`MAX_DEPTH`], `max_values` values); the error names the limit.
 pub(crate) fn check(text: &[u8], max_batch: usize, max_values: usize) -> Result<(), ErrorObject> {
-    let mut depth = 0usize;
-    let mut values = 0usize;
-    // Elements of the top-level array so far (a batch), if the text is one.
-    let mut batch: Option<usize> = None;
-    // The current container at depth 1 has seen a value since its last comma.
-    let mut i = 0;
-    let mut in_value = false;
-    while i < text.len() {
-        let b = text[i];
-        match b {
-            b'"' => {
-                // Step over the string (escapes included).
-                i += 1;
-                while i < text.len() && text[i] != b'"' {
-                    i += if text[i] == b'\\' { 2 } else { 1 };
-                }
-                values += 1;
-                if depth == 1 && !in_value {
-                    in_value = true;
-                    batch = batch.map(|n| n + 1);
-                }
-            }
-            b'[' | b'{' => {
-                if depth == 0 && b == b'[' {
-                    batch = Some(0);
-                } else if depth == 1 && !in_value {
-                    in_value = true;
-                    batch = batch.map(|n| n + 1);
-                }
-                depth += 1;
-                values += 1;
-                if depth > MAX_DEPTH {
-                    return Err(ErrorObject::new(
-                        crate::codes::LIMIT_EXCEEDED,
-                        format!(
-                            "Limit exceeded: nesting depth of the request is over {MAX_DEPTH}, the JSON parser's \
-                             own limit (max_depth, fixed)"
-                        ),
-                    )
-                    .with_data(serde_json::json!({"limit": "max_depth", "value": depth, "max": MAX_DEPTH})));
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            b',' if depth == 1 => in_value = false,
-            b' ' | b'\t' | b'\n' | b'\r' | b',' | b':' => {}
-            _ => {
-                // A number or a literal: one value, however many bytes.
-                values += 1;
-                if depth == 1 && !in_value {
-                    in_value = true;
-                    batch = batch.map(|n| n + 1);
-                }
-                while i + 1 < text.len()
-                    && !matches!(text[i + 1], b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t' | b':')
-                {
-                    i += 1;
-                }
-            }
-        }
-        if let Some(n) = batch
-            && n > max_batch
-        {
-            return Err(ErrorObject::limit("max_batch", "requests in the batch", n as u64, max_batch as u64));
-        }
-        if values > max_values {
-            return Err(ErrorObject::limit(
-                "max_request_values",
-                "JSON values in one request (send tensors as tensors: inline base64 or a ferry pipe)",
-                values as u64,
-                max_values as u64,
-            ));
-        }
-        i += 1;
-    }
-    Ok(())
+    json_shape::check(text, max_batch, max_values).map_err(|e| match e {
+        ShapeError::Depth(depth) => ErrorObject::new(
+            crate::codes::LIMIT_EXCEEDED,
+            format!(
+                "Limit exceeded: nesting depth of the request is over {MAX_DEPTH}, the JSON parser's own limit \
+                 (max_depth, fixed)"
+            ),
+        )
+        .with_data(serde_json::json!({"limit": "max_depth", "value": depth, "max": MAX_DEPTH})),
+        ShapeError::Batch(n) => ErrorObject::limit("max_batch", "requests in the batch", n as u64, max_batch as u64),
+        ShapeError::Values(n) => ErrorObject::limit(
+            "max_request_values",
+            "JSON values in one request (send tensors as tensors: inline base64 or a ferry pipe)",
+            n as u64,
+            max_values as u64,
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{Plain, Scale, Sleep, client, serve, t};
+use common::{Plain, Scale, Sleep, client, endpoint, serve, t};
 use ferry_core::Tensor;
 use ferry_rpc::codes::{CANCELLED, INTERNAL_ERROR, LIMIT_EXCEEDED, METHOD_NOT_FOUND, TASK_NOT_FOUND, TASK_PENDING};
 use ferry_rpc::{CallError, RpcLimits, RpcTensor, TaskState, TensorMap};
@@ -368,4 +368,27 @@ async fn dropping_serve_pipe_ends_the_connection() {
     // The server side is gone: the call fails (closed), it is not answered.
     let r = t(c.call::<_, f64>("add", &(1.0, 2.0))).await;
     assert!(matches!(r, Err(CallError::Closed(_)) | Err(CallError::Pipe(_))), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_ferry_headers_are_counted_before_they_are_parsed() {
+    let fx = serve(RpcLimits::default()).await;
+    // A 2.5 MiB header of few values parses (off the runtime's workers) and is answered.
+    let pipe = t(endpoint().connect(&fx.addr)).await.unwrap();
+    let id = "x".repeat(5 << 19);
+    let call = serde_json::json!({"jsonrpc": "2.0", "method": "add", "params": [1, 2], "id": id});
+    t(pipe.send(ferry_core::Message::new(call))).await.unwrap();
+    let answer = t(pipe.recv()).await.unwrap();
+    assert_eq!(answer.header["result"], 3.0);
+    assert_eq!(answer.header["id"].as_str().map(str::len), Some(5 << 19));
+    // 2^21 zeros (4 MiB, parsed 64 MiB) are refused on their bytes: the pipe closes with
+    // an error naming the limit; nobody else notices.
+    let zeros = format!("{{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[{}0],\"id\":1}}", "0,".repeat(1 << 21));
+    let flood = t(endpoint().connect(&fx.addr)).await.unwrap();
+    let header: serde_json::Value = serde_json::from_str(&zeros).unwrap();
+    t(flood.send(ferry_core::Message::new(header))).await.unwrap();
+    let err = t(flood.recv()).await.unwrap_err();
+    assert!(err.to_string().contains("max_header_values"), "{err}");
+    let c = client(&fx.addr).await;
+    assert_eq!(t(c.call::<_, f64>("add", &(1, 2))).await.unwrap(), 3.0);
 }
