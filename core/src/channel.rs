@@ -118,6 +118,12 @@ pub trait ChannelSession: Send + Sync + 'static {
         let _ = meta;
         Ok(None)
     }
+    /// Leases of this side's memory the peer holds now (tensors it received without a copy
+    /// and has not released); 0 for channels that lend nothing. A server keeps a pipe whose
+    /// peer holds some open however long it idles.
+    fn leases_granted(&self) -> usize {
+        0
+    }
     /// Counters for diagnostics and tests (channel-specific JSON; `null` when none).
     fn stats(&self) -> serde_json::Value {
         serde_json::Value::Null

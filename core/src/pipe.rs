@@ -252,6 +252,12 @@ impl Pipe {
         }
     }
 
+    /// Leases of this side's memory the peer holds now, over every channel
+    /// ([`crate::ChannelSession::leases_granted`]).
+    pub fn leases_granted(&self) -> usize {
+        self.shared.sessions.values().map(|s| s.leases_granted()).sum()
+    }
+
     /// Each negotiated channel's counters (e.g. the shm pool's segments and leases), by
     /// channel name.
     pub fn stats(&self) -> serde_json::Value {

@@ -95,6 +95,10 @@ pub(crate) struct Conn {
     peer: Arc<PeerInfo>,
     pipe: Option<Arc<Pipe>>,
     in_flight: AtomicUsize,
+    /// When the connection was made, and milliseconds after it of the last request
+    /// started or call ended (for the idle timeout).
+    born: std::time::Instant,
+    active_ms: AtomicU64,
     seq: AtomicU64,
     calls: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// Cancelled when the connection ends: every call still running is cancelled.
@@ -167,6 +171,7 @@ pub(crate) struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.conn.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.conn.touch();
         if let Some((key, seq)) = self.key.take() {
             let mut calls = self.conn.calls.lock().unwrap_or_else(|e| e.into_inner());
             if calls.get(&key).is_some_and(|(s, _)| *s == seq) {
@@ -205,6 +210,8 @@ impl Conn {
             peer: Arc::new(peer),
             pipe,
             in_flight: AtomicUsize::new(0),
+            born: std::time::Instant::now(),
+            active_ms: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             calls: Mutex::new(HashMap::new()),
             closed: CancellationToken::new(),
@@ -227,8 +234,45 @@ impl Conn {
         }
     }
 
+    /// Notes activity now (a request came, a call ended).
+    fn touch(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.active_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    /// How long the connection has gone without a request or a call ending.
+    pub(crate) fn quiet_for(&self) -> std::time::Duration {
+        let since = std::time::Duration::from_millis(self.active_ms.load(Ordering::Acquire));
+        self.born.elapsed().saturating_sub(since)
+    }
+
+    /// Whether the connection holds nothing that closing it would lose: no call running or
+    /// unwritten, no tensor reference or task of its own (published references and
+    /// detached tasks outlive it anyway), no lease of server memory its peer still uses.
+    pub(crate) fn holds_nothing(&self) -> bool {
+        let mine = |n| self.shared.refs.held_by_connection(n) || self.shared.tasks.held_by_connection(n);
+        self.in_flight() == 0
+            && !self.peer.conn.is_some_and(mine)
+            && self.pipe.as_ref().is_none_or(|p| p.leases_granted() == 0)
+    }
+
+    /// Resolves once the connection has been quiet for `idle` holding nothing
+    /// ([`crate::RpcLimits::idle_timeout`] for ferry pipes); checks again every `idle`
+    /// while it holds something.
+    pub(crate) async fn idle(&self, idle: std::time::Duration) {
+        loop {
+            let quiet = self.quiet_for();
+            if quiet >= idle && self.holds_nothing() {
+                return;
+            }
+            let wait = if quiet >= idle { idle } else { idle - quiet };
+            tokio::time::sleep(wait.max(std::time::Duration::from_millis(10))).await;
+        }
+    }
+
     /// Starts answering `v` (a request or a batch), whose `{"$tensor": i}` refer to `tensors`.
     pub(crate) fn start(self: &Arc<Self>, v: Value, tensors: Vec<Tensor>) -> Work {
+        self.touch();
         match jsonrpc::classify(v, self.shared.limits.max_batch) {
             Err(e) => Box::pin(std::future::ready(Output {
                 reply: Some(Reply { value: failure(Value::Null, e), tensors: Vec::new() }),

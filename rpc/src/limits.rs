@@ -32,7 +32,10 @@ pub struct RpcLimits {
     /// the same way.
     pub max_request_values: usize,
     /// A plain JSON connection (or an HTTP keep-alive connection) with no call running and
-    /// nothing sent for this long is closed (default 5 minutes).
+    /// nothing sent for this long is closed (default 5 minutes). So is a ferry pipe that
+    /// holds nothing it would lose: no call running, no tensor reference or task of its
+    /// own, no lease of server memory its peer still uses (a reader of a weights bundle
+    /// stays connected however long it idles).
     pub idle_timeout: Duration,
     /// The longest a peer may take to send one request line (plain JSON) or the headers of
     /// one HTTP request, once it started (default 30 s): a slowloris connection is closed.

@@ -261,6 +261,11 @@ impl RefTable {
         out
     }
 
+    /// Whether connection `conn` made references that die with it (unpublished).
+    pub fn held_by_connection(&self, conn: u64) -> bool {
+        self.lock().values().any(|k| k.conn == Some(conn))
+    }
+
     /// Connection `conn` closed: its unpublished references are freed; the count.
     pub fn connection_closed(&self, conn: u64) -> usize {
         let mut kept = self.lock();

@@ -271,10 +271,20 @@ impl Server {
         // answers, calls still running cancelled, the cycle through the handler broken.
         let _end = EndServing { pipe: pipe.clone(), conn: conn.clone() };
         // What `recv` still gives: messages that came before the handler, then the end.
+        let idle = self.shared.limits.idle_timeout;
         loop {
             let msg = tokio::select! {
                 m = pipe.recv() => m,
                 _ = self.shutdown.cancelled() => break,
+                () = conn.idle(idle) => {
+                    tracing::debug!(addr = %conn.addr(), "closing an idle ferry pipe (idle_timeout)");
+                    let why = format!(
+                        "the pipe was idle for {} ms holding nothing (RpcLimits::idle_timeout)",
+                        idle.as_millis()
+                    );
+                    pipe.close_with("idle", why).await;
+                    break;
+                }
             };
             let Ok(msg) = msg else { break };
             if let Handled::Pause(room) = answer_message(&conn, pipe.clone(), msg) {

@@ -343,6 +343,11 @@ impl TaskTable {
         Ok(t.status(id, now))
     }
 
+    /// Whether connection `conn` has tasks that die with it (not detached).
+    pub fn held_by_connection(&self, conn: u64) -> bool {
+        self.lock().tasks.values().any(|t| t.conn == Some(conn))
+    }
+
     /// The connection `conn` closed: its tasks that are not detached are cancelled and
     /// forgotten, with their results. Returns how many.
     pub fn connection_closed(&self, conn: u64) -> usize {

@@ -1,7 +1,8 @@
 //! Parked and slow connections are closed, and connections are bounded: idle plain JSON
 //! connections after `idle_timeout` (never while a call runs), a request line that does not
 //! finish within `request_timeout`, HTTP connections that send no headers in time, and
-//! connections over `max_connections` are refused with a message naming it.
+//! connections over `max_connections` are refused with a message naming it; ferry pipes
+//! idle for `idle_timeout` holding nothing (no call, reference or task of their own).
 
 mod common;
 
@@ -173,4 +174,46 @@ async fn a_ferry_frame_trickled_is_closed_and_an_idle_pipe_is_not() {
     .await
     .unwrap();
     server.shutdown();
+}
+
+/// One call on a raw pipe: its answer's header, or the pipe's error.
+async fn call(
+    pipe: &ferry_core::Pipe,
+    header: serde_json::Value,
+    tensors: Vec<ferry_core::Tensor>,
+) -> serde_json::Value {
+    t(pipe.send(ferry_core::Message::with_tensors(header, tensors))).await.unwrap();
+    t(pipe.recv()).await.unwrap().header
+}
+
+/// A ferry pipe quiet for `idle_timeout` is closed naming the limit, unless it holds
+/// something: a call running, or a tensor reference of its own (until it frees it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pipe_is_closed_unless_it_holds_something() {
+    let idle = Duration::from_millis(300);
+    let fx = serve(RpcLimits::default().idle_timeout(idle)).await;
+    let add = serde_json::json!({"jsonrpc": "2.0", "method": "add", "params": [1, 2], "id": 1});
+
+    let quiet = t(common::endpoint().connect(&fx.addr)).await.unwrap();
+    assert_eq!(call(&quiet, add.clone(), vec![]).await["result"], 3.0);
+    let err = t(quiet.recv()).await.unwrap_err();
+    assert!(err.to_string().contains("idle_timeout"), "{err}");
+
+    // A call running three times the timeout: answered, then the pipe idles out.
+    let busy = t(common::endpoint().connect(&fx.addr)).await.unwrap();
+    let sleep = serde_json::json!({"jsonrpc": "2.0", "method": "sleep", "params": {"ms": 900}, "id": 2});
+    assert_eq!(call(&busy, sleep, vec![]).await["result"], 900);
+    assert!(t(busy.recv()).await.unwrap_err().to_string().contains("idle_timeout"));
+
+    // A reference of its own keeps it open; freed, the pipe idles out.
+    let keeper = t(common::endpoint().connect(&fx.addr)).await.unwrap();
+    let x = ferry_core::Tensor::from_slice(vec![3u64], &[1.0f32, 2.0, 3.0]).unwrap();
+    let keep = serde_json::json!({"jsonrpc": "2.0", "method": "ferry.ref.keep", "params": {"tensor": {"$tensor": 0}}, "id": 3});
+    let kept = call(&keeper, keep, vec![x]).await;
+    let id = kept["result"]["$tensor_ref"]["id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(idle * 3).await;
+    assert_eq!(call(&keeper, add.clone(), vec![]).await["result"], 3.0, "a pipe holding a reference stays open");
+    let free = serde_json::json!({"jsonrpc": "2.0", "method": "ferry.ref.free", "params": {"ids": [id]}, "id": 4});
+    assert_eq!(call(&keeper, free, vec![]).await["result"]["freed"], 1);
+    assert!(t(keeper.recv()).await.unwrap_err().to_string().contains("idle_timeout"));
 }

@@ -154,3 +154,26 @@ async fn the_reference_table_is_bounded_and_says_by_what() {
         other => panic!("{other}"),
     }
 }
+
+/// A pipe whose peer holds server memory lent over shm (a fetched reference, as a reader
+/// of a weights bundle holds its buckets) stays open however long it idles; once the
+/// lease is released, `idle_timeout` closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipe_holding_lent_memory_outlives_the_idle_timeout() {
+    let idle = Duration::from_millis(300);
+    let (addr, ep) = serve(RpcLimits::default().idle_timeout(idle), "idle").await;
+    let c = Client::new(ep.connect(&addr).await.unwrap()).with_timeout(Some(T));
+    let r: TensorRef = c.call("make", &json!({"n": 100_000, "value": 1.0})).await.unwrap();
+    let lent = fetch(&c, &r).await.unwrap();
+    let freed: Value = c.call("ferry.ref.free", &json!({ "ids": [r.0.id] })).await.unwrap();
+    assert_eq!(freed, json!({"freed": 1}), "no reference holds the pipe now, only the lease");
+    tokio::time::sleep(idle * 3).await;
+    assert!(!c.pipe().is_closed(), "closed while its peer held lent memory");
+    assert_eq!(lent.as_slice::<f32>().unwrap()[99_999], 1.0);
+    drop(lent);
+    // The release rides on the next message; then the pipe idles out.
+    let listed: Vec<TensorRef> = c.call("ferry.ref.list", &json!({})).await.unwrap();
+    assert!(listed.is_empty());
+    let err = tokio::time::timeout(T, c.pipe().recv()).await.expect("not closed in time").unwrap_err();
+    assert!(err.to_string().contains("idle_timeout"), "{err}");
+}

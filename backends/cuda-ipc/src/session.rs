@@ -462,6 +462,10 @@ impl ChannelSession for CudaSession {
         Ok(Some(Tensor::from_device(meta.clone(), Arc::new(PoolBuffer { slot, start: 0, len }))?))
     }
 
+    fn leases_granted(&self) -> usize {
+        lock(&self.core.granted).len()
+    }
+
     fn stats(&self) -> serde_json::Value {
         let c = &self.core.counters;
         let peer = lock(&self.core.peer);

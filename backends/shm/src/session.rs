@@ -483,6 +483,10 @@ impl ChannelSession for ShmSession {
         Ok(Some(TensorMut::from_storage(meta.clone(), Box::new(slot))?))
     }
 
+    fn leases_granted(&self) -> usize {
+        lock(&self.granted).len()
+    }
+
     fn stats(&self) -> serde_json::Value {
         let peer = lock(&self.peer);
         serde_json::json!({
