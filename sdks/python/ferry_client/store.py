@@ -12,6 +12,16 @@ about 1.7 times opening a one-tensor one (`bench/store.py`).
 Arrays are read-only; torch tensors (`as_torch=True`) are writable copy-on-write views
 (see `_to_torch` for what a write is seen by).
 
+A GPU bundle (buckets in device memory, published with `Store::publish_device`) opens the
+same way on a connection with the cuda-ipc channel (`cuda=True`, CuPy installed): each
+bucket arrives as a CuPy array mapping the producer's memory (section 17, no copy) and each
+tensor is a CuPy view of it (`bucket[offset:offset + n].view(dtype).reshape(shape)`; bf16
+and the float8s as their raw bits, `uint16` and `uint8`, since CuPy lacks them), or with
+`as_torch=True` a CUDA torch tensor over that view (`torch.from_dlpack`, then
+`.view(torch.bfloat16)` etc.). Those views are not copy-on-write: a write reaches the
+producer's memory and every reader of the version, so `.copy()` / `.clone()` one to change
+it. Holding any of them holds the version (its lease).
+
     from ferry_client import open_weights
     sd = open_weights("unix:ferry-weights", "llama", as_torch=True)
     model.load_state_dict(sd, assign=True)
@@ -27,16 +37,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._cuda import CudaUnavailable, cuda_array
 from .client import Client
 from .errors import ResultError
-from .tensors import NUMPY_DTYPES
+from .tensors import NUMPY_DTYPES, storage_dtype
 
 __all__ = ["Bundle", "open_bundle", "open_weights", "publish"]
 
 
 class Bundle(Mapping[str, Any]):
-    """One version of a bundle: its tensors by name (read-only numpy arrays, or torch
-    tensors), in the order published, and what the store says of it.
+    """One version of a bundle: its tensors by name (read-only numpy arrays, CuPy arrays
+    for a GPU bundle, or torch tensors), in the order published, and what the store says
+    of it.
 
     Opening costs one mapping per bucket; each tensor's view of its bucket is made the
     first time it is looked up (and kept), so a reader that takes ten tensors of a
@@ -52,8 +64,9 @@ class Bundle(Mapping[str, Any]):
         metadata: object,
         nbytes: int,
         manifest: _Manifest,
-        buckets: list[npt.NDArray[np.uint8]],
+        buckets: list[Any],
         as_torch: bool,
+        device: dict[int, int] | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -66,6 +79,8 @@ class Bundle(Mapping[str, Any]):
         self._manifest = manifest
         self._entries = manifest.index
         self._buckets = buckets
+        self._device = device or None
+        """Bytes of each bucket in device memory, by index (None: all in host memory)."""
         self._views: dict[str, Any] = {}
         self._torch: Any = None
         if as_torch:
@@ -122,6 +137,8 @@ class Bundle(Mapping[str, Any]):
             dtype = NUMPY_DTYPES[dtype_name]
             buf = self._buckets[bucket]
             n = math.prod(shape) * dtype.itemsize
+            if self._device is not None and bucket in self._device:
+                return self._device_view(name, bucket, offset, n, shape, dtype_name)
             if offset + n > buf.shape[0]:
                 raise ResultError(f"tensor {name!r} lies outside bucket {bucket}")
             arr: npt.NDArray[Any] = buf[offset : offset + n].view(dtype).reshape(shape)
@@ -130,6 +147,37 @@ class Bundle(Mapping[str, Any]):
         if self._torch is not None:
             return _to_torch(self._torch, arr, dtype_name)
         return arr
+
+    def _device_view(
+        self,
+        name: str,
+        bucket: int,
+        offset: int,
+        n: int,
+        shape: tuple[int, ...],
+        dtype_name: str,
+    ) -> Any:
+        """Tensor `name` as a view of device bucket `bucket` (a CuPy array): its bytes
+        sliced, viewed as its dtype (raw bits for the dtypes CuPy lacks), reshaped; or a
+        CUDA torch tensor over that view. No copy, no device work."""
+        assert self._device is not None
+        if offset + n > self._device[bucket]:
+            raise ResultError(f"tensor {name!r} lies outside bucket {bucket}")
+        bits = _TORCH_BITS.get(dtype_name) if self._torch is not None else None
+        plain = np.dtype(bits[0]) if bits else storage_dtype(NUMPY_DTYPES[dtype_name])
+        if offset % plain.itemsize:  # (a misaligned load faults on the GPU)
+            raise ResultError(
+                f"tensor {name!r} at byte {offset} of device bucket {bucket} is not "
+                f"aligned to its {plain.itemsize}-byte elements"
+            )
+        try:
+            arr = self._buckets[bucket][offset : offset + n].view(plain).reshape(shape)
+        except (ValueError, TypeError, AttributeError) as err:
+            raise ResultError(f"bad manifest entry for {name!r:.100}: {err}") from None
+        if self._torch is None:
+            return arr
+        t = self._torch.from_dlpack(arr)
+        return t.view(getattr(self._torch, bits[1])) if bits else t
 
 
 class _Manifest:
@@ -197,9 +245,15 @@ def _bundle(result: object, as_torch: bool) -> Bundle:
     buckets = result.get("buckets")
     if not isinstance(buckets, list):
         raise ResultError("store.open's answer lacks its buckets")
-    for b in buckets:
-        if not isinstance(b, np.ndarray) or b.dtype != np.uint8 or b.ndim != 1:
-            raise ResultError("a bucket is not a u8 vector in host memory")
+    device: dict[int, int] = {}
+    for i, b in enumerate(buckets):
+        if isinstance(b, np.ndarray):
+            if b.dtype != np.uint8 or b.ndim != 1:
+                raise ResultError(
+                    f"bucket {i} is a {b.dtype} array of shape {b.shape}, not a u8 vector"
+                )
+        else:
+            device[i] = _device_bucket(i, b)
     return Bundle(
         str(result.get("name")),
         int(result.get("version", 0)),
@@ -209,7 +263,29 @@ def _bundle(result: object, as_torch: bool) -> Bundle:
         _Manifest(result.get("manifest")),
         buckets,
         as_torch,
+        device,
     )
+
+
+def _device_bucket(i: int, b: object) -> int:
+    """The bytes of bucket `i`, a device array (what the cuda-ipc channel decodes: a CuPy
+    array), after checking it is a contiguous u8 vector."""
+    try:
+        cu = cuda_array(b)
+    except CudaUnavailable as e:
+        raise ResultError(f"bucket {i}: {e}") from None
+    if cu is None:
+        raise ResultError(
+            f"bucket {i} is a {type(b).__name__}: neither a u8 vector in host memory "
+            "(numpy) nor one in device memory (a CUDA array; a GPU bundle's buckets "
+            "arrive as such on a connection with the cuda-ipc channel, cuda=True)"
+        )
+    if cu.dtype != np.uint8 or len(cu.shape) != 1 or cu.strides is not None:
+        raise ResultError(
+            f"bucket {i} is a device array of {cu.dtype} and shape {cu.shape}"
+            f"{'' if cu.strides is None else ' (strided)'}, not a u8 vector"
+        )
+    return int(cu.nbytes)
 
 
 def _to_torch(torch: Any, arr: npt.NDArray[Any], dtype_name: str) -> Any:
