@@ -31,6 +31,7 @@
 //!
 //! # Feature flags
 //! - `http`: [`Server`]'s `serve_http`, JSON-RPC over HTTP POST (hyper).
+//! - `fuzzing`: hidden entry points for the fuzz targets (`fuzz/harness`); not a stable API.
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -51,6 +52,35 @@ pub mod remote;
 pub mod server;
 mod shape;
 mod strict;
+
+/// Entry points for the fuzz targets (`fuzz/harness`): the server's own request parsing,
+/// which is otherwise private. Not a stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use serde_json::Value;
+
+    use crate::codes::ErrorObject;
+    use crate::limits::RpcLimits;
+
+    /// What the server does to one plain JSON-RPC text before it classifies it: the shape
+    /// check on the bytes ([`ferry_core::json_shape::check`] under `limits`), then the strict
+    /// parse (duplicate members marked, inexact ids kept).
+    pub fn parse_request(text: &[u8], limits: &RpcLimits) -> Result<Value, ErrorObject> {
+        crate::shape::check(text, limits.max_batch, limits.max_request_values)?;
+        crate::strict::parse(text).map_err(ErrorObject::parse_error)
+    }
+
+    /// The strict parse alone.
+    pub fn strict_parse(text: &[u8]) -> Result<Value, serde_json::Error> {
+        crate::strict::parse(text)
+    }
+
+    /// How the server writes a response (exact ids restored).
+    pub fn write_response(v: &Value) -> Vec<u8> {
+        crate::strict::write(v)
+    }
+}
 pub mod task;
 pub mod tensor;
 
