@@ -184,6 +184,19 @@ pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
 /// A child process of the benchmark (the echo peer, `ferry serve`): killed when dropped.
 pub(crate) struct ChildProcess(Child);
 
+impl ChildProcess {
+    /// The process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Kills it (SIGKILL) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for ChildProcess {
     fn drop(&mut self) {
         drop(self.0.stdin.take());

@@ -45,7 +45,7 @@ pub fn default_workers(busy_poll: Duration) -> usize {
 /// cannot, the limit stays as it was (the accept loop backs off and recovers when
 /// descriptors run out).
 #[cfg(unix)]
-fn raise_fd_limit() {
+pub fn raise_fd_limit() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut l = getrlimit(Resource::Nofile);
     if let (Some(cur), Some(max)) = (l.current, l.maximum)

@@ -286,6 +286,8 @@ fn matmul(p: MatmulParams, ctx: CallContext) -> Result<RpcTensor, ErrorObject> {
     let b = slice_of::<f32>(&p.b, "b")?;
     let mut out = ctx.alloc_blocking(TensorMeta::new(DType::F32, vec![m, n]))?;
     let o = out.as_mut_slice::<f32>().map_err(ErrorObject::tensor)?;
+    // A recycled pool slot holds an earlier result's bytes: start from zero.
+    o.fill(0.0);
     let (m, k, n) = (m as usize, k as usize, n as usize);
     for i in 0..m {
         if ctx.is_cancelled() {

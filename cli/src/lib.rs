@@ -6,6 +6,7 @@
 //! - `demo`, `conformance_api`: the demo API and the API the SDKs' conformance scenarios
 //!   call (feature `rpc`).
 //! - `sdk`: `ferry sdk`, typed Python and TypeScript clients from an OpenRPC document.
+//! - `soak`: `ferry __soak` (`cargo xtask soak`), the server under heavy and hostile load.
 //!
 //! It is a separate package from the `ferry` library so that programs using the library do
 //! not compile clap, indicatif, tracing-subscriber or the SDK generator. The binary is still
@@ -27,5 +28,7 @@ pub mod conformance_api;
 pub mod demo;
 #[cfg(feature = "rpc")]
 pub mod sdk;
+#[cfg(all(feature = "rpc", target_os = "linux"))]
+pub mod soak;
 #[cfg(feature = "rpc")]
 pub mod weights;

@@ -206,6 +206,15 @@ enum Cmd {
     },
     /// Show the compiled-in transports and channels and the protocol version.
     Info,
+    /// Internal: `cargo xtask soak`, `ferry serve` under heavy and hostile load (a table).
+    #[cfg(all(feature = "rpc", target_os = "linux"))]
+    #[command(name = "__soak", hide = true)]
+    Soak {
+        /// Issue 14's full counts (200 kills each side, 1,000 idle connections, 160k
+        /// calls, 63 MiB lines...); default: CI's small ones.
+        #[arg(long)]
+        full: bool,
+    },
     /// Internal: the benchmark's echo peer.
     #[command(name = "__echo", hide = true)]
     Echo {
@@ -437,6 +446,12 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Cmd::Echo { addr } => bench::echo_peer(&addr).await,
+            #[cfg(all(feature = "rpc", target_os = "linux"))]
+            Cmd::Soak { full } => {
+                let exe = std::env::current_exe()?;
+                let counts = if full { ferry_cli::soak::Counts::full() } else { ferry_cli::soak::Counts::short() };
+                ferry_cli::soak::run(&exe, counts).await
+            }
         }
     });
     match r {

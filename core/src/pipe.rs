@@ -216,7 +216,8 @@ impl Pipe {
 
     /// A writable tensor for `meta`, in the negotiated channel's own memory where it has
     /// some (the shm pool: sending it then costs no copy), else on the heap. Fill it, then
-    /// `freeze()` it and send it.
+    /// `freeze()` it and send it. Its bytes are unspecified (like `numpy.empty`): a
+    /// recycled pool slot still holds what an earlier tensor wrote, so write every byte.
     pub async fn alloc(&self, meta: TensorMeta) -> Result<TensorMut, PipeError> {
         if meta.device != crate::Device::Cpu {
             return Err(PipeError::ApiMisuse(

@@ -163,7 +163,8 @@ impl CallContext {
 
     /// A writable tensor for a result, in the channel's own memory where it has some (the
     /// shm pool: the result then goes back without a copy), else on the heap. Fill it,
-    /// `freeze()` it and return it as an [`crate::RpcTensor`].
+    /// `freeze()` it and return it as an [`crate::RpcTensor`]. Its bytes are unspecified
+    /// (a recycled pool slot holds an earlier result's): write every byte.
     pub async fn alloc(&self, meta: TensorMeta) -> Result<TensorMut, ErrorObject> {
         match &self.pipe {
             Some(p) => p.alloc(meta).await.map_err(ErrorObject::tensor),

@@ -132,6 +132,7 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
     steps.push(Step::new("cargo xtask sdk-python", |sh| crate::sdk::SdkPython.run(sh)));
     steps.push(Step::new("cargo xtask sdk-python-install", |sh| crate::sdk::SdkPythonInstall.run(sh)));
     steps.push(Step::new("cargo xtask python-server", |sh| crate::python_server::PythonServer.run(sh)));
+    steps.push(Step::new("cargo xtask soak", |sh| crate::soak::Soak::CI.run(sh)));
     steps.push(Step::new("cargo xtask tidy", |sh| Tidy.run(sh)));
     steps.push(Step::new("RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked", |sh| {
         Ok(cmd!(sh, "cargo doc --workspace --no-deps --locked").env("RUSTDOCFLAGS", "-Dwarnings").run()?)

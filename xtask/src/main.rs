@@ -20,6 +20,7 @@ mod flags;
 mod python_server;
 mod rpc_clients;
 mod sdk;
+mod soak;
 mod tidy;
 mod typescript_sdk;
 
@@ -66,6 +67,11 @@ commands:
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
                            target/venv, @open-rpc/* from npm in rpc/tests/js) and the
                            OpenRPC meta-schema check against `ferry serve`
+  soak [--full] [--release]
+                           `ferry serve` under heavy and hostile load (kill loops, idle and
+                           slowloris connections, many clients, floods), a table of RSS,
+                           fds, memfd mappings, /dev/shm and a canary's p50/p99 per phase;
+                           --full: issue 14's counts, release build
   ci                       fmt, clippy, tests, codegen --check, tidy, docs, conformance and
                            the facade's feature checks, stopping at the first failure
   help                     print this text
@@ -108,6 +114,7 @@ fn try_main() -> anyhow::Result<()> {
         Some("python-server") => python_server::PythonServer::parse(flags)?.run(&sh),
         Some("bench-python-server") => python_server::BenchPythonServer::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
+        Some("soak") => soak::Soak::parse(flags)?.run(&sh),
         None | Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(())

@@ -66,7 +66,8 @@ class Context:
         self, shape: tuple[int, ...] | list[int], dtype: object = "f32"
     ) -> np.ndarray[Any, Any]:
         """A writable array in the connection's memory: return it (or a torch tensor made
-        from it with `torch.from_numpy`) and it travels without a copy."""
+        from it with `torch.from_numpy`) and it travels without a copy. Like `np.empty`,
+        its contents are unspecified (a recycled slot holds an earlier result's bytes)."""
         out = self._native.alloc([int(n) for n in shape], _tensors.dtype_name(dtype))
         self._allocated.append(out)
         return _tensors.out_array(out)

@@ -1,0 +1,35 @@
+//! `cargo xtask soak [--full] [--release]`: `ferry serve` under heavy and hostile load
+//! (`ferry __soak`, cli/src/soak.rs), one table row per phase. The short mode is CI's step
+//! (debug build, small counts); `--full` takes issue 14's counts and a release build.
+
+use xshell::{Shell, cmd};
+
+use crate::flags::Flags;
+
+/// The soak's options.
+pub struct Soak {
+    full: bool,
+    release: bool,
+}
+
+impl Soak {
+    /// CI's mode: short, debug.
+    pub const CI: Soak = Soak { full: false, release: false };
+
+    /// `--full` (implies `--release`), `--release`.
+    pub fn parse(mut flags: Flags) -> anyhow::Result<Soak> {
+        let full = flags.flag("--full");
+        let release = flags.flag("--release") || full;
+        flags.finish("soak")?;
+        Ok(Soak { full, release })
+    }
+
+    /// Builds `ferry` and runs the soak; fails when a phase's check fails.
+    pub fn run(&self, sh: &Shell) -> anyhow::Result<()> {
+        anyhow::ensure!(cfg!(target_os = "linux"), "the soak reads /proc: Linux only");
+        let ferry = crate::sdk::ferry_bin(sh, self.release)?;
+        let full = self.full.then_some("--full");
+        cmd!(sh, "{ferry} __soak {full...}").run()?;
+        Ok(())
+    }
+}
