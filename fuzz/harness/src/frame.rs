@@ -53,7 +53,10 @@ async fn read_all(data: &[u8]) {
         assert!(f.header.len() <= limits.max_header_bytes as usize, "header over the limit was read");
         assert!(f.payload.len() as u64 <= limits.max_payload_bytes, "payload over the limit was read");
         assert!(f.fds.is_empty(), "descriptors from a connection that carries none");
-        assert!(f.payload.is_empty() || f.payload.as_ptr() as usize % ALIGN == 0, "payload not aligned to ALIGN");
+        assert!(
+            f.payload.is_empty() || (f.payload.as_ptr() as usize).is_multiple_of(ALIGN),
+            "payload not aligned to ALIGN"
+        );
         let kind = f.kind;
         // What a server does with a header next (errors are fine; panics are not).
         let _ = f.parse::<serde_json::Value>();

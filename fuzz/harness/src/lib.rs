@@ -10,7 +10,8 @@
 //!
 //! The functions drive ferry's real code: the frame reader and writer, the wire types, the
 //! server's handshake over an in-memory connection, the JSON-RPC server's own request
-//! parsing, and live channel sessions. They do no network I/O; the shm target makes memfds.
+//! parsing, and live channel sessions (shm with real memfds, cuda-ipc over its fake driver).
+//! They do no network I/O.
 //!
 //! # Feature flags
 //! None. It turns on `ferry-rpc/fuzzing` for the server's private request parsing.
@@ -25,25 +26,31 @@ use std::task::{Context, Poll};
 
 use tokio::io::AsyncWrite;
 
+mod cuda;
 mod desc;
 mod frame;
 mod handshake;
 mod rpc;
 mod shm;
 
+pub use cuda::cuda_descriptor;
 pub use desc::tensor_desc;
 pub use frame::frame;
 pub use handshake::handshake;
 pub use rpc::rpc_request;
 pub use shm::shm_descriptor;
 
+/// A target's function.
+pub type Target = fn(&[u8]);
+
 /// The fuzz targets by name (the names of `fuzz/fuzz_targets/*.rs`), for the replay test.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("frame", frame),
     ("tensor_desc", tensor_desc),
     ("handshake", handshake),
     ("rpc_request", rpc_request),
     ("shm_descriptor", shm_descriptor),
+    ("cuda_descriptor", cuda_descriptor),
 ];
 
 thread_local! {

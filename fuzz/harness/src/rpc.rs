@@ -19,8 +19,7 @@ const SMALL_VALUES: usize = 24;
 /// counted bounds (batch length, values, depth); an id a call is answered with writes out
 /// as JSON that reads back to the same id.
 pub fn rpc_request(data: &[u8]) {
-    for limits in [RpcLimits::default(), RpcLimits::default().max_batch(SMALL_BATCH).max_request_values(SMALL_VALUES)]
-    {
+    for limits in [RpcLimits::default(), RpcLimits::default().max_batch(SMALL_BATCH).max_request_values(SMALL_VALUES)] {
         let Ok(v) = parse_request(data, &limits) else { continue };
         let entries = match jsonrpc::classify(v, limits.max_batch) {
             Ok(Incoming::Single(e)) => vec![e],

@@ -26,7 +26,7 @@ const MAX_STEPS: usize = 32;
 /// One thing the peer sends.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum Step {
+pub(crate) enum Step {
     /// A MESSAGE frame's descriptors (its payload and descriptors are made here).
     Message { tensors: Vec<TensorDesc> },
     /// A CONTROL frame's body for the shm channel.
@@ -39,7 +39,7 @@ pub fn pattern_byte(i: usize) -> u8 {
     ((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
 }
 
-fn pattern(len: usize) -> Vec<u8> {
+pub(crate) fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(pattern_byte).collect()
 }
 
