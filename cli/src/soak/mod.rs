@@ -282,12 +282,18 @@ pub async fn run(exe: &Path, counts: Counts) -> anyhow::Result<()> {
         let check = phase(&mut ctx).await.map_err(|e| format!("{e:#}"));
         // Settle: what the server keeps once the phase is over.
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let canary = canary.take();
+        // Every canary call must be answered right, whatever the phase did.
+        let check = match check {
+            Ok(_) if canary.3 > 0 => Err(format!("{} canary calls failed", canary.3)),
+            c => c,
+        };
         let row = Row {
             phase: name.to_string(),
             peak_mib: sampler.take_peak() as f64 / 1024.0,
             after: usage(ctx.server.pid),
             shm_mib: dev_shm_bytes() as f64 / (1 << 20) as f64,
-            canary: canary.take(),
+            canary,
             check,
         };
         failed += usize::from(row.check.is_err());

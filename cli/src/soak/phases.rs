@@ -234,7 +234,9 @@ async fn frame_claims(ctx: &mut Ctx) -> anyhow::Result<String> {
     })
     .await?;
     let per = grew as f64 / 1024.0 / n as f64;
-    ensure!(per < 2.0, "RSS grew {per:.1} MiB per 4 GiB claim (target < 2)");
+    // The target is < 2 MiB a claim; the slack is for what else the server touches meanwhile
+    // (an allocation ahead of the bytes would be 4 GiB).
+    ensure!(grew < (n as u64 * 2 + 16) << 10, "RSS grew {per:.1} MiB per 4 GiB claim (target < 2)");
     Ok(format!("HELLO claim refused; {n} MESSAGE claims held: RSS +{per:.2} MiB each"))
 }
 
