@@ -10,6 +10,10 @@
 //! - [`crate::method::MethodDoc::concurrency`] caps how many calls of a method run at
 //!   once; for a blocking method the cap counts the threads really computing, including
 //!   those still finishing a cancelled call.
+//! - On Linux the function runs at a lower CPU priority ([`COMPUTE_NICE`]): where the CPUs
+//!   are all busy, the runtime's workers (reading requests, answering cheap calls) and other
+//!   processes at the default priority are served first. The blocking pool's threads keep
+//!   that priority for whatever else they run later (big parses, file reads).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -22,6 +26,32 @@ use tokio::sync::Semaphore;
 
 use crate::codes::ErrorObject;
 use crate::method::{CallContext, ErasedHandler, HandlerFuture, decode_params, encode_result};
+
+/// The nice value (0 default, 19 lowest) of the threads that run blocking handlers: at
+/// 10 the kernel gives a thread at 0 about nine times their share of a contended CPU.
+pub const COMPUTE_NICE: i32 = 10;
+
+/// Lowers this thread's CPU priority to [`COMPUTE_NICE`] if it is higher, once per thread
+/// (Linux; a failure leaves it as it was).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        thread_local! {
+            static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+        if !DONE.replace(true) {
+            // A tid names one thread for PRIO_PROCESS on Linux. Only ever lowered (a process
+            // started at a lower priority still keeps it).
+            let tid = rustix::thread::gettid();
+            let now = rustix::process::getpriority_process(Some(tid)).unwrap_or(COMPUTE_NICE);
+            if now < COMPUTE_NICE
+                && let Err(e) = rustix::process::setpriority_process(Some(tid), COMPUTE_NICE)
+            {
+                tracing::debug!("could not lower a compute thread's priority: {e}");
+            }
+        }
+    }
+}
 
 /// A synchronous handler run on the blocking pool.
 pub(crate) struct Blocking<P, R, F> {
@@ -39,6 +69,7 @@ where
         let p: P = decode_params(params, tensors)?;
         let f = self.f.clone();
         let job = tokio::task::spawn_blocking(move || {
+            lower_priority();
             let r = f(p, ctx);
             r.and_then(|r| encode_result(&r))
         });

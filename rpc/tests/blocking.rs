@@ -53,6 +53,12 @@ async fn serve(st: Arc<State>) -> (Server, String) {
     })
     .unwrap()
     .concurrency(1);
+    #[cfg(target_os = "linux")]
+    m.register_blocking("nice", |(): (), _ctx: CallContext| {
+        let tid = rustix::thread::gettid();
+        rustix::process::getpriority_process(Some(tid)).map_err(ErrorObject::internal)
+    })
+    .unwrap();
     m.register_blocking("boom", |(): (), _ctx: CallContext| -> Result<u8, ErrorObject> { panic!("on purpose") })
         .unwrap();
     let server = Server::new(m);
@@ -117,4 +123,15 @@ async fn concurrency_caps_a_method() {
     }
     assert_eq!(st.most.load(Ordering::SeqCst), 1, "two calls of a method capped at 1 ran at once");
     server.shutdown();
+}
+
+/// Blocking handlers compute at a lower CPU priority than the runtime's workers.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_handlers_run_at_a_lower_priority() {
+    let (_server, a) = serve(Arc::default()).await;
+    let c = client(&a).await;
+    let nice: i32 = t(c.call("nice", &())).await.unwrap();
+    let mine = rustix::process::getpriority_process(None).unwrap();
+    assert_eq!(nice, mine.max(ferry_rpc::blocking::COMPUTE_NICE), "this process runs at {mine}");
 }
