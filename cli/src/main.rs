@@ -271,7 +271,8 @@ fn runtime_workers(command: &Cmd) -> anyhow::Result<Option<usize>> {
 /// glibc's malloc, memory a burst of big requests (63 MiB lines, 16 MiB headers, 1,000
 /// connections' buffers) freed stayed in its per-thread arenas, and `ferry serve` kept
 /// 74 MiB over idle after `cargo xtask soak --full`; mimalloc returns freed pages to the
-/// system.
+/// system. Its `no_thp` feature keeps transparent huge pages off: with them, a connection's
+/// first 256 KiB read buffer on a fresh heap region cost a 2 MiB page.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
