@@ -56,7 +56,7 @@ pub fn cuda_descriptor(data: &[u8]) {
         // This side sends one too: a lease the peer may return.
         let _ = send(&*session, &chan).await;
         let text = substitute(data, &template);
-        let Ok(steps) = serde_json::from_slice::<Vec<Step>>(&text) else { return };
+        let steps = serde_json::from_slice::<Vec<Step>>(&text).unwrap_or_default();
         let peer_offset: u64 = template.offset.parse().expect("the template's offset");
         for step in steps.into_iter().take(MAX_STEPS) {
             match step {
@@ -71,6 +71,7 @@ pub fn cuda_descriptor(data: &[u8]) {
             }
         }
         let _ = closed_tx.send(true);
+        crate::settle().await;
     });
 }
 

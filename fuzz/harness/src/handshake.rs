@@ -45,6 +45,7 @@ pub fn handshake(data: &[u8]) {
         let out = sink.bytes();
         check(need_token, foreign, sent, &out, got).await;
         put_server(need_token, foreign, server);
+        crate::settle().await;
     });
 }
 

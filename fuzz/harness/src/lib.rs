@@ -69,6 +69,15 @@ fn block_on<F: Future>(f: F) -> F::Output {
     })
 }
 
+/// Lets the tasks that sessions and pipes spawned run to their end (they watch `closed`):
+/// a current-thread runtime runs them only while a `block_on` future waits, and an input
+/// whose future never waits would otherwise leave them, and what they hold, behind.
+async fn settle() {
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// The bytes of `data`, as a reader that ends after them.
 fn reader(data: &[u8]) -> Box<dyn tokio::io::AsyncRead + Send + Unpin> {
     Box::new(Cursor::new(data.to_vec()))

@@ -84,6 +84,7 @@ pub fn shm_descriptor(data: &[u8]) {
             }
         }
         let _ = closed_tx.send(true);
+        crate::settle().await;
     });
 }
 
