@@ -22,7 +22,7 @@ use crate::{Sink, block_on, reader};
 /// The token a server of this target requires (when it requires one).
 pub const TOKEN: &str = "fuzz-token";
 
-/// The first byte of `data` picks the server: bit 0 requires [`TOKEN`], bit 1 accepts
+/// The first byte of `data` picks the server: bit 0 requires the token `fuzz-token`, bit 1 accepts
 /// plain-JSON peers. The rest is what the client sends, then it hangs up.
 ///
 /// The server has the inline, shm and cuda-ipc (over a fake driver) channels.

@@ -44,7 +44,7 @@ pub(crate) fn pattern(len: usize) -> Vec<u8> {
 }
 
 /// `data` is a JSON array of steps: `{"tensors": [descriptor, ..]}` (a message) or
-/// `{"control": body}`. A fresh session first sends one tensor of [`OWN_LEN`] bytes through
+/// `{"control": body}`. A fresh session first sends one tensor of 32 KiB through
 /// its pool (granting the peer a lease), then decodes each step as the peer's.
 ///
 /// Asserts: a descriptor the session accepts gives a tensor whose bytes are the bytes the
