@@ -207,7 +207,9 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
         {
             let busy = Client::new(ep.connect(&addr).await?);
             let m = Tensor::from_slice(vec![256, 256], &vec![0.5f32; 256 * 256])?;
-            let mm = json!({"a": RpcTensor::from(m.clone()), "b": RpcTensor::from(m)});
+            // Typed params: the matrices travel over the channel (`json!` would inline them
+            // as base64 text, which the server would then parse on its reader).
+            let mm = crate::demo::MatmulParams { a: RpcTensor::from(m.clone()), b: RpcTensor::from(m) };
             let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let looping = {
                 let (busy, stop) = (busy.clone(), stop.clone());

@@ -10,13 +10,14 @@
 //! - [`crate::method::MethodDoc::concurrency`] caps how many calls of a method run at
 //!   once; for a blocking method the cap counts the threads really computing, including
 //!   those still finishing a cancelled call.
-//! - On Linux the function runs at a lower CPU priority ([`COMPUTE_NICE`]): where the CPUs
+//! - On Linux the function runs under `SCHED_IDLE` ([`ComputePriority`]): where the CPUs
 //!   are all busy, the runtime's workers (reading requests, answering cheap calls) and other
-//!   processes at the default priority are served first. The blocking pool's threads keep
-//!   that priority for whatever else they run later (big parses, file reads).
+//!   processes take the CPU first, at once. The blocking pool's threads keep that policy
+//!   for whatever else they run later (big parses, file reads).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferry_core::Tensor;
 use serde::Serialize;
@@ -27,27 +28,44 @@ use tokio::sync::Semaphore;
 use crate::codes::ErrorObject;
 use crate::method::{CallContext, ErasedHandler, HandlerFuture, decode_params, encode_result};
 
-/// The nice value (0 default, 19 lowest) of the threads that run blocking handlers: at
-/// 10 the kernel gives a thread at 0 about nine times their share of a contended CPU.
-pub const COMPUTE_NICE: i32 = 10;
+/// How the threads that run blocking handlers are scheduled ([`set_compute_priority`];
+/// Linux, elsewhere nothing changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputePriority {
+    /// `SCHED_IDLE` (the default): compute gets the CPU time no normally scheduled thread
+    /// wants, and a runtime worker (or any other process) waking up takes the CPU from it
+    /// at once. A lower nice value was not enough: the kernel lets a running task finish its
+    /// time slice (a few ms) before a waking one runs, and `add`'s p99 beside a `matmul`
+    /// loop stayed 3 to 20 times its quiet p99 (`ferry bench`, `call-add-matmul`). The
+    /// price: while every CPU is busy with other work at normal priority, compute waits.
+    Idle,
+    /// The default policy of the process (compute competes with the workers as equals).
+    Normal,
+}
 
-/// Lowers this thread's CPU priority to [`COMPUTE_NICE`] if it is higher, once per thread
-/// (Linux; a failure leaves it as it was).
-fn lower_priority() {
+static IDLE: AtomicBool = AtomicBool::new(true);
+
+/// Sets how blocking handlers' threads are scheduled from their next call on, for every
+/// server of this process (default [`ComputePriority::Idle`]). Back to `Normal` after
+/// `Idle` needs privilege (CAP_SYS_NICE, or RLIMIT_NICE) for a thread that already ran one;
+/// set it before serving.
+pub fn set_compute_priority(p: ComputePriority) {
+    IDLE.store(p == ComputePriority::Idle, Ordering::Relaxed);
+}
+
+/// Gives this thread the policy [`set_compute_priority`] asks for, if it does not have it
+/// yet (Linux; a failure leaves it as it was, and is logged at debug level).
+fn apply_priority() {
     #[cfg(target_os = "linux")]
     {
         thread_local! {
-            static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+            static APPLIED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
         }
-        if !DONE.replace(true) {
-            // A tid names one thread for PRIO_PROCESS on Linux. Only ever lowered (a process
-            // started at a lower priority still keeps it).
-            let tid = rustix::thread::gettid();
-            let now = rustix::process::getpriority_process(Some(tid)).unwrap_or(COMPUTE_NICE);
-            if now < COMPUTE_NICE
-                && let Err(e) = rustix::process::setpriority_process(Some(tid), COMPUTE_NICE)
-            {
-                tracing::debug!("could not lower a compute thread's priority: {e}");
+        let idle = IDLE.load(Ordering::Relaxed);
+        if APPLIED.get() != Some(idle) {
+            APPLIED.set(Some(idle));
+            if let Err(e) = crate::sys::set_idle_policy(idle) {
+                tracing::debug!(idle, "could not set a compute thread's scheduling policy: {e}");
             }
         }
     }
@@ -69,7 +87,7 @@ where
         let p: P = decode_params(params, tensors)?;
         let f = self.f.clone();
         let job = tokio::task::spawn_blocking(move || {
-            lower_priority();
+            apply_priority();
             let r = f(p, ctx);
             r.and_then(|r| encode_result(&r))
         });

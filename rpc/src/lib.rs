@@ -32,7 +32,7 @@
 //! # Feature flags
 //! - `http`: [`Server`]'s `serve_http`, JSON-RPC over HTTP POST (hyper).
 //! - `fuzzing`: hidden entry points for the fuzz targets (`fuzz/harness`); not a stable API.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod blocking;
@@ -52,6 +52,8 @@ pub mod remote;
 pub mod server;
 mod shape;
 mod strict;
+#[cfg(target_os = "linux")]
+mod sys;
 
 /// Entry points for the fuzz targets (`fuzz/harness`): the server's own request parsing,
 /// which is otherwise private. Not a stable API.

@@ -54,11 +54,7 @@ async fn serve(st: Arc<State>) -> (Server, String) {
     .unwrap()
     .concurrency(1);
     #[cfg(target_os = "linux")]
-    m.register_blocking("nice", |(): (), _ctx: CallContext| {
-        let tid = rustix::thread::gettid();
-        rustix::process::getpriority_process(Some(tid)).map_err(ErrorObject::internal)
-    })
-    .unwrap();
+    m.register_blocking("policy", |(): (), _ctx: CallContext| Ok::<_, ErrorObject>(policy())).unwrap();
     m.register_blocking("boom", |(): (), _ctx: CallContext| -> Result<u8, ErrorObject> { panic!("on purpose") })
         .unwrap();
     let server = Server::new(m);
@@ -125,13 +121,27 @@ async fn concurrency_caps_a_method() {
     server.shutdown();
 }
 
-/// Blocking handlers compute at a lower CPU priority than the runtime's workers.
+/// The calling thread's scheduling policy (field 41 of /proc/thread-self/stat: 0 normal,
+/// 5 idle).
+#[cfg(target_os = "linux")]
+fn policy() -> u32 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let after_name = stat.rsplit_once(')').unwrap().1;
+    after_name.split_whitespace().nth(38).unwrap().parse().unwrap()
+}
+
+/// Blocking handlers compute under SCHED_IDLE (the runtime's threads keep the normal
+/// policy), or under the normal one when asked.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocking_handlers_run_at_a_lower_priority() {
+async fn blocking_handlers_compute_under_sched_idle() {
+    use ferry_rpc::blocking::{ComputePriority, set_compute_priority};
     let (_server, a) = serve(Arc::default()).await;
     let c = client(&a).await;
-    let nice: i32 = t(c.call("nice", &())).await.unwrap();
-    let mine = rustix::process::getpriority_process(None).unwrap();
-    assert_eq!(nice, mine.max(ferry_rpc::blocking::COMPUTE_NICE), "this process runs at {mine}");
+    assert_eq!(t(c.call::<_, u32>("policy", &())).await.unwrap(), 5, "SCHED_IDLE");
+    assert_eq!(policy(), 0, "the test's own thread");
+    set_compute_priority(ComputePriority::Normal);
+    let normal = t(c.call::<_, u32>("policy", &())).await.unwrap();
+    set_compute_priority(ComputePriority::Idle);
+    assert_eq!(normal, 0, "back to the normal policy when asked");
 }

@@ -136,7 +136,9 @@ async fn compute(ctx: &mut Ctx) -> anyhow::Result<String> {
     let deadline = Instant::now() + ctx.counts.hold;
     let mut n = 0;
     while Instant::now() < deadline {
-        let r: RpcTensor = c.call("matmul", &json!({"a": a, "b": b})).await?;
+        // Typed params: the matrices go over shm (`json!` would inline them as base64).
+        let p = crate::demo::MatmulParams { a: a.clone(), b: b.clone() };
+        let r: RpcTensor = c.call("matmul", &p).await?;
         let got = r.as_slice::<f32>()?.first().copied();
         ensure!(got == Some(32.0), "matmul result {got:?}, shape {:?}", r.shape());
         n += 1;
