@@ -5,7 +5,7 @@
 //! allocating, and refuses nesting deeper than [`MAX_DEPTH`], more values than a limit, or
 //! (for JSON-RPC batches) a top-level array longer than a limit, before any of that memory
 //! is taken. It does not validate JSON (the parser does, afterwards); it only counts,
-//! stepping over strings. Used on message headers ([`crate::Limits::max_header_values`])
+//! stepping over strings. Used on message headers ([`crate::EndpointBuilder::max_header_values`])
 //! and by ferry-rpc on plain JSON-RPC texts.
 
 /// Nesting a parser accepts (serde_json stops at 128 too).
