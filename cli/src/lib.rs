@@ -6,6 +6,7 @@
 //! - `demo`, `conformance_api`: the demo API and the API the SDKs' conformance scenarios
 //!   call (feature `rpc`).
 //! - `sdk`: `ferry sdk`, typed Python and TypeScript clients from an OpenRPC document.
+//! - `raw_peer`: a raw ferry client that plays a hostile peer (the soak, the tests).
 //! - `soak`: `ferry __soak` (`cargo xtask soak`), the server under heavy and hostile load.
 //!
 //! It is a separate package from the `ferry` library so that programs using the library do
@@ -26,6 +27,8 @@ pub mod cli_rpc;
 pub mod conformance_api;
 #[cfg(feature = "rpc")]
 pub mod demo;
+#[cfg(target_os = "linux")]
+pub mod raw_peer;
 #[cfg(feature = "rpc")]
 pub mod sdk;
 #[cfg(all(feature = "rpc", target_os = "linux"))]

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import ml_dtypes
 import numpy as np
 from ferry_client import NUMPY_DTYPES
+from ferry_client.generated.conformance import DType
 from ferry_client.tensors import ferry_dtype
 from pydantic import Field
 from typing_extensions import NotRequired, TypedDict
@@ -33,25 +34,6 @@ app = ferry.App(
     ),
 )
 
-DType = Literal[
-    "bool",
-    "u8",
-    "i8",
-    "u16",
-    "i16",
-    "u32",
-    "i32",
-    "u64",
-    "i64",
-    "f16",
-    "bf16",
-    "f32",
-    "f64",
-    "f8e4m3fn",
-    "f8e5m2",
-    "c64",
-    "c128",
-]
 Dim = Annotated[int, Field(ge=0, le=2**64 - 1)]
 U32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
 I64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]

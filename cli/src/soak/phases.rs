@@ -7,12 +7,13 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use ferry_core::frame::{FrameKind, FramePrefix, PREAMBLE_LEN, PREFIX_LEN, preamble};
+use ferry_core::frame::{FrameKind, preamble};
 use ferry_core::{Message, PROTOCOL_VERSION, Tensor};
 use ferry_rpc::RpcTensor;
 use serde_json::json;
 
-use super::{Ctx, connect, dev_shm_bytes, serve, usage};
+use super::{Ctx, Usage, connect, dev_shm_bytes, serve, usage};
+use crate::raw_peer::{connect_abstract, frame_prefix, handshake};
 
 type PhaseFuture<'a> = Pin<Box<dyn Future<Output = anyhow::Result<String>> + 'a>>;
 type Phase = for<'a> fn(&'a mut Ctx) -> PhaseFuture<'a>;
@@ -34,12 +35,9 @@ pub(crate) const ALL: &[(&str, Phase)] = &[
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A connection to the server's abstract unix socket.
+/// A connection to the server's abstract unix socket, reads and writes bounded by [`WAIT`].
 fn raw(addr: &str) -> anyhow::Result<UnixStream> {
-    use std::os::linux::net::SocketAddrExt;
-    let name = addr.strip_prefix("unix:").context("a unix: address")?;
-    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-    let s = UnixStream::connect_addr(&sa).with_context(|| format!("connecting to {addr}"))?;
+    let s = connect_abstract(addr)?;
     s.set_read_timeout(Some(WAIT))?;
     s.set_write_timeout(Some(WAIT))?;
     Ok(s)
@@ -56,28 +54,11 @@ fn plain_call(addr: &str, line: &[u8]) -> anyhow::Result<serde_json::Value> {
 
 /// A raw ferry connection through the handshake (inline channel only).
 fn handshaken(addr: &str) -> anyhow::Result<UnixStream> {
-    let mut c = raw(addr)?;
-    c.write_all(&preamble(PROTOCOL_VERSION))?;
-    let hello = serde_json::to_vec(&json!({
-        "protocol": ferry_core::wire::PROTOCOL, "version": PROTOCOL_VERSION,
-        "channels": [{"name": "inline", "devices": ["cpu"]}], "agent": "soak",
-    }))?;
-    write_prefix(&mut c, FrameKind::Hello, hello.len() as u32, 0)?;
-    c.write_all(&hello)?;
-    let mut pre = [0u8; PREAMBLE_LEN];
-    c.read_exact(&mut pre)?;
-    let mut p = [0u8; PREFIX_LEN];
-    c.read_exact(&mut p)?;
-    let p = FramePrefix::decode(&p);
-    let mut rest = vec![0u8; p.header_len as usize + p.payload_len as usize];
-    c.read_exact(&mut rest)?;
-    ensure!(p.kind == FrameKind::Welcome as u8, "the server did not welcome the handshake");
-    Ok(c)
+    handshake(raw(addr)?, "soak")
 }
 
 fn write_prefix(c: &mut UnixStream, kind: FrameKind, header_len: u32, payload_len: u64) -> std::io::Result<()> {
-    let p = FramePrefix { kind: kind as u8, flags: 0, fds: 0, header_len, payload_len };
-    c.write_all(&p.encode())
+    c.write_all(&frame_prefix(kind, header_len, payload_len))
 }
 
 /// Whether the peer closed `s` (EOF or reset) within `within`.
@@ -355,16 +336,22 @@ async fn kill_clients(ctx: &mut Ctx) -> anyhow::Result<String> {
         let _ = child.wait();
     }
     // The server notices each death and gives back what the connection held.
+    back_to(ctx.server.pid, before, 0, || true, &format!("after {} kills, the server", ctx.counts.kills)).await?;
+    Ok(format!("{} killed at 5-65 ms; fds and memfd mappings back to before", ctx.counts.kills))
+}
+
+/// Waits up to 20 s for process `pid` to hold no more than `before` (fds: plus `fd_slack`)
+/// with `also` true; else an error saying what `who` still holds.
+async fn back_to(pid: u32, before: Usage, fd_slack: usize, also: impl Fn() -> bool, who: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let now = usage(ctx.server.pid);
-        if now.fds <= before.fds && now.memfd_maps <= before.memfd_maps {
-            return Ok(format!("{} killed at 5-65 ms; fds and memfd mappings back to before", ctx.counts.kills));
+        let now = usage(pid);
+        if now.fds <= before.fds + fd_slack && now.memfd_maps <= before.memfd_maps && also() {
+            return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
-                "after {} kills: {} fds (before {}), {} memfd mappings (before {})",
-                ctx.counts.kills,
+                "{who}: {} fds (before {}), {} memfd mappings (before {})",
                 now.fds,
                 before.fds,
                 now.memfd_maps,
@@ -390,25 +377,10 @@ async fn kill_servers(ctx: &mut Ctx) -> anyhow::Result<String> {
         ensure!(err.is_err(), "a call to a killed server succeeded");
         drop((held, c));
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let now = usage(me);
-        if now.fds <= before.fds + 2 && now.memfd_maps <= before.memfd_maps && dev_shm_bytes() <= shm {
-            return Ok(format!(
-                "{} servers killed holding a lent 4 MiB result each; this client's fds and memfd mappings back to before",
-                ctx.counts.kills
-            ));
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "this client after {} server kills: {} fds (before {}), {} memfd mappings (before {})",
-                ctx.counts.kills,
-                now.fds,
-                before.fds,
-                now.memfd_maps,
-                before.memfd_maps
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let who = format!("this client after {} server kills", ctx.counts.kills);
+    back_to(me, before, 2, || dev_shm_bytes() <= shm, &who).await?;
+    Ok(format!(
+        "{} servers killed holding a lent 4 MiB result each; this client's fds and memfd mappings back to before",
+        ctx.counts.kills
+    ))
 }

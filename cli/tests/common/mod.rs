@@ -118,10 +118,7 @@ pub fn run(cmd: &mut Command, limit: Duration) -> Output {
 /// 20 s so that a test never hangs on a silent server.
 #[cfg(target_os = "linux")]
 pub fn connect_abstract(addr: &str) -> std::os::unix::net::UnixStream {
-    use std::os::linux::net::SocketAddrExt;
-    let name = addr.strip_prefix("unix:").expect("a unix: address");
-    let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let s = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
+    let s = ferry_cli::raw_peer::connect_abstract(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s
 }

@@ -7,6 +7,7 @@ loudly: they never pass without a real server.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import socket
 import threading
@@ -288,3 +289,25 @@ def fake() -> Iterator[Callable[[Callable[[socket.socket], None]], FakeServer]]:
     yield make
     for s in servers:
         s.close()
+
+
+def need(reason: str) -> None:
+    """Skips a GPU test for `reason`, or fails it under FERRY_REQUIRE_CUDA=1."""
+    if os.environ.get("FERRY_REQUIRE_CUDA") == "1":
+        pytest.fail(f"FERRY_REQUIRE_CUDA=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def cp() -> Any:
+    """CuPy with a usable CUDA device (else the test is skipped, see `need`)."""
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError:
+        need("cupy is not installed")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            need("no CUDA device")
+    except Exception as e:
+        need(f"no usable CUDA device: {e}")
+    return cupy

@@ -13,42 +13,20 @@ machine:
 from __future__ import annotations
 
 import importlib
-import os
 import statistics
 import time
 from typing import Any
 
-import pytest
 
-from conftest import EchoPeer, Server
+from conftest import EchoPeer, Server, need
 from ferry_client import Client, Pipe
-
-
-def _need(reason: str) -> None:
-    if os.environ.get("FERRY_REQUIRE_CUDA") == "1":
-        pytest.fail(f"FERRY_REQUIRE_CUDA=1 but {reason}")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def cp() -> Any:
-    try:
-        cupy = importlib.import_module("cupy")
-    except ImportError:
-        _need("cupy is not installed")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            _need("no CUDA device")
-    except Exception as e:
-        _need(f"no usable CUDA device: {e}")
-    return cupy
 
 
 def _cuda_pipe(peer: EchoPeer) -> Pipe:
     p = Pipe.connect(peer.addr, cuda=True)
     if p.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
         p.close()
-        _need("the ferry binary was built without the cuda-ipc feature")
+        need("the ferry binary was built without the cuda-ipc feature")
     return p
 
 
@@ -73,7 +51,7 @@ def test_echo_round_trip_is_zero_copy(cp: Any, echo_peer: EchoPeer) -> None:
 def test_other_cupy_arrays_go_with_one_copy(cp: Any, conformance: Server) -> None:
     with Client.connect(conformance.addr, cuda=True) as c:
         if c.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
-            _need("the ferry binary was built without the cuda-ipc feature")
+            need("the ferry binary was built without the cuda-ipc feature")
         x = cp.arange(1000, dtype=cp.float32).reshape(10, 100)
         y = c.call("echo", {"tensor": x.T})  # strided: copied contiguous into the pool
         assert isinstance(y, cp.ndarray) and bool((y == x.T).all())
@@ -86,7 +64,7 @@ def test_server_memory_arrives_zero_copy(cp: Any, conformance: Server) -> None:
 
     with ConformanceClient.connect(conformance.addr, cuda=True) as c:
         if c.client.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
-            _need("the ferry binary was built without the cuda-ipc feature")
+            need("the ferry binary was built without the cuda-ipc feature")
         want = c.make("f32", [64, 128])
         for _ in range(3):  # the second and third map nothing new (the cache)
             got = c.make_cuda("f32", [64, 128])

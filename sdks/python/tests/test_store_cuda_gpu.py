@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import gc
 import importlib
-import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pytest
 
-from conftest import Server
+from conftest import Server, need
 from ferry_client.store import _bundle
 from test_store_cuda import ENTRIES, SIZES, Entry, fill, opened
 
@@ -31,26 +29,6 @@ _BITS: dict[str, tuple[str, str, type]] = {
 }
 """Dtypes CuPy lacks: their torch dtype, and the torch and numpy integer types their bits
 compare as."""
-
-
-def _need(reason: str) -> None:
-    if os.environ.get("FERRY_REQUIRE_CUDA") == "1":
-        pytest.fail(f"FERRY_REQUIRE_CUDA=1 but {reason}")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def cp() -> Any:
-    try:
-        cupy = importlib.import_module("cupy")
-    except ImportError:
-        _need("cupy is not installed")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            _need("no CUDA device")
-    except Exception as e:
-        _need(f"no usable CUDA device: {e}")
-    return cupy
 
 
 def _check(
@@ -108,7 +86,7 @@ def test_a_bucket_mapped_from_a_server_opens_in_place(
 
     with ConformanceClient.connect(conformance.addr, cuda=True) as c:
         if c.client.welcome.get("channels", {}).get("cuda") != "cuda-ipc":
-            _need("the ferry binary was built without the cuda-ipc feature")
+            need("the ferry binary was built without the cuda-ipc feature")
         host = c.make("u8", [4096])
         bucket = c.make_cuda("u8", [4096])
         assert isinstance(bucket, cp.ndarray)
