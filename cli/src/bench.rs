@@ -186,11 +186,13 @@ pub(crate) struct ChildProcess(Child);
 
 impl ChildProcess {
     /// The process id.
+    #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn id(&self) -> u32 {
         self.0.id()
     }
 
     /// Kills it (SIGKILL) and reaps it.
+    #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn kill(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();

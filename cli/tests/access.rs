@@ -1,7 +1,8 @@
 //! Who may do what, with real requests to a real `ferry serve` (SECURITY.md): HTTP's token
 //! and its Origin / Host / Content-Type checks, QUIC's token, tokens for plain JSON
-//! connections, and tasks that only their owner can see.
-#![cfg(feature = "rpc")]
+//! connections, and tasks that only their owner can see. Linux only: the tests speak raw
+//! bytes to abstract socket names and kill servers with signals.
+#![cfg(all(feature = "rpc", target_os = "linux"))]
 #![cfg_attr(not(all(feature = "http", feature = "quic")), allow(dead_code))]
 
 mod common;

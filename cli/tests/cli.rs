@@ -54,6 +54,8 @@ fn in_use_nothing_listening_and_bad_address_are_told_apart() {
 }
 
 #[test]
+// The shm channel exists on Linux only.
+#[cfg(target_os = "linux")]
 fn a_full_shm_pool_names_the_serve_option() {
     let s = Served::start_with(&["--shm-pool-mib", "2"]);
     let err = stderr_of(&["call", &s.addr, "create_tensor", r#"{"shape": [2097152, 2], "dtype": "u8"}"#]);
@@ -69,6 +71,8 @@ fn a_full_shm_pool_names_the_serve_option() {
 }
 
 #[test]
+// Holds the place with a raw connection to an abstract (Linux) socket name.
+#[cfg(target_os = "linux")]
 fn connections_over_max_connections_are_refused_by_name() {
     let s = Served::start_with(&["--max-connections", "1"]);
     // One plain JSON connection holds the only place.

@@ -33,6 +33,18 @@ pub struct ControlOut {
     pub fds: Vec<std::os::fd::OwnedFd>,
 }
 
+impl ControlOut {
+    /// A CONTROL body with no descriptors (builds on every platform).
+    pub fn new(channel: &'static str, body: serde_json::Value) -> Self {
+        ControlOut {
+            channel,
+            body,
+            #[cfg(unix)]
+            fds: Vec::new(),
+        }
+    }
+}
+
 /// Sends CONTROL frames on behalf of a session; they go out in order, after any frame
 /// already being written. Cheap to clone.
 #[derive(Debug, Clone)]

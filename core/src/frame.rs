@@ -182,6 +182,7 @@ pub const HANDSHAKE_LIMITS: Limits =
 /// Reads frames from a connection's read half.
 pub struct FrameReader {
     inner: BufReader<Box<dyn AsyncRead + Send + Unpin>>,
+    #[cfg_attr(not(unix), allow(dead_code))]
     fds: Option<FdQueue>,
     limits: Limits,
     busy_poll: Option<Arc<BusyPoll>>,
@@ -207,6 +208,7 @@ impl FrameReader {
     /// Descriptors may arrive ahead of the frame that claims them (read-ahead holds a few
     /// frames): up to four frames' worth of [`Limits::max_fds`] wait; more are closed on
     /// arrival and fail the pipe.
+    #[cfg_attr(not(unix), allow(dead_code))]
     fn unclaimed_fds_cap(&self) -> usize {
         4 * usize::from(self.limits.max_fds).max(1)
     }
@@ -446,6 +448,7 @@ impl OutFrame {
 /// Writes frames to a connection's write half.
 pub struct FrameWriter {
     inner: Box<dyn AsyncWrite + Send + Unpin>,
+    #[cfg_attr(not(unix), allow(dead_code))]
     fds: Option<FdQueue>,
     scratch: Vec<u8>,
 }
@@ -478,7 +481,7 @@ impl FrameWriter {
     pub async fn write_frame_then(
         &mut self,
         kind: FrameKind,
-        mut frame: OutFrame,
+        #[cfg_attr(not(unix), allow(unused_mut))] mut frame: OutFrame,
         trailing: &[(FrameKind, &[u8])],
     ) -> Result<(), PipeError> {
         let header_len =

@@ -438,7 +438,7 @@ impl Shared {
             if let Some(body) = s.due_control() {
                 let header = serde_json::to_vec(&ControlHeader { channel: s.name().to_string(), body: body.clone() })
                     .unwrap_or_default();
-                out.push((ControlOut { channel: s.name(), body, fds: Vec::new() }, header));
+                out.push((ControlOut::new(s.name(), body), header));
             }
         }
         out

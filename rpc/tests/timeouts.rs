@@ -93,6 +93,7 @@ async fn http_connections_that_send_no_headers_are_closed() {
 /// A ferry pipe that begins a frame and trickles the rest is closed after `frame_timeout`,
 /// naming it; one that idles between frames for longer stays open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg(target_os = "linux")] // a blocking raw socket to an abstract name
 async fn a_ferry_frame_trickled_is_closed_and_an_idle_pipe_is_not() {
     use std::io::{Read, Write};
 

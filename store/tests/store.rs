@@ -1,5 +1,7 @@
 //! The store in-process and over real pipes (shm): versions, in-place building, digests,
-//! the budget, owners, readers holding versions, and publishers racing readers.
+//! the budget, owners, readers holding versions, and publishers racing readers. Linux only:
+//! buckets are ferry-shm's shared segments there (the only place ferry-shm exists).
+#![cfg(target_os = "linux")]
 
 use std::sync::Arc;
 use std::time::Duration;

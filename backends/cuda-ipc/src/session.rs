@@ -39,12 +39,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn control_out(body: &Control) -> ControlOut {
-    ControlOut {
-        channel: NAME,
-        body: serde_json::to_value(body).unwrap_or_default(),
-        #[cfg(unix)]
-        fds: Vec::new(),
-    }
+    ControlOut::new(NAME, serde_json::to_value(body).unwrap_or_default())
 }
 
 /// An event created or opened through the driver; destroyed on drop.

@@ -18,7 +18,7 @@
 //!
 //! # Feature flags
 //! None.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use std::sync::Arc;
 
@@ -29,8 +29,12 @@ use interprocess::local_socket::{GenericFilePath, GenericNamespaced, ListenerOpt
 
 #[cfg(unix)]
 mod holder;
+#[cfg(windows)]
+mod sys;
 #[cfg(unix)]
 mod unix;
+#[cfg(windows)]
+mod windows;
 
 /// The local-socket transport.
 #[derive(Debug, Clone, Default)]
@@ -67,6 +71,13 @@ impl SocketName {
         let bad = |reason: &'static str| TransportError::BadAddress { addr: addr.to_string(), reason: reason.into() };
         if rest.contains('\0') {
             return Err(bad("socket names cannot contain NUL"));
+        }
+        #[cfg(windows)]
+        if rest.contains('/') || (rest.contains('\\') && !rest.starts_with(r"\\.\pipe\")) {
+            return Err(bad(
+                "on Windows a unix: address names a pipe: unix:NAME (\\\\.\\pipe\\NAME) or unix:\\\\.\\pipe\\NAME; \
+                 socket files are not supported",
+            ));
         }
         if rest.contains('/') || rest.contains('\\') {
             if rest.len() > 107 {
@@ -116,6 +127,11 @@ impl Transport for PipeTransport {
             let opts = {
                 use interprocess::os::unix::local_socket::ListenerOptionsExt;
                 if self.allow_any_user { opts } else { opts.mode(0o600) }
+            };
+            #[cfg(windows)]
+            let opts = {
+                use interprocess::os::windows::local_socket::ListenerOptionsExt;
+                opts.security_descriptor(windows::pipe_security(self.allow_any_user)?)
             };
             opts.create_tokio()
         };
@@ -197,52 +213,30 @@ impl Listener for PipeListener {
 
 #[cfg(unix)]
 use unix::PipeConnection;
+#[cfg(windows)]
+use windows::PipeConnection;
+
+/// The owner and access list (DACL) of the named pipe at `addr`, in SDDL (Windows; for
+/// diagnostics and tests). It connects once, which the listener sees as a connection that
+/// closes before its handshake.
+#[cfg(windows)]
+pub async fn pipe_security(addr: &Address) -> Result<String, TransportError> {
+    let name = SocketName::parse(addr)?;
+    let stream = IpcStream::connect(name.to_name().map_err(|e| io_err(addr, e))?).await.map_err(|e| io_err(addr, e))?;
+    windows::stream_sddl(&stream).map_err(|e| io_err(addr, e))
+}
+
+/// The DACL a listener of this process gives its named pipes, in SDDL (Windows).
+#[cfg(windows)]
+pub fn listener_dacl(allow_any_user: bool) -> Result<String, TransportError> {
+    windows::pipe_sddl(allow_any_user)
+}
 
 /// How many read halves of this process are busy-polling right now (for tests and
 /// diagnostics; see `EndpointBuilder::busy_poll`).
 #[cfg(unix)]
 pub fn busy_polling_readers() -> usize {
     unix::spinning()
-}
-
-#[cfg(windows)]
-use windows::PipeConnection;
-
-#[cfg(windows)]
-mod windows {
-    use super::*;
-    use ferry_core::{ConnInfo, Split};
-
-    /// A named-pipe connection (no descriptor passing).
-    pub(crate) struct PipeConnection {
-        stream: IpcStream,
-        info: ConnInfo,
-    }
-
-    impl PipeConnection {
-        pub(crate) fn new(stream: IpcStream, addr: &Address, _allow_any_user: bool) -> Result<Self, TransportError> {
-            let info = ConnInfo {
-                transport: "unix",
-                addr: addr.to_string(),
-                peer_pid: None,
-                peer_uid: None,
-                fd_passing: false,
-                same_host: true,
-                handle: None,
-            };
-            Ok(PipeConnection { stream, info })
-        }
-    }
-
-    impl Connection for PipeConnection {
-        fn info(&self) -> &ConnInfo {
-            &self.info
-        }
-        fn split(self: Box<Self>) -> Split {
-            let (r, w) = self.stream.split();
-            Split { read: Box::new(r), write: Box::new(w), fds: None, busy_poll: None }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -253,8 +247,19 @@ mod tests {
     fn names() {
         let n = |s: &str| SocketName::parse(&s.parse().unwrap());
         assert_eq!(n("unix:svc").unwrap(), SocketName::Namespaced("svc".into()));
-        assert_eq!(n("unix:/run/x.sock").unwrap(), SocketName::Path("/run/x.sock".into()));
-        assert_eq!(n("unix:./x.sock").unwrap(), SocketName::Path("./x.sock".into()));
+        #[cfg(unix)]
+        {
+            assert_eq!(n("unix:/run/x.sock").unwrap(), SocketName::Path("/run/x.sock".into()));
+            assert_eq!(n("unix:./x.sock").unwrap(), SocketName::Path("./x.sock".into()));
+        }
+        #[cfg(windows)]
+        {
+            assert_eq!(n(r"unix:\\.\pipe\svc").unwrap(), SocketName::Path(r"\\.\pipe\svc".into()));
+            for bad in ["unix:/run/x.sock", "unix:./x.sock", r"unix:C:\x.sock"] {
+                let e = n(bad).unwrap_err().to_string();
+                assert!(e.contains("on Windows a unix: address names a pipe"), "{bad}: {e}");
+            }
+        }
         assert!(n(&format!("unix:{}", "a".repeat(101))).is_err());
         assert!(n("unix:a\0b").is_err());
     }

@@ -75,6 +75,7 @@ async fn a_ca_bundle_can_stand_in_for_the_pin() {
         use std::io::Write;
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create(true).truncate(true);
+        #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
         o.open(&id_path).unwrap().write_all(format!("{}{}", srv.pem(), srv_key.serialize_pem()).as_bytes()).unwrap();
     }

@@ -46,7 +46,14 @@ mod sys;
 
 #[cfg(target_os = "linux")]
 pub use shared::{SharedSegment, SharedSegmentMut};
+#[cfg(target_os = "linux")]
 pub use sys::discard_private_pages;
+
+/// Off Linux no segment is ever received, so there is nothing to discard: always `false`.
+#[cfg(not(target_os = "linux"))]
+pub fn discard_private_pages(_addr: usize, _len: usize) -> bool {
+    false
+}
 
 /// Helpers for tests of hostile peers (descriptors a misbehaving peer might send).
 #[cfg(target_os = "linux")]
@@ -125,6 +132,7 @@ impl Default for ShmOptions {
 /// The shared-memory channel.
 #[derive(Debug, Clone, Default)]
 pub struct ShmChannel {
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     opts: ShmOptions,
 }
 

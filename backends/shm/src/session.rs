@@ -568,7 +568,7 @@ async fn flush_loop(
             continue;
         }
         let body = serde_json::to_value(Control { release: ids, forget }).unwrap_or_default();
-        let msg = ControlOut { channel: NAME, body, fds: Vec::new() };
+        let msg = ControlOut::new(NAME, body);
         if ctx.control.send(msg).is_err() {
             break;
         }

@@ -2,6 +2,7 @@
 //! pipe's reader task (`Pipe::set_handler`), the reader busy-polling after a message the
 //! handler answered at once (`EndpointBuilder::busy_poll`), and releases of the peer's
 //! leases batched behind outgoing messages (`ShmOptions::release_batch`, `release_delay`).
+#![cfg(target_os = "linux")] // ferry-shm exists on Linux only
 
 mod common;
 

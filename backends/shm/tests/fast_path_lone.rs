@@ -2,6 +2,7 @@
 //! (`ferry_pipe::busy_polling_readers`), which the tests of `fast_path.rs` running beside it
 //! in one process would change (it failed there under `cargo test`, whose tests share a
 //! process, though never under nextest, which runs each in its own).
+#![cfg(target_os = "linux")] // ferry-shm exists on Linux only
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Shared segments (a tensor store's buckets): lent without a copy to every pipe, announced
 //! once per pipe, and forgotten by the peer (unmapped) once the owner and every lease let go.
+#![cfg(target_os = "linux")] // ferry-shm exists on Linux only
 
 use std::sync::Arc;
 use std::time::Duration;

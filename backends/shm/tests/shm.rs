@@ -1,4 +1,5 @@
 //! shm-specific behaviour: zero copy, pool reuse and limits, and hostile descriptors.
+#![cfg(target_os = "linux")] // ferry-shm exists on Linux only
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,7 +15,12 @@
 //!
 //! # Feature flags
 //! None. It turns on `ferry-rpc/fuzzing` for the server's private request parsing.
+//!
+//! # Platforms
+//! Linux only (cargo-fuzz's libFuzzer runs there, and the shm target needs memfds): on
+//! other targets the crate is empty.
 #![forbid(unsafe_code)]
+#![cfg(target_os = "linux")]
 
 use std::cell::RefCell;
 use std::future::Future;

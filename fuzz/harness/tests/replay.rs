@@ -1,6 +1,7 @@
 //! Replays every file of `fuzz/corpus/TARGET/` and `fuzz/regressions/TARGET/` through the
 //! target's harness function, so that a plain `cargo test` (and CI) runs the checked-in
-//! corpus and every crash the fuzzers found.
+//! corpus and every crash the fuzzers found. Linux only, as the harness.
+#![cfg(target_os = "linux")]
 
 use std::path::{Path, PathBuf};
 

@@ -169,21 +169,19 @@ pub async fn client(addr: &str) -> Client {
     Client::new(t(endpoint().connect(addr)).await.unwrap())
 }
 
-/// A plain newline-delimited JSON connection to an abstract socket.
+/// A plain newline-delimited JSON connection to the server's local socket (an abstract
+/// unix socket on Linux, a named pipe on Windows), through the pipe transport's raw stream.
 pub struct Plain {
-    pub read: BufReader<tokio::net::unix::OwnedReadHalf>,
-    pub write: tokio::net::unix::OwnedWriteHalf,
+    pub read: BufReader<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    pub write: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
 }
 
 impl Plain {
     pub async fn connect(addr: &str) -> Plain {
-        use std::os::linux::net::SocketAddrExt;
-        let name = addr.strip_prefix("unix:").unwrap();
-        let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-        let std = std::os::unix::net::UnixStream::connect_addr(&sa).unwrap();
-        std.set_nonblocking(true).unwrap();
-        let (read, write) = tokio::net::UnixStream::from_std(std).unwrap().into_split();
-        Plain { read: BufReader::new(read), write }
+        use ferry_core::Transport;
+        let conn = t(ferry_pipe::PipeTransport::new().connect(&addr.parse().unwrap())).await.unwrap();
+        let split = conn.split();
+        Plain { read: BufReader::new(split.read), write: split.write }
     }
 
     pub async fn send(&mut self, text: &str) {
