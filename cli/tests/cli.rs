@@ -44,8 +44,15 @@ fn call_takes_params_from_a_file_or_stdin() {
 #[test]
 fn in_use_nothing_listening_and_bad_address_are_told_apart() {
     let s = Served::start(false);
-    let err = stderr_of(&["serve", &s.addr]);
-    assert!(err.contains("address already in use"), "{err}");
+    // Wine 8 (where the Windows build is tested) ignores FILE_FLAG_FIRST_PIPE_INSTANCE, so a
+    // second server there gets a second instance of the pipe; Windows refuses it. Wine maps
+    // drive Z: to the unix root.
+    if cfg!(windows) && std::path::Path::new(r"Z:\proc\self").exists() {
+        eprintln!("under Wine: not checking that a second server on one pipe is refused");
+    } else {
+        let err = stderr_of(&["serve", &s.addr]);
+        assert!(err.contains("address already in use"), "{err}");
+    }
     let err = stderr_of(&["call", "unix:ferry-cli-test-nobody-here", "add", "[1, 2]"]);
     assert!(err.contains("nothing is listening at unix:ferry-cli-test-nobody-here"), "{err}");
     assert!(!err.contains("bad address"), "{err}");

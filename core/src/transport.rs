@@ -84,7 +84,9 @@ pub struct ConnInfo {
     pub addr: String,
     /// Peer process id, where the OS reports it.
     pub peer_pid: Option<u32>,
-    /// Peer user id, where the OS reports it.
+    /// Peer user id, where the OS reports it. On Windows (named pipes), where users are
+    /// SIDs, a number the process gives each user it meets (from 1, in order): equal for
+    /// the connections of one user, different for different users, within this process.
     pub peer_uid: Option<u32>,
     /// True when the connection can carry file descriptors.
     pub fd_passing: bool,
