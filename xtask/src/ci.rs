@@ -5,7 +5,8 @@
 //! installed, else `cargo test`), the third-party JSON-RPC clients (`rpc-clients`),
 //! `codegen --check`, the Python SDK (`sdk-python`, and `sdk-python-install`: a plain
 //! `pip install ./sdks/python` in an empty venv), `tidy`, rustdoc with `-Dwarnings`,
-//! `conformance` (all backends), then `cargo check` of the `ferry` facade with no default
+//! `conformance` (all backends), `windows` (clippy for x86_64-pc-windows-gnu and the named-pipe
+//! tests under Wine), then `cargo check` of the `ferry` facade with no default
 //! features and with each of its features alone.
 
 use std::path::Path;
@@ -138,6 +139,7 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
         Ok(cmd!(sh, "cargo doc --workspace --no-deps --locked").env("RUSTDOCFLAGS", "-Dwarnings").run()?)
     }));
     steps.push(Step::new("cargo xtask conformance", |sh| Conformance::default().run(sh)));
+    steps.push(Step::new("cargo xtask windows", |sh| crate::windows::Windows.run(sh)));
 
     let manifest = root.join("ferry").join("Cargo.toml");
     match std::fs::read_to_string(&manifest) {

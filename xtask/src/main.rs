@@ -10,6 +10,7 @@
 //! - [`rpc_clients`]: third-party JSON-RPC clients (PyPI, npm) against `ferry serve`.
 //! - [`sdk`]: the Python SDK's checks and tests, a newcomer's install of it in an empty
 //!   venv, its conformance column, its benchmark.
+//! - [`windows`]: the Windows build, linted and tested under Wine.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ mod sdk;
 mod soak;
 mod tidy;
 mod typescript_sdk;
+mod windows;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -72,6 +74,9 @@ commands:
                            slowloris connections, many clients, floods), a table of RSS,
                            fds, memfd mappings, /dev/shm and a canary's p50/p99 per phase;
                            --full: issue 14's counts, release build
+  windows                  the Windows build (x86_64-pc-windows-gnu): installs the rustup
+                           target, mingw and wine when missing, clippy for that target, then
+                           the named-pipe, JSON-RPC and `ferry serve`/`call` tests under Wine
   ci                       fmt, clippy, tests, codegen --check, tidy, docs, conformance and
                            the facade's feature checks, stopping at the first failure
   help                     print this text
@@ -115,6 +120,7 @@ fn try_main() -> anyhow::Result<()> {
         Some("bench-python-server") => python_server::BenchPythonServer::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         Some("soak") => soak::Soak::parse(flags)?.run(&sh),
+        Some("windows") => windows::Windows::parse(flags)?.run(&sh),
         None | Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(())

@@ -67,7 +67,7 @@ fn unsafe_allow_list(root: &Path) -> anyhow::Result<Vec<String>> {
         for line in unsafe_code_allows(&text) {
             problems.push(format!(
                 "{rel}:{line}: `allow(unsafe_code)` outside a `src/sys/` module \
-                 (unsafe code lives only in `src/sys/` modules: shm, cuda-ipc, rpc)"
+                 (unsafe code lives only in `src/sys/` modules: shm, cuda-ipc, rpc, pipe on Windows)"
             ));
         }
     }

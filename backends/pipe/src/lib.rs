@@ -1,9 +1,13 @@
 //! ferry-pipe: the local-socket [`Transport`] (scheme `unix`).
 //!
 //! - `unix:NAME` is a socket in Linux's abstract namespace (no file, nothing to clean up,
-//!   even after SIGKILL); on other unixes a file in the temp directory; on Windows a named
-//!   pipe. `unix:/path/to.sock` (or any name with a `/`) is a socket file, created with mode
-//!   0600 and removed when the listener is dropped.
+//!   even after SIGKILL); on other unixes a file in the temp directory; on Windows the named
+//!   pipe `\\.\pipe\NAME` (also written `unix:\\.\pipe\NAME`; socket files are refused
+//!   there). `unix:/path/to.sock` (or any name with a `/`) is a socket file, created with
+//!   mode 0600 and removed when the listener is dropped.
+//! - On Windows the same-user rule is a protected pipe DACL for the current user's SID plus
+//!   a check of the peer process's user (`windows.rs`); the crate's unsafe code (Windows
+//!   security calls) lives in `sys/`.
 //! - An address in use: a socket file that nobody listens on (its server was killed) is
 //!   removed and bound again, so a supervisor's restart loop recovers; a live listener is
 //!   never disturbed, and the error names its pid and uid (peer credentials), for socket

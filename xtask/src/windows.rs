@@ -1,0 +1,141 @@
+//! `cargo xtask windows`: the Windows build (`x86_64-pc-windows-gnu`), linted and tested
+//! under Wine.
+//!
+//! 1. Installs what it needs when missing: the rustup target, and (as root, with apt-get)
+//!    `gcc-mingw-w64-x86-64` and `wine`. Where one cannot be installed, the step fails with a
+//!    message naming it; it never skips silently.
+//! 2. `cargo clippy --target x86_64-pc-windows-gnu --workspace --all-targets --all-features
+//!    -- -D warnings`: every crate and feature (quic, http, cuda-ipc) compiles and is lint
+//!    clean for Windows.
+//! 3. A Wine prefix in `target/wine/prefix`, with a `ProcessPrng` shim
+//!    (`xtask/wine/bcryptprimitives.c`: Rust's std needs bcryptprimitives.dll, which Wine
+//!    8 lacks), then with Wine as the test runner:
+//!    - `ferry-pipe`: unit tests, the named-pipe conformance suite (inline channel) and
+//!      `tests/windows.rs` (the pipe's DACL, peer process and user, addresses);
+//!    - `ferry-rpc`: JSON-RPC over named pipes (ferry frames and plain JSON);
+//!    - `ferry-cli --test cli`: `ferry serve` and `ferry call` as processes over a pipe.
+//!
+//! QUIC is compiled and linted but not run: quinn-udp sets socket options Wine 8 does not
+//! implement (it queries `IPV6_V6ONLY` on IPv4 sockets and sets `IPV6_RECVECN`), so no QUIC
+//! endpoint opens there.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use xshell::{Shell, cmd};
+
+use crate::flags::Flags;
+
+/// The Windows target.
+const TARGET: &str = "x86_64-pc-windows-gnu";
+
+/// `cargo xtask windows`.
+pub struct Windows;
+
+impl Windows {
+    /// No options.
+    pub fn parse(flags: Flags) -> anyhow::Result<Windows> {
+        flags.finish("windows")?;
+        Ok(Windows)
+    }
+
+    /// Installs, lints and tests (see the module docs).
+    pub fn run(&self, sh: &Shell) -> anyhow::Result<()> {
+        ensure_target(sh)?;
+        ensure_tools(sh)?;
+        cmd!(sh, "cargo clippy --target {TARGET} --workspace --all-targets --all-features --locked -- -D warnings")
+            .run()?;
+        let prefix = wine_prefix(sh)?;
+        let _env = [
+            sh.push_env("WINEPREFIX", &prefix),
+            sh.push_env("WINEDEBUG", "-all"),
+            sh.push_env("CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER", "wine"),
+        ];
+        let tests = (|| -> anyhow::Result<()> {
+            cmd!(sh, "cargo test --target {TARGET} --locked -p ferry-pipe -p ferry-rpc").run()?;
+            cmd!(sh, "cargo test --target {TARGET} --locked -p ferry-cli --test cli").run()?;
+            Ok(())
+        })();
+        // Wine's server outlives the tests by a few seconds: stop it now.
+        let _ = cmd!(sh, "wineserver -k").quiet().ignore_stderr().run();
+        tests
+    }
+}
+
+/// Whether `program --version` runs.
+fn has(sh: &Shell, program: &str) -> bool {
+    cmd!(sh, "{program} --version").quiet().ignore_stdout().ignore_stderr().run().is_ok()
+}
+
+/// The rustup target, added when missing.
+fn ensure_target(sh: &Shell) -> anyhow::Result<()> {
+    let installed = cmd!(sh, "rustup target list --installed").quiet().read().context(
+        "`rustup` is needed to add the x86_64-pc-windows-gnu target (install Rust with rustup: https://rustup.rs)",
+    )?;
+    if installed.lines().any(|l| l.trim() == TARGET) {
+        return Ok(());
+    }
+    cmd!(sh, "rustup target add {TARGET}")
+        .run()
+        .with_context(|| format!("could not add the Rust target {TARGET} (`rustup target add {TARGET}`)"))?;
+    Ok(())
+}
+
+/// mingw's gcc (the linker) and Wine, installed with apt-get when missing.
+fn ensure_tools(sh: &Shell) -> anyhow::Result<()> {
+    let missing: Vec<&str> = [("x86_64-w64-mingw32-gcc", "gcc-mingw-w64-x86-64"), ("wine", "wine")]
+        .into_iter()
+        .filter(|(program, _)| !has(sh, program))
+        .map(|(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let root = cmd!(sh, "id -u").quiet().read().is_ok_and(|u| u.trim() == "0");
+    if !root || !has(sh, "apt-get") {
+        bail!(
+            "the Windows step needs {} and cannot install them here (it installs with apt-get as root); \
+             install them (Debian: apt-get install {} wine64), or run the step elsewhere",
+            missing.join(" and "),
+            missing.join(" ")
+        );
+    }
+    let _env = sh.push_env("DEBIAN_FRONTEND", "noninteractive");
+    let packages: Vec<&str> = missing.iter().copied().chain(missing.contains(&"wine").then_some("wine64")).collect();
+    cmd!(sh, "apt-get update -qq").run().context("apt-get update (for the Windows step's mingw and wine)")?;
+    cmd!(sh, "apt-get install -y -qq --no-install-recommends {packages...}")
+        .run()
+        .with_context(|| format!("could not install {} with apt-get", missing.join(" ")))?;
+    for program in ["x86_64-w64-mingw32-gcc", "wine"] {
+        anyhow::ensure!(has(sh, program), "{program} is still missing after installing {}", missing.join(" "));
+    }
+    Ok(())
+}
+
+/// `target/wine/prefix`, made (once) and given the `ProcessPrng` shim.
+fn wine_prefix(sh: &Shell) -> anyhow::Result<PathBuf> {
+    let dir = crate::target_dir(sh)?.join("wine");
+    let prefix = dir.join("prefix");
+    let system32 = prefix.join("drive_c/windows/system32");
+    if !system32.join("kernel32.dll").exists() {
+        std::fs::create_dir_all(&prefix)?;
+        let _env = [sh.push_env("WINEPREFIX", &prefix), sh.push_env("WINEDEBUG", "-all")];
+        eprintln!("windows: making a Wine prefix in {} (once; about a minute)", prefix.display());
+        cmd!(sh, "wineboot --init").quiet().ignore_stdout().ignore_stderr().run().context("wineboot --init")?;
+        cmd!(sh, "wineserver -w").quiet().run()?;
+        anyhow::ensure!(system32.join("kernel32.dll").exists(), "wineboot made no prefix in {}", prefix.display());
+    }
+    let shim = build_shim(sh, &dir)?;
+    std::fs::copy(&shim, system32.join("bcryptprimitives.dll"))
+        .with_context(|| format!("copying the ProcessPrng shim into {}", system32.display()))?;
+    Ok(prefix)
+}
+
+/// Builds `xtask/wine/bcryptprimitives.c` into `dir/bcryptprimitives.dll`.
+fn build_shim(sh: &Shell, dir: &Path) -> anyhow::Result<PathBuf> {
+    let src = crate::project_root().join("xtask/wine");
+    let (c, def) = (src.join("bcryptprimitives.c"), src.join("bcryptprimitives.def"));
+    let out = dir.join("bcryptprimitives.dll");
+    cmd!(sh, "x86_64-w64-mingw32-gcc -O2 -shared -o {out} {c} {def} -lbcrypt").run()?;
+    Ok(out)
+}
