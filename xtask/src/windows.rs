@@ -13,6 +13,8 @@
 //!    - `ferry-pipe`: unit tests, the named-pipe conformance suite (inline channel) and
 //!      `tests/windows.rs` (the pipe's DACL, peer process and user, addresses);
 //!    - `ferry-rpc`: JSON-RPC over named pipes (ferry frames and plain JSON);
+//!    - the shm and cuda-ipc conformance suites, which must report themselves not viable
+//!      (Linux only), every case ignored;
 //!    - `ferry-cli --test cli`: `ferry serve` and `ferry call` as processes over a pipe.
 //!
 //! QUIC is compiled and linted but not run: quinn-udp sets socket options Wine 8 does not
@@ -53,6 +55,18 @@ impl Windows {
         ];
         let tests = (|| -> anyhow::Result<()> {
             cmd!(sh, "cargo test --target {TARGET} --locked -p ferry-pipe -p ferry-rpc").run()?;
+            // Linux-only channels say so: every case ignored, with the reason.
+            for backend in ["ferry-shm", "ferry-cuda-ipc"] {
+                let out = cmd!(sh, "cargo test --target {TARGET} --locked -p {backend} --test conformance")
+                    .ignore_status()
+                    .output()?;
+                let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+                anyhow::ensure!(
+                    out.status.success() && text.contains("is not viable here") && text.contains("Linux"),
+                    "{backend}'s conformance under Wine did not report itself not viable (Linux only):\n{text}"
+                );
+                eprintln!("windows: {backend} is not viable, as expected: {}", first_line(&text, "not viable"));
+            }
             cmd!(sh, "cargo test --target {TARGET} --locked -p ferry-cli --test cli").run()?;
             Ok(())
         })();
@@ -60,6 +74,11 @@ impl Windows {
         let _ = cmd!(sh, "wineserver -k").quiet().ignore_stderr().run();
         tests
     }
+}
+
+/// The first line of `text` containing `needle` (trimmed), or nothing.
+fn first_line<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines().find(|l| l.contains(needle)).map_or("", str::trim)
 }
 
 /// Whether `program --version` runs.

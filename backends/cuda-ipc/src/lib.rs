@@ -274,6 +274,9 @@ impl Channel for CudaIpcChannel {
     }
 
     fn viability(&self) -> Result<(), ChannelError> {
+        if !cfg!(target_os = "linux") {
+            return Err(ChannelError::NotViable("the cuda-ipc channel is Linux only".into()));
+        }
         for (key, path) in [("boot_id", "/proc/sys/kernel/random/boot_id"), ("pid_ns", "/proc/self/ns/pid")] {
             if !host_domain().contains_key(key) {
                 return Err(ChannelError::NotViable(format!("cannot read {path}").into()));
