@@ -24,6 +24,7 @@
 mod bucket;
 mod device;
 mod manifest;
+pub mod placement;
 mod refs;
 pub mod rpc;
 mod store;
