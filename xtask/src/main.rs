@@ -64,6 +64,10 @@ commands:
   bench-python-server [ARGS..]
                            Python-served vs Rust-served calls, echo, 16 clients, and
                            Python-to-Python pipes (bindings/python/bench/bench_server.py)
+  placement-bench [ARGS..] placement policies (pinned, genoa, lru, flow) against Belady's MIN
+                           on synthetic traces (bytes moved, hit rate, modelled stall), then
+                           the layer trace with real copies between a disk and a cpu tier
+                           (store/examples/placement.rs; --quick, --trace FILE)
   bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
                            bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
@@ -116,6 +120,10 @@ fn try_main() -> anyhow::Result<()> {
             typescript_sdk::test(&sh)
         }
         Some("bench-sdk") => sdk::BenchSdk::parse(flags)?.run(&sh),
+        Some("placement-bench") => {
+            let args = flags.into_rest();
+            Ok(cmd!(sh, "cargo run --release --locked -p ferry-store --example placement -- {args...}").run()?)
+        }
         Some("python-server") => python_server::PythonServer::parse(flags)?.run(&sh),
         Some("bench-python-server") => python_server::BenchPythonServer::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),

@@ -83,6 +83,36 @@ impl View {
         self.resident.iter().map(|(&k, &b)| (k, b))
     }
 
+    /// Applies a policy's decision after a use of `key` (`bytes`): evictions, then the used
+    /// tensor kept or let go, then prefetches. Refuses (naming what) a decision that evicts
+    /// the tensor in use or one not resident, prefetches a resident one, or overfills the
+    /// budget; the tier is then left partly changed (a policy bug, not a peer's input).
+    pub fn apply(&mut self, d: &Decision, key: Key, bytes: u64) -> Result<(), String> {
+        for &e in &d.evict {
+            if e == key {
+                return Err("evicted the tensor in use (say keep: false instead)".into());
+            }
+            if self.remove(e).is_none() {
+                return Err(format!("evicted {e}, which is not resident"));
+            }
+        }
+        if d.keep {
+            self.insert(key, bytes);
+        } else {
+            self.remove(key);
+        }
+        for &(k, b) in &d.prefetch {
+            if self.contains(k) {
+                return Err(format!("prefetched {k}, which is resident"));
+            }
+            self.insert(k, b);
+        }
+        if self.used > self.budget {
+            return Err(format!("{} bytes resident over a budget of {}", self.used, self.budget));
+        }
+        Ok(())
+    }
+
     fn insert(&mut self, key: Key, bytes: u64) {
         if self.resident.insert(key, bytes).is_none() {
             self.used += bytes;

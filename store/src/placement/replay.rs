@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use super::trace::Trace;
-use super::{Decision, Key, Policy, View};
+use super::{Key, Policy, View};
 
 /// A link between the tiers and the compute between uses, for stall times: copies go one
 /// at a time at `bytes_per_s`, and each use computes for `compute_s` once its tensor is in.
@@ -96,7 +96,7 @@ pub fn replay(trace: &Trace, policy: &mut dyn Policy, budget: u64, link: Option<
         }
         clock.compute();
         let d = policy.after_use(t, u.key, u.bytes, hit, &view);
-        apply(&mut view, &d, u.key, u.bytes, t, &r.policy)?;
+        view.apply(&d, u.key, u.bytes).map_err(|what| PolicyBug { policy: r.policy.clone(), step: t, what })?;
         for &(k, b) in &d.prefetch {
             r.bytes_moved += b;
             r.bytes_prefetched += b;
@@ -107,34 +107,6 @@ pub fn replay(trace: &Trace, policy: &mut dyn Policy, budget: u64, link: Option<
     }
     r.total_s = clock.now;
     Ok(r)
-}
-
-/// Applies a decision: evictions, then the used tensor kept or let go, then prefetches.
-fn apply(view: &mut View, d: &Decision, key: Key, bytes: u64, step: usize, policy: &str) -> Result<(), PolicyBug> {
-    let bug = |what: String| PolicyBug { policy: policy.to_owned(), step, what };
-    for &e in &d.evict {
-        if e == key {
-            return Err(bug("evicted the tensor in use (say keep: false instead)".into()));
-        }
-        if view.remove(e).is_none() {
-            return Err(bug(format!("evicted {e}, which is not resident")));
-        }
-    }
-    if d.keep {
-        view.insert(key, bytes);
-    } else {
-        view.remove(key);
-    }
-    for &(k, b) in &d.prefetch {
-        if view.contains(k) {
-            return Err(bug(format!("prefetched {k}, which is resident")));
-        }
-        view.insert(k, b);
-    }
-    if view.used() > view.budget() {
-        return Err(bug(format!("{} bytes resident over a budget of {}", view.used(), view.budget())));
-    }
-    Ok(())
 }
 
 /// Time on the modelled link.
