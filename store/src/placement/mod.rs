@@ -13,7 +13,7 @@
 //!   accelerate's offload hooks).
 //! - [`Lru`]: keep what was used, evict the least recently used.
 //! - [`Flow`]: S3-FIFO (a small probation queue, a main queue and a ghost list: frequency
-//!   decides admission to the main queue), pinning, a maximum reuse distance (DeepSpeed
+//!   decides admission to the main queue) with TinyLFU's admission test, pinning, a maximum reuse distance (DeepSpeed
 //!   ZeRO-3's `max_reuse_distance`), and a declared schedule: told the order of upcoming
 //!   uses, it prefetches ahead so copies overlap compute, and evicts what is used farthest
 //!   ahead.
