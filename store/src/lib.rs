@@ -20,6 +20,9 @@
 //!   one with checkpoints published.
 //! - **Limits.** [`StoreOptions::budget_bytes`] bounds the bytes of live buckets; a publish
 //!   past it fails with [`StoreError::Budget`], naming the option.
+//! - **Placement** ([`placement`]): the policies that decide which tensors stay in a fast
+//!   tier (pinned, genoa, lru, flow, and Belady's MIN as the limit), replayed on traces by
+//!   `cargo xtask placement-bench`. Not yet wired to the store's references.
 
 mod bucket;
 mod device;
