@@ -2,8 +2,9 @@
 //! policy against Belady's MIN, then the layer trace run for real between a disk tier (a
 //! file whose pages are dropped from the page cache after each read) and a cpu tier.
 //!
-//! `cargo run --release -p ferry-store --example placement -- [--quick] [--trace FILE]...`
-//! (`--trace`: a JSON-lines trace, e.g. one a store recorded; `--quick`: small sizes).
+//! `cargo run --release -p ferry-store --example placement -- [--quick] [--dir DIR]
+//! [--trace FILE]...` (`--trace`: a JSON-lines trace; `--quick`: small sizes; `--dir`: where
+//! the disk tier's file goes, default the temp directory, which must not be tmpfs).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,7 +26,13 @@ fn main() -> Result<(), Error> {
     let quick = args.iter().any(|a| a == "--quick");
     let recorded: Vec<&String> =
         args.iter().zip(args.iter().skip(1)).filter(|(a, _)| *a == "--trace").map(|(_, f)| f).collect();
-    let dir = tempfile::tempdir()?;
+    let base = args
+        .iter()
+        .zip(args.iter().skip(1))
+        .find(|(a, _)| *a == "--dir")
+        .map_or_else(std::env::temp_dir, |(_, d)| d.into());
+    let dir = tempfile::tempdir_in(&base)?;
+    eprintln!("the disk tier's files go in {} (--dir DIR to choose; tmpfs would make it RAM)", base.display());
 
     eprintln!("measuring the disk -> cpu copy bandwidth (a file read with its pages dropped)...");
     let bw = disk_bandwidth(dir.path(), if quick { 64 * MIB } else { 256 * MIB })?;
@@ -54,8 +61,8 @@ fn main() -> Result<(), Error> {
          1.25x its copy",
         per >> 20
     );
-    println!("| policy | bytes moved | stall | copy time | hidden | wall |");
-    println!("|---|---|---|---|---|---|");
+    println!("| policy | bytes read | wasted | stall | copy time needed | hidden | wall |");
+    println!("|---|---|---|---|---|---|---|");
     let disk = DiskTier::create(dir.path(), n, per)?;
     let t = trace::layers(n, per, passes);
     let work = calibrate(per as usize, per as f64 / bw * 1.25);
@@ -69,9 +76,10 @@ fn main() -> Result<(), Error> {
     for mut p in policies {
         let r = run_real(&t, p.as_mut(), budget as u64 * per, &disk, work)?;
         println!(
-            "| {} | {} MiB | {:.1} ms | {:.1} ms | {:.0}% | {:.1} ms |",
+            "| {} | {} MiB | {} MiB | {:.1} ms | {:.1} ms | {:.0}% | {:.1} ms |",
             r.policy,
             r.bytes_moved >> 20,
+            r.bytes_wasted >> 20,
             r.stall_s * 1e3,
             r.transfer_s * 1e3,
             r.hidden() * 100.0,
@@ -242,6 +250,7 @@ fn run_real(t: &Trace, policy: &mut dyn Policy, budget: u64, disk: &DiskTier, wo
         hits: 0,
         bytes_moved: 0,
         bytes_prefetched: 0,
+        bytes_wasted: 0,
         stall_s: 0.0,
         transfer_s: 0.0,
         total_s: 0.0,
@@ -266,7 +275,6 @@ fn run_real(t: &Trace, policy: &mut dyn Policy, budget: u64, disk: &DiskTier, wo
             if hit {
                 r.hits += 1;
             } else {
-                r.bytes_moved += u.bytes;
                 io.want(u.key, &req_tx)?;
             }
             let wait = Instant::now();
@@ -274,16 +282,20 @@ fn run_real(t: &Trace, policy: &mut dyn Policy, budget: u64, disk: &DiskTier, wo
                 io.arrived(done_rx.recv_timeout(Duration::from_secs(60))?, &mut r)?;
             }
             r.stall_s += wait.elapsed().as_secs_f64();
+            // The copy this use needed (none when the buffer was used before).
+            if let Some(took) = io.copy_s.remove(&u.key) {
+                r.transfer_s += took;
+            }
             black_box(compute(&io.have[&u.key], work));
             let d = policy.after_use(step, u.key, u.bytes, hit, &view);
             view.apply(&d, u.key, u.bytes).map_err(|e| format!("{}: {e}", r.policy))?;
             for k in d.evict.iter().copied().chain((!d.keep).then_some(u.key)) {
-                io.evict(k);
+                io.evict(k, &mut r);
             }
             for &(k, b) in &d.prefetch {
-                r.bytes_moved += b;
-                r.bytes_prefetched += b;
-                io.want(k, &req_tx)?;
+                if io.want(k, &req_tx)? {
+                    r.bytes_prefetched += b;
+                }
             }
             while let Ok(a) = done_rx.try_recv() {
                 io.arrived(a, &mut r)?;
@@ -303,6 +315,8 @@ type Arrival = (Key, std::io::Result<Vec<u8>>, Duration);
 #[derive(Default)]
 struct Io {
     have: HashMap<Key, Vec<u8>>,
+    /// How long the copy of each buffer in `have` took, until a use takes it.
+    copy_s: HashMap<Key, f64>,
     /// Copies requested and not arrived, per layer.
     in_flight: HashMap<Key, u32>,
     /// Of those, how many to throw away on arrival (evicted meanwhile).
@@ -311,34 +325,47 @@ struct Io {
 
 impl Io {
     /// Makes sure a copy of `k` is coming: one in flight that was to be discarded is kept
-    /// instead, else one is requested.
-    fn want(&mut self, k: Key, req: &mpsc::Sender<Key>) -> Result<(), Error> {
+    /// instead, else one is requested (then `true`).
+    fn want(&mut self, k: Key, req: &mpsc::Sender<Key>) -> Result<bool, Error> {
         if let Some(n) = self.discard.get_mut(&k).filter(|n| **n > 0) {
             *n -= 1;
-            return Ok(());
+            return Ok(false);
         }
         req.send(k)?;
         *self.in_flight.entry(k).or_default() += 1;
-        Ok(())
+        Ok(true)
     }
 
-    /// Lets `k` go: its buffer, or every copy of it in flight.
-    fn evict(&mut self, k: Key) {
-        if self.have.remove(&k).is_none() {
-            let n = self.in_flight.get(&k).copied().unwrap_or(0);
-            self.discard.insert(k, n);
+    /// Lets `k` go: its buffer (wasted if no use took it), or every copy of it in flight.
+    fn evict(&mut self, k: Key, r: &mut Report) {
+        match self.have.remove(&k) {
+            Some(buf) => {
+                if self.copy_s.remove(&k).is_some() {
+                    r.bytes_wasted += buf.len() as u64;
+                }
+            }
+            None => {
+                let n = self.in_flight.get(&k).copied().unwrap_or(0);
+                self.discard.insert(k, n);
+            }
         }
     }
 
+    /// A copy arrived: every read counts in bytes moved; one evicted meanwhile is wasted.
     fn arrived(&mut self, (k, buf, took): Arrival, r: &mut Report) -> Result<(), Error> {
-        r.transfer_s += took.as_secs_f64();
+        let buf = buf?;
+        r.bytes_moved += buf.len() as u64;
         if let Some(n) = self.in_flight.get_mut(&k) {
             *n = n.saturating_sub(1);
         }
         match self.discard.get_mut(&k).filter(|n| **n > 0) {
-            Some(n) => *n -= 1,
+            Some(n) => {
+                *n -= 1;
+                r.bytes_wasted += buf.len() as u64;
+            }
             None => {
-                self.have.insert(k, buf?);
+                self.copy_s.insert(k, took.as_secs_f64());
+                self.have.insert(k, buf);
             }
         }
         Ok(())

@@ -62,7 +62,10 @@ impl Windows {
                     .output()?;
                 let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
                 anyhow::ensure!(
-                    out.status.success() && text.contains("is not viable here") && text.contains("Linux"),
+                    out.status.success()
+                        && text.contains("is not viable here")
+                        && text.contains("Linux")
+                        && text.contains("test result: ok. 0 passed; 0 failed;"),
                     "{backend}'s conformance under Wine did not report itself not viable (Linux only):\n{text}"
                 );
                 eprintln!("windows: {backend} is not viable, as expected: {}", first_line(&text, "not viable"));

@@ -161,6 +161,16 @@ impl Transport for PipeTransport {
                 }
                 holder::Holder::Unknown => return Err(io_err(addr, e)),
             },
+            // FILE_FLAG_FIRST_PIPE_INSTANCE on a name that exists fails with ACCESS_DENIED.
+            #[cfg(windows)]
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(TransportError::AddrInUse {
+                    addr: addr.to_string(),
+                    detail: ": a pipe of this name already exists (another listener, possibly another user's); \
+                             stop it or choose another address"
+                        .into(),
+                });
+            }
             Err(e) => return Err(io_err(addr, e)),
         };
         tracing::debug!(%addr, "listening");

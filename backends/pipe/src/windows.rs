@@ -35,9 +35,14 @@ pub(crate) fn pipe_sddl(allow_any_user: bool) -> Result<String, TransportError> 
     Ok(sddl_for(me()?, allow_any_user))
 }
 
+/// What authenticated users may do to a pipe with `allow_any_user`: FILE_GENERIC_READ |
+/// FILE_GENERIC_WRITE without FILE_APPEND_DATA, which on a pipe is FILE_CREATE_PIPE_INSTANCE
+/// (with it, any user could add server instances to the pipe and take its connections).
+pub(crate) const OTHERS_MASK: &str = "0x12019b";
+
 /// [`pipe_sddl`] for the user `sid`.
 fn sddl_for(sid: &str, allow_any_user: bool) -> String {
-    let others = if allow_any_user { "(A;;GRGW;;;AU)" } else { "" };
+    let others = if allow_any_user { format!("(A;;{OTHERS_MASK};;;AU)") } else { String::new() };
     format!("D:P(A;;GA;;;{sid}){others}")
 }
 
@@ -185,8 +190,10 @@ impl AsyncRead for ReadHalf {
 }
 
 /// The write half. Flushing does nothing: a write completes once the pipe holds the bytes,
-/// while a named pipe's flush (FlushFileBuffers) waits until the peer has read them all,
-/// which would let a peer that stops reading hold a thread per flush.
+/// while a named pipe's flush (FlushFileBuffers) waits until the peer has read them all.
+/// That wait happens once, when the pipe closes: interprocess hands a pipe with unread
+/// bytes to its linger threads, which flush it and then close it, so a peer that stops
+/// reading delays only the closing of its own pipe (and holds one linger thread).
 struct WriteHalf(Arc<Shared>);
 
 impl AsyncWrite for WriteHalf {

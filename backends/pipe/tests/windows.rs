@@ -60,7 +60,13 @@ async fn allow_any_user_adds_authenticated_users() {
     let sddl = t(pipe_security(&a)).await.unwrap();
     let aces = aces(&sddl);
     assert_eq!(aces.len(), 2, "{sddl}");
-    assert!(aces.iter().any(|a| a.ends_with(";;;AU")), "{sddl}");
+    // Read and write, but not FILE_CREATE_PIPE_INSTANCE (0x4): no other user may add
+    // server instances to the pipe.
+    let au = aces.iter().find(|a| a.ends_with(";;;AU")).unwrap_or_else(|| panic!("no AU ace: {sddl}"));
+    let mask = au.split(';').nth(2).unwrap();
+    let mask = u32::from_str_radix(mask.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("{sddl}"));
+    assert_eq!(mask & 0x4, 0, "authenticated users may create pipe instances: {sddl}");
+    assert_eq!(mask & 0x3, 0x3, "authenticated users cannot read and write: {sddl}");
     drop(accept);
 }
 

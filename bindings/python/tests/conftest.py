@@ -159,6 +159,13 @@ def read_line(stream: Any, timeout: float = WAIT) -> str:
     return line
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A test run started in the
+    background by a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python then
+    keeps ignoring it, as a daemon should; the tests stand for a server in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class CliServer:
     """`python -m ferry serve tests.apps:app ADDR` in a child process."""
 
@@ -170,6 +177,7 @@ class CliServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_default_sigint,
         )
         self.lines: list[str] = []
         while not any(line.startswith("listening on ") for line in self.lines):

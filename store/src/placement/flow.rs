@@ -32,7 +32,8 @@ pub struct FlowOptions {
     pub max_reuse_distance: Option<usize>,
     /// With a schedule: how many upcoming uses to prefetch (default 2).
     pub lookahead: usize,
-    /// Use counts halve every `aging` x (tensors in the tier) uses (default 100: TinyLFU
+    /// Use counts halve every `aging` x (tensors in the tier) uses, at least every 1024
+    /// (default 100: TinyLFU
     /// takes 10, which on a Zipf trace costs 5% more bytes moved here; longer remembers
     /// better and follows a shifting workload more slowly).
     pub aging: usize,
@@ -138,10 +139,9 @@ impl Flow {
         }
     }
 
-    /// S3-FIFO's next victim (never `keep`, never pinned); `None` when nothing can go.
-    /// S3-FIFO's next victim, with TinyLFU's admission test against `incoming` (its use
-    /// count): when the victim has been used more often, it stays and the incoming tensor
-    /// is refused instead.
+    /// S3-FIFO's next victim (never `keep`, never pinned), with TinyLFU's admission test
+    /// against `incoming` (its use count): when the victim has been used more often, it
+    /// stays and the incoming tensor is refused instead.
     fn fifo_victim(&mut self, view: &View, keep: Key, gone: &HashSet<Key>, incoming: Option<u32>) -> Victim {
         let small_target = (view.budget() as f64 * self.opts.small_fraction) as u64;
         // Bounded: each key is looked at most a few times (frequency ≤ 3 rounds per key).
@@ -201,7 +201,7 @@ impl Flow {
     fn count_use(&mut self, key: Key) {
         *self.history.entry(key).or_default() += 1;
         self.since_aging += 1;
-        if self.since_aging >= (self.opts.aging * self.place.len()).max(1024) {
+        if self.since_aging >= self.opts.aging.saturating_mul(self.place.len()).max(1024) {
             self.since_aging = 0;
             self.history.retain(|_, n| {
                 *n /= 2;
@@ -262,27 +262,23 @@ impl Flow {
         let mut need = bytes.saturating_sub(view.free());
         let mut evict = Vec::new();
         let mut gone = HashSet::new();
-        // A ghost (used again soon after leaving) is admitted without the frequency test.
-        let incoming = (!self.ghosts.contains(&key)).then(|| self.uses_of(key));
-        let mut refused = false;
+        // The frequency test is against the first victim only, before anything is evicted;
+        // a ghost (used again soon after leaving) and a pinned tensor are exempt.
+        let exempt = self.ghosts.contains(&key) || self.opts.pinned.contains(&key);
+        let mut incoming = (!exempt).then(|| self.uses_of(key));
         while need > 0 {
-            match self.fifo_victim(view, key, &gone, incoming) {
+            match self.fifo_victim(view, key, &gone, incoming.take()) {
                 Victim::Evict(v) => {
                     need = need.saturating_sub(view.bytes_of(v).unwrap_or(0));
                     gone.insert(v);
                     evict.push(v);
                 }
-                Victim::Refuse => {
-                    refused = true;
-                    break;
-                }
+                Victim::Refuse => return Decision::default(),
                 Victim::None => break,
             }
         }
-        if refused {
-            // Evictions already chosen stand (they were S3-FIFO's next victims anyway).
-            return Decision { keep: false, evict, prefetch: Vec::new() };
-        }
+        // Without room (only pinned tensors left to evict) the victims found still go: the
+        // queues have let go of them.
         let keep = need == 0;
         if keep {
             self.admit(key, bytes);
@@ -296,28 +292,31 @@ impl Flow {
         let too_far = self.opts.max_reuse_distance.is_some_and(|d| next != usize::MAX && next - self.cursor > d);
         let mut d = Decision::default();
         let mut gone = HashSet::new();
-        let mut used = view.used() - if view.contains(key) { bytes } else { 0 };
+        let mut used = view.used().saturating_sub(if view.contains(key) { bytes } else { 0 });
         let mut keep_set: HashSet<Key> = HashSet::from([key]);
         // The tensor just used: kept when pinned, or when it is needed sooner than what
-        // would have to make room for it.
-        if pinned || (next != usize::MAX && !too_far) {
-            let mut ok = true;
-            while used + bytes > view.budget() {
+        // would have to make room for it. Victims are committed only if room is made.
+        if bytes <= view.budget() && (pinned || (next != usize::MAX && !too_far)) {
+            let mut victims = Vec::new();
+            let mut room = used;
+            while room + bytes > view.budget() {
                 match self.farthest(view, &keep_set, &gone) {
                     Some((far, v)) if pinned || far > next => {
-                        used -= view.bytes_of(v).unwrap_or(0);
+                        room -= view.bytes_of(v).unwrap_or(0);
                         gone.insert(v);
-                        d.evict.push(v);
+                        victims.push(v);
                     }
-                    _ => {
-                        ok = false;
-                        break;
-                    }
+                    _ => break,
                 }
             }
-            if ok && bytes <= view.budget() {
+            if room + bytes <= view.budget() {
                 d.keep = true;
-                used += bytes;
+                d.evict = victims;
+                used = room + bytes;
+            } else {
+                for v in victims {
+                    gone.remove(&v);
+                }
             }
         }
         // Prefetch the next uses, each only by evicting tensors needed later than it.

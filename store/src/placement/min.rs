@@ -53,7 +53,7 @@ impl Policy for Min {
         if next == usize::MAX || bytes > view.budget() {
             return d;
         }
-        let mut used = view.used() - if view.contains(key) { bytes } else { 0 };
+        let mut used = view.used().saturating_sub(if view.contains(key) { bytes } else { 0 });
         let mut victims = Vec::new();
         for &(at, k) in self.by_next.iter().rev() {
             if used + bytes <= view.budget() || at < next {

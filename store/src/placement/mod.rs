@@ -114,9 +114,8 @@ impl View {
     }
 
     fn insert(&mut self, key: Key, bytes: u64) {
-        if self.resident.insert(key, bytes).is_none() {
-            self.used += bytes;
-        }
+        let old = self.resident.insert(key, bytes).unwrap_or(0);
+        self.used = self.used - old + bytes;
     }
 
     fn remove(&mut self, key: Key) -> Option<u64> {

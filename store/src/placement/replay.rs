@@ -29,9 +29,12 @@ pub struct Report {
     pub bytes_moved: u64,
     /// Of those, bytes prefetched ahead of use.
     pub bytes_prefetched: u64,
+    /// Of those, bytes prefetched and evicted before any use (moved for nothing).
+    pub bytes_wasted: u64,
     /// Time uses waited for copies (with a [`Link`]; else zero).
     pub stall_s: f64,
-    /// Time all copies took on the link (with a [`Link`]; else zero).
+    /// Time the copies that uses needed took on the link (wasted prefetches not counted, so
+    /// that they cannot raise [`Report::hidden`]; with a [`Link`]; else zero).
     pub transfer_s: f64,
     /// The whole run: compute plus stalls (with a [`Link`]; else zero).
     pub total_s: f64,
@@ -43,7 +46,7 @@ impl Report {
         if self.uses == 0 { 0.0 } else { self.hits as f64 / self.uses as f64 }
     }
 
-    /// The share of copy time hidden behind compute (1: no stall).
+    /// The share of needed copy time hidden behind compute (1: no stall).
     pub fn hidden(&self) -> f64 {
         if self.transfer_s <= 0.0 { 1.0 } else { 1.0 - (self.stall_s / self.transfer_s).min(1.0) }
     }
@@ -75,23 +78,26 @@ pub fn replay(trace: &Trace, policy: &mut dyn Policy, budget: u64, link: Option<
         hits: 0,
         bytes_moved: 0,
         bytes_prefetched: 0,
+        bytes_wasted: 0,
         stall_s: 0.0,
         transfer_s: 0.0,
         total_s: 0.0,
     };
     let mut clock = Clock { now: 0.0, link_free: 0.0, link };
-    // When prefetched tensors arrive.
-    let mut arrives: HashMap<Key, f64> = HashMap::new();
+    // Prefetched tensors not used yet: when they arrive, how long their copy took, size.
+    let mut arrives: HashMap<Key, (f64, f64, u64)> = HashMap::new();
     for (t, u) in trace.uses.iter().enumerate() {
         let hit = view.contains(u.key);
         if hit {
             r.hits += 1;
-            if let Some(at) = arrives.remove(&u.key) {
+            if let Some((at, took, _)) = arrives.remove(&u.key) {
+                r.transfer_s += took;
                 r.stall_s += clock.wait_until(at);
             }
         } else {
             r.bytes_moved += u.bytes;
-            let at = clock.copy(u.bytes, &mut r);
+            let (at, took) = clock.copy(u.bytes);
+            r.transfer_s += took;
             r.stall_s += clock.wait_until(at);
         }
         clock.compute();
@@ -100,10 +106,16 @@ pub fn replay(trace: &Trace, policy: &mut dyn Policy, budget: u64, link: Option<
         for &(k, b) in &d.prefetch {
             r.bytes_moved += b;
             r.bytes_prefetched += b;
-            let at = clock.copy(b, &mut r);
-            arrives.insert(k, at);
+            let (at, took) = clock.copy(b);
+            arrives.insert(k, (at, took, b));
         }
-        arrives.retain(|k, _| view.contains(*k));
+        arrives.retain(|k, &mut (_, _, b)| {
+            let kept = view.contains(*k);
+            if !kept {
+                r.bytes_wasted += b;
+            }
+            kept
+        });
     }
     r.total_s = clock.now;
     Ok(r)
@@ -117,13 +129,12 @@ struct Clock {
 }
 
 impl Clock {
-    /// Queues a copy of `bytes` on the link; returns when it is done.
-    fn copy(&mut self, bytes: u64, r: &mut Report) -> f64 {
-        let Some(l) = self.link else { return self.now };
+    /// Queues a copy of `bytes` on the link; returns when it is done and how long it takes.
+    fn copy(&mut self, bytes: u64) -> (f64, f64) {
+        let Some(l) = self.link else { return (self.now, 0.0) };
         let took = bytes as f64 / l.bytes_per_s;
-        r.transfer_s += took;
         self.link_free = self.link_free.max(self.now) + took;
-        self.link_free
+        (self.link_free, took)
     }
 
     /// Waits until `at`; returns the stall.

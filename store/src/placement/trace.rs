@@ -48,10 +48,11 @@ impl Trace {
         w.flush()
     }
 
-    /// Reads a trace written by [`Trace::save`] (or recorded by a store).
+    /// Reads a trace written by [`Trace::save`]. A key must keep one size throughout.
     pub fn load(path: &Path, known_order: bool) -> std::io::Result<Trace> {
         let r = std::io::BufReader::new(std::fs::File::open(path)?);
         let mut uses = Vec::new();
+        let mut sizes = std::collections::HashMap::new();
         for (i, line) in r.lines().enumerate() {
             let line = line?;
             if line.trim().is_empty() {
@@ -60,6 +61,21 @@ impl Trace {
             let u: Use = serde_json::from_str(&line).map_err(|e| {
                 std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}:{}: {e}", path.display(), i + 1))
             })?;
+            if let Some(&b) = sizes.get(&u.key)
+                && b != u.bytes
+            {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "{}:{}: tensor {} was {b} bytes, now {}: a key names one tensor",
+                        path.display(),
+                        i + 1,
+                        u.key,
+                        u.bytes
+                    ),
+                ));
+            }
+            sizes.insert(u.key, u.bytes);
             uses.push(u);
         }
         let name = path.file_stem().map_or_else(|| "recorded".to_owned(), |s| s.to_string_lossy().into_owned());
