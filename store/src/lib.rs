@@ -22,7 +22,9 @@
 //!   past it fails with [`StoreError::Budget`], naming the option.
 //! - **Placement** ([`placement`]): the policies that decide which tensors stay in a fast
 //!   tier (pinned, genoa, lru, flow, and Belady's MIN as the limit), replayed on traces by
-//!   `cargo xtask placement-bench`. Not yet wired to the store's references.
+//!   `cargo xtask placement-bench`, and [`placement::Tiers`], which places real tensors
+//!   in a cpu tier above a disk tier by one of them. Not yet wired to the store's
+//!   references or to Python.
 
 mod bucket;
 mod device;

@@ -23,11 +23,16 @@
 //!
 //! [`replay`] runs a [`trace`] through a policy and reports bytes moved, hit rate and, with
 //! a modelled link, stall time; `cargo xtask placement-bench` prints the table.
+//!
+//! [`Tiers`] applies a policy to real tensors: a cpu tier in memory above a disk tier of
+//! files, with copies between them, prefetches on a background thread, and tensors held
+//! for a use never changed under their holder.
 
 mod flow;
 mod min;
 mod policies;
 pub mod replay;
+mod tiers;
 pub mod trace;
 
 use std::collections::HashMap;
@@ -35,6 +40,7 @@ use std::collections::HashMap;
 pub use flow::{Flow, FlowOptions};
 pub use min::Min;
 pub use policies::{Genoa, Lru, Pinned};
+pub use tiers::{Held, Tier, TierError, TierOptions, Tiers};
 
 /// A tensor's key in a trace (a reference id, a parameter's index).
 pub type Key = u64;

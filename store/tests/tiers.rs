@@ -1,0 +1,95 @@
+//! The cpu and disk tiers with real files: placement follows the policy, bytes come back
+//! intact, a held tensor is never changed under its holder, a declared schedule prefetches,
+//! the disk budget is named when full.
+
+use bytes::Bytes;
+use ferry_store::placement::{Flow, FlowOptions, Lru, Tier, TierError, TierOptions, Tiers};
+
+const MB: usize = 1 << 20;
+
+fn tensor(i: usize) -> Bytes {
+    Bytes::from((0..MB).map(|j| ((i * 7 + j) % 251) as u8).collect::<Vec<u8>>())
+}
+
+#[test]
+fn lru_keeps_the_budget_and_every_tensor_comes_back_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = Tiers::new(TierOptions::new(3 * MB as u64, dir.path()), Box::new(Lru::default())).unwrap();
+    let keys: Vec<_> = (0..10).map(|i| tiers.put(tensor(i)).unwrap()).collect();
+    let (cpu, disk) = tiers.usage();
+    assert!(cpu <= 3 * MB as u64, "cpu tier over budget: {cpu}");
+    assert_eq!(disk, 7 * MB as u64, "the seven demoted tensors are written once each");
+    assert_eq!(tiers.placement(keys[0]).unwrap(), Tier::Disk);
+    assert_eq!(tiers.placement(keys[9]).unwrap(), Tier::Cpu);
+    for (i, &k) in keys.iter().enumerate() {
+        assert_eq!(tiers.get(k).unwrap().bytes, tensor(i), "tensor {i}");
+        assert!(tiers.usage().0 <= 3 * MB as u64);
+    }
+    // LRU keeps what was used last.
+    assert_eq!(tiers.placement(keys[9]).unwrap(), Tier::Cpu);
+    assert_eq!(tiers.placement(keys[0]).unwrap(), Tier::Disk);
+    // Each tensor was written to disk at most once: demoting again drops only the cpu copy.
+    assert_eq!(tiers.usage().1, 10 * MB as u64, "every tensor has been demoted once, none twice");
+}
+
+#[test]
+fn a_held_tensor_is_never_changed_under_its_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = Tiers::new(TierOptions::new(2 * MB as u64, dir.path()), Box::new(Lru::default())).unwrap();
+    let keys: Vec<_> = (0..6).map(|i| tiers.put(tensor(i)).unwrap()).collect();
+    let held = tiers.get(keys[0]).unwrap();
+    let ptr = held.bytes.as_ptr();
+    for &k in &keys[1..] {
+        tiers.get(k).unwrap();
+    }
+    assert_eq!(tiers.placement(keys[0]).unwrap(), Tier::Disk, "moved to disk meanwhile");
+    assert_eq!(held.bytes.as_ptr(), ptr);
+    assert_eq!(held.bytes, tensor(0));
+}
+
+#[test]
+fn a_declared_schedule_prefetches_ahead_of_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers =
+        Tiers::new(TierOptions::new(3 * MB as u64, dir.path()), Box::new(Flow::new(FlowOptions::default()))).unwrap();
+    let keys: Vec<_> = (0..8).map(|i| tiers.put(tensor(i)).unwrap()).collect();
+    let order: Vec<_> = keys.iter().chain(keys.iter()).copied().collect();
+    tiers.schedule(&order);
+    let mut ahead = 0;
+    for (n, &k) in order.iter().enumerate() {
+        let i = keys.iter().position(|&x| x == k).unwrap();
+        assert_eq!(tiers.get(k).unwrap().bytes, tensor(i));
+        if let Some(&next) = order.get(n + 1)
+            && tiers.placement(next).unwrap() == Tier::Cpu
+        {
+            ahead += 1;
+        }
+        assert!(tiers.usage().0 <= 3 * MB as u64);
+    }
+    assert!(ahead >= order.len() - 2, "the next tensor was in the cpu tier before {ahead} of {} uses", order.len());
+}
+
+#[test]
+fn a_full_disk_tier_is_named_and_unknown_keys_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = TierOptions { disk_budget: 2 * MB as u64, ..TierOptions::new(MB as u64, dir.path()) };
+    let tiers = Tiers::new(opts, Box::new(Lru::default())).unwrap();
+    tiers.put(tensor(0)).unwrap();
+    tiers.put(tensor(1)).unwrap();
+    tiers.put(tensor(2)).unwrap();
+    let e = tiers.put(tensor(3)).unwrap_err();
+    assert!(matches!(e, TierError::DiskFull { .. }) && e.to_string().contains("TierOptions::disk_budget"), "{e}");
+    assert!(matches!(tiers.get(999), Err(TierError::Unknown(999))));
+}
+
+#[test]
+fn dropping_the_tiers_removes_their_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = Tiers::new(TierOptions::new(MB as u64, dir.path()), Box::new(Lru::default())).unwrap();
+    for i in 0..4 {
+        tiers.put(tensor(i)).unwrap();
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
+    drop(tiers);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
