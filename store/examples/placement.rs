@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ferry_store::placement::replay::{Link, Report, replay};
+use ferry_store::placement::replay::{Link, Report, replay, start};
 use ferry_store::placement::trace::{self, Trace};
 use ferry_store::placement::{Flow, FlowOptions, Genoa, Key, Lru, Min, Pinned, Policy, View};
 
@@ -240,24 +240,10 @@ fn compute(buf: &[u8], passes: usize) -> u64 {
 /// Runs `t` with real copies: an I/O thread reads layers from the disk tier (misses and
 /// prefetches, in order), the main thread waits for each use's tensor and computes.
 fn run_real(t: &Trace, policy: &mut dyn Policy, budget: u64, disk: &DiskTier, work: usize) -> Result<Report, Error> {
-    if t.known_order {
-        let all: Vec<(Key, u64)> = t.uses.iter().map(|u| (u.key, u.bytes)).collect();
-        policy.schedule(&all);
-    }
-    let mut r = Report {
-        policy: policy.name(),
-        uses: t.uses.len(),
-        hits: 0,
-        bytes_moved: 0,
-        bytes_prefetched: 0,
-        bytes_wasted: 0,
-        stall_s: 0.0,
-        transfer_s: 0.0,
-        total_s: 0.0,
-    };
+    let mut r = start(t, policy);
     let mut view = View::new(budget);
     let mut io = Io::default();
-    let start = Instant::now();
+    let began = Instant::now();
     std::thread::scope(|s| -> Result<(), Error> {
         let (req_tx, req_rx) = mpsc::channel::<Key>();
         let (done_tx, done_rx) = mpsc::channel::<Arrival>();
@@ -304,7 +290,7 @@ fn run_real(t: &Trace, policy: &mut dyn Policy, budget: u64, disk: &DiskTier, wo
         drop(req_tx);
         Ok(())
     })?;
-    r.total_s = start.elapsed().as_secs_f64();
+    r.total_s = began.elapsed().as_secs_f64();
     Ok(r)
 }
 

@@ -64,15 +64,14 @@ pub struct PolicyBug {
     pub what: String,
 }
 
-/// Replays `trace` through `policy` with a fast tier of `budget` bytes. A trace whose order
-/// is known is declared to the policy as its schedule first.
-pub fn replay(trace: &Trace, policy: &mut dyn Policy, budget: u64, link: Option<Link>) -> Result<Report, PolicyBug> {
+/// Begins a run of `trace` through `policy`: a trace whose order is known is declared to
+/// the policy as its schedule; returns the empty report.
+pub fn start(trace: &Trace, policy: &mut dyn Policy) -> Report {
     if trace.known_order {
         let all: Vec<(Key, u64)> = trace.uses.iter().map(|u| (u.key, u.bytes)).collect();
         policy.schedule(&all);
     }
-    let mut view = View::new(budget);
-    let mut r = Report {
+    Report {
         policy: policy.name(),
         uses: trace.uses.len(),
         hits: 0,
@@ -82,7 +81,14 @@ pub fn replay(trace: &Trace, policy: &mut dyn Policy, budget: u64, link: Option<
         stall_s: 0.0,
         transfer_s: 0.0,
         total_s: 0.0,
-    };
+    }
+}
+
+/// Replays `trace` through `policy` with a fast tier of `budget` bytes. A trace whose order
+/// is known is declared to the policy as its schedule first.
+pub fn replay(trace: &Trace, policy: &mut dyn Policy, budget: u64, link: Option<Link>) -> Result<Report, PolicyBug> {
+    let mut r = start(trace, policy);
+    let mut view = View::new(budget);
     let mut clock = Clock { now: 0.0, link_free: 0.0, link };
     // Prefetched tensors not used yet: when they arrive, how long their copy took, size.
     let mut arrives: HashMap<Key, (f64, f64, u64)> = HashMap::new();
