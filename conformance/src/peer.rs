@@ -239,6 +239,9 @@ pub struct RawConn {
     pub write: Box<dyn AsyncWrite + Send + Unpin>,
     /// The connection's descriptor queue, when it passes descriptors.
     pub fds: Option<ferry_core::transport::FdQueueRef>,
+    /// What the transport knows about the connection (for QUIC, its `handle` is the
+    /// `QuicConn`: a test opens streams of its own on it).
+    pub info: ferry_core::ConnInfo,
 }
 
 impl RawConn {
@@ -246,11 +249,13 @@ impl RawConn {
     pub async fn connect<F: Fixture>(fx: &F, addr: &str) -> Result<RawConn, Failed> {
         let addr: Address = addr.parse().map_err(|e| format!("{e}"))?;
         let conn = fx.transport().connect(&addr).await.map_err(|e| format!("raw connect: {e}"))?;
+        let info = conn.info().clone();
         let split = conn.split();
         Ok(RawConn {
             reader: FrameReader::new(split.read, split.fds.clone(), Limits::default()),
             write: split.write,
             fds: split.fds,
+            info,
         })
     }
 

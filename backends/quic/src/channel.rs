@@ -12,11 +12,12 @@ use bytes::Bytes;
 use ferry_core::inline::decode_inline;
 use ferry_core::wire::{ChannelOffer, Location, QuicStreamRef};
 use ferry_core::{
-    AlignedBuf, Channel, ChannelError, ChannelSession, ConnInfo, Device, DeviceKind, Incoming, LimitError, Outgoing,
-    SessionCtx, Storage, Tensor, TensorMeta,
+    Channel, ChannelError, ChannelSession, ConnInfo, Device, DeviceKind, Incoming, LimitError, Outgoing, SessionCtx,
+    Storage, Tensor, TensorMeta,
 };
 use tokio::sync::Notify;
 
+use crate::recv_buf::RecvBuf;
 use crate::transport::QuicConn;
 
 const NAME: &str = "quic";
@@ -115,7 +116,7 @@ struct Inbox {
     arrived: Notify,
     /// Receive buffers given back by dropped tensors, reused for the next streams (a fresh
     /// buffer costs a page fault per page; a warm one costs nothing).
-    spare: Arc<Mutex<Vec<AlignedBuf>>>,
+    spare: Arc<Mutex<Vec<RecvBuf>>>,
 }
 
 /// Spare buffers kept per session.
@@ -123,8 +124,8 @@ const SPARE_BUFFERS: usize = 4;
 
 /// A received tensor's bytes; the buffer goes back to the session's spares when dropped.
 struct Recycled {
-    buf: Option<AlignedBuf>,
-    spare: std::sync::Weak<Mutex<Vec<AlignedBuf>>>,
+    buf: Option<RecvBuf>,
+    spare: std::sync::Weak<Mutex<Vec<RecvBuf>>>,
 }
 
 impl AsRef<[u8]> for Recycled {
@@ -135,33 +136,27 @@ impl AsRef<[u8]> for Recycled {
 
 impl Drop for Recycled {
     fn drop(&mut self) {
-        if let (Some(buf), Some(spare)) = (self.buf.take(), self.spare.upgrade()) {
+        if let (Some(mut buf), Some(spare)) = (self.buf.take(), self.spare.upgrade()) {
             let mut s = lock(&spare);
             if s.len() < SPARE_BUFFERS {
+                buf.clear();
                 s.push(buf);
             }
         }
     }
 }
 
-/// Buffers from this size on are made on tokio's blocking pool.
-const BLOCKING_ALLOC: usize = 1 << 20;
-
-/// A receive buffer of `n` bytes: a spare one of that size, else a new one.
-async fn take_buffer(spare: &Arc<Mutex<Vec<AlignedBuf>>>, n: usize) -> AlignedBuf {
+/// A receive buffer for an announced `n` bytes: a spare one of that size, else a new one
+/// whose memory is committed only as the bytes arrive ([`RecvBuf`]), so a peer announcing
+/// more than it sends costs nothing for the bytes it did not send.
+fn take_buffer(spare: &Arc<Mutex<Vec<RecvBuf>>>, n: usize) -> Result<RecvBuf, StreamError> {
     {
         let mut s = lock(spare);
-        if let Some(i) = s.iter().position(|b| b.len() == n) {
-            return s.swap_remove(i);
+        if let Some(i) = s.iter().position(|b| b.capacity() == n) {
+            return Ok(s.swap_remove(i));
         }
     }
-    if n < BLOCKING_ALLOC {
-        return AlignedBuf::zeroed(n);
-    }
-    // The allocator zeroes over-aligned memory page by page (a memset): for a large tensor
-    // that held this runtime thread, and the quinn drivers sharing it, for hundreds of
-    // milliseconds, long enough for the peer's idle timeout to end the connection.
-    tokio::task::spawn_blocking(move || AlignedBuf::zeroed(n)).await.unwrap_or_else(|_| AlignedBuf::zeroed(n))
+    RecvBuf::reserve(n).ok_or_else(|| format!("no address space for a stream of {n} bytes on this machine").into())
 }
 
 #[derive(Default)]
@@ -266,8 +261,7 @@ async fn read_stream(recv: &mut quinn::RecvStream, inbox: &Inbox, opts: &StreamO
         st.pending_bytes = pending;
     }
     let n = usize::try_from(len).map_err(|_| StreamError::from("stream too long for this machine"))?;
-    let mut buf = take_buffer(&inbox.spare, n).await;
-    let mut at = 0;
+    let mut buf = take_buffer(&inbox.spare, n)?;
     loop {
         let c = match recv.read_chunk(usize::MAX, true).await {
             Ok(Some(c)) => c,
@@ -275,15 +269,12 @@ async fn read_stream(recv: &mut quinn::RecvStream, inbox: &Inbox, opts: &StreamO
             Err(quinn::ReadError::Reset(_)) => return Err(StreamError::Reset),
             Err(e) => return Err(format!("reading {len} bytes: {e}").into()),
         };
-        let end = at + c.bytes.len();
-        if end > n {
+        if !buf.push(&c.bytes) {
             return Err(StreamError::from("stream longer than its announced length"));
         }
-        buf.as_mut()[at..end].copy_from_slice(&c.bytes);
-        at = end;
     }
-    if at != n {
-        return Err(format!("stream ended after {at} of its announced {n} bytes").into());
+    if buf.filled() != n {
+        return Err(format!("stream ended after {} of its announced {n} bytes", buf.filled()).into());
     }
     Ok(Bytes::from_owner(Recycled { buf: Some(buf), spare: Arc::downgrade(&inbox.spare) }))
 }

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 pub mod baseline;
 mod channel;
+mod recv_buf;
 pub mod tls;
 mod transport;
 

@@ -21,6 +21,23 @@ fn ephemeral() -> QuicOptions {
     QuicOptions { identity: IdentitySource::Ephemeral, ..QuicOptions::default() }
 }
 
+/// The QUIC fixture for raw (hand-made) peers.
+#[derive(Default)]
+struct Fx;
+
+impl ferry_conformance::Fixture for Fx {
+    const NAME: &'static str = "quic";
+    fn transport(&self) -> Arc<dyn ferry_core::Transport> {
+        Arc::new(QuicTransport::with_options(ephemeral()))
+    }
+    fn channels(&self) -> Vec<Arc<dyn ferry_core::Channel>> {
+        vec![Arc::new(QuicChannel::new()), Arc::new(InlineChannel)]
+    }
+    fn addr(&self, _: &str) -> String {
+        String::new()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinned_fingerprint_round_trip() {
     let mut l = endpoint(ephemeral()).build().listen("quic://127.0.0.1:0").await.unwrap();
@@ -233,23 +250,8 @@ impl ferry_core::DeviceBuffer for FakeDevice {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_stream_descriptors_are_refused() {
-    use ferry_conformance::Fixture;
     use ferry_core::frame::FrameKind;
 
-    #[derive(Default)]
-    struct Fx;
-    impl Fixture for Fx {
-        const NAME: &'static str = "quic";
-        fn transport(&self) -> Arc<dyn ferry_core::Transport> {
-            Arc::new(QuicTransport::with_options(ephemeral()))
-        }
-        fn channels(&self) -> Vec<Arc<dyn ferry_core::Channel>> {
-            vec![Arc::new(QuicChannel::new()), Arc::new(InlineChannel)]
-        }
-        fn addr(&self, _: &str) -> String {
-            String::new()
-        }
-    }
     let cases = [
         (json!({"stream": 3, "len": 16}), "not a unidirectional stream of the peer"), // the server's own kind
         (json!({"stream": 0, "len": 16}), "not a unidirectional stream of the peer"), // bidirectional
@@ -268,4 +270,39 @@ async fn hostile_stream_descriptors_are_refused() {
         let close = raw.expect_close().await.unwrap();
         assert!(close.code == "protocol_error" || close.code == "limit", "{close:?}");
     }
+}
+
+/// Resident memory of this process in bytes (Linux).
+#[cfg(target_os = "linux")]
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// A peer that announces a 1 GiB tensor stream and sends 100 bytes of it costs the receiver
+/// about those bytes, not the announced length (issue 14: no memory ahead of the bytes).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announced_stream_commits_memory_only_for_bytes_that_arrived() {
+    let mut l = endpoint(ephemeral()).build().listen("quic://127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().to_string();
+    let mut raw = ferry_conformance::peer::RawConn::connect(&Fx, &addr).await.unwrap();
+    raw.handshake_with(json!([{"name": "quic", "devices": ["cpu"]}])).await.unwrap();
+    let _pipe = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
+    let quic = raw.info.handle.as_ref().and_then(|h| h.downcast::<ferry_quic::QuicConn>()).expect("a QUIC connection");
+    let before = rss();
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        let mut s = quic.conn.open_uni().await.unwrap();
+        s.write_all(&(1u64 << 30).to_le_bytes()).await.unwrap();
+        s.write_all(&[7u8; 100]).await.unwrap();
+        streams.push(s);
+    }
+    // Long enough for the receiver to read the length and the bytes (and, before this was
+    // fixed, to zero the announced 4 x 1 GiB).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grown = rss().saturating_sub(before);
+    assert!(grown < 64 << 20, "4 streams announcing 1 GiB each with 100 bytes sent grew RSS by {} MiB", grown >> 20);
+    drop(streams);
 }

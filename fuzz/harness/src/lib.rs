@@ -10,8 +10,9 @@
 //!
 //! The functions drive ferry's real code: the frame reader and writer, the wire types, the
 //! server's handshake over an in-memory connection, the JSON-RPC server's own request
-//! parsing, and live channel sessions (shm with real memfds, cuda-ipc over its fake driver).
-//! They do no network I/O.
+//! parsing, and live channel sessions (shm with real memfds, cuda-ipc over its fake driver,
+//! quic over a real QUIC connection). The quic target's connections are on loopback
+//! (127.0.0.1); no other target does network I/O.
 //!
 //! # Feature flags
 //! None. It turns on `ferry-rpc/fuzzing` for the server's private request parsing.
@@ -35,6 +36,7 @@ mod cuda;
 mod desc;
 mod frame;
 mod handshake;
+mod quic;
 mod rpc;
 mod shm;
 
@@ -42,6 +44,7 @@ pub use cuda::cuda_descriptor;
 pub use desc::tensor_desc;
 pub use frame::frame;
 pub use handshake::handshake;
+pub use quic::quic_descriptor;
 pub use rpc::rpc_request;
 pub use shm::shm_descriptor;
 
@@ -56,6 +59,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("rpc_request", rpc_request),
     ("shm_descriptor", shm_descriptor),
     ("cuda_descriptor", cuda_descriptor),
+    ("quic_descriptor", quic_descriptor),
 ];
 
 thread_local! {
