@@ -4,7 +4,11 @@
 //! `python-server` does what a user does, then checks the result:
 //! - `pip install ./sdks/python ./bindings/python` into an empty venv
 //!   (`target/python-server-venv`, cleared each run): maturin from PyPI builds the native
-//!   module (release) with this machine's Rust toolchain;
+//!   module with this machine's Rust toolchain. The tests build it with cargo's `dev`
+//!   profile (`MATURIN_PEP517_ARGS=--profile dev`): it reuses the dependencies the
+//!   workspace's tests compiled, where the release build a user gets costs ~3.5 minutes of
+//!   CI on 2 cores, and debug assertions and overflow checks run under the tests too. The
+//!   benchmark builds release, as a user does;
 //! - the pinned tools of `bindings/python/requirements-dev.txt`;
 //! - `ruff format --check` and `ruff check` (package, tests, bench, examples), `mypy
 //!   --strict` (package), `mypy.stubtest ferry._native` (the checked-in stubs match the
@@ -39,7 +43,7 @@ pub const COLUMN: &str = "python-server";
 /// passes when both SDKs' runs of it pass).
 pub fn conformance_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, Vec<String>) {
     let root = sh.current_dir();
-    let python = match install(sh, &root, false) {
+    let python = match install(sh, &root, false, Profile::Dev) {
         Ok(p) => p,
         Err(e) => {
             let reason = format!("installing the package failed: {e:#}");
@@ -104,8 +108,17 @@ fn add_torch(sh: &Shell, python: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The cargo profile maturin builds the native module with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    /// `dev`: for the tests (see the module docs).
+    Dev,
+    /// `release`: what `pip install` gives a user, for the benchmark.
+    Release,
+}
+
 /// Makes the empty venv and installs the packages as a user would, plus the dev tools.
-fn install(sh: &Shell, root: &Path, clear: bool) -> anyhow::Result<PathBuf> {
+fn install(sh: &Shell, root: &Path, clear: bool, profile: Profile) -> anyhow::Result<PathBuf> {
     anyhow::ensure!(crate::sdk::has_python(sh), "python3 not found: the ferry Python package needs python3 >= 3.10");
     let venv = crate::target_dir(sh)?.join("python-server-venv");
     let python = venv.join("bin").join("python");
@@ -113,9 +126,14 @@ fn install(sh: &Shell, root: &Path, clear: bool) -> anyhow::Result<PathBuf> {
         cmd!(sh, "python3 -m venv --clear {venv}").run()?;
     }
     let (client, server) = (root.join("sdks/python"), root.join("bindings/python"));
-    eprintln!("xtask: pip install ./sdks/python ./bindings/python (maturin builds the native module)");
-    cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {client} {server}")
-        .run()
+    let pip = cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {client} {server}");
+    let pip = match profile {
+        Profile::Dev => pip.env("MATURIN_PEP517_ARGS", "--profile dev"),
+        Profile::Release => pip.env_remove("MATURIN_PEP517_ARGS"),
+    };
+    let built = if profile == Profile::Dev { "dev profile" } else { "release" };
+    eprintln!("xtask: pip install ./sdks/python ./bindings/python (maturin builds the native module, {built})");
+    pip.run()
         .context("`pip install ./sdks/python ./bindings/python` failed")?;
     let reqs = root.join("bindings/python/requirements-dev.txt");
     cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check -r {reqs}").run()?;
@@ -135,7 +153,7 @@ impl PythonServer {
     /// Installs, lints, type-checks and tests the package.
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
         let root = sh.current_dir();
-        let python = install(sh, &root, true)?;
+        let python = install(sh, &root, true, Profile::Dev)?;
         let pkg = root.join("bindings/python");
         let sources: Vec<PathBuf> = ["python", "tests", "bench"]
             .iter()
@@ -187,7 +205,7 @@ impl BenchPythonServer {
     /// Installs (once), builds a release `ferry` and runs the benchmark.
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
         let root = sh.current_dir();
-        let python = install(sh, &root, false)?;
+        let python = install(sh, &root, false, Profile::Release)?;
         let ferry = crate::sdk::ferry_bin(sh, true)?;
         let bench = root.join("bindings/python/bench");
         let _dir = sh.push_dir(&bench);
