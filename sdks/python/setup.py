@@ -18,12 +18,14 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # Modules on the path of every call. Others stay interpreted: `errors` (generated clients
-# subclass its exceptions) and those that use weak references or ctypes (`_cuda*`,
-# `_cupy`), which compiled classes do not support.
+# subclass its exceptions), `_options` (`ConnectOptions` is a plain dataclass, used only
+# to connect) and those that use weak references or ctypes (`_cuda*`, `_cupy`), which
+# compiled classes do not support.
 COMPILED = [
+    "ferry_client/_connection.py",
     "ferry_client/_io.py",
-    "ferry_client/_jsonrpc.py",
     "ferry_client/_outgoing.py",
+    "ferry_client/_rpc.py",
     "ferry_client/_session.py",
     "ferry_client/_shm.py",
     "ferry_client/_wire.py",

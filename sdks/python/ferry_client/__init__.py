@@ -9,6 +9,9 @@ mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
   `alloc` (an array in shared memory, sent without a copy), `discover`.
 - `Pipe` (blocking): the same connection at the message level, without JSON-RPC: `send`
   a JSON header with tensors, `recv` the peer's next `Message`.
+- `ConnectOptions`: how to connect (timeouts, token, channels, memory limits), as one
+  value for any of them: `Client.connect(addr, options=opts)`; the same options also
+  work one by one as keyword arguments.
 - `Tensor`, `BF16`, `bf16_to_f32`, `f32_to_bf16`, `F8E4M3FN`, `F8E5M2`: dtypes numpy
   lacks (float8 through ml_dtypes), and DLPack export.
 - CUDA tensors (optional, through CuPy): `connect(..., cuda=True)`, `alloc(...,
@@ -32,6 +35,7 @@ __version__ = "0.1.0"
 
 from ._cuda import CudaUnavailable
 from ._cuda_channel import is_orphaned
+from ._options import ConnectOptions
 from .aio import AsyncClient
 from .client import Client
 from .errors import (
@@ -75,6 +79,7 @@ __all__ = [
     "Bundle",
     "CallTimeout",
     "Client",
+    "ConnectOptions",
     "ConnectionClosed",
     "CudaUnavailable",
     "DTYPES",

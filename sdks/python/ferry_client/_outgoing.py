@@ -1,9 +1,11 @@
 """Building MESSAGE frames with tensors, for a `Session`: each tensor goes the cheapest
 way the channel allows (PROTOCOL.md 11.3), and a pool array sent again reuses its
-descriptor (`_Sent`)."""
+descriptor (`_Sent`). Also what the layers above use to hand a message over: its
+application JSON as text (`ENCODER`) and its tensors (`TensorRefs`, little-endian)."""
 
 from __future__ import annotations
 
+import json
 import struct
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -12,12 +14,26 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _cuda, _shm
-from ._jsonrpc import TensorRefs
 from ._wire import ALIGN, MESSAGE, layout
 from .errors import LimitError
 
 if TYPE_CHECKING:
     from ._session import Session
+
+ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""Compact JSON text for a message's application JSON (NaN and infinities refused)."""
+
+TensorRefs = list[tuple[Any, str]]
+"""The tensors a message carries, in reference order: (numpy array or `CudaArray`,
+ferry dtype)."""
+
+
+def little_endian(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """`a`, or a little-endian copy of it (tensors travel little-endian)."""
+    if a.dtype.byteorder == ">":
+        return a.astype(a.dtype.newbyteorder("<"))
+    return a
+
 
 INLINE_BELOW = 16384
 """Tensors smaller than this that are not in shared memory travel inline (as ferry's own

@@ -1,6 +1,14 @@
-"""JSON-RPC 2.0 over ferry messages: requests as JSON text with tensors as
-`{"$tensor": i}` references (`request_json`, `params_json`), and responses back to
-results with their tensors resolved (`responses`, `resolve_tensors`).
+"""JSON-RPC 2.0 over ferry messages, sans-IO: the layer above the message-level
+`_session.Session`.
+
+- `RpcSession`: one connection's JSON-RPC state: request ids, calls and batches as
+  messages to write, and the responses in a received frame as (id, outcome).
+- The codec it uses: requests as JSON text with tensors as `{"$tensor": i}` references
+  (`request_json`, `params_json`, `encode_params`), and responses back to results with
+  their tensors resolved (`responses`, `resolve_tensors`).
+- The params of `ferry.task.submit`, and what the `ferry.task.*` and `rpc.discover`
+  answers must look like (`submit_params`, `submit_answer`, `status_answer`,
+  `discover_answer`), for both clients.
 """
 
 from __future__ import annotations
@@ -16,20 +24,61 @@ import numpy.typing as npt
 
 from ._cuda import cuda_array
 from ._cuda_channel import dtype_of
-from ._wire import byte_span
+from ._outgoing import ENCODER, Outgoing, TensorRefs, little_endian
+from ._session import PEER_FAULTS, Session
+from ._wire import Frame, byte_span
 from .errors import ParamsError, ProtocolError, ResultError, RpcError
 from .refs import REF_KEY, TensorRef
 from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype, typed_view
 
 MAX_PARAM_DEPTH = 256
-ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 Outcome = Union[object, RpcError, ResultError]
 """A call's result, or the error it ended with."""
 
-TensorRefs = list[tuple[Any, str]]
-"""The tensors a message carries, in reference order: (numpy array or `CudaArray`,
-ferry dtype)."""
+
+class RpcSession:
+    """The JSON-RPC state of one connection over its message-level `session`: call order
+    as `Session`'s, with `request()`/`batch()` and `on_frame()` after the handshake."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._next_id = 1
+
+    def next_id(self) -> int:
+        """A new request id."""
+        i = self._next_id
+        self._next_id += 1
+        return i
+
+    def request(self, method: str, params: object, call_id: int | None) -> Outgoing:
+        """A call (or, with `call_id=None`, a notification) as frames to write."""
+        tensors: TensorRefs = []
+        return self.session.message(
+            request_json(method, params, call_id, tensors), tensors
+        )
+
+    def batch(self, calls: list[tuple[str, object, int]]) -> Outgoing:
+        """Several calls in one message (tensor references numbered across them)."""
+        tensors: TensorRefs = []
+        reqs = [request_json(m, p, i, tensors) for m, p, i in calls]
+        return self.session.message("[" + ",".join(reqs) + "]", tensors)
+
+    def on_frame(self, f: Frame) -> list[tuple[object, Outcome]]:
+        """A frame after the handshake -> the responses it carries, as (id, outcome).
+
+        Raises as `Session.receive` does (`ConnectionClosed` for CLOSE, `ProtocolError`
+        for anything the protocol does not allow), and `ProtocolError` for a message
+        that is not JSON-RPC responses.
+        """
+        got = self.session.receive(f)
+        if got is None:
+            return []  # (a control frame, applied)
+        try:
+            return responses(got[0], got[1], f.refs)
+        except PEER_FAULTS as e:
+            # Anything the checks did not foresee is still the peer's fault, never a crash.
+            raise ProtocolError(f"malformed frame: {e!r:.300}") from None
 
 
 _METHODS: dict[str, str] = {}
@@ -166,12 +215,6 @@ def encode_params(value: object, tensors: TensorRefs, depth: int = 0) -> object:
         tensors.append((cu, dtype_of(cu)))
         return {"$tensor": len(tensors) - 1}
     raise ParamsError(f"a {type(value).__name__} cannot be sent as JSON: {value!r:.80}")
-
-
-def little_endian(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    if a.dtype.byteorder == ">":
-        return a.astype(a.dtype.newbyteorder("<"))
-    return a
 
 
 def _is_ref(v: object) -> bool:
@@ -327,3 +370,38 @@ def responses(
                 f"a JSON-RPC response needs `result` or `error`: {r!r:.200}"
             )
     return out
+
+
+def status_answer(r: object) -> dict[str, Any]:
+    """A `ferry.task.status` (or `.cancel`) answer, checked: an object with a state."""
+    if not isinstance(r, dict) or not isinstance(r.get("state"), str):
+        raise ProtocolError(
+            f"a task status must be an object with a state, got {r!r:.200}"
+        )
+    return r
+
+
+def submit_params(
+    method: str, params: object, keep: bool, detached: bool
+) -> dict[str, object]:
+    """The params of `ferry.task.submit`."""
+    args: dict[str, object] = {"method": method, "keep": keep}
+    if detached:
+        args["detached"] = True
+    if params is not None:
+        args["params"] = params
+    return args
+
+
+def submit_answer(r: object) -> str:
+    """A `ferry.task.submit` answer, checked -> the task's id."""
+    if not isinstance(r, dict) or not isinstance(r.get("task"), str):
+        raise ProtocolError(f"ferry.task.submit answered {r!r:.200}")
+    return str(r["task"])
+
+
+def discover_answer(r: object) -> dict[str, Any]:
+    """An `rpc.discover` answer, checked: an object (the OpenRPC document)."""
+    if not isinstance(r, dict):
+        raise ProtocolError(f"rpc.discover answered {type(r).__name__}, not an object")
+    return r

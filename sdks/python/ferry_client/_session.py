@@ -1,32 +1,25 @@
-"""One connection's protocol state, sans-IO: handshake, messages with tensors, JSON-RPC.
+"""One connection's protocol state at the message level, sans-IO: the handshake, and
+messages of a JSON header with tensors over the negotiated channels (no JSON-RPC: that is
+`_rpc.RpcSession`, on top of this).
 
-`Session` is shared by the blocking and the asyncio client. It builds the bytes to send
-(`hello`, `request`, `notification`, `close_frame`) and consumes received frames
-(`on_handshake`, `on_frame`), returning what happened; the clients move the bytes.
-Call order: `hello()`, then feed frames to `on_handshake()` until it returns True, then
-`request()`/`on_frame()` in any order, then `close_frame()`.
+`Session` is shared by every connection (`Client`, `AsyncClient`, `Pipe`). It builds the
+bytes to send (`hello`, `message`, `releases`, `close_frame`) and consumes received
+frames (`on_handshake`, `receive`), returning what happened; the connections move the
+bytes. Call order: `hello()`, then the server's answer to `on_handshake()`, then
+`message()`/`receive()` in any order, then `close_frame()`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _cuda, _cuda_channel, _shm
-from ._outgoing import Outgoing, _Sent, build_message
-from ._jsonrpc import (
-    ENCODER,
-    Outcome,
-    TensorRefs,
-    encode_params,
-    little_endian,
-    params_json,
-    request_json,
-    responses,
-)
+from ._outgoing import Outgoing, TensorRefs, _Sent, build_message
 from ._wire import (
     CLOSE,
     CONTROL,
@@ -48,21 +41,12 @@ from .errors import (
     ProtocolError,
     Refused,
 )
-from .tensors import NUMPY_DTYPES, typed_view
+from .tensors import NUMPY_DTYPES, numpy_dtype, storage_dtype, typed_view
 
-__all__ = [
-    "ENCODER",
-    "Outcome",
-    "Outgoing",
-    "Session",
-    "encode_params",
-    "little_endian",
-    "params_json",
-    "responses",
-]
+__all__ = ["FEATURES", "PEER_FAULTS", "Session"]
 
 
-_PEER_FAULTS = (
+PEER_FAULTS = (
     KeyError,
     TypeError,
     ValueError,
@@ -83,7 +67,7 @@ def _close_fds(fds: list[int]) -> None:
 
 
 class Session:
-    """The protocol state of one client connection (see the module docs)."""
+    """The message-level protocol state of one connection (see the module docs)."""
 
     def __init__(
         self,
@@ -111,7 +95,6 @@ class Session:
         self.peer_limits = Limits()
         self.receiver: _shm.ShmReceiver | None = None
         self.pool: _shm.ShmPool | None = None
-        self._next_id = 1
         self.offered: list[str] = []
         self.cuda_driver = cuda
         self.cuda_domain = _cuda.domain(cuda) if cuda is not None else None
@@ -225,23 +208,6 @@ class Session:
 
     # ---- sending ------------------------------------------------------------------------
 
-    def next_id(self) -> int:
-        """A new request id."""
-        i = self._next_id
-        self._next_id += 1
-        return i
-
-    def request(self, method: str, params: object, call_id: int | None) -> Outgoing:
-        """A call (or, with `call_id=None`, a notification) as frames to write."""
-        tensors: TensorRefs = []
-        return self.message(request_json(method, params, call_id, tensors), tensors)
-
-    def batch(self, calls: list[tuple[str, object, int]]) -> Outgoing:
-        """Several calls in one message (tensor references numbered across them)."""
-        tensors: TensorRefs = []
-        reqs = [request_json(m, p, i, tensors) for m, p, i in calls]
-        return self.message("[" + ",".join(reqs) + "]", tensors)
-
     def releases(self) -> bytes:
         """CONTROL frames releasing every lease whose arrays are gone (or nothing)."""
         out = b""
@@ -278,6 +244,23 @@ class Session:
             )
         return self.cuda.alloc(shape, dtype, dev)
 
+    def alloc(self, shape: Sequence[int], dtype: str, device: str = "cpu") -> Any:
+        """A writable, uninitialised array in this connection's memory (`Client.alloc`):
+        on `"cpu"` in the shm pool (an ordinary array without one, or when empty), on
+        `"cuda:N"` in the cuda-ipc pool."""
+        dims = tuple(int(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise ValueError(f"dimensions must be >= 0, got {list(shape)}")
+        dt = numpy_dtype(dtype)
+        if device != "cpu":
+            return self.alloc_cuda(dims, dt, device)
+        nbytes = int(np.prod(dims, dtype=object)) * dt.itemsize
+        if self.pool is None or nbytes == 0:
+            plain = storage_dtype(dt)
+            arr: npt.NDArray[Any] = np.zeros(dims, dtype=plain)
+            return arr if plain is dt else arr.view(dt)
+        return self.pool.alloc(dims, dt)
+
     def message(self, app_json: str, tensors: TensorRefs) -> Outgoing:
         """One MESSAGE frame carrying the application JSON (text) and `tensors`, preceded by
         the pending releases (`_outgoing.build_message`)."""
@@ -289,53 +272,36 @@ class Session:
 
     # ---- receiving ----------------------------------------------------------------------
 
-    def on_frame(self, f: Frame) -> list[tuple[object, Outcome]]:
-        """A frame after the handshake -> the responses it carries, as (id, outcome).
+    def receive(self, f: Frame) -> tuple[object, list[npt.NDArray[Any]]] | None:
+        """A frame after the handshake -> the message it carries (its application JSON
+        and its tensors as arrays), or `None` for a frame that carries none (the
+        channels' control frames, applied).
 
         Raises `ConnectionClosed` for CLOSE and `ProtocolError` for anything the protocol
         does not allow (the caller then closes the connection with that error's code).
         """
         try:
             if f.kind == MESSAGE:  # (the usual frame first)
-                app, arrays = self.decode_message(f)
-                return responses(app, arrays, f.refs)
-            return self._on_frame(f)
-        except _PEER_FAULTS as e:
+                return self.decode_message(f)
+            self._control(f)
+            return None
+        except PEER_FAULTS as e:
             # Anything the checks did not foresee is still the peer's fault, never a crash.
             raise ProtocolError(f"malformed frame: {e!r:.300}") from None
         finally:
             if f.fds:
                 _close_fds(f.fds)
 
-    def receive(self, f: Frame) -> tuple[object, list[npt.NDArray[Any]]] | None:
-        """A frame after the handshake, at the message level (no JSON-RPC) -> the message
-        it carries (its application JSON and its tensors as arrays), or `None` for a frame
-        that carries none (the shm channel's control frames).
-
-        Raises as `on_frame` does.
-        """
-        try:
-            if f.kind == MESSAGE:
-                return self.decode_message(f)
-            self._on_frame(f)  # (control: applied; close: raises)
-            return None
-        except _PEER_FAULTS as e:
-            raise ProtocolError(f"malformed frame: {e!r:.300}") from None
-        finally:
-            if f.fds:
-                _close_fds(f.fds)
-
-    def _on_frame(self, f: Frame) -> list[tuple[object, Outcome]]:
-        if f.kind == MESSAGE:
-            app, arrays = self.decode_message(f)
-            return responses(app, arrays, f.refs)
+    def _control(self, f: Frame) -> None:
+        """A frame other than MESSAGE after the handshake: CONTROL is applied, CLOSE raises
+        `ConnectionClosed`, anything else is a `ProtocolError`."""
         if f.kind == CONTROL:
             h = f.header
             if not isinstance(h, dict) or "channel" not in h or "body" not in h:
                 raise ProtocolError(f"malformed frame header: control frame {h!r:.200}")
             if h["channel"] == _cuda.NAME and self.cuda is not None:
                 self.cuda.control(h["body"])
-                return []
+                return
             if h["channel"] != "shm" or self.pool is None:
                 raise ProtocolError(
                     f"malformed frame header: control frame for channel {h['channel']!r:.100}, "
@@ -350,7 +316,7 @@ class Session:
                 body = dict(body)
                 self.receiver.forget(body.pop("forget"))
             self.pool.release(body)
-            return []
+            return
         if f.kind == CLOSE:
             h = f.header if isinstance(f.header, dict) else {}
             code = h.get("code", "normal")

@@ -1,6 +1,7 @@
 """`AsyncClient`: an asyncio JSON-RPC client over one ferry connection.
 
-The same protocol engine as `Client` (`_session.Session`), driven by the event loop: the
+The same protocol engine as `Client` (`_session.Session` for messages, `_rpc.RpcSession`
+for JSON-RPC on top), driven by the event loop: the
 socket's readable callback reads frames and resolves the waiting calls' futures, so any
 number of calls may be in flight from any number of tasks. Every call has a deadline (the
 client's `timeout` or the call's own); a call that times out, or whose task is cancelled,
@@ -18,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
 from . import __version__
 from ._io import (
     ANCILLARY,
@@ -29,9 +29,18 @@ from ._io import (
     rights,
     socket_address,
 )
-from ._session import Outcome, Outgoing, Session
+from ._options import ConnectOptions, new_session, resolve
+from ._outgoing import Outgoing
+from ._rpc import (
+    Outcome,
+    RpcSession,
+    discover_answer,
+    status_answer,
+    submit_answer,
+    submit_params,
+)
+from ._session import Session
 from ._wire import Limits
-from .client import _status, alloc, cuda_options
 from .errors import (
     CallTimeout,
     ConnectionClosed,
@@ -75,6 +84,7 @@ class AsyncClient:
     def __init__(self, sock: socket.socket, session: Session, timeout: float) -> None:
         self._sock = sock
         self._session = session
+        self._rpc = RpcSession(session)
         self.timeout = timeout
         """Default seconds a call waits for its answer."""
         self._loop = asyncio.get_running_loop()
@@ -91,6 +101,7 @@ class AsyncClient:
         cls,
         addr: str,
         *,
+        options: ConnectOptions | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
         shm: bool = True,
@@ -105,16 +116,26 @@ class AsyncClient:
         cuda_max_peer_allocs: int = 4096,
     ) -> AsyncClient:
         """Connects to `addr` and performs the handshake; arguments as `Client.connect`
-        (including `cuda`)."""
-        session = Session(
-            shm=shm,
-            token=token,
-            agent=agent or f"ferry-python-asyncio/{__version__}",
-            limits=limits or Limits(),
-            pool_limit=pool_limit,
-            max_peer_bytes=max_peer_bytes,
-            **cuda_options(cuda, cuda_pool_limit, cuda_max_peer_allocs),
+        (`options`, or the fields of `ConnectOptions` one by one), less `busy_poll_us`
+        (the event loop waits for the socket)."""
+        o = resolve(
+            options,
+            ConnectOptions(
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                shm=shm,
+                token=token,
+                agent=agent,
+                allow_any_user=allow_any_user,
+                pool_limit=pool_limit,
+                max_peer_bytes=max_peer_bytes,
+                limits=limits,
+                cuda=cuda,
+                cuda_pool_limit=cuda_pool_limit,
+                cuda_max_peer_allocs=cuda_max_peer_allocs,
+            ),
         )
+        session = new_session(o, f"ferry-python-asyncio/{__version__}")
         target = socket_address(addr)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -122,28 +143,30 @@ class AsyncClient:
         client: AsyncClient | None = None
         try:
             try:
-                await asyncio.wait_for(loop.sock_connect(sock, target), connect_timeout)
+                await asyncio.wait_for(
+                    loop.sock_connect(sock, target), o.connect_timeout
+                )
             except asyncio.TimeoutError:
                 raise CallTimeout(
-                    f"connecting to {addr} took longer than {connect_timeout}s"
+                    f"connecting to {addr} took longer than {o.connect_timeout}s"
                 ) from None
             except OSError as e:
                 raise ConnectionClosed(f"cannot connect to {addr}: {e}") from None
-            check_peer(sock, allow_any_user)
-            client = cls(sock, session, timeout)
+            check_peer(sock, o.allow_any_user)
+            client = cls(sock, session, o.timeout)
             client._handshake = loop.create_future()
             loop.add_reader(client._fd, client._on_readable)
-            deadline = time.monotonic() + connect_timeout
+            deadline = time.monotonic() + o.connect_timeout
             await client._send(
                 lambda: Outgoing(b"", [session.hello()], [], [], []), deadline
             )
             try:
                 await asyncio.wait_for(
-                    asyncio.shield(client._handshake), connect_timeout
+                    asyncio.shield(client._handshake), o.connect_timeout
                 )
             except asyncio.TimeoutError:
                 raise CallTimeout(
-                    f"no handshake with {addr} within {connect_timeout}s"
+                    f"no handshake with {addr} within {o.connect_timeout}s"
                 ) from None
         except BaseException:
             if client is not None:
@@ -192,7 +215,7 @@ class AsyncClient:
         """Sends a notification (no answer)."""
         self._check()
         await self._send(
-            lambda: self._session.request(method, params, None), self._deadline(None)
+            lambda: self._rpc.request(method, params, None), self._deadline(None)
         )
 
     def alloc(
@@ -200,7 +223,7 @@ class AsyncClient:
     ) -> Any:
         """A writable array in this connection's memory, on `device` (see
         `Client.alloc`)."""
-        return alloc(self._session, shape, dtype, device)
+        return self._session.alloc(shape, dtype, device)
 
     async def submit(
         self,
@@ -212,19 +235,12 @@ class AsyncClient:
     ) -> str:
         """Starts `method` as a task on the server; returns its id (see
         `ferry_client.Client.submit` for `keep` and `detached`)."""
-        args: dict[str, object] = {"method": method, "keep": keep}
-        if detached:
-            args["detached"] = True
-        if params is not None:
-            args["params"] = params
-        r = await self.call("ferry.task.submit", args)
-        if not isinstance(r, dict) or not isinstance(r.get("task"), str):
-            raise ProtocolError(f"ferry.task.submit answered {r!r:.200}")
-        return str(r["task"])
+        args = submit_params(method, params, keep, detached)
+        return submit_answer(await self.call("ferry.task.submit", args))
 
     async def task_status(self, task: str) -> dict[str, Any]:
         """The task's status."""
-        return _status(await self.call("ferry.task.status", {"task": task}))
+        return status_answer(await self.call("ferry.task.status", {"task": task}))
 
     async def task_result(
         self,
@@ -245,16 +261,11 @@ class AsyncClient:
 
     async def task_cancel(self, task: str) -> dict[str, Any]:
         """Cancels the task; returns its status."""
-        return _status(await self.call("ferry.task.cancel", {"task": task}))
+        return status_answer(await self.call("ferry.task.cancel", {"task": task}))
 
     async def discover(self) -> dict[str, Any]:
         """The server's OpenRPC document."""
-        r = await self.call("rpc.discover")
-        if not isinstance(r, dict):
-            raise ProtocolError(
-                f"rpc.discover answered {type(r).__name__}, not an object"
-            )
-        return r
+        return discover_answer(await self.call("rpc.discover"))
 
     async def flush_releases(self) -> None:
         """Tells the server now which of its tensors this process no longer uses."""
@@ -306,7 +317,7 @@ class AsyncClient:
     ) -> list[Outcome]:
         self._check()
         deadline = self._deadline(timeout)
-        ids = [self._session.next_id() for _ in calls]
+        ids = [self._rpc.next_id() for _ in calls]
         futures = [self._loop.create_future() for _ in ids]
         for i, f in zip(ids, futures):
             self._pending[i] = f
@@ -315,11 +326,11 @@ class AsyncClient:
             if single:
                 (method, params), call_id = calls[0], ids[0]
                 await self._send(
-                    lambda: self._session.request(method, params, call_id), deadline
+                    lambda: self._rpc.request(method, params, call_id), deadline
                 )
             else:
                 await self._send(
-                    lambda: self._session.batch(
+                    lambda: self._rpc.batch(
                         [(m, p, i) for (m, p), i in zip(calls, ids)]
                     ),
                     deadline,
@@ -348,7 +359,7 @@ class AsyncClient:
             for i in ids:
                 try:
                     build = functools.partial(
-                        self._session.request, "ferry.cancel", {"id": i}, None
+                        self._rpc.request, "ferry.cancel", {"id": i}, None
                     )
                     await self._send(build, time.monotonic() + 1.0)
                 except FerryError:
@@ -421,6 +432,7 @@ class AsyncClient:
     def _on_readable(self) -> None:
         """The event loop's callback: reads what is there and handles complete frames."""
         session = self._session
+        rpc = self._rpc
         reader = session.reader
         try:
             direct = reader.direct()
@@ -448,7 +460,7 @@ class AsyncClient:
                     session.on_handshake(f)
                     self._handshake.set_result(None)
                     continue
-                for rid, outcome in session.on_frame(f):
+                for rid, outcome in rpc.on_frame(f):
                     fut = self._pending.get(rid)
                     if fut is not None and not fut.done():
                         fut.set_result(outcome)

@@ -30,8 +30,9 @@ import numpy as np
 
 from ._cuda import CudaArrayLike, cuda_array
 from ._cuda_channel import dtype_of
-from ._session import ENCODER, Session, little_endian
-from .client import _Connection
+from ._connection import Connection
+from ._outgoing import ENCODER, little_endian
+from ._session import Session
 from .errors import CallTimeout, ConnectionClosed, ParamsError, ProtocolError
 from .tensors import Tensor, TensorIn, ferry_dtype
 
@@ -44,9 +45,10 @@ class Message(NamedTuple):
     """numpy arrays, and CuPy arrays for CUDA tensors."""
 
 
-class Pipe(_Connection):
+class Pipe(Connection):
     """A message-level connection to a ferry peer. Make one with `Pipe.connect(addr)`
-    (the same arguments as `Client.connect`; `timeout` is how long `recv()` waits)."""
+    (the same arguments as `Client.connect`, or a `ConnectOptions`; `timeout` is how long
+    `recv()` waits)."""
 
     def __init__(self, sock: socket.socket, session: Session, timeout: float) -> None:
         super().__init__(sock, session, timeout)

@@ -49,7 +49,7 @@ def check_package(expect_compiled: bool) -> None:
     if expect_compiled:
         # setup.py's COMPILED list, every one of them (mypyc leaves each module's .py
         # beside its extension, which shadows it).
-        hot = ["_io", "_jsonrpc", "_outgoing", "_session", "_shm", "_wire"]
+        hot = ["_connection", "_io", "_outgoing", "_rpc", "_session", "_shm", "_wire"]
         hot += ["client", "pipe", "tensors"]
         missing = [m for m in hot if m not in compiled]
         if missing:

@@ -399,6 +399,38 @@ def test_busy_polling_is_an_option(demo: Server) -> None:
         assert c._spin == (50e-6 if cpus >= 2 else 0.0)
 
 
+def test_connect_options_are_the_keyword_arguments(demo: Server) -> None:
+    """`ConnectOptions` connects every kind of connection as the keyword arguments of the
+    same names do (a connect with `options` alone also checks that each keyword's default
+    is the field's); a keyword that disagrees with `options` is a TypeError, one at its
+    default (as the generated clients pass them on) or equal to it is not."""
+    opts = ferry_client.ConnectOptions(timeout=5.0, shm=False, busy_poll_us=0)
+    with Client.connect(demo.addr, options=opts) as c:
+        assert (c.channel, c.timeout, c._spin) == ("inline", 5.0, 0.0)
+        assert c.call("add", [1, 2]) == 3
+    with Client.connect(demo.addr, options=opts, shm=False, timeout=60.0) as c:
+        assert (c.channel, c.timeout) == ("inline", 5.0)
+    with DemoClient.connect(demo.addr, options=opts) as d:
+        assert (d.client.channel, d.client.timeout) == ("inline", 5.0)
+    with ferry_client.Pipe.connect(demo.addr, options=opts) as p:
+        assert (p.channel, p.timeout) == ("inline", 5.0)
+    with pytest.raises(TypeError, match="disagree with it: timeout, token;"):
+        Client.connect(demo.addr, options=opts, timeout=1.0, token="x")
+    with pytest.raises(TypeError, match="must be a ferry_client.ConnectOptions"):
+        Client.connect(demo.addr, options={"shm": False})  # type: ignore[arg-type]
+    assert "secret" not in repr(ferry_client.ConnectOptions(token="secret"))
+
+    async def main() -> None:
+        c = await AsyncClient.connect(demo.addr, options=opts)
+        assert (c.channel, c.timeout) == ("inline", 5.0)
+        assert await c.call("add", [1, 2]) == 3
+        await c.close()
+        with pytest.raises(TypeError, match="disagree with it: cuda;"):
+            await AsyncClient.connect(demo.addr, options=opts, cuda=False)
+
+    asyncio.run(main())
+
+
 def test_an_array_sent_again_reuses_its_descriptor_and_keeps_no_slot() -> None:
     """A pool array sent repeatedly takes the remembered descriptor (`_Sent`), which holds
     neither the array nor its slot: arrays dropped after their calls give their memory back."""
@@ -438,7 +470,7 @@ def test_an_array_sent_again_is_marked_lazy_release(demo: Server) -> None:
         # (the compact form's marker: PROTOCOL.md 7.3; test_compact.py has the object's)
         mark = b",true]" if session.compact else b',"lazy_release":true}}'
         for arr, lazy in ((b, False), (a, True)):
-            out = session.request("echo", {"tensor": arr}, 1000)
+            out = c._rpc.request("echo", {"tensor": arr}, 1000)
             assert (mark in bytes(out.parts[0])) is lazy
             out.done()
             pool.revoke([max(pool.granted)])  # (never sent)

@@ -28,7 +28,7 @@ def test_the_server_grants_compact_descriptors_and_both_directions_use_them(
             assert np.shares_memory(back, a) and back[7, 9, 2] == 0.5
             assert not back.flags.writeable
             del back
-        out = session.request("echo", {"tensor": a}, 10_000)
+        out = c._rpc.request("echo", {"tensor": a}, 10_000)
         text = bytes(out.parts[0])
         assert b'["f32",[1920,1080,3],"shm",' in text and text.endswith(b",true]]}")
         out.done()
@@ -57,7 +57,7 @@ def test_without_the_feature_descriptors_are_objects(
         for _ in range(3):
             back = c.call("echo", {"tensor": a})
             assert np.shares_memory(back, a) and back[1, 2] == 3.0
-        out = c._session.request("echo", {"tensor": a}, 10_000)
+        out = c._rpc.request("echo", {"tensor": a}, 10_000)
         assert b',"lazy_release":true}}}' in bytes(out.parts[0])
         out.done()
 

@@ -22,6 +22,7 @@ from ferry_client import is_orphaned
 from ferry_client._cuda import CUPY_HINT, CudaUnavailable, format_uuid
 from ferry_client._cupy import make_driver
 from ferry_client.generated.conformance import ConformanceClient
+from ferry_client._rpc import RpcSession
 from ferry_client._session import Session
 from ferry_client._wire import CONTROL, MESSAGE, PREAMBLE, WELCOME, Frame, Limits
 from ferry_client.errors import LimitError
@@ -296,7 +297,7 @@ def test_hostile_handles_and_mappings() -> None:
     with pytest.raises(ProtocolError, match="no channel for that device"):
         from test_wire import session as cpu_session
 
-        cpu_session().on_frame(message([cuda_desc(h)]))
+        RpcSession(cpu_session()).on_frame(message([cuda_desc(h)]))
     del a
 
 
@@ -321,7 +322,7 @@ def test_retire_drops_the_mapping_once_no_tensor_uses_it() -> None:
     drv = FakeDriver(world)
     s = cuda_session(drv)
     [a] = receive(s, [cuda_desc(h, lease=1)])
-    s.on_frame(
+    RpcSession(s).on_frame(
         Frame(
             CONTROL, {"channel": "cuda-ipc", "body": {"retire": ["7"]}}, bytearray(), []
         )
@@ -330,7 +331,7 @@ def test_retire_drops_the_mapping_once_no_tensor_uses_it() -> None:
     del a
     gc.collect()
     assert drv.closed == [h]
-    s.on_frame(
+    RpcSession(s).on_frame(
         Frame(
             CONTROL,
             {"channel": "cuda-ipc", "body": {"retire": ["99"]}},
@@ -360,7 +361,7 @@ def test_alloc_sends_without_a_copy_and_releases_wait_on_the_event() -> None:
     lease = loc["lease"]
     assert drv.records == [1]
     release = {"release": [lease], "device": UUID1, "event": EVENT}
-    s.on_frame(
+    RpcSession(s).on_frame(
         Frame(CONTROL, {"channel": "cuda-ipc", "body": release}, bytearray(), [])
     )
     assert drv.waits[-1] == (
@@ -369,7 +370,7 @@ def test_alloc_sends_without_a_copy_and_releases_wait_on_the_event() -> None:
     )  # reuse ordered after the server's last use
     assert s.cuda is not None and s.cuda.granted == {}
     with pytest.raises(ProtocolError, match="not granted"):
-        s.on_frame(
+        RpcSession(s).on_frame(
             Frame(CONTROL, {"channel": "cuda-ipc", "body": release}, bytearray(), [])
         )
 
@@ -460,7 +461,7 @@ def test_server_memory_goes_back_by_reference_and_returns_view_own_memory() -> N
 def test_hostile_control_bodies(body: object, text: str) -> None:
     s = cuda_session(FakeDriver(World()))
     with pytest.raises(ProtocolError, match=text):
-        s.on_frame(
+        RpcSession(s).on_frame(
             Frame(CONTROL, {"channel": "cuda-ipc", "body": body}, bytearray(), [])
         )
 
@@ -471,7 +472,7 @@ def test_a_release_is_all_or_nothing() -> None:
     _, [d] = sent_descs(s, [a])
     lease = d["data"]["cuda_ipc"]["lease"]
     with pytest.raises(ProtocolError, match="not granted"):
-        s.on_frame(
+        RpcSession(s).on_frame(
             Frame(
                 CONTROL,
                 {

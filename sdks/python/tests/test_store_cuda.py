@@ -22,6 +22,7 @@ import pytest
 
 from fake_cuda import FakeCudaArray, FakeDeviceArray, FakeDriver, World, address
 from ferry_client import Bundle, ResultError
+from ferry_client._rpc import RpcSession
 from ferry_client._session import Session
 from ferry_client._wire import MESSAGE, Frame
 from ferry_client.store import _bundle
@@ -159,7 +160,7 @@ def gpu_bundle(
         )
         for i, ((h, _), n) in enumerate(zip(exported, SIZES))
     ]
-    [(rid, result)] = s.on_frame(store_open_message(descs, ENTRIES))
+    [(rid, result)] = RpcSession(s).on_frame(store_open_message(descs, ENTRIES))
     assert rid == 1
     return _bundle(result, as_torch), s, drv, [buf for _, buf in exported]
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ferry_client import ConnectionClosed, ProtocolError, ResultError, RpcError
-from ferry_client._session import Session, encode_params, responses
+from ferry_client._rpc import RpcSession, encode_params, responses
+from ferry_client._session import Session
 from ferry_client._shm import F_ADD_SEALS, F_SEAL_GROW, F_SEAL_SEAL, F_SEAL_SHRINK
 from ferry_client._wire import (
     CLOSE,
@@ -252,7 +253,7 @@ def test_inline_results_decode() -> None:
         ],
         payload,
     )
-    [(rid, out)] = s.on_frame(f)
+    [(rid, out)] = RpcSession(s).on_frame(f)
     assert rid == 1 and isinstance(out, dict)
     assert out["a"].tolist() == [0, 1, 2, 3]
     assert out["b"][0].tolist() == [0.0, 1.0]
@@ -279,7 +280,7 @@ def test_inline_results_decode() -> None:
 def test_hostile_inline_descriptors(tensors: list[dict[str, Any]], text: str) -> None:
     s = session("inline")
     with pytest.raises(ProtocolError, match=text):
-        s.on_frame(response(None, tensors, bytes(16)))
+        RpcSession(s).on_frame(response(None, tensors, bytes(16)))
 
 
 def test_hostile_shm_descriptors() -> None:
@@ -290,7 +291,7 @@ def test_hostile_shm_descriptors() -> None:
         s: Session | None = None,
     ) -> None:
         with pytest.raises(ProtocolError, match=text):
-            (s or session()).on_frame(response(None, tensors, b"", fds))
+            RpcSession(s or session()).on_frame(response(None, tensors, b"", fds))
         for fd in fds:  # every descriptor was closed
             with pytest.raises(OSError):
                 os.fstat(fd)
@@ -332,7 +333,9 @@ def test_hostile_shm_descriptors() -> None:
     )
     s = session()
     ok = desc_shm({**shm, "announce": {"fd": 0, "size": 4096}})
-    [(_, arr)] = s.on_frame(response({"$tensor": 0}, [ok], b"", [memfd(4096)]))
+    [(_, arr)] = RpcSession(s).on_frame(
+        response({"$tensor": 0}, [ok], b"", [memfd(4096)])
+    )
     assert isinstance(arr, np.ndarray) and not arr.flags.writeable
     check([desc_shm({**shm, "segment": 0})], [], "lease 1 granted twice", s)
     check(
@@ -356,7 +359,7 @@ def session_with_segment() -> Session:
         "lease": 1,
         "announce": {"fd": 0, "size": 4096},
     }
-    s.on_frame(response(None, [desc_shm(shm)], b"", [memfd(4096)]))
+    RpcSession(s).on_frame(response(None, [desc_shm(shm)], b"", [memfd(4096)]))
     return s
 
 
@@ -365,7 +368,9 @@ def test_shm_leases_are_released_when_arrays_go() -> None:
     assert s.releases() == frame(CONTROL, {"channel": "shm", "body": {"release": [1]}})
     assert s.releases() == b""
     shm = {"segment": 0, "offset": 8, "len": 8, "lease": 2}
-    [(_, arr)] = s.on_frame(response({"$tensor": 0}, [desc_shm(shm, shape=[8])]))
+    [(_, arr)] = RpcSession(s).on_frame(
+        response({"$tensor": 0}, [desc_shm(shm, shape=[8])])
+    )
     view = arr[2:4]  # type: ignore[index]
     del arr
     assert s.releases() == b""  # the view keeps the lease
@@ -385,17 +390,17 @@ def test_shm_leases_are_released_when_arrays_go() -> None:
 )
 def test_hostile_control_frames(body: object, text: str) -> None:
     with pytest.raises(ProtocolError, match=text):
-        session().on_frame(Frame(CONTROL, body, bytearray(), []))
+        RpcSession(session()).on_frame(Frame(CONTROL, body, bytearray(), []))
 
 
 def test_close_frames() -> None:
     with pytest.raises(ConnectionClosed) as e:
-        session().on_frame(
+        RpcSession(session()).on_frame(
             Frame(CLOSE, {"code": "limit", "message": "too big"}, bytearray(), [])
         )
     assert e.value.code == "limit" and "too big" in str(e.value)
     with pytest.raises(ConnectionClosed):
-        session().on_frame(Frame(CLOSE, "garbage", bytearray(), []))
+        RpcSession(session()).on_frame(Frame(CLOSE, "garbage", bytearray(), []))
 
 
 def test_handshake_answers() -> None:
@@ -509,7 +514,7 @@ def test_params_encoding() -> None:
 
 def _general(params: object) -> tuple[str, str, list[tuple[str, str]]]:
     """`params` encoded the general way (two passes), or the error it ends with."""
-    from ferry_client._session import ENCODER as _ENCODER
+    from ferry_client._outgoing import ENCODER as _ENCODER
 
     t: list[Any] = []
     try:
@@ -523,7 +528,7 @@ def test_fast_params_are_the_general_params() -> None:
     from enum import IntEnum
 
     from ferry_client import Tensor
-    from ferry_client._session import params_json
+    from ferry_client._rpc import params_json
 
     class Small(IntEnum):
         A = 1
