@@ -58,6 +58,11 @@ pub trait Fixture: Default + Send + Sync + 'static {
     /// The backend's name (a column of the conformance table).
     const NAME: &'static str;
 
+    /// Whether a peer in another process can reach the transport. `false` (the in-process
+    /// `mem` transport) leaves out the cases whose peer is a process: the `::processes`
+    /// variants and the faults cases (which kill the peer process).
+    const PROCESS_PEERS: bool = true;
+
     /// The transport under test.
     fn transport(&self) -> Arc<dyn Transport>;
 

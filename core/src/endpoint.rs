@@ -9,10 +9,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::channel::{Channel, ControlOut, ControlSender, SessionCtx};
-use crate::dtype::DeviceKind;
 use crate::error::{PipeError, ProtocolError, TransportError};
 use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
-use crate::handshake::{client_hello, server_choose};
+use crate::handshake::{ServerPolicy, client_accept, client_hello, server_decide};
 use crate::pipe::{Pipe, PipeInfo};
 use crate::transport::{Address, Connection, Listener, Split, Transport};
 use crate::wire::{Hello, Limits, PROTOCOL_VERSION, Refusal, Welcome};
@@ -382,28 +381,11 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             .into());
         }
     };
-    if welcome.version != cfg.version {
-        return Err(ProtocolError::BadHeader(format!(
-            "server welcomed protocol version {}, this client speaks {}",
-            welcome.version, cfg.version
-        ))
-        .into());
-    }
-    if !welcome.channels.contains_key(&DeviceKind::Cpu) {
-        return Err(ProtocolError::BadHeader("server chose no channel for cpu tensors".into()).into());
-    }
+    let open = client_accept(&cfg.channels, &hello, &welcome)?;
     let (ctx, closed_tx, control_rx) = session_ctx(&info, false, &welcome.features);
     let mut sessions = BTreeMap::new();
-    for (kind, name) in &welcome.channels {
-        let offered = hello.channels.iter().any(|o| &o.name == name && o.devices.contains(kind));
-        let Some(c) = cfg.channels.iter().find(|c| c.name() == name && c.devices().contains(kind)).filter(|_| offered)
-        else {
-            return Err(ProtocolError::BadHeader(format!(
-                "server chose channel {name:?} for {kind:?} tensors, which this client did not offer"
-            ))
-            .into());
-        };
-        sessions.insert(*kind, c.open(ctx.clone())?);
+    for (kind, c) in open {
+        sessions.insert(kind, c.open(ctx.clone())?);
     }
     tracing::debug!(addr = %info.addr, channels = ?welcome.channels, "connected");
     let pipe_info = PipeInfo {
@@ -442,27 +424,18 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     if frame.kind != FrameKind::Hello {
         return Err(ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected HELLO" }.into());
     }
-    let decision = match frame.parse::<Hello>() {
-        Err(e) => Err((Refusal::Malformed { detail: e.to_string() }, None)),
-        Ok(hello) if hello.version != peer_version => Err((
-            Refusal::Malformed {
-                detail: format!("preamble says version {peer_version}, HELLO says {}", hello.version),
-            },
-            Some(hello),
-        )),
-        Ok(hello) => {
-            let token_ok = match &cfg.require_token {
-                None => true,
-                Some(want) => hello.token.as_deref().is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes())),
-            };
-            if !token_ok {
-                Err((Refusal::BadToken, Some(hello)))
-            } else {
-                server_choose(&cfg.channels, &hello, &info, cfg.version, cfg.limits)
-                    .map(|w| (w, hello.clone()))
-                    .map_err(|r| (r, Some(hello)))
-            }
-        }
+    let policy = ServerPolicy {
+        channels: &cfg.channels,
+        version: cfg.version,
+        limits: cfg.limits,
+        require_token: cfg.require_token.as_deref(),
+    };
+    let (hello, decision) =
+        server_decide(&policy, peer_version, frame.parse::<Hello>().map_err(|e| e.to_string()), &info);
+    let decision = match (decision, hello) {
+        (Ok(welcome), Some(hello)) => Ok((welcome, hello)),
+        (Err(refusal), hello) => Err((refusal, hello)),
+        (Ok(_), None) => Err((Refusal::Malformed { detail: "no HELLO".into() }, None)),
     };
     match decision {
         Err((refusal, hello)) => {
@@ -516,11 +489,6 @@ fn session_ctx(info: &crate::transport::ConnInfo, is_server: bool, features: &[S
     (SessionCtx { conn: info.clone(), control, closed, is_server, features: features.to_vec() }, closed_tx, control_rx)
 }
 
-/// Compares without an early exit (the length is not secret).
-/// Compares two secrets (bearer tokens) in time that does not depend on where they differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+/// Compares two secrets (bearer tokens) in time that does not depend on where they differ
+/// (moved to [`crate::handshake`], kept here for existing users).
+pub use crate::handshake::constant_time_eq;

@@ -32,6 +32,7 @@ pub mod frame;
 pub mod handshake;
 pub mod inline;
 pub mod json_shape;
+pub mod mem;
 pub mod message;
 pub mod meta;
 pub mod pipe;

@@ -18,6 +18,9 @@ pub type Case<F> = Box<dyn Fn(&F) -> Outcome + Send + Sync>;
 
 fn both<F: Fixture>(out: &mut Vec<(String, Case<F>)>, name: &str, f: fn(&F, Peers) -> Outcome) {
     for mode in [Peers::Threads, Peers::Processes] {
+        if mode == Peers::Processes && !F::PROCESS_PEERS {
+            continue;
+        }
         out.push((format!("{name}::{}", mode.name()), Box::new(move |fx: &F| f(fx, mode))));
     }
 }
@@ -26,7 +29,9 @@ fn one<F: Fixture>(out: &mut Vec<(String, Case<F>)>, name: &str, f: fn(&F) -> Ou
     out.push((name.to_string(), Box::new(f)));
 }
 
-/// Every case, named `module::case` (data cases get `::threads` / `::processes`).
+/// Every case, named `module::case` (data cases get `::threads` / `::processes`); without
+/// the process cases for a fixture whose transport stays in one process
+/// ([`Fixture::PROCESS_PEERS`]).
 pub fn all<F: Fixture>() -> Vec<(String, Case<F>)> {
     let mut v = Vec::new();
     both(&mut v, "data::every_dtype", data::every_dtype::<F>);
@@ -39,9 +44,11 @@ pub fn all<F: Fixture>() -> Vec<(String, Case<F>)> {
     both(&mut v, "data::concurrent_senders", data::concurrent_senders::<F>);
     both(&mut v, "data::big_header", data::big_header::<F>);
     one(&mut v, "data::close_is_clean", data::close_is_clean::<F>);
-    one(&mut v, "faults::peer_dies_mid_message", faults::peer_dies_mid_message::<F>);
-    one(&mut v, "faults::client_dies_idle", faults::client_dies_idle::<F>);
-    one(&mut v, "faults::server_dies_during_recv", faults::server_dies_during_recv::<F>);
+    if F::PROCESS_PEERS {
+        one(&mut v, "faults::peer_dies_mid_message", faults::peer_dies_mid_message::<F>);
+        one(&mut v, "faults::client_dies_idle", faults::client_dies_idle::<F>);
+        one(&mut v, "faults::server_dies_during_recv", faults::server_dies_during_recv::<F>);
+    }
     one(&mut v, "malformed::unknown_kind", malformed::unknown_kind::<F>);
     one(&mut v, "malformed::reserved_flags", malformed::reserved_flags::<F>);
     one(&mut v, "malformed::header_not_json", malformed::header_not_json::<F>);
