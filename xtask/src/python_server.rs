@@ -133,8 +133,7 @@ fn install(sh: &Shell, root: &Path, clear: bool, profile: Profile) -> anyhow::Re
     };
     let built = if profile == Profile::Dev { "dev profile" } else { "release" };
     eprintln!("xtask: pip install ./sdks/python ./bindings/python (maturin builds the native module, {built})");
-    pip.run()
-        .context("`pip install ./sdks/python ./bindings/python` failed")?;
+    pip.run().context("`pip install ./sdks/python ./bindings/python` failed")?;
     let reqs = root.join("bindings/python/requirements-dev.txt");
     cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check -r {reqs}").run()?;
     Ok(python)
