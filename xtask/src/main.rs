@@ -43,7 +43,8 @@ commands:
   codegen [--check]        write core/schemas/*.json and the SDKs' generated clients; with --check,
                            fail if any checked-in generated file is stale
   tidy                     repository rules: unsafe allow-list, backend conformance tests,
-                           conformance case registry
+                           conformance case registry, file length (800 lines), no public
+                           test modules outside `__` features, a schema for every wire type
   conformance [--backend NAME].. [--require NAME].. [--release]
                            run `cargo test -p ferry-NAME --test conformance` for each backend
                            (default: every directory in backends/) and the SDK scenarios

@@ -7,15 +7,35 @@
 //!   declared in its `Cargo.toml` as `[[test]] name = "conformance"` with `harness = false`.
 //! - Case registry: every `pub fn NAME` in `conformance/src/cases/MODULE.rs` is listed in
 //!   `conformance/src/cases/mod.rs` as `MODULE::NAME`.
+//! - File length: no `.rs` file is longer than [`MAX_LINES`] lines, except those in
+//!   [`LONG_FILES`], which may not grow past their listed count; an entry whose file is
+//!   back under the limit must be removed.
+//! - Public test modules: no `pub mod` named like test-only code (`testing`, `test_util`,
+//!   `tests`, `fake`, `mock`, ..) in a crate's `src/` unless `#[cfg(test)]` or a feature
+//!   whose name starts with `__` gates it; [`PUBLIC_TEST_MODULES`] lists today's
+//!   exceptions, and an entry that no longer matches fails.
+//! - Wire types: every type in `core/src/wire.rs` that derives or implements `Serialize`
+//!   or `Deserialize` is described by a checked-in JSON Schema: listed in
+//!   `core/src/schema.rs` (`schema_for!(Type)`) or a definition inside one of those schemas.
+//!   (`cargo xtask codegen --check` checks that the files are fresh.)
 //!
-//! The checks read Rust and TOML with small hand-written scanners (comments and string
-//! literals are blanked out first), which is enough for rustfmt-formatted code.
+//! Files are found by walking the repository, skipping `target/`, `node_modules/` and
+//! hidden directories. The checks read Rust and TOML with the small hand-written scanners
+//! of [`scan`] (comments and string literals are blanked out first), which is enough for
+//! rustfmt-formatted code.
 
+mod scan;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use xshell::Shell;
 
+use self::scan::{
+    ascii_fold, attributes_before, blank_comments_and_strings, ident_at, ident_positions, is_ident_char, item_start,
+};
+pub use self::scan::{toml_tables, unquote};
 use crate::flags::Flags;
 
 /// `cargo xtask tidy`.
@@ -41,6 +61,9 @@ pub fn check_all(root: &Path) -> anyhow::Result<()> {
     let mut problems = unsafe_allow_list(root)?;
     problems.extend(backends_instantiate_conformance(root)?);
     problems.extend(conformance_cases_registered(root)?);
+    problems.extend(file_lengths(root)?);
+    problems.extend(public_test_modules(root)?);
+    problems.extend(wire_types_have_schemas(root)?);
     fail_on(problems)
 }
 
@@ -60,7 +83,8 @@ fn unsafe_allow_list(root: &Path) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     for path in rust_files(root)? {
         let rel = crate::relative(root, &path);
-        if format!("/{rel}").contains("/src/sys/") {
+        // This crate's sources spell out the patterns they look for.
+        if format!("/{rel}").contains("/src/sys/") || rel.starts_with("xtask/src/") {
             continue;
         }
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {rel}"))?;
@@ -104,10 +128,9 @@ fn unsafe_code_allows(text: &str) -> Vec<usize> {
     lines
 }
 
-/// Every `.rs` file under `root`, skipping `target/`, hidden directories, `node_modules/`
-/// and this crate's own sources (which spell out the patterns they look for).
+/// Every `.rs` file under `root`, skipping `target/`, hidden directories and
+/// `node_modules/`, sorted.
 fn rust_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let skip = root.join("xtask").join("src");
     let mut files = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -118,7 +141,7 @@ fn rust_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
             let name = name.to_string_lossy();
             let file_type = entry.file_type()?;
             if file_type.is_dir() {
-                if !(name.starts_with('.') || name == "target" || name == "node_modules" || path == skip) {
+                if !(name.starts_with('.') || name == "target" || name == "node_modules") {
                     dirs.push(path);
                 }
             } else if file_type.is_file() && name.ends_with(".rs") {
@@ -238,233 +261,247 @@ fn mentions_path(code: &str, module: &str, name: &str) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------
-// Small scanners
+// File length
 
-/// Whether `c` can be part of a Rust identifier.
-fn is_ident_char(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
+/// The most lines a `.rs` file may have.
+const MAX_LINES: usize = 800;
+
+/// The `.rs` files longer than [`MAX_LINES`]: `(path, line count when listed, why it is
+/// not split yet)`. This list only shrinks. Tidy fails when a listed file grows past its
+/// count, and when it is back within the limit (then remove its entry). When a listed file
+/// gets shorter, lower its count.
+const LONG_FILES: &[(&str, usize, &str)] = &[
+    (
+        "sdk-gen/src/ir.rs",
+        812,
+        "the IR types and their lowering from JSON Schema (`Lower`) in one file; `Lower` can move to its own module",
+    ),
+    (
+        "sdk-gen/src/python.rs",
+        933,
+        "the Python emitter, one function per section of the module; the line breaking of expressions can move out",
+    ),
+];
+
+/// Every `.rs` file over [`MAX_LINES`] that [`LONG_FILES`] does not allow, every listed one
+/// that grew, and every stale entry.
+fn file_lengths(root: &Path) -> anyhow::Result<Vec<String>> {
+    let mut files = Vec::new();
+    for path in rust_files(root)? {
+        let rel = crate::relative(root, &path);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {rel}"))?;
+        files.push((rel, text.lines().count()));
+    }
+    Ok(file_length_problems(&files, LONG_FILES))
 }
 
-/// Byte offsets of `ident` in `code` where it is a whole identifier.
-fn ident_positions(code: &str, ident: &str) -> Vec<usize> {
-    code.match_indices(ident)
-        .filter(|&(i, _)| {
-            let before = code[..i].chars().next_back();
-            let after = code[i + ident.len()..].chars().next();
-            !before.is_some_and(is_ident_char) && !after.is_some_and(is_ident_char)
+/// The file-length rule on `(path, lines)` pairs, with `allowed` as the allow-list.
+fn file_length_problems(files: &[(String, usize)], allowed: &[(&str, usize, &str)]) -> Vec<String> {
+    const LIST: &str = "LONG_FILES in xtask/src/tidy.rs";
+    let mut problems = Vec::new();
+    for (rel, lines) in files {
+        let (rel, lines) = (rel.as_str(), *lines);
+        match allowed.iter().find(|(path, ..)| *path == rel) {
+            None if lines > MAX_LINES => problems.push(format!(
+                "{rel}: {lines} lines, over the limit of {MAX_LINES}: split it into modules \
+                 ({LIST} only shrinks; do not add to it)"
+            )),
+            Some(&(_, listed, _)) if lines > listed => problems.push(format!(
+                "{rel}: {lines} lines, more than the {listed} it had when it was allowed ({LIST}): \
+                 split it, or bring it back to {listed} lines or fewer"
+            )),
+            Some(_) if lines <= MAX_LINES => problems.push(format!(
+                "{rel}: {lines} lines, within the limit of {MAX_LINES} now: remove its entry from {LIST}"
+            )),
+            _ => {}
+        }
+    }
+    for (path, ..) in allowed {
+        if !files.iter().any(|(rel, _)| rel == path) {
+            problems.push(format!("{path}: listed in {LIST} but not found: remove its entry"));
+        }
+    }
+    problems
+}
+
+// ---------------------------------------------------------------------------------------
+// No public test modules
+
+/// Public test-only modules not yet behind a `__` feature: `(file, module)`. This list
+/// only shrinks: tidy fails on an entry that no longer matches an ungated module.
+const PUBLIC_TEST_MODULES: &[(&str, &str)] = &[
+    // issue 20 point 8 moves these behind __ features
+    ("backends/cuda-ipc/src/lib.rs", "fake"),
+    ("backends/shm/src/lib.rs", "testing"),
+];
+
+/// Whether a module name says the module is test-only code.
+fn is_test_module_name(name: &str) -> bool {
+    const NAMES: &[&str] =
+        &["test", "tests", "testing", "test_util", "test_utils", "test_support", "fake", "fakes", "mock", "mocks"];
+    NAMES.contains(&name) || ["test_", "fake_", "mock_"].iter().any(|p| name.starts_with(p))
+}
+
+/// Every public test-only module in a `src/` directory that is neither gated nor allowed
+/// by [`PUBLIC_TEST_MODULES`], and every stale entry of that list.
+fn public_test_modules(root: &Path) -> anyhow::Result<Vec<String>> {
+    let mut found = Vec::new();
+    for path in rust_files(root)? {
+        let rel = crate::relative(root, &path);
+        if !format!("/{rel}").contains("/src/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {rel}"))?;
+        for (line, name) in ungated_test_modules(&text) {
+            found.push((rel.clone(), line, name));
+        }
+    }
+    Ok(public_test_module_problems(&found, PUBLIC_TEST_MODULES))
+}
+
+/// The public-test-module rule on `(file, line, module)` findings.
+fn public_test_module_problems(found: &[(String, usize, String)], allowed: &[(&str, &str)]) -> Vec<String> {
+    const LIST: &str = "PUBLIC_TEST_MODULES in xtask/src/tidy.rs";
+    let mut problems = Vec::new();
+    for (rel, line, name) in found {
+        if !allowed.iter().any(|&(file, module)| file == rel && module == name) {
+            problems.push(format!(
+                "{rel}:{line}: `pub mod {name}` puts test-only code in the public API: gate it with \
+                 `#[cfg(feature = \"__{name}\")]` (a feature whose name starts with `__`, declared in the \
+                 crate's Cargo.toml), or make it private under `#[cfg(test)]`"
+            ));
+        }
+    }
+    for &(file, module) in allowed {
+        if !found.iter().any(|(rel, _, name)| rel == file && name == module) {
+            problems.push(format!("{file}: no ungated `pub mod {module}` any more: remove its entry from {LIST}"));
+        }
+    }
+    problems
+}
+
+/// `(line, name)` of every `pub mod NAME` with a test-only name that neither
+/// `#[cfg(test)]` nor a `#[cfg(.. feature = "__..")]` gates.
+fn ungated_test_modules(text: &str) -> Vec<(usize, String)> {
+    let raw = ascii_fold(text);
+    let code = ascii_fold(&blank_comments_and_strings(text));
+    let mut found = Vec::new();
+    for at in ident_positions(&code, "mod") {
+        let Some(name) = ident_at(&code, at + "mod".len()) else { continue };
+        let start = item_start(&code, at);
+        if start == at || code[start..at].trim() != "pub" || !is_test_module_name(name) {
+            continue; // private, `pub(crate)` and the like, or not a test-only name
+        }
+        let gated = attributes_before(&code, &raw, start).iter().any(|attr| {
+            let attr: String = attr.chars().filter(|c| !c.is_whitespace()).collect();
+            attr == "#[cfg(test)]"
+                || (attr.starts_with("#[cfg(") && attr.contains("feature=\"__") && !attr.contains("not("))
+        });
+        if !gated {
+            found.push((code[..at].matches('\n').count() + 1, name.to_owned()));
+        }
+    }
+    found
+}
+
+// ---------------------------------------------------------------------------------------
+// Every wire type has a JSON Schema
+
+/// Every serde type of `core/src/wire.rs` that no schema describes.
+fn wire_types_have_schemas(root: &Path) -> anyhow::Result<Vec<String>> {
+    let wire_rel = "core/src/wire.rs";
+    let schema_rel = "core/src/schema.rs";
+    let wire = std::fs::read_to_string(root.join(wire_rel)).with_context(|| format!("reading {wire_rel}"))?;
+    let schema = std::fs::read_to_string(root.join(schema_rel)).with_context(|| format!("reading {schema_rel}"))?;
+    let mut described: BTreeSet<String> = schema_for_names(&schema).into_iter().collect();
+    for (name, text) in ferry_core::schema::schemas() {
+        let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("schema {name}"))?;
+        described.extend(schema_definitions(&value));
+    }
+    let mut problems = Vec::new();
+    for (line, name) in serde_types(&wire) {
+        if !described.contains(&name) {
+            problems.push(format!(
+                "{wire_rel}:{line}: wire type `{name}` is (de)serialized but no JSON Schema describes it: add \
+                 `(\"{}.json\", schema_for!({name}))` to `schemas()` in {schema_rel} (or use `{name}` in a type \
+                 listed there), then run `cargo xtask codegen`",
+                kebab_case(&name)
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// `(line, name)` of every struct or enum that derives `Serialize` or `Deserialize`, and
+/// of every type with a hand-written `impl Serialize for` / `impl Deserialize for`.
+fn serde_types(text: &str) -> Vec<(usize, String)> {
+    let raw = ascii_fold(text);
+    let code = ascii_fold(&blank_comments_and_strings(text));
+    let is_serde =
+        |s: &str| !ident_positions(s, "Serialize").is_empty() || !ident_positions(s, "Deserialize").is_empty();
+    let mut types = BTreeMap::new();
+    let mut add = |line: usize, name: &str| {
+        let first = types.entry(name.to_owned()).or_insert(line);
+        *first = line.min(*first);
+    };
+    for keyword in ["struct", "enum"] {
+        for at in ident_positions(&code, keyword) {
+            let Some(name) = ident_at(&code, at + keyword.len()) else { continue };
+            let attrs = attributes_before(&code, &raw, item_start(&code, at));
+            if attrs.iter().any(|a| a.trim_start_matches("#[").trim_start().starts_with("derive") && is_serde(a)) {
+                add(code[..at].matches('\n').count() + 1, name);
+            }
+        }
+    }
+    for (i, line) in code.lines().enumerate() {
+        let line = line.trim_start();
+        let Some((head, target)) = line.split_once(" for ") else { continue };
+        if line.starts_with("impl")
+            && is_serde(head)
+            && let Some(name) = ident_at(target, 0)
+        {
+            add(i + 1, name);
+        }
+    }
+    let mut types: Vec<(usize, String)> = types.into_iter().map(|(name, line)| (line, name)).collect();
+    types.sort();
+    types
+}
+
+/// The type names in `schema_for!(Name)` calls of `core/src/schema.rs`.
+fn schema_for_names(text: &str) -> Vec<String> {
+    let code = blank_comments_and_strings(text);
+    ident_positions(&code, "schema_for")
+        .into_iter()
+        .filter_map(|at| {
+            let rest = code[at + "schema_for".len()..].trim_start().strip_prefix('!')?.trim_start();
+            ident_at(rest.strip_prefix('(')?, 0).map(str::to_owned)
         })
-        .map(|(i, _)| i)
         .collect()
 }
 
-/// `text` with the contents of comments and string / char literals replaced by spaces
-/// (newlines kept, so line numbers still match).
-fn blank_comments_and_strings(text: &str) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len());
-    let blank = |out: &mut String, c: char| out.push(if c == '\n' { '\n' } else { ' ' });
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        let prev_is_ident = i > 0 && is_ident_char(chars[i - 1]);
-        if c == '/' && next == Some('/') {
-            while i < chars.len() && chars[i] != '\n' {
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            let mut depth = 0;
-            while i < chars.len() {
-                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    out.push_str("  ");
-                    i += 2;
-                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    out.push_str("  ");
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    blank(&mut out, chars[i]);
-                    i += 1;
-                }
-            }
-        } else if c == 'r' && !prev_is_ident && matches!(next, Some('"' | '#')) {
-            // Raw string r"..", r#".."#, or an identifier that starts with r (r#type).
-            let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
-            if chars.get(i + 1 + hashes) != Some(&'"') {
-                out.push(c);
-                i += 1;
-                continue;
-            }
-            out.push('r');
-            out.extend(std::iter::repeat_n('#', hashes));
-            out.push('"');
-            i += 2 + hashes;
-            while i < chars.len() {
-                let closes =
-                    chars[i] == '"' && chars[i + 1..].iter().take(hashes).filter(|&&c| c == '#').count() == hashes;
-                if closes {
-                    out.push('"');
-                    out.extend(std::iter::repeat_n('#', hashes));
-                    i += 1 + hashes;
-                    break;
-                }
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-        } else if c == '"' {
-            out.push('"');
-            i += 1;
-            while i < chars.len() && chars[i] != '"' {
-                if chars[i] == '\\' {
-                    blank(&mut out, chars[i]);
-                    i += 1;
-                }
-                if let Some(&c) = chars.get(i) {
-                    blank(&mut out, c);
-                }
-                i += 1;
-            }
-            if i < chars.len() {
-                out.push('"');
-                i += 1;
-            }
-        } else if c == '\'' && next == Some('\\') {
-            // Escaped char literal: '\n', '\'', '\u{..}'.
-            out.push('\'');
-            i += 1;
-            for &c in chars.iter().skip(i).take(2) {
-                blank(&mut out, c);
-            }
-            i += 2;
-            while i < chars.len() && chars[i] != '\'' {
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-            if i < chars.len() {
-                out.push('\'');
-                i += 1;
-            }
-        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
-            // Plain char literal 'x' (a lifetime never has a quote two characters later).
-            out.push('\'');
-            blank(&mut out, chars[i + 1]);
-            out.push('\'');
-            i += 3;
-        } else {
-            out.push(c);
-            i += 1;
+/// The names a generated schema describes: its `title` and the keys of its `definitions`
+/// (`$defs` in newer drafts).
+fn schema_definitions(schema: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = schema.get("title").and_then(|t| t.as_str()).map(str::to_owned).into_iter().collect();
+    for key in ["definitions", "$defs"] {
+        if let Some(defs) = schema.get(key).and_then(|d| d.as_object()) {
+            names.extend(defs.keys().cloned());
         }
+    }
+    names
+}
+
+/// `TensorDesc` to `tensor-desc`, the schemas' file names.
+fn kebab_case(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            out.push('-');
+        }
+        out.extend(c.to_lowercase());
     }
     out
-}
-
-/// One `[header]` or `[[header]]` table of a TOML file, with its top-level keys.
-pub struct TomlTable {
-    /// The header line as written, e.g. `[features]` or `[[test]]` (`""` for the root).
-    pub header: String,
-    /// `(key, raw value text)`; multi-line arrays are joined into one value.
-    pub entries: Vec<(String, String)>,
-}
-
-impl TomlTable {
-    /// The raw value of `key`, if present.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
-    }
-}
-
-/// Splits a (Cargo.toml-style) TOML file into its tables. Handles comments, quoted keys
-/// and multi-line arrays; not a full TOML parser (no multi-line strings).
-pub fn toml_tables(text: &str) -> Vec<TomlTable> {
-    let mut tables = vec![TomlTable { header: String::new(), entries: Vec::new() }];
-    let mut pending: Option<(String, String, i32)> = None; // key, value so far, bracket depth
-    for raw in text.lines() {
-        let line = strip_toml_comment(raw).trim();
-        if let Some((key, mut value, mut depth)) = pending.take() {
-            depth += bracket_delta(line);
-            value.push(' ');
-            value.push_str(line);
-            let table = tables.last_mut().expect("there is always a table");
-            if depth > 0 {
-                pending = Some((key, value, depth));
-            } else {
-                table.entries.push((key, value));
-            }
-            continue;
-        }
-        if line.is_empty() {
-            continue;
-        }
-        if line.starts_with('[') {
-            tables.push(TomlTable { header: line.split_whitespace().collect(), entries: Vec::new() });
-            continue;
-        }
-        let Some((key, value)) = split_toml_key(line) else { continue };
-        let depth = bracket_delta(value);
-        let table = tables.last_mut().expect("there is always a table");
-        if depth > 0 {
-            pending = Some((key, value.to_owned(), depth));
-        } else {
-            table.entries.push((key, value.to_owned()));
-        }
-    }
-    if let Some((key, value, _)) = pending {
-        tables.last_mut().expect("there is always a table").entries.push((key, value));
-    }
-    tables
-}
-
-/// `key = value` to `(key, value)`, unquoting a quoted key.
-fn split_toml_key(line: &str) -> Option<(String, &str)> {
-    if let Some(rest) = line.strip_prefix('"') {
-        let close = rest.find('"')?;
-        let value = rest[close + 1..].trim_start().strip_prefix('=')?;
-        return Some((rest[..close].to_owned(), value.trim()));
-    }
-    let (key, value) = line.split_once('=')?;
-    let key = key.trim();
-    if key.is_empty() || !key.chars().all(|c| is_ident_char(c) || c == '-' || c == '.') {
-        return None;
-    }
-    Some((key.to_owned(), value.trim()))
-}
-
-/// `[` minus `]` outside of strings.
-fn bracket_delta(s: &str) -> i32 {
-    let mut in_str = false;
-    let mut delta = 0;
-    for c in s.chars() {
-        match c {
-            '"' => in_str = !in_str,
-            '[' if !in_str => delta += 1,
-            ']' if !in_str => delta -= 1,
-            _ => {}
-        }
-    }
-    delta
-}
-
-/// The line without a trailing `# comment` (a `#` inside a string is kept).
-fn strip_toml_comment(line: &str) -> &str {
-    let mut in_str = false;
-    for (i, c) in line.char_indices() {
-        match c {
-            '"' => in_str = !in_str,
-            '#' if !in_str => return &line[..i],
-            _ => {}
-        }
-    }
-    line
-}
-
-/// `"text"` to `text` (other values unchanged).
-pub fn unquote(value: &str) -> &str {
-    value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(value)
 }
 
 #[cfg(test)]
@@ -487,6 +524,83 @@ mod tests {
     }
 
     #[test]
+    fn no_file_is_too_long() {
+        fail_on(file_lengths(&crate::project_root()).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn no_public_test_modules() {
+        fail_on(public_test_modules(&crate::project_root()).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn every_wire_type_has_a_schema() {
+        fail_on(wire_types_have_schemas(&crate::project_root()).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn file_length_allow_list_only_shrinks() {
+        let allowed = [("big.rs", 900, "why"), ("grew.rs", 850, "why"), ("fixed.rs", 820, "why"), ("gone.rs", 810, "")];
+        let files: Vec<(String, usize)> =
+            [("ok.rs", 800), ("new.rs", 801), ("big.rs", 900), ("grew.rs", 851), ("fixed.rs", 800)]
+                .into_iter()
+                .map(|(p, n)| (p.to_owned(), n))
+                .collect();
+        let problems = file_length_problems(&files, &allowed);
+        let starts: Vec<&str> = problems.iter().map(|p| p.split(':').next().unwrap()).collect();
+        assert_eq!(starts, ["new.rs", "grew.rs", "fixed.rs", "gone.rs"], "{problems:#?}");
+        assert!(problems[0].contains("over the limit of 800: split it"), "{}", problems[0]);
+        assert!(problems[1].contains("more than the 850"), "{}", problems[1]);
+        assert!(problems[2].contains("remove its entry"), "{}", problems[2]);
+        assert!(problems[3].contains("not found"), "{}", problems[3]);
+    }
+
+    #[test]
+    fn finds_ungated_public_test_modules() {
+        let src = "/// Helpers.\n#[doc(hidden)]\npub mod testing {\n}\n\
+                   #[cfg(test)]\nmod tests;\n\
+                   #[cfg(test)]\npub mod test_util;\n\
+                   #[cfg(feature = \"__fake\")]\n/// Doc.\n#[doc(hidden)]\npub mod fake;\n\
+                   #[cfg(feature = \"fake\")]\npub mod fakes;\n\
+                   #[cfg(not(feature = \"__mock\"))]\npub mod mock;\n\
+                   pub(crate) mod fake_driver;\npub mod tensor;\n// pub mod tests;\n\
+                   const S: &str = \"pub mod tests;\";\npub mod mock_gpu {}\n";
+        let found = ungated_test_modules(src);
+        let found: Vec<(usize, &str)> = found.iter().map(|(line, name)| (*line, name.as_str())).collect();
+        assert_eq!(found, [(3, "testing"), (14, "fakes"), (16, "mock"), (21, "mock_gpu")]);
+    }
+
+    #[test]
+    fn public_test_module_allow_list_only_shrinks() {
+        let found =
+            [("a/src/lib.rs".to_owned(), 3, "fake".to_owned()), ("b/src/lib.rs".to_owned(), 9, "testing".to_owned())];
+        let problems = public_test_module_problems(&found, &[("a/src/lib.rs", "fake"), ("c/src/lib.rs", "testing")]);
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems[0].starts_with("b/src/lib.rs:9: `pub mod testing`"), "{}", problems[0]);
+        assert!(problems[0].contains("__testing"), "{}", problems[0]);
+        assert!(problems[1].starts_with("c/src/lib.rs: no ungated `pub mod testing`"), "{}", problems[1]);
+    }
+
+    #[test]
+    fn finds_serde_types_and_schema_names() {
+        let wire = "/// A `#[derive(Serialize)]` in a doc.\n\
+                    #[derive(Debug, Serialize, Deserialize, JsonSchema)]\n#[serde(tag = \"t\")]\npub struct Hello {\n}\n\
+                    #[derive(Debug, Clone)]\npub struct Internal;\n\
+                    #[derive(serde::Deserialize)]\n/// Doc.\npub(crate) enum Kind { A }\n\
+                    impl<'de> Deserialize<'de> for Manual {}\nimpl Serialize for Hello {}\n\
+                    // #[derive(Serialize)] struct Commented;\n";
+        let names: Vec<(usize, String)> = serde_types(wire);
+        assert_eq!(names, [(4, "Hello".to_owned()), (10, "Kind".to_owned()), (11, "Manual".to_owned())]);
+
+        let schema = "use schemars::schema_for;\nlet v = vec![(\"a.json\", schema_for!(Hello)), (\"b.json\", schema_for! ( Kind ))];\n\
+                      // schema_for!(Commented)\n";
+        assert_eq!(schema_for_names(schema), ["Hello", "Kind"]);
+        let value = serde_json::json!({"title": "Hello", "definitions": {"Manual": {}}});
+        assert_eq!(schema_definitions(&value), ["Hello", "Manual"]);
+        assert_eq!(kebab_case("TensorDesc"), "tensor-desc");
+    }
+
+    #[test]
     fn finds_unsafe_code_allows() {
         let src = "//! allow(unsafe_code) in docs is fine\n\
                    #![allow(unsafe_code)]\n\
@@ -495,17 +609,6 @@ mod tests {
                    #[allow(unsafe_code_extra)] /* allow(unsafe_code) */\n\
                    fn allow(x: u8) -> char { let unsafe_code = 1; 'a' }\n";
         assert_eq!(unsafe_code_allows(src), [2, 4]);
-    }
-
-    #[test]
-    fn blanks_comments_and_literals_keeping_offsets() {
-        let src = "a // b\n/* c /* d */ e */ f \"g\\\"h\" 'i' '\\'' r#\"j\"# x<'a> r#type";
-        let out = blank_comments_and_strings(src);
-        assert_eq!(out.len(), src.len());
-        assert_eq!(
-            out.split_whitespace().collect::<Vec<_>>(),
-            ["a", "f", "\"", "\"", "'", "'", "'", "'", "r#\"", "\"#", "x<'a>", "r#type"]
-        );
     }
 
     #[test]
