@@ -62,6 +62,9 @@ use ferry_core::{
 mod cache;
 mod descriptor;
 pub mod driver;
+/// An in-memory CUDA driver for tests. Test-only, behind the `__fake` feature: not part of
+/// the API.
+#[cfg(any(test, feature = "__fake"))]
 #[doc(hidden)]
 pub mod fake;
 mod lease;
@@ -152,7 +155,7 @@ impl CudaIpcChannel {
         Self::with_driver(sys::CudaDriver::shared(), opts)
     }
 
-    /// Over another [`Driver`] (tests use [`fake::FakeDriver`]).
+    /// Over another [`Driver`] (tests use the in-memory driver of the `__fake` feature).
     #[doc(hidden)]
     pub fn with_driver(driver: Arc<dyn Driver>, opts: CudaIpcOptions) -> Self {
         let pool_opts = PoolOpts { limit: opts.pool_limit, slab_bytes: opts.slab_bytes, full_wait: opts.full_wait };

@@ -55,8 +55,9 @@ pub fn discard_private_pages(_addr: usize, _len: usize) -> bool {
     false
 }
 
-/// Helpers for tests of hostile peers (descriptors a misbehaving peer might send).
-#[cfg(target_os = "linux")]
+/// Helpers for tests of hostile peers (descriptors a misbehaving peer might send). Test-only,
+/// behind the `__testing` feature: not part of the API.
+#[cfg(all(target_os = "linux", feature = "__testing"))]
 #[doc(hidden)]
 pub mod testing {
     use std::os::fd::OwnedFd;

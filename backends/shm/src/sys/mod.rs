@@ -279,6 +279,7 @@ pub fn discard_private_pages(addr: usize, len: usize) -> bool {
 }
 
 /// A memfd of `len` bytes without seals (for tests of the refusal path).
+#[cfg(any(test, feature = "__testing"))]
 pub fn unsealed_memfd(len: u64) -> io::Result<OwnedFd> {
     let fd = rustix::fs::memfd_create("ferry-shm-unsealed", MemfdFlags::CLOEXEC)?;
     rustix::fs::ftruncate(&fd, len)?;
