@@ -152,13 +152,17 @@ impl ErasedHandler for PyHandler {
                 Ok(refs) => call.call1(py, (params, refs, Context { ctx }, done)).map_err(|e| internal_from(py, &e)),
                 Err(e) => Err(internal_from(py, &e)),
             };
+            // The handle travels armed: a call dropped (cancelled) before it took the handle
+            // out of the channel drops it there, or here when the channel is gone, and
+            // either drop cancels the task. A bare handle would be dropped unseen, and the
+            // coroutine would run on though its call was answered `cancelled`.
+            let r = r.map(|h| CancelOnDrop(Some(h)));
             let _ = crate::answer::delivering(|| started_tx.send(r));
         });
         Ok(Box::pin(async move {
-            let handle = started
+            let mut guard = started
                 .await
                 .unwrap_or_else(|_| Err(ErrorObject::internal("the handler's thread ended without starting it")))?;
-            let mut guard = CancelOnDrop(Some(handle));
             let r = rx
                 .await
                 .unwrap_or_else(|_| Err(ErrorObject::internal("the app's event loop stopped before the call ended")));
