@@ -62,8 +62,9 @@ use ferry_core::{
 mod cache;
 mod descriptor;
 pub mod driver;
-/// An in-memory CUDA driver for tests. Test-only, behind the `__fake` feature: not part of
-/// the API.
+// An in-memory CUDA driver for tests. Test-only, behind the `__fake` feature: not part of
+// the API. (A `///` here would make rustdoc resolve the module's own doc links from this
+// crate root.)
 #[cfg(any(test, feature = "__fake"))]
 #[doc(hidden)]
 pub mod fake;
