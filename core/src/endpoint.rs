@@ -430,13 +430,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         limits: cfg.limits,
         require_token: cfg.require_token.as_deref(),
     };
-    let (hello, decision) =
-        server_decide(&policy, peer_version, frame.parse::<Hello>().map_err(|e| e.to_string()), &info);
-    let decision = match (decision, hello) {
-        (Ok(welcome), Some(hello)) => Ok((welcome, hello)),
-        (Err(refusal), hello) => Err((refusal, hello)),
-        (Ok(_), None) => Err((Refusal::Malformed { detail: "no HELLO".into() }, None)),
-    };
+    let decision = server_decide(&policy, peer_version, frame.parse::<Hello>().map_err(|e| e.to_string()), &info);
     match decision {
         Err((refusal, hello)) => {
             let agent = hello.map(|h| h.agent).unwrap_or_default();
@@ -446,7 +440,6 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             Err(PipeError::Refused(refusal))
         }
         Ok((welcome, hello)) => {
-            let hello: Hello = hello;
             let (ctx, closed_tx, control_rx) = session_ctx(&info, true, &welcome.features);
             let mut sessions = BTreeMap::new();
             for (kind, name) in &welcome.channels {

@@ -89,23 +89,23 @@ pub struct ServerPolicy<'a> {
     pub require_token: Option<&'a str>,
 }
 
+/// A refusal, with the HELLO it answers when that parsed.
+pub type Refused = (Refusal, Option<Box<Hello>>);
+
 /// The server's whole decision on a HELLO frame: `hello` is the parsed frame, or why it did
 /// not parse; `preamble_version` is the version the client's preamble announced. In order:
 /// an unparsable HELLO is [`Refusal::Malformed`]; a HELLO whose version is not its
 /// preamble's is `Malformed`; a missing or wrong token (compared in constant time) is
 /// [`Refusal::BadToken`]; then [`server_choose`] (protocol name, version, channels).
-/// The HELLO comes back with the decision, when it parsed (for the caller's logs and the
-/// client's limits).
+/// The HELLO comes back with the decision: with the WELCOME, and with a refusal when it
+/// parsed (for the caller's logs and the client's limits).
 pub fn server_decide(
     policy: &ServerPolicy<'_>,
     preamble_version: u16,
     hello: Result<Hello, String>,
     conn: &ConnInfo,
-) -> (Option<Hello>, Result<Welcome, Refusal>) {
-    let hello = match hello {
-        Ok(h) => h,
-        Err(detail) => return (None, Err(Refusal::Malformed { detail })),
-    };
+) -> Result<(Welcome, Hello), Refused> {
+    let hello = hello.map_err(|detail| (Refusal::Malformed { detail }, None))?;
     let decision = if hello.version != preamble_version {
         Err(Refusal::Malformed {
             detail: format!("preamble says version {preamble_version}, HELLO says {}", hello.version),
@@ -117,7 +117,10 @@ pub fn server_decide(
     } else {
         server_choose(policy.channels, &hello, conn, policy.version, policy.limits)
     };
-    (Some(hello), decision)
+    match decision {
+        Ok(welcome) => Ok((welcome, hello)),
+        Err(refusal) => Err((refusal, Some(Box::new(hello)))),
+    }
 }
 
 /// A device kind and the channel that carries its tensors.
@@ -237,9 +240,12 @@ mod tests {
         for (case, preamble, hello, token, version, want) in rows {
             let policy = ServerPolicy { channels: &chans, version, limits: Limits::default(), require_token: token };
             let parsed = hello.is_ok();
-            let (back, got) = server_decide(&policy, preamble, hello, &ConnInfo::default());
-            assert_eq!(back.is_some(), parsed, "{case}: the HELLO comes back when it parsed");
-            match (got, want) {
+            let got = server_decide(&policy, preamble, hello, &ConnInfo::default());
+            assert!(
+                got.as_ref().map_or_else(|(_, h)| h.is_some() == parsed, |_| parsed),
+                "{case}: the HELLO comes back"
+            );
+            match (got.map(|(w, _)| w).map_err(|(r, _)| r), want) {
                 (Ok(w), Ok(channel)) => {
                     assert_eq!(w.channels[&DeviceKind::Cpu], channel, "{case}");
                     assert_eq!(w.version, version, "{case}");

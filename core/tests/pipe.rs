@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::mem::MemTransport;
-use ferry_core::{Endpoint, EndpointBuilder, InlineChannel, Message, PipeError, Refusal, Tensor, TransportError};
+use ferry_core::{
+    Endpoint, EndpointBuilder, InlineChannel, Message, Pipe, PipeError, PipeListener, Refusal, Tensor, TransportError,
+};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(10);
@@ -19,12 +21,18 @@ fn addr(tag: &str) -> String {
     format!("mem:pipe-test-{tag}-{}", std::process::id())
 }
 
-#[tokio::test]
-async fn messages_with_tensors_go_both_ways_in_order() {
-    let a = addr("round-trip");
+/// A connected (client, server) pair on a fresh name.
+async fn pair(tag: &str) -> (Pipe, Pipe, PipeListener) {
+    let a = addr(tag);
     let mut l = endpoint().build().listen(&a).await.unwrap();
     let client = endpoint().build().connect(&a).await.unwrap();
     let server = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
+    (client, server, l)
+}
+
+#[tokio::test]
+async fn messages_with_tensors_go_both_ways_in_order() {
+    let (client, server, _l) = pair("round-trip").await;
     assert_eq!(client.info().channels[&ferry_core::DeviceKind::Cpu], "inline");
     assert!(server.info().is_server && !client.info().is_server);
     for i in 0..50u32 {
@@ -68,10 +76,7 @@ async fn a_version_mismatch_is_refused_by_name() {
 
 #[tokio::test]
 async fn closing_one_end_ends_the_other() {
-    let a = addr("close");
-    let mut l = endpoint().build().listen(&a).await.unwrap();
-    let client = endpoint().build().connect(&a).await.unwrap();
-    let server = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
+    let (client, server, _l) = pair("close").await;
     client.send(Message::new(json!(1))).await.unwrap();
     client.close().await;
     // What was sent before the close still arrives, then the end.
