@@ -12,8 +12,9 @@
 //!   those still finishing a cancelled call.
 //! - On Linux the function runs under `SCHED_IDLE` ([`ComputePriority`]): where the CPUs
 //!   are all busy, the runtime's workers (reading requests, answering cheap calls) and other
-//!   processes take the CPU first, at once. The blocking pool's threads keep that policy
-//!   for whatever else they run later (big parses, file reads).
+//!   processes take the CPU first, at once. The parse of a big plain-JSON request (1 MiB
+//!   and more, on the blocking pool too) runs under the same policy. The blocking pool's
+//!   threads keep it for whatever else they run later (file reads).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -54,8 +55,9 @@ pub fn set_compute_priority(p: ComputePriority) {
 }
 
 /// Gives this thread the policy [`set_compute_priority`] asks for, if it does not have it
-/// yet (Linux; a failure leaves it as it was, and is logged at debug level).
-fn apply_priority() {
+/// yet (Linux; a failure leaves it as it was, and is logged at debug level). Blocking
+/// handlers call it, and so does the parse of a big request.
+pub(crate) fn apply_priority() {
     #[cfg(target_os = "linux")]
     {
         thread_local! {

@@ -445,9 +445,14 @@ async fn parse_request(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Value, E
         return parse(text);
     }
     let owned = std::mem::take(text);
-    let (r, owned) = tokio::task::spawn_blocking(move || (parse(&owned), owned))
-        .await
-        .map_err(|e| ErrorObject::internal(format!("parsing the request: {e}")))?;
+    let (r, owned) = tokio::task::spawn_blocking(move || {
+        // Parsing is compute: scheduled as blocking handlers are (SCHED_IDLE by default),
+        // so the runtime's workers, and other clients' small calls, take the CPU first.
+        crate::blocking::apply_priority();
+        (parse(&owned), owned)
+    })
+    .await
+    .map_err(|e| ErrorObject::internal(format!("parsing the request: {e}")))?;
     *text = owned;
     r
 }

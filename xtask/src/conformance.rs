@@ -1,7 +1,9 @@
 //! `cargo xtask conformance [--backend NAME].. [--require NAME].. [--release]`.
 //!
-//! For each backend `B` (every directory in `backends/` with a `Cargo.toml`, or those
-//! named), runs `cargo test -p ferry-B --test conformance` with
+//! For each backend `B` (`mem`, the in-memory transport of ferry-core, then every
+//! directory in `backends/` with a `Cargo.toml`; or those named), runs the test
+//! `conformance` of package `ferry-B` (all built in one `cargo test --no-run --workspace
+//! --all-features`, see [`crate::test_bins`]) with
 //! `FERRY_CONFORMANCE_REPORT=<target>/conformance/B.json` (`<target>`: cargo's target
 //! directory, `<repo>/target` or `$CARGO_TARGET_DIR`). The test binary (the
 //! conformance crate's libtest-mimic `main`) writes that report itself:
@@ -32,13 +34,19 @@
 //! All write the same report format.
 
 use std::collections::HashSet;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use xshell::{Shell, cmd};
+use xshell::Shell;
 
 use crate::flags::Flags;
+use crate::test_bins::{self, TestBin};
+
+/// The column of the in-memory transport (`ferry_core::mem`, core's `tests/conformance.rs`):
+/// the cases whose peer runs in the same process; the others are ignored there.
+const MEM: &str = "mem";
 
 /// The environment variable that tells the conformance test binary where to write its report.
 pub const REPORT_ENV: &str = "FERRY_CONFORMANCE_REPORT";
@@ -67,9 +75,12 @@ impl Conformance {
     /// Runs each backend's suite, prints the table and writes `target/conformance.json`.
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
         let root = sh.current_dir();
-        let known: Vec<String> = crate::tidy::backend_dirs(&root)?
-            .iter()
-            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        let known: Vec<String> = std::iter::once(MEM.to_owned())
+            .chain(
+                crate::tidy::backend_dirs(&root)?
+                    .iter()
+                    .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())),
+            )
             .collect();
         for name in self.backends.iter().chain(&self.require) {
             if !known.contains(name) && !SDK_COLUMNS.contains(&name.as_str()) {
@@ -95,8 +106,22 @@ impl Conformance {
             columns.push(column);
             failures.extend(problems);
         };
-        for backend in &backends {
-            add(run_backend(sh, &report_dir, backend, self.release));
+        if !backends.is_empty() {
+            match conformance_bins(sh, self.release) {
+                Ok(bins) => {
+                    for backend in &backends {
+                        add(run_backend(sh, &bins, &report_dir, backend));
+                    }
+                }
+                Err(err) => {
+                    let why = format!("the conformance suites did not build: {err:#}");
+                    for (i, backend) in backends.iter().enumerate() {
+                        let report = Report::broken(backend, why.clone());
+                        let problems = if i == 0 { vec![why.clone()] } else { Vec::new() };
+                        add((Column { name: backend.clone(), report }, problems));
+                    }
+                }
+            }
         }
         if self.runs_sdk(crate::sdk::PYTHON_SDK) {
             add(crate::sdk::python_column(sh, &report_dir, self.release));
@@ -167,15 +192,17 @@ pub fn rpc_cases(sh: &Shell, report_dir: &Path, release: bool, server: Option<&O
     let report_path = report_dir.join(format!("{column}-rpc.json"));
     let _ = std::fs::remove_file(&report_path);
     let release = release.then_some("--release");
-    let mut c =
-        cmd!(sh, "cargo test -p ferry-cli --locked --test rpc_conformance {release...}").env(REPORT_ENV, &report_path);
+    let mut args = vec!["--workspace", "--all-features", "--test", "rpc_conformance"];
+    args.extend(release);
+    let mut envs: Vec<(&str, &OsStr)> = vec![(REPORT_ENV, report_path.as_os_str())];
     for (k, v) in server.map(OtherServer::envs).into_iter().flatten() {
-        c = c.env(k, v);
+        envs.push((k, OsStr::new(v)));
     }
-    let status = c.run();
+    let status = test_bins::build(sh, &args)
+        .and_then(|bins| test_bins::find(&bins, "ferry-cli", "rpc_conformance")?.run(sh, None, &envs));
     let mut problems = Vec::new();
     if let Err(err) = &status {
-        problems.push(format!("{column}: the Rust RPC cases failed: {err}"));
+        problems.push(format!("{column}: the Rust RPC cases failed: {err:#}"));
     }
     let column = read_column(column, &report_path, "the Rust RPC cases wrote none", &mut problems);
     (column, problems)
@@ -227,26 +254,33 @@ impl Conformance {
     }
 }
 
+/// The test binaries of every conformance suite, built with the feature set of CI's
+/// `cargo nextest run --workspace --all-features` (so they reuse its artifacts).
+fn conformance_bins(sh: &Shell, release: bool) -> anyhow::Result<Vec<TestBin>> {
+    let release = release.then_some("--release");
+    let mut args = vec!["--workspace", "--all-features", "--test", "conformance"];
+    args.extend(release);
+    test_bins::build(sh, &args)
+}
+
 /// Runs one backend's suite; returns its column and the problems with running it.
-fn run_backend(sh: &Shell, report_dir: &Path, backend: &str, release: bool) -> (Column, Vec<String>) {
+fn run_backend(sh: &Shell, bins: &[TestBin], report_dir: &Path, backend: &str) -> (Column, Vec<String>) {
     let report_path: PathBuf = report_dir.join(format!("{backend}.json"));
     // A report left from an earlier run must not pass for this run's.
     let _ = std::fs::remove_file(&report_path);
-    let package = format!("ferry-{backend}");
-    let release = release.then_some("--release");
-    let command = format!("cargo test -p {package} --test conformance{}", release.map_or("", |_| " --release"));
-    let status =
-        cmd!(sh, "cargo test -p {package} --test conformance {release...}").env(REPORT_ENV, &report_path).run();
+    let package = if backend == MEM { "ferry-core".to_owned() } else { format!("ferry-{backend}") };
+    let status = test_bins::find(bins, &package, "conformance")
+        .and_then(|bin| bin.run(sh, None, &[(REPORT_ENV, report_path.as_os_str())]));
 
     let mut problems = Vec::new();
     if let Err(err) = &status {
-        problems.push(format!("backend {backend}: `{command}` failed: {err}"));
+        problems.push(format!("backend {backend}: {err:#}"));
     }
     let missing = if status.is_err() {
-        "the conformance test binary failed to build or run (see the cargo output above)".to_owned()
+        "the conformance test binary is missing or failed (see the output above)".to_owned()
     } else {
         format!(
-            "`{command}` passed but wrote nothing to ${REPORT_ENV} \
+            "{package}'s conformance test passed but wrote nothing to ${REPORT_ENV} \
              (does tests/conformance.rs call `ferry_conformance::main`?)"
         )
     };

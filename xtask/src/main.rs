@@ -22,6 +22,7 @@ mod python_server;
 mod rpc_clients;
 mod sdk;
 mod soak;
+mod test_bins;
 mod tidy;
 mod typescript_sdk;
 mod windows;

@@ -9,7 +9,8 @@
 //!    clean for Windows.
 //! 3. A Wine prefix in `target/wine/prefix`, with a `ProcessPrng` shim
 //!    (`xtask/wine/bcryptprimitives.c`: Rust's std needs bcryptprimitives.dll, which Wine
-//!    8 lacks), then with Wine as the test runner:
+//!    8 lacks), then, every test binary built in one `cargo test --no-run` (one feature
+//!    set, see [`crate::test_bins`]) and run with Wine:
 //!    - `ferry-pipe`: unit tests, the named-pipe conformance suite (inline channel) and
 //!      `tests/windows.rs` (the pipe's DACL, peer process and user, addresses);
 //!    - `ferry-rpc`: JSON-RPC over named pipes (ferry frames and plain JSON);
@@ -27,6 +28,7 @@ use anyhow::{Context, bail};
 use xshell::{Shell, cmd};
 
 use crate::flags::Flags;
+use crate::test_bins;
 
 /// The Windows target.
 const TARGET: &str = "x86_64-pc-windows-gnu";
@@ -54,12 +56,17 @@ impl Windows {
             sh.push_env("CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER", "wine"),
         ];
         let tests = (|| -> anyhow::Result<()> {
-            cmd!(sh, "cargo test --target {TARGET} --locked -p ferry-pipe -p ferry-rpc").run()?;
+            // One build for every binary below: `cargo test -p A` then `-p B` would rebuild
+            // the shared crates for each package's own feature set.
+            let bins = test_bins::build(sh, &build_args(sh)?)?;
+            for bin in bins.iter().filter(|b| FULL.contains(&b.package.as_str())) {
+                bin.run(sh, Some("wine"), &[])?;
+            }
             // Linux-only channels say so: every case ignored, with the reason.
             for backend in ["ferry-shm", "ferry-cuda-ipc"] {
-                let out = cmd!(sh, "cargo test --target {TARGET} --locked -p {backend} --test conformance")
-                    .ignore_status()
-                    .output()?;
+                let bin = test_bins::find(&bins, backend, "conformance")?;
+                let _dir = sh.push_dir(&bin.dir);
+                let out = bin.command(sh, Some("wine"), &[]).ignore_status().output()?;
                 let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
                 anyhow::ensure!(
                     out.status.success()
@@ -70,13 +77,46 @@ impl Windows {
                 );
                 eprintln!("windows: {backend} is not viable, as expected: {}", first_line(&text, "not viable"));
             }
-            cmd!(sh, "cargo test --target {TARGET} --locked -p ferry-cli --test cli").run()?;
+            test_bins::find(&bins, "ferry-cli", "cli")?.run(sh, Some("wine"), &[])?;
             Ok(())
         })();
         // Wine's server outlives the tests by a few seconds: stop it now.
         let _ = cmd!(sh, "wineserver -k").quiet().ignore_stderr().run();
         tests
     }
+}
+
+/// The packages whose every test (unit and integration) runs under Wine.
+const FULL: &[&str] = &["ferry-pipe", "ferry-rpc"];
+
+/// `cargo test --no-run` arguments for the Windows test binaries: the packages of
+/// [`FULL`] whole (their unit tests and each of their `tests/*.rs`), the shm and cuda-ipc
+/// conformance suites and ferry-cli's `cli` test. The packages are built together, so with
+/// one feature set; `--lib` builds the other packages' unit tests too, which do not run.
+fn build_args(sh: &Shell) -> anyhow::Result<Vec<String>> {
+    let text = cmd!(sh, "cargo metadata --no-deps --format-version 1").quiet().read()?;
+    let meta: serde_json::Value = serde_json::from_str(&text).context("reading `cargo metadata`")?;
+    let mut tests: Vec<String> = vec!["conformance".into(), "cli".into()];
+    for package in meta["packages"].as_array().into_iter().flatten() {
+        if !FULL.iter().any(|p| package["name"] == *p) {
+            continue;
+        }
+        for target in package["targets"].as_array().into_iter().flatten() {
+            if target["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test")) {
+                tests.extend(target["name"].as_str().map(str::to_owned));
+            }
+        }
+    }
+    tests.sort();
+    tests.dedup();
+    let mut args: Vec<String> = ["--target", TARGET, "--lib"].map(String::from).to_vec();
+    for p in FULL.iter().chain(&["ferry-shm", "ferry-cuda-ipc", "ferry-cli"]) {
+        args.extend(["-p".to_owned(), (*p).to_owned()]);
+    }
+    for t in tests {
+        args.extend(["--test".to_owned(), t]);
+    }
+    Ok(args)
 }
 
 /// The first line of `text` containing `needle` (trimmed), or nothing.
