@@ -435,7 +435,9 @@ const PARSE_OFF_READER_BYTES: usize = 1 << 20;
 
 /// Parses one plain JSON-RPC text (a request or a batch) after checking its shape
 /// ([`crate::shape::check`]: batch length, depth, values) on the bytes; a big one on the
-/// blocking pool. `text` is handed back as it was (its buffer is reused).
+/// blocking pool. A small `text` is handed back as it was (its buffer is reused); a big
+/// one is freed on the blocking pool and `text` left empty, so a connection does not keep
+/// the memory of its biggest request and the reader does not pay for unmapping it.
 async fn parse_request(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Value, ErrorObject> {
     let parse = move |t: &[u8]| {
         crate::shape::check(t, limits.max_batch, limits.max_request_values)?;
@@ -445,16 +447,16 @@ async fn parse_request(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Value, E
         return parse(text);
     }
     let owned = std::mem::take(text);
-    let (r, owned) = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         // Parsing is compute: scheduled as blocking handlers are (SCHED_IDLE by default),
         // so the runtime's workers, and other clients' small calls, take the CPU first.
         crate::blocking::apply_priority();
-        (parse(&owned), owned)
+        let r = parse(&owned);
+        drop(owned);
+        r
     })
     .await
-    .map_err(|e| ErrorObject::internal(format!("parsing the request: {e}")))?;
-    *text = owned;
-    r
+    .map_err(|e| ErrorObject::internal(format!("parsing the request: {e}")))?
 }
 
 /// Ends serving a pipe when dropped: clears its handler (which holds the connection state,
@@ -589,6 +591,15 @@ pub(crate) enum Line {
     Eof,
 }
 
+/// Once a line outgrows this, [`read_line`] reserves its buffer's room up to the limit in
+/// one step (address space: memory is committed only as the bytes arrive), so the buffer is
+/// never moved while it grows. Doubling moved a 32 MiB buffer on the reader: 10 to 20 ms
+/// that every other connection of that worker waited (`cargo xtask soak --full`).
+const RESERVE_AT: usize = 1 << 20;
+
+/// How many bytes of one line [`read_line`] reads before it yields to other tasks.
+const YIELD_BYTES: usize = 64 << 10;
+
 /// Reads one line into `buf`, never holding more than `max` bytes of it.
 pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
     r: &mut R,
@@ -598,7 +609,15 @@ pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
     buf.clear();
     let mut total = 0usize;
     let mut too_long = false;
+    let mut since_yield = 0usize;
     loop {
+        // A long line gives the worker back every YIELD_BYTES: tokio's own budget lets a
+        // reader whose socket always has data run 128 reads (8 MiB, some ms) in a row,
+        // while the other connections on this worker wait.
+        if since_yield >= YIELD_BYTES {
+            since_yield = 0;
+            tokio::task::yield_now().await;
+        }
         let chunk = r.fill_buf().await?;
         if chunk.is_empty() {
             return Ok(match (total, too_long) {
@@ -607,7 +626,7 @@ pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
                 _ => Line::Data,
             });
         }
-        let (n, found) = match chunk.iter().position(|&b| b == b'\n') {
+        let (n, found) = match memchr::memchr(b'\n', chunk) {
             Some(i) => (i, true),
             None => (chunk.len(), false),
         };
@@ -618,10 +637,15 @@ pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
                 buf.clear();
                 buf.shrink_to(64 << 10);
             } else {
+                if buf.len() + n > buf.capacity().max(RESERVE_AT) {
+                    // Room for the whole limit at once, so the buffer is never moved again.
+                    let _ = buf.try_reserve_exact(max - buf.len());
+                }
                 buf.extend_from_slice(&chunk[..n]);
             }
         }
         r.consume(n + usize::from(found));
+        since_yield += n;
         if found {
             return Ok(if too_long { Line::TooLong(total) } else { Line::Data });
         }
@@ -645,5 +669,25 @@ mod tests {
         assert_eq!(read_line(&mut r, 10, &mut buf).await.unwrap(), Line::Data);
         assert_eq!(buf, b"last");
         assert_eq!(read_line(&mut r, 10, &mut buf).await.unwrap(), Line::Eof);
+    }
+
+    /// Past RESERVE_AT the buffer takes its room up to the limit once, and is never moved
+    /// again while the line arrives.
+    #[tokio::test]
+    async fn a_long_line_is_never_moved_while_it_grows() {
+        let (len, max) = (3 * RESERVE_AT, 8 * RESERVE_AT);
+        let mut data = vec![b'0'; len];
+        data.push(b'\n');
+        let mut r = tokio::io::BufReader::with_capacity(64 << 10, &data[..]);
+        let mut buf = Vec::new();
+        assert_eq!(read_line(&mut r, max, &mut buf).await.unwrap(), Line::Data);
+        assert_eq!(buf.len(), len);
+        // Doubling would have left 4 MiB here.
+        assert_eq!(buf.capacity(), max, "the room was reserved up to the limit, once");
+        let at = buf.as_ptr();
+        // A second long line reuses the same room: no growth, no move.
+        let mut r = tokio::io::BufReader::with_capacity(64 << 10, &data[..]);
+        assert_eq!(read_line(&mut r, max, &mut buf).await.unwrap(), Line::Data);
+        assert_eq!(buf.as_ptr(), at);
     }
 }

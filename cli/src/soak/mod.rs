@@ -136,37 +136,56 @@ impl Drop for Sampler {
     }
 }
 
-/// The canary: a client calling `add` over shm all along, its latencies kept per phase.
+/// The canary: a client calling `add` over shm all along, its latencies kept per phase. It
+/// runs on a thread and runtime of its own, so the phases' hostile clients (in this process
+/// too) cannot delay it: what it measures is the server.
 pub(crate) struct Canary {
     samples: Arc<Mutex<Vec<Duration>>>,
     failures: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Canary {
     async fn start(addr: &str) -> anyhow::Result<Canary> {
-        let client = connect(addr).await?;
         let (samples, failures, stop) =
             (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
         let (s, f, st) = (samples.clone(), failures.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut i = 0u64;
-            while !st.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let ok = matches!(client.call::<_, f64>("add", &(i as f64, 1.0)).await, Ok(v) if v == i as f64 + 1.0);
-                let took = t.elapsed();
-                if ok {
-                    s.lock().unwrap_or_else(|e| e.into_inner()).push(took);
-                } else {
-                    f.fetch_add(1, Ordering::Relaxed);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let addr = addr.to_owned();
+        let thread = std::thread::Builder::new().name("soak-canary".into()).spawn(move || {
+            runtime.block_on(async move {
+                let client = match connect(&addr).await {
+                    Ok(c) => {
+                        let _ = ready_tx.send(Ok(()));
+                        c
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let mut i = 0u64;
+                while !st.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let r = client.call::<_, f64>("add", &(i as f64, 1.0)).await;
+                    let took = t.elapsed();
+                    if matches!(r, Ok(v) if v == i as f64 + 1.0) {
+                        s.lock().unwrap_or_else(|e| e.into_inner()).push(took);
+                    } else {
+                        f.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                    // About 1,000 calls a second: a client, not a load.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                i += 1;
-                // About 1,000 calls a second: a client, not a load.
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        });
-        Ok(Canary { samples, failures, stop, task })
+            })
+        })?;
+        tokio::task::spawn_blocking(move || ready_rx.recv())
+            .await?
+            .context("the canary's thread ended before connecting")??;
+        Ok(Canary { samples, failures, stop, thread })
     }
 
     /// The calls since the last take: (count, p50, p99, failures).
@@ -179,7 +198,8 @@ impl Canary {
 
     async fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.task.await;
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }
 

@@ -257,13 +257,17 @@ async fn unread(ctx: &mut Ctx) -> anyhow::Result<String> {
 
 async fn zeros_lines(ctx: &mut Ctx) -> anyhow::Result<String> {
     let mib = ctx.counts.zeros_line_mib;
-    let mut line = Vec::with_capacity(mib << 20);
-    line.push(b'[');
-    while line.len() < (mib << 20) - 3 {
-        line.extend_from_slice(b"0,");
-    }
-    line.extend_from_slice(b"0]\n");
-    let line = std::sync::Arc::new(line);
+    // Built off the runtime: the canary's calls share it, and must measure the server.
+    let line = blocking(move || {
+        let mut line = Vec::with_capacity(mib << 20);
+        line.push(b'[');
+        while line.len() < (mib << 20) - 3 {
+            line.extend_from_slice(b"0,");
+        }
+        line.extend_from_slice(b"0]\n");
+        Ok(std::sync::Arc::new(line))
+    })
+    .await?;
     let mut tasks = Vec::new();
     for _ in 0..3 {
         let (addr, line) = (ctx.server.addr.clone(), line.clone());
@@ -279,11 +283,14 @@ async fn zeros_lines(ctx: &mut Ctx) -> anyhow::Result<String> {
 
 async fn big_headers(ctx: &mut Ctx) -> anyhow::Result<String> {
     let bytes = (ctx.counts.header_mib << 20) - 1024;
-    let zeros = "0,".repeat((bytes - 64) / 2);
-    let text = format!("{{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[{zeros}0],\"id\":1}}");
-    drop(zeros);
-    let header: serde_json::Value = serde_json::from_str(&text)?;
-    drop(text);
+    // Built off the runtime, as in zeros_lines.
+    let header = blocking(move || {
+        let zeros = "0,".repeat((bytes - 64) / 2);
+        let text = format!("{{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[{zeros}0],\"id\":1}}");
+        drop(zeros);
+        Ok(serde_json::from_str::<serde_json::Value>(&text)?)
+    })
+    .await?;
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let (addr, header) = (ctx.server.addr.clone(), header.clone());
