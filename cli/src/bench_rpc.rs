@@ -5,6 +5,9 @@
 //! Cases:
 //! - `call-add`: one client, one small call at a time (`add`): latency and calls/s.
 //! - `call-add-x16`: 16 clients on 16 connections, each one call at a time: calls/s.
+//! - `call-add-matmul`: `add` while another client (a thread and runtime of its own) loops
+//!   `matmul` (a blocking handler), measured in blocks interleaved with `call-add-quiet`
+//!   (the same client while the other waits); `x_p99` is the p99 ratio of the two.
 //! - `call-zero-copy` (channels with their own memory): `echo` of a tensor made with
 //!   `pipe.alloc`, compare with `rtt-zero-copy`.
 //! - `call-tensor` / `call-copy-in`: `echo` of a heap tensor, compare with `rtt-tensor` /
@@ -45,8 +48,10 @@ pub struct RpcRow {
     pub row: crate::bench::Row,
     /// Calls completed per second of wall time (all clients together).
     pub calls_per_s: f64,
-    /// p50 over the p50 of the plain round trip measured interleaved with it, if any.
+    /// p50 over the p50 of the base measured interleaved with it, if any.
     pub x_base: Option<f64>,
+    /// p99 over the p99 of that base, if any.
+    pub x_p99: Option<f64>,
 }
 
 fn row(pair: (&str, &str), case: &str, tensor: &str, bytes: u64, factor: f64, s: &Samples) -> RpcRow {
@@ -55,13 +60,17 @@ fn row(pair: (&str, &str), case: &str, tensor: &str, bytes: u64, factor: f64, s:
         row: crate::bench::row(pair.0, pair.1, case, tensor.into(), bytes, factor, s.times.clone()),
         calls_per_s: if s.wall.is_zero() { 0.0 } else { n as f64 / s.wall.as_secs_f64() },
         x_base: None,
+        x_p99: None,
     }
 }
 
-/// `call`'s row with `x_base` set against `base`.
+/// `call`'s row with `x_base` and `x_p99` set against `base`.
 fn versus(mut call: RpcRow, base: &RpcRow) -> RpcRow {
     if base.row.p50_us > 0.0 {
         call.x_base = Some(call.row.p50_us / base.row.p50_us);
+    }
+    if base.row.p99_us > 0.0 {
+        call.x_p99 = Some(call.row.p99_us / base.row.p99_us);
     }
     call
 }
@@ -110,6 +119,118 @@ fn start_server(exe: &Path, addr: &str) -> anyhow::Result<ChildProcess> {
     let mut args = vec!["serve", addr];
     args.extend(extra.split_whitespace());
     Ok(start_child(exe, &args, "listening on")?.0)
+}
+
+/// The other client of `call-add-matmul`: a thread of its own, with a runtime of its own
+/// (like another process: its connection's tasks share no runtime worker with the measured
+/// client), calling `matmul` on 256x256 f32 matrices in a loop while resumed. Its matrices
+/// are made once in the pipe's memory (`pipe.alloc`), as a client that sends the same
+/// tensors again would do, so each call costs it no copy.
+struct MatmulLoop {
+    /// What the loop should do: run, wait, or end.
+    want: tokio::sync::watch::Sender<LoopWant>,
+    /// Calls made so far, and whether the loop is waiting (no call in flight).
+    state: tokio::sync::watch::Receiver<(u64, bool)>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<u64>>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoopWant {
+    Run,
+    Wait,
+    End,
+}
+
+impl MatmulLoop {
+    /// Connects and checks one call; the loop then waits until [`Self::resume`].
+    async fn start(ep: &Endpoint, addr: &str) -> anyhow::Result<MatmulLoop> {
+        let (want, mut want_rx) = tokio::sync::watch::channel(LoopWant::Wait);
+        let (state_tx, state) = tokio::sync::watch::channel((0u64, true));
+        let (ep, addr) = (ep.clone(), addr.to_owned());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+        let thread = std::thread::Builder::new().name("bench-matmul".into()).spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async move {
+                let start = async {
+                    let busy = Client::new(ep.connect(&addr).await?);
+                    let mut m = busy.pipe().alloc(TensorMeta::new(DType::F32, vec![256, 256])).await?;
+                    m.as_mut_slice::<f32>()?.fill(0.5);
+                    let m = m.freeze();
+                    // Typed params: the matrices travel over the channel (`json!` would
+                    // inline them as base64 text, which the server would then parse).
+                    let mm = crate::demo::MatmulParams { a: RpcTensor::from(m.clone()), b: RpcTensor::from(m) };
+                    let r: RpcTensor = busy.call("matmul", &mm).await?;
+                    anyhow::ensure!(r.meta().shape == [256, 256], "matmul returned {:?}", r.meta());
+                    anyhow::Ok((busy, mm))
+                };
+                let (busy, mm) = match start.await {
+                    Ok(started) => {
+                        let _ = ready_tx.send(Ok(()));
+                        started
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return Ok(0);
+                    }
+                };
+                let mut n = 0u64;
+                loop {
+                    let want = *want_rx.borrow_and_update();
+                    match want {
+                        LoopWant::End => break,
+                        LoopWant::Wait => {
+                            state_tx.send_replace((n, true));
+                            // The sender gone: end as if told to.
+                            if want_rx.changed().await.is_err() {
+                                break;
+                            }
+                        }
+                        LoopWant::Run => {
+                            busy.call::<_, RpcTensor>("matmul", &mm).await?;
+                            n += 1;
+                            state_tx.send_replace((n, false));
+                        }
+                    }
+                }
+                busy.close().await;
+                anyhow::Ok(n)
+            })
+        })?;
+        ready_rx.await.context("the matmul loop's thread ended before it started")??;
+        Ok(MatmulLoop { want, state, thread: Some(thread) })
+    }
+
+    /// Lets the loop run, and returns once a call of it has finished (the next one is then
+    /// in flight).
+    async fn resume(&mut self) -> anyhow::Result<()> {
+        let before = self.state.borrow_and_update().0;
+        self.want.send_replace(LoopWant::Run);
+        self.state.wait_for(|&(n, _)| n > before).await.context("the matmul loop ended")?;
+        Ok(())
+    }
+
+    /// Stops the loop after its current call, and returns once that call has finished.
+    async fn pause(&mut self) -> anyhow::Result<()> {
+        self.want.send_replace(LoopWant::Wait);
+        self.state.wait_for(|&(_, waiting)| waiting).await.context("the matmul loop ended")?;
+        Ok(())
+    }
+
+    /// Ends the loop: how many calls it made.
+    async fn stop(mut self) -> anyhow::Result<u64> {
+        self.want.send_replace(LoopWant::End);
+        let thread = self.thread.take().context("the matmul loop was already stopped")?;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the matmul loop's thread panicked"))?
+    }
+}
+
+impl Drop for MatmulLoop {
+    fn drop(&mut self) {
+        // On an error path: the loop ends after its current call, on its own.
+        self.want.send_replace(LoopWant::End);
+    }
 }
 
 /// Times `n` calls of `f`. Like the round trips of [`crate::bench`], a call's time ends
@@ -201,33 +322,26 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
 
         step(&format!("{} / {channel}: add from {CLIENTS} clients at once", t.name()));
         // `add` from one client while another loops a CPU-bound `matmul` (a blocking
-        // handler): the add's p50 against the quiet `call-add` of this run (x_base), its
-        // p99 in the row.
+        // handler), in blocks interleaved with blocks of `add` while that client waits
+        // (`call-add-quiet`), so both see the same machine; 5x the small iterations each, as
+        // a p99 needs samples. `x_p99` is the target's ratio.
         step(&format!("{} / {channel}: add while another client loops matmul", t.name()));
         {
-            let busy = Client::new(ep.connect(&addr).await?);
-            let m = Tensor::from_slice(vec![256, 256], &vec![0.5f32; 256 * 256])?;
-            // Typed params: the matrices travel over the channel (`json!` would inline them
-            // as base64 text, which the server would then parse on its reader).
-            let mm = crate::demo::MatmulParams { a: RpcTensor::from(m.clone()), b: RpcTensor::from(m) };
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let looping = {
-                let (busy, stop) = (busy.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let mut n = 0u64;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        busy.call::<_, RpcTensor>("matmul", &mm).await?;
-                        n += 1;
-                    }
-                    anyhow::Ok(n)
-                })
-            };
-            let loaded = time_calls(opts.small_iters, || add(&client)).await?;
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            let matmuls = looping.await??;
-            anyhow::ensure!(matmuls > 0, "the matmul loop did not run");
-            let r = row(pair, "call-add-matmul", "-", 0, 0.0, &loaded);
-            emit(versus(r, &quiet));
+            let mut looping = MatmulLoop::start(&ep, &addr).await?;
+            let (mut quiet, mut loaded) = (Samples::default(), Samples::default());
+            const BLOCKS: usize = 10;
+            let per = (opts.small_iters * 5).div_ceil(BLOCKS).max(1);
+            for _ in 0..BLOCKS {
+                quiet.extend(time_calls(per, || add(&client)).await?);
+                looping.resume().await?;
+                loaded.extend(time_calls(per, || add(&client)).await?);
+                looping.pause().await?;
+            }
+            let matmuls = looping.stop().await?;
+            anyhow::ensure!(matmuls >= BLOCKS as u64, "the matmul loop made {matmuls} calls in {BLOCKS} blocks");
+            let quiet = row(pair, "call-add-quiet", "-", 0, 0.0, &quiet);
+            emit(versus(row(pair, "call-add-matmul", "-", 0, 0.0, &loaded), &quiet));
+            emit(quiet);
         }
 
         let mut clients = Vec::with_capacity(CLIENTS);
@@ -300,13 +414,14 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
 /// Formats rows as an aligned table.
 pub fn table(rows: &[RpcRow]) -> String {
     let mut out = format!(
-        "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11} {:>11} {:>8} {:>10} {:>6}\n",
-        "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s", "calls/s", "x_base"
+        "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11} {:>11} {:>8} {:>10} {:>6} {:>6}\n",
+        "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s", "calls/s", "x_base", "x_p99"
     );
     for r in rows {
         let x = r.x_base.map(|x| format!("{x:.2}")).unwrap_or_default();
+        let x99 = r.x_p99.map(|x| format!("{x:.2}")).unwrap_or_default();
         out += &format!(
-            "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2} {:>10.0} {:>6}\n",
+            "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2} {:>10.0} {:>6} {:>6}\n",
             r.row.backend,
             r.row.channel,
             r.row.case,
@@ -317,7 +432,8 @@ pub fn table(rows: &[RpcRow]) -> String {
             r.row.p99_us,
             r.row.gbps,
             r.calls_per_s,
-            x
+            x,
+            x99
         );
     }
     out
