@@ -376,10 +376,10 @@ impl Server {
                         ErrorObject::limit("max_request_bytes", "request line length in bytes", n as u64, max as u64);
                     failure(Value::Null, e)
                 }
-                Ok(Line::Data) if buf.iter().all(u8::is_ascii_whitespace) => continue,
-                Ok(Line::Data) => match parse_request(&mut buf, self.shared.limits).await {
+                Ok(Line::Data) => match parse_line(&mut buf, self.shared.limits).await {
                     Err(e) => failure(Value::Null, e),
-                    Ok(v) => {
+                    Ok(None) => continue,
+                    Ok(Some(v)) => {
                         let inline = conn.runs_inline(&v);
                         let mut ticket = conn.outbox.ticket();
                         let work = conn.start(v, Vec::new());
@@ -439,9 +439,23 @@ const PARSE_OFF_READER_BYTES: usize = 1 << 20;
 /// one is freed on the blocking pool and `text` left empty, so a connection does not keep
 /// the memory of its biggest request and the reader does not pay for unmapping it.
 async fn parse_request(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Value, ErrorObject> {
+    parse_text(text, limits, false).await?.ok_or_else(|| ErrorObject::parse_error("the request is empty"))
+}
+
+/// [`parse_request`] for a line of a plain-JSON connection: `None` when it holds only
+/// whitespace (skipped, like an empty line). A big line is looked at on the blocking pool
+/// too, and freed there, whatever it holds.
+async fn parse_line(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Option<Value>, ErrorObject> {
+    parse_text(text, limits, true).await
+}
+
+async fn parse_text(text: &mut Vec<u8>, limits: RpcLimits, skip_blank: bool) -> Result<Option<Value>, ErrorObject> {
     let parse = move |t: &[u8]| {
+        if skip_blank && t.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
         crate::shape::check(t, limits.max_batch, limits.max_request_values)?;
-        crate::strict::parse(t).map_err(ErrorObject::parse_error)
+        crate::strict::parse(t).map(Some).map_err(ErrorObject::parse_error)
     };
     if text.len() < PARSE_OFF_READER_BYTES {
         return parse(text);
