@@ -415,7 +415,18 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow
 pub fn table(rows: &[RpcRow]) -> String {
     let mut out = format!(
         "{:<8} {:<8} {:<18} {:<20} {:>11} {:>6} {:>11} {:>11} {:>8} {:>10} {:>6} {:>6}\n",
-        "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s", "calls/s", "x_base", "x_p99"
+        "backend",
+        "channel",
+        "case",
+        "tensor",
+        "bytes",
+        "iters",
+        "p50_us",
+        "p99_us",
+        "GB/s",
+        "calls/s",
+        "x_base",
+        "x_p99"
     );
     for r in rows {
         let x = r.x_base.map(|x| format!("{x:.2}")).unwrap_or_default();
