@@ -169,9 +169,13 @@ impl Frame {
     }
 }
 
-/// The most memory a frame is given ahead of its bytes: the first step of
-/// [`FrameReader`]'s reads (then each step is as large as what already arrived).
-pub const FIRST_STEP: usize = 256 << 10;
+/// The most of a frame's reserved room one read offers the transport (which may zero it
+/// before the bytes arrive): the most memory a frame is committed ahead of its bytes.
+pub const READ_ROOM: usize = 256 << 10;
+
+/// How many bytes of one frame a reader copies before it lets the other tasks of its
+/// runtime worker run (about 100 µs of copying).
+const YIELD_EVERY: usize = 1 << 20;
 
 /// What a peer may send before the handshake is done (HELLO, WELCOME, REFUSE): JSON
 /// headers of at most 64 KiB, no payload, no descriptors, so that an unauthenticated peer
@@ -287,8 +291,8 @@ impl FrameReader {
         }
         let header_len = prefix.header_len as usize;
         let buffered = self.inner.buffer().len() >= header_len;
-        let read = self.read_aligned(header_len, None);
-        let header = within(limit, buffered, &mut started, "a frame's header (frame_timeout)", read).await?.to_vec();
+        let read = self.read_header(header_len);
+        let header = within(limit, buffered, &mut started, "a frame's header (frame_timeout)", read).await?;
         let len = usize::try_from(prefix.payload_len).map_err(|_| {
             PipeError::Limit(LimitError {
                 limit: "max_payload_bytes",
@@ -310,10 +314,8 @@ impl FrameReader {
 
     /// Reads exactly `len` bytes into fresh [`ALIGN`]-aligned memory, committing memory only
     /// for bytes that arrived: the buffer's address space is reserved up front (no copy
-    /// later), but it is written (zeroed, then filled) in steps that stay within
-    /// [`FIRST_STEP`] or the bytes already received, whichever is larger. A peer announcing
-    /// 4 GiB and sending 100 bytes costs [`FIRST_STEP`]; an honest frame is zeroed once and
-    /// filled once, as before.
+    /// later), and the bytes are read straight into it ([`Self::fill`]), never zeroed first.
+    /// A peer announcing 4 GiB and sending 100 bytes costs at most [`READ_ROOM`].
     /// `stall`: the longest it may wait for a byte.
     async fn read_aligned(&mut self, len: usize, stall: Option<Duration>) -> Result<Bytes, PipeError> {
         if len == 0 {
@@ -331,36 +333,59 @@ impl FrameReader {
         })?;
         let pad = v.as_ptr().align_offset(ALIGN).min(ALIGN - 1);
         v.resize(pad, 0);
-        let mut filled = 0;
-        while filled < len {
-            let step = (len - filled).min(filled.max(FIRST_STEP));
-            let start = v.len();
-            v.resize(start + step, 0);
-            match stall {
-                None => {
-                    self.inner.read_exact(&mut v[start..]).await?;
-                }
-                Some(d) => {
-                    let mut at = start;
-                    while at < v.len() {
-                        // Buffered bytes need no timer.
-                        let n = if self.inner.buffer().is_empty() {
-                            tokio::time::timeout(d, self.inner.read(&mut v[at..])).await.map_err(|_| {
-                                PipeError::Timeout(d, "a frame's payload, without a byte (frame_timeout)")
-                            })??
-                        } else {
-                            self.inner.read(&mut v[at..]).await?
-                        };
-                        if n == 0 {
-                            return Err(PipeError::Closed);
-                        }
-                        at += n;
-                    }
-                }
-            }
-            filled += step;
-        }
+        self.fill(&mut v, len, stall).await?;
         Ok(Bytes::from(v).slice(pad..))
+    }
+
+    /// Reads a header of `len` bytes (checked against `max_header_bytes` already) into a
+    /// buffer of its own, committed as the bytes arrive ([`Self::fill`]), and
+    /// never copied: a 16 MiB header costs the reader no 16 MiB copy.
+    async fn read_header(&mut self, len: usize) -> Result<Vec<u8>, PipeError> {
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| {
+            PipeError::Limit(LimitError {
+                limit: "max_header_bytes",
+                what: "frame header length this process could not reserve memory for",
+                value: len as u64,
+                max: self.limits.max_header_bytes.into(),
+                hint: "the machine is out of memory (or address space) for a header that large".into(),
+            })
+        })?;
+        self.fill(&mut v, len, None).await?;
+        Ok(v)
+    }
+
+    /// Appends exactly `len` bytes to `v`, whose room is reserved, straight into that room,
+    /// at most [`READ_ROOM`] offered per read (a transport may initialize what it is
+    /// offered: pages are committed only that far ahead of the bytes).
+    /// `stall`: the longest it may wait for a byte.
+    async fn fill(&mut self, v: &mut Vec<u8>, len: usize, stall: Option<Duration>) -> Result<(), PipeError> {
+        use bytes::BufMut;
+        debug_assert!(v.capacity() - v.len() >= len, "fill's room is reserved by its caller");
+        let end = v.len() + len;
+        let mut since_yield = 0;
+        while v.len() < end {
+            if since_yield >= YIELD_EVERY {
+                // A big frame whose bytes keep coming would hold this worker for Tokio's whole
+                // cooperative budget (128 reads, 30 MiB of copies): let other connections in.
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
+            let left = (end - v.len()).min(READ_ROOM);
+            let mut room = (&mut *v).limit(left);
+            let n = match stall {
+                // Buffered bytes need no timer.
+                Some(d) if self.inner.buffer().is_empty() => tokio::time::timeout(d, self.inner.read_buf(&mut room))
+                    .await
+                    .map_err(|_| PipeError::Timeout(d, "a frame's payload, without a byte (frame_timeout)"))??,
+                _ => self.inner.read_buf(&mut room).await?,
+            };
+            if n == 0 {
+                return Err(PipeError::Closed);
+            }
+            since_yield += n;
+        }
+        Ok(())
     }
 
     /// Changes the limits checked from the next frame on (the handshake reads with small

@@ -627,45 +627,53 @@ const COUNT_HEADER_FROM: usize = 64 << 10;
 /// that other connections' readers need.
 const PARSE_OFF_WORKER_FROM: usize = 1 << 20;
 
-/// Parses a MESSAGE frame's header, after counting its values when it is big.
+/// Parses a MESSAGE frame's header, after counting its values when it is big; a header of
+/// [`PARSE_OFF_WORKER_FROM`] bytes or more is counted and parsed on the blocking pool.
 async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHeader, PipeError> {
-    let text = &frame.header;
-    if text.len() >= COUNT_HEADER_FROM {
-        let max = shared.max_header_values;
-        if let Err(e) = crate::json_shape::check(text, usize::MAX, max) {
-            let (what, value, max) = match e {
-                crate::json_shape::ShapeError::Depth(d) => {
-                    return Err(ProtocolError::BadHeader(format!(
-                        "the message header nests {d} deep, over the parser's {}",
-                        crate::json_shape::MAX_DEPTH
-                    ))
-                    .into());
-                }
-                crate::json_shape::ShapeError::Batch(n) | crate::json_shape::ShapeError::Values(n) => {
-                    ("JSON values in a received message header", n as u64, max as u64)
-                }
-            };
-            return Err(PipeError::Limit(LimitError {
-                limit: "max_header_values",
-                what,
-                value,
-                max,
-                hint: "send big arrays as tensors, or raise it with EndpointBuilder::max_header_values on the \
-                       receiving side"
-                    .into(),
-            }));
-        }
-    }
-    if text.len() < PARSE_OFF_WORKER_FROM {
+    let max = shared.max_header_values;
+    if frame.header.len() < PARSE_OFF_WORKER_FROM {
+        count_header_values(&frame.header, max)?;
         return Ok(frame.parse()?);
     }
     let header = std::mem::take(&mut frame.header);
-    let parsed = tokio::task::spawn_blocking(move || {
-        serde_json::from_slice::<MessageHeader>(&header).map_err(|e| ProtocolError::BadHeader(e.to_string()))
+    tokio::task::spawn_blocking(move || {
+        count_header_values(&header, max)?;
+        let parsed =
+            serde_json::from_slice::<MessageHeader>(&header).map_err(|e| ProtocolError::BadHeader(e.to_string()));
+        drop(header);
+        Ok(parsed?)
     })
     .await
-    .map_err(|e| ProtocolError::BadHeader(format!("parsing the header: {e}")))?;
-    Ok(parsed?)
+    .map_err(|e| ProtocolError::BadHeader(format!("parsing the header: {e}")))?
+}
+
+/// Checks a header of [`COUNT_HEADER_FROM`] bytes or more against `max` values (and the
+/// parser's depth) before it is parsed.
+fn count_header_values(text: &[u8], max: usize) -> Result<(), PipeError> {
+    if text.len() < COUNT_HEADER_FROM {
+        return Ok(());
+    }
+    let Err(e) = crate::json_shape::check(text, usize::MAX, max) else { return Ok(()) };
+    let (what, value, max) = match e {
+        crate::json_shape::ShapeError::Depth(d) => {
+            return Err(ProtocolError::BadHeader(format!(
+                "the message header nests {d} deep, over the parser's {}",
+                crate::json_shape::MAX_DEPTH
+            ))
+            .into());
+        }
+        crate::json_shape::ShapeError::Batch(n) | crate::json_shape::ShapeError::Values(n) => {
+            ("JSON values in a received message header", n as u64, max as u64)
+        }
+    };
+    Err(PipeError::Limit(LimitError {
+        limit: "max_header_values",
+        what,
+        value,
+        max,
+        hint: "send big arrays as tensors, or raise it with EndpointBuilder::max_header_values on the receiving side"
+            .into(),
+    }))
 }
 
 async fn decode_message(shared: &Shared, mut frame: Frame) -> Result<Message, PipeError> {

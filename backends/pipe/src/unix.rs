@@ -202,7 +202,7 @@ impl ReadHalf {
         };
         let until = Instant::now() + window;
         loop {
-            match recv_with_fds(&self.stream, buf.initialize_unfilled(), &self.fds) {
+            match recv_with_fds(&self.stream, recv_room(buf), &self.fds) {
                 Ok(n) => {
                     coop.made_progress();
                     buf.advance(n);
@@ -228,6 +228,17 @@ impl ReadHalf {
             }
         }
     }
+}
+
+/// The most of a caller's unfilled buffer one receive initializes (zeroes) and offers the
+/// kernel: about what a unix socket holds at once. A caller reading a 4 GiB frame into its
+/// reserved room then commits a step of it per receive, not all 4 GiB before a byte.
+const RECV_ROOM: usize = 256 << 10;
+
+/// The part of `buf` one receive writes into, initialized.
+fn recv_room<'a>(buf: &'a mut ReadBuf<'_>) -> &'a mut [u8] {
+    let n = buf.remaining().min(RECV_ROOM);
+    buf.initialize_unfilled_to(n)
 }
 
 fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Result<usize> {
@@ -261,7 +272,7 @@ impl AsyncRead for ReadHalf {
         }
         loop {
             ready!(this.stream.poll_read_ready(cx))?;
-            let dst = buf.initialize_unfilled();
+            let dst = recv_room(buf);
             match this.stream.try_io(Interest::READABLE, || recv_with_fds(&this.stream, dst, &this.fds)) {
                 Ok(n) => {
                     buf.advance(n);
