@@ -24,6 +24,7 @@
 pub mod channel;
 pub mod codec;
 pub mod compact;
+pub mod compute;
 pub mod dtype;
 pub mod endpoint;
 pub mod error;

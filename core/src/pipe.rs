@@ -637,6 +637,7 @@ async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHea
     }
     let header = std::mem::take(&mut frame.header);
     tokio::task::spawn_blocking(move || {
+        crate::compute::enter();
         count_header_values(&header, max)?;
         let parsed =
             serde_json::from_slice::<MessageHeader>(&header).map_err(|e| ProtocolError::BadHeader(e.to_string()));

@@ -13,7 +13,9 @@
 //! - On Linux the function runs under `SCHED_IDLE` ([`ComputePriority`]): where the CPUs
 //!   are all busy, the runtime's workers (reading requests, answering cheap calls) and other
 //!   processes take the CPU first, at once. The parse of a big plain-JSON request (1 MiB
-//!   and more, on the blocking pool too) runs under the same policy. The blocking pool's
+//!   and more, on the blocking pool too) runs under the same policy, and so do the count
+//!   and parse of a big ferry message header (ferry-core's
+//!   [`ferry_core::compute::set_compute_thread_setup`], set when a server is built). The blocking pool's
 //!   threads keep it for whatever else they run later (file reads).
 
 use std::marker::PhantomData;

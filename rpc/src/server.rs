@@ -92,6 +92,9 @@ impl ServerBuilder {
 
     /// The server.
     pub fn build(self) -> Server {
+        // A big ferry header is counted and parsed on the blocking pool by ferry-core:
+        // under the policy of this crate's compute, like a big plain-JSON request.
+        ferry_core::compute::set_compute_thread_setup(crate::blocking::apply_priority);
         Server {
             shared: Arc::new(Shared {
                 tasks: TaskTable::new(self.limits),
