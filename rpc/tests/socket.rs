@@ -198,8 +198,11 @@ async fn plain_json_on_the_same_socket() {
     assert_eq!(p.line().await["error"]["code"], -32600);
     // So is a big one (looked at on the blocking pool, past 1 MiB): the next call is the
     // next answer.
-    p.send(&format!("{}\t\r\n{{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[2,2],\"id\":8}}\n", " ".repeat(3 << 20)))
-        .await;
+    p.send(&format!(
+        "{}\t\r\n{{\"jsonrpc\":\"2.0\",\"method\":\"add\",\"params\":[2,2],\"id\":8}}\n",
+        " ".repeat(3 << 20)
+    ))
+    .await;
     assert_eq!(p.line().await, json!({"jsonrpc": "2.0", "result": 4.0, "id": 8}));
     // Explicit cancellation by id.
     p.send("{\"jsonrpc\":\"2.0\",\"method\":\"sleep\",\"params\":{\"ms\":60000},\"id\":\"long\"}\n").await;
