@@ -165,8 +165,13 @@ pub struct Frame {
 impl Frame {
     /// Parses the header as `T`.
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ProtocolError> {
-        serde_json::from_slice(&self.header).map_err(|e| ProtocolError::BadHeader(e.to_string()))
+        parse_header(&self.header)
     }
+}
+
+/// Parses a frame's header bytes as `T`.
+pub(crate) fn parse_header<T: serde::de::DeserializeOwned>(header: &[u8]) -> Result<T, ProtocolError> {
+    serde_json::from_slice(header).map_err(|e| ProtocolError::BadHeader(e.to_string()))
 }
 
 /// The most of a frame's reserved room one read offers the transport (which may zero it

@@ -639,10 +639,7 @@ async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHea
     tokio::task::spawn_blocking(move || {
         crate::compute::enter();
         count_header_values(&header, max)?;
-        let parsed =
-            serde_json::from_slice::<MessageHeader>(&header).map_err(|e| ProtocolError::BadHeader(e.to_string()));
-        drop(header);
-        Ok(parsed?)
+        Ok(crate::frame::parse_header::<MessageHeader>(&header)?)
     })
     .await
     .map_err(|e| ProtocolError::BadHeader(format!("parsing the header: {e}")))?

@@ -147,18 +147,23 @@ pub fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask/ lives directly in the repository root").to_path_buf()
 }
 
-/// Cargo's target directory, where it puts `debug/ferry` and where the xtask keeps its
-/// venvs and reports: `CARGO_TARGET_DIR`, else `build.target-dir` of a cargo config, else
-/// `<root>/target`, as `cargo metadata` reports it (asked once per run).
-pub fn target_dir(sh: &Shell) -> anyhow::Result<PathBuf> {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    if let Some(dir) = DIR.get() {
-        return Ok(dir.clone());
+/// `cargo metadata --no-deps` of the workspace (asked once per run).
+pub fn cargo_metadata(sh: &Shell) -> anyhow::Result<&'static serde_json::Value> {
+    static META: OnceLock<serde_json::Value> = OnceLock::new();
+    if let Some(meta) = META.get() {
+        return Ok(meta);
     }
     let text = cmd!(sh, "cargo metadata --no-deps --format-version 1").quiet().read()?;
     let meta: serde_json::Value = serde_json::from_str(&text).context("reading `cargo metadata`")?;
-    let dir = meta["target_directory"].as_str().context("`cargo metadata` names no target_directory")?;
-    Ok(DIR.get_or_init(|| PathBuf::from(dir)).clone())
+    Ok(META.get_or_init(|| meta))
+}
+
+/// Cargo's target directory, where it puts `debug/ferry` and where the xtask keeps its
+/// venvs and reports: `CARGO_TARGET_DIR`, else `build.target-dir` of a cargo config, else
+/// `<root>/target`, as `cargo metadata` reports it.
+pub fn target_dir(sh: &Shell) -> anyhow::Result<PathBuf> {
+    let dir = cargo_metadata(sh)?["target_directory"].as_str().context("`cargo metadata` names no target_directory")?;
+    Ok(PathBuf::from(dir))
 }
 
 /// `path` relative to `root` (when it is inside), with `/` separators, for messages.

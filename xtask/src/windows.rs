@@ -94,8 +94,7 @@ const FULL: &[&str] = &["ferry-pipe", "ferry-rpc"];
 /// conformance suites and ferry-cli's `cli` test. The packages are built together, so with
 /// one feature set; `--lib` builds the other packages' unit tests too, which do not run.
 fn build_args(sh: &Shell) -> anyhow::Result<Vec<String>> {
-    let text = cmd!(sh, "cargo metadata --no-deps --format-version 1").quiet().read()?;
-    let meta: serde_json::Value = serde_json::from_str(&text).context("reading `cargo metadata`")?;
+    let meta = crate::cargo_metadata(sh)?;
     let mut tests: Vec<String> = vec!["conformance".into(), "cli".into()];
     for package in meta["packages"].as_array().into_iter().flatten() {
         if !FULL.iter().any(|p| package["name"] == *p) {
