@@ -21,7 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::dtype::{DType, Device};
 use crate::meta::TensorMeta;
-use crate::wire::{InlineRef, Location, ShmRef, ShmReturnRef, TensorDesc};
+use crate::wire::{InlineRef, Location, MAX_WIRE_INT, ShmRef, ShmReturnRef, TensorDesc, WireInt};
 
 /// The handshake feature (`Hello::features`, `Welcome::features`) under which both sides
 /// may send compact tensor descriptors.
@@ -37,9 +37,12 @@ pub const FEATURE_SHM_FORGET: &str = "shm_forget";
 pub const FEATURES: [&str; 2] = [FEATURE_COMPACT_TENSORS, FEATURE_SHM_FORGET];
 
 /// A message's descriptors as they go on the wire: each as the compact array when
-/// `compact` (the peer takes it) and the descriptor has one, else as the object.
-pub(crate) struct DescsOut<'a> {
+/// `compact` (the peer takes it) and the descriptor has one, else as the object. (The
+/// Pipe's writer serializes them so; the shared test vectors of `conformance/vectors` too.)
+pub struct DescsOut<'a> {
+    /// The descriptors, in message order.
     pub descs: &'a [TensorDesc],
+    /// Whether the peer agreed to [`FEATURE_COMPACT_TENSORS`].
     pub compact: bool,
 }
 
@@ -124,21 +127,19 @@ impl<'de> Visitor<'de> for DescVisitor {
         let dtype: DType = element(&mut seq, 0)?;
         let shape: Vec<u64> = element(&mut seq, 1)?;
         let data = match element::<CompactKind, A>(&mut seq, 2)? {
-            CompactKind::Inline => {
-                Location::Inline(InlineRef { offset: element(&mut seq, 3)?, len: element(&mut seq, 4)? })
-            }
+            CompactKind::Inline => Location::Inline(InlineRef { offset: int(&mut seq, 3)?, len: int(&mut seq, 4)? }),
             CompactKind::Shm => Location::Shm(ShmRef {
-                segment: element(&mut seq, 3)?,
-                offset: element(&mut seq, 4)?,
-                len: element(&mut seq, 5)?,
-                lease: element(&mut seq, 6)?,
+                segment: int(&mut seq, 3)?,
+                offset: int(&mut seq, 4)?,
+                len: int(&mut seq, 5)?,
+                lease: int(&mut seq, 6)?,
                 announce: None,
                 lazy_release: seq.next_element::<bool>()?.unwrap_or(false),
             }),
             CompactKind::ShmReturn => Location::ShmReturn(ShmReturnRef {
-                lease: element(&mut seq, 3)?,
-                offset: element(&mut seq, 4)?,
-                len: element(&mut seq, 5)?,
+                lease: int(&mut seq, 3)?,
+                offset: int(&mut seq, 4)?,
+                len: int(&mut seq, 5)?,
             }),
         };
         if seq.next_element::<IgnoredAny>()?.is_some() {
@@ -146,6 +147,11 @@ impl<'de> Visitor<'de> for DescVisitor {
         }
         Ok(TensorDesc { meta: TensorMeta::new(dtype, shape), data })
     }
+}
+
+/// Integer element `i` of a compact descriptor, under the [`MAX_WIRE_INT`] rule.
+fn int<'de, A: SeqAccess<'de>>(seq: &mut A, i: usize) -> Result<u64, A::Error> {
+    element::<WireInt, A>(seq, i).map(|v| v.0)
 }
 
 /// Element `i` of a compact descriptor, which must be there.
@@ -163,9 +169,10 @@ impl JsonSchema for TensorDesc {
         let dtype = g.subschema_for::<DType>();
         let u64 = json_schema!({"type": "integer", "format": "uint64", "minimum": 0});
         let shape = json_schema!({"type": "array", "items": u64});
+        let int = json_schema!({"type": "integer", "format": "uint64", "minimum": 0, "maximum": MAX_WIRE_INT});
         let compact = |kind: &str, fields: &[&str], flag: Option<&str>| {
             let mut items = vec![dtype.clone(), shape.clone(), json_schema!({"const": kind})];
-            items.extend(fields.iter().map(|_| u64.clone()));
+            items.extend(fields.iter().map(|_| int.clone()));
             let min = items.len();
             let mut names = fields.join(", ");
             if let Some(f) = flag {
@@ -272,10 +279,31 @@ mod tests {
             (json!(["f32", [2], "shm_return", -1, 0, 8]), "invalid value: integer `-1`"),
             (json!(["f32", [2], "inline", 0, 18_446_744_073_709_551_616.0]), "invalid type: floating point"),
             (json!("f32"), "a tensor descriptor"),
+            // Integers over 2^53 - 1 are refused in both forms (PROTOCOL.md 5.5).
+            (json!(["f32", [2], "inline", 9_007_199_254_740_992u64, 8]), "0..=9007199254740991"),
+            (json!(["f32", [2], "shm", 0, 0, 8, u64::MAX]), "invalid value: integer `18446744073709551615`"),
+            (json!(["f32", [2], "shm_return", 1, 0, 9_007_199_254_740_992u64]), "2^53 - 1"),
+            (
+                json!({"meta": {"dtype": "u8", "shape": [2]}, "data": {"shm": {"segment": 9_007_199_254_740_992u64,
+                "offset": 0, "len": 2, "lease": 1}}}),
+                "0..=9007199254740991",
+            ),
         ] {
             let e = serde_json::from_value::<TensorDesc>(v.clone()).unwrap_err().to_string();
             assert!(e.contains(needle), "{v}: {e}");
         }
+    }
+
+    #[test]
+    fn the_largest_wire_integer_reads_back() {
+        let max = MAX_WIRE_INT;
+        let v = json!(["u8", [0], "shm", max, max, 0, max, true]);
+        let d: TensorDesc = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(
+            d.data,
+            Location::Shm(ShmRef { segment: max, offset: max, len: 0, lease: max, announce: None, lazy_release: true })
+        );
+        assert_eq!(out(&d, true), v);
     }
 
     #[test]

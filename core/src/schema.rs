@@ -3,7 +3,9 @@
 
 use schemars::schema_for;
 
-use crate::wire::{Close, ControlHeader, Hello, Limits, MessageHeader, Refusal, TensorDesc, Welcome};
+use crate::wire::{
+    Close, ControlHeader, CudaIpcControl, Hello, Limits, MessageHeader, Refusal, ShmControl, TensorDesc, Welcome,
+};
 use crate::{DType, Device, TensorMeta};
 
 /// `(file name, pretty JSON)` for each wire type, sorted by file name.
@@ -11,6 +13,8 @@ pub fn schemas() -> Vec<(&'static str, String)> {
     let mut v = vec![
         ("close.json", serde_json::to_value(schema_for!(Close))),
         ("control.json", serde_json::to_value(schema_for!(ControlHeader))),
+        ("control-cuda-ipc.json", serde_json::to_value(schema_for!(CudaIpcControl))),
+        ("control-shm.json", serde_json::to_value(schema_for!(ShmControl))),
         ("device.json", serde_json::to_value(schema_for!(Device))),
         ("dtype.json", serde_json::to_value(schema_for!(DType))),
         ("hello.json", serde_json::to_value(schema_for!(Hello))),

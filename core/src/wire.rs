@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::de::{self, Unexpected};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::dtype::DeviceKind;
 use crate::meta::TensorMeta;
@@ -15,6 +16,48 @@ use crate::meta::TensorMeta;
 pub const PROTOCOL: &str = "ferry";
 /// The protocol version this build speaks (in the preamble, [`Hello`] and [`Welcome`]).
 pub const PROTOCOL_VERSION: u16 = 1;
+
+/// The largest value of a 64-bit integer in a channel's JSON (tensor locations and CONTROL
+/// bodies: ids, leases, offsets, lengths, sizes): 2^53 - 1, the largest integer a JSON
+/// number keeps exactly in JavaScript (`Number.MAX_SAFE_INTEGER`). Every integer on the wire
+/// is a JSON number, never a string; a reader refuses a larger one (PROTOCOL.md §5.5).
+pub const MAX_WIRE_INT: u64 = (1 << 53) - 1;
+
+/// What a reader expected where an integer broke the [`MAX_WIRE_INT`] rule.
+const WIRE_INT_EXPECTED: &str = "an integer in 0..=9007199254740991 (2^53 - 1, PROTOCOL.md 5.5)";
+
+/// A `u64` read under the [`MAX_WIRE_INT`] rule: a JSON number at most 2^53 - 1, else a
+/// serde error (which a frame's reader turns into a protocol error). For reading the
+/// elements of a compact descriptor; fields use [`wire_int`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireInt(pub u64);
+
+impl<'de> Deserialize<'de> for WireInt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = u64::deserialize(d)?;
+        if v > MAX_WIRE_INT {
+            return Err(de::Error::invalid_value(Unexpected::Unsigned(v), &WIRE_INT_EXPECTED));
+        }
+        Ok(WireInt(v))
+    }
+}
+
+/// serde `deserialize_with` helpers for `u64` fields under the [`MAX_WIRE_INT`] rule.
+pub mod wire_int {
+    use serde::{Deserialize, Deserializer};
+
+    use super::WireInt;
+
+    /// One `u64` field.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        WireInt::deserialize(d).map(|v| v.0)
+    }
+
+    /// A `Vec<u64>` field.
+    pub fn vec<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+        Vec::<WireInt>::deserialize(d).map(|v| v.into_iter().map(|v| v.0).collect())
+    }
+}
 
 /// The client's first frame (kind HELLO).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -188,14 +231,18 @@ pub enum Location {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct QuicStreamRef {
     /// The QUIC stream id (a unidirectional stream the sender opened).
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub stream: u64,
     /// Length of the tensor's bytes.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub len: u64,
 }
 
 /// A range of a CUDA allocation exported with `cuIpcGetMemHandle`, leased to the receiver
-/// until it sends a release for `lease`. Handles are base64; 64-bit device values are
-/// decimal strings (JSON numbers lose precision past 2^53).
+/// until it sends a release for `lease`. Handles are base64; 64-bit values are JSON numbers
+/// under the [`MAX_WIRE_INT`] rule, like every integer on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CudaIpcRef {
     /// UUID of the device the memory is on (`GPU-xxxxxxxx-...`), not its ordinal.
@@ -203,30 +250,46 @@ pub struct CudaIpcRef {
     /// Base64 of the 64-byte `CUipcMemHandle` of the allocation's base.
     pub mem_handle: String,
     /// The producer's id for the allocation (with `mem_handle`, the consumer's cache key).
-    pub alloc_id: String,
-    /// Size of the whole allocation in bytes, decimal.
-    pub alloc_size: String,
-    /// Offset of the tensor's bytes from the allocation base, decimal.
-    pub offset: String,
-    /// Length in bytes, decimal.
-    pub len: String,
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
+    pub alloc_id: u64,
+    /// Size of the whole allocation in bytes.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
+    pub alloc_size: u64,
+    /// Offset of the tensor's bytes from the allocation base.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
+    pub offset: u64,
+    /// Length in bytes.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
+    pub len: u64,
     /// Base64 of the 64-byte `CUipcEventHandle` recorded after the producer's writes; the
     /// consumer waits on it before handing the tensor out.
     pub event_handle: String,
     /// Lease id to release when done.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub lease: u64,
 }
 
 /// A range inside a CUDA lease the receiver itself granted (so: its own device memory),
-/// sent back. 64-bit values are decimal strings, as in [`CudaIpcRef`].
+/// sent back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CudaIpcReturnRef {
     /// The receiver's lease id.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub lease: u64,
-    /// Offset inside the leased range, decimal.
-    pub offset: String,
-    /// Length in bytes, decimal.
-    pub len: String,
+    /// Offset inside the leased range.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
+    pub offset: u64,
+    /// Length in bytes.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
+    pub len: u64,
     /// Base64 of the 64-byte `CUipcEventHandle` the sender recorded after its last use of
     /// the bytes; the receiver waits on it before handing the tensor out.
     pub event_handle: String,
@@ -237,12 +300,20 @@ pub struct CudaIpcReturnRef {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ShmRef {
     /// Segment id, chosen by the sender and announced with the first message that uses it.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub segment: u64,
     /// Offset of the tensor's bytes in the segment.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub offset: u64,
     /// Length in bytes.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub len: u64,
     /// Lease id to release when done.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub lease: u64,
     /// Present the first time the sender uses this segment on this pipe: the segment's
     /// descriptor travels with this frame.
@@ -262,6 +333,8 @@ pub struct SegmentAnnounce {
     /// Index of the descriptor among the frame's descriptors.
     pub fd: u32,
     /// Size of the segment in bytes (must equal the memfd's sealed size).
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub size: u64,
 }
 
@@ -269,10 +342,16 @@ pub struct SegmentAnnounce {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ShmReturnRef {
     /// The receiver's lease id.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub lease: u64,
     /// Offset inside the leased range.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub offset: u64,
     /// Length in bytes.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub len: u64,
 }
 
@@ -280,19 +359,66 @@ pub struct ShmReturnRef {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct InlineRef {
     /// Offset from the start of the payload (a multiple of 64 when written by ferry).
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub offset: u64,
     /// Length in bytes.
+    #[serde(deserialize_with = "wire_int::deserialize")]
+    #[schemars(range(max = MAX_WIRE_INT))]
     pub len: u64,
 }
 
 /// The JSON header of a CONTROL frame: a message from one channel session to its peer
-/// (e.g. shm lease releases).
+/// (e.g. shm lease releases). The body of each channel is a wire type too: [`ShmControl`]
+/// and [`CudaIpcControl`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ControlHeader {
     /// The channel the message is for.
     pub channel: String,
     /// Channel-specific body.
     pub body: serde_json::Value,
+}
+
+/// The CONTROL body of the shm channel (`ControlHeader::body` when `channel` is `"shm"`,
+/// PROTOCOL.md §11.5). Parsed strictly: an unknown field is an error.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShmControl {
+    /// Leases the sender of this frame no longer needs (possibly none).
+    #[serde(deserialize_with = "wire_int::vec")]
+    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    pub release: Vec<u64>,
+    /// Segments of the sender of this frame that it will never use again (only on a
+    /// connection that agreed to the feature `shm_forget`): the receiver unmaps them.
+    /// Absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "wire_int::vec")]
+    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    pub forget: Vec<u64>,
+}
+
+/// The CONTROL body of the cuda-ipc channel (`ControlHeader::body` when `channel` is
+/// `"cuda-ipc"`, PROTOCOL.md §17.3). Either side may send either part; each is absent when
+/// empty. Parsed strictly: an unknown field is an error (the cuda-ipc session also refuses
+/// a `release` without a valid `device` and `event`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CudaIpcControl {
+    /// Leases the sender of this frame no longer needs, all on `device`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "wire_int::vec")]
+    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    pub release: Vec<u64>,
+    /// UUID of the device of the released leases (`GPU-...` or `MIG-...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Base64 of the 64-byte `CUipcEventHandle` recorded after the sender's last use of the
+    /// released leases; the owner orders any reuse of the memory after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Allocations the sender of this frame has freed (their `alloc_id`s); the receiver
+    /// closes its mappings of them once no tensor uses them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "wire_int::vec")]
+    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    pub retire: Vec<u64>,
 }
 
 /// The JSON header of a CLOSE frame: the sender is closing and says why.
@@ -303,4 +429,80 @@ pub struct Close {
     /// Human-readable detail.
     #[serde(default)]
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn control_bodies_round_trip_and_are_strict() {
+        let shm = ShmControl { release: vec![1, 2, MAX_WIRE_INT], forget: vec![] };
+        let v = serde_json::to_value(&shm).unwrap();
+        assert_eq!(v, json!({"release": [1, 2, MAX_WIRE_INT]}));
+        assert_eq!(serde_json::from_value::<ShmControl>(v).unwrap(), shm);
+        let with_forget = json!({"release": [], "forget": [4_294_967_296u64]});
+        assert_eq!(serde_json::from_value::<ShmControl>(with_forget).unwrap().forget, [1 << 32]);
+        let cuda = CudaIpcControl {
+            release: vec![12],
+            device: Some("GPU-00".into()),
+            event: Some("ZZ".into()),
+            retire: vec![3],
+        };
+        let v = serde_json::to_value(&cuda).unwrap();
+        assert_eq!(v, json!({"release": [12], "device": "GPU-00", "event": "ZZ", "retire": [3]}));
+        assert_eq!(serde_json::from_value::<CudaIpcControl>(v).unwrap(), cuda);
+        assert_eq!(serde_json::to_value(CudaIpcControl::default()).unwrap(), json!({}));
+        for (bad, needle) in [
+            (json!({"free": [1]}), "unknown field `free`"),
+            (json!({}), "missing field `release`"),
+            (json!({"release": [-1]}), "invalid value: integer `-1`"),
+            (json!({"release": ["1"]}), "invalid type: string"),
+            (json!({"release": [9_007_199_254_740_992u64]}), "0..=9007199254740991"),
+            (json!({"release": [], "forget": [u64::MAX]}), "2^53 - 1"),
+        ] {
+            let e = serde_json::from_value::<ShmControl>(bad.clone()).unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
+        for (bad, needle) in [
+            (json!({"release": [1], "evnt": "x"}), "unknown field `evnt`"),
+            (json!({"retire": ["3"]}), "invalid type: string \"3\""),
+            (json!({"retire": [9_007_199_254_740_992u64]}), "0..=9007199254740991"),
+        ] {
+            let e = serde_json::from_value::<CudaIpcControl>(bad.clone()).unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn cuda_ipc_values_are_numbers_under_the_rule() {
+        let r = CudaIpcRef {
+            device_uuid: "GPU-00".into(),
+            mem_handle: "m".into(),
+            alloc_id: 3,
+            alloc_size: 64 << 20,
+            offset: 0,
+            len: 24_883_200,
+            event_handle: "e".into(),
+            lease: 12,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["alloc_size"], json!(64u64 << 20));
+        assert_eq!(serde_json::from_value::<CudaIpcRef>(v.clone()).unwrap(), r);
+        for field in ["alloc_id", "alloc_size", "offset", "len", "lease"] {
+            let mut big = v.clone();
+            big[field] = json!(MAX_WIRE_INT + 1);
+            let e = serde_json::from_value::<CudaIpcRef>(big).unwrap_err().to_string();
+            assert!(e.contains("2^53 - 1"), "{field}: {e}");
+            let mut text = v.clone();
+            text[field] = json!("3");
+            assert!(serde_json::from_value::<CudaIpcRef>(text).is_err(), "{field} as a decimal string");
+        }
+        let back = json!({"lease": 1, "offset": MAX_WIRE_INT, "len": 0, "event_handle": "e"});
+        assert_eq!(serde_json::from_value::<CudaIpcReturnRef>(back).unwrap().offset, MAX_WIRE_INT);
+        let e = serde_json::from_value::<QuicStreamRef>(json!({"stream": 2, "len": MAX_WIRE_INT + 1})).unwrap_err();
+        assert!(e.to_string().contains("2^53 - 1"), "{e}");
+    }
 }

@@ -1,16 +1,16 @@
 //! Descriptors and CONTROL bodies: wire JSON ([`CudaIpcRef`], [`CudaIpcReturnRef`],
-//! [`Control`]) to checked values and back. Pure: no driver, no IO.
+//! [`Control`], core's [`CudaIpcControl`]) to checked values and back. Pure: no driver, no
+//! IO.
 //!
-//! Every string from the peer is checked here before anything else sees it: handles are
-//! canonical base64 of exactly 64 bytes, 64-bit values are canonical decimal (`"0"` or no
-//! leading zero, no sign, no spaces, at most `u64::MAX`), the range lies inside the
-//! allocation (overflow-checked), the allocation size is positive and under the limit,
-//! and the device UUID has the `GPU-`/`MIG-` form.
+//! Every value from the peer is checked here before anything else sees it: handles are
+//! canonical base64 of exactly 64 bytes, the range lies inside the allocation
+//! (overflow-checked), the allocation size is positive and under the limit, and the device
+//! UUID has the `GPU-`/`MIG-` form. 64-bit values are JSON numbers, which the wire types
+//! already refused past 2^53 - 1 while the frame was parsed ([`ferry_core::wire::MAX_WIRE_INT`]).
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use ferry_core::wire::{CudaIpcRef, CudaIpcReturnRef};
-use serde::{Deserialize, Serialize};
+use ferry_core::wire::{CudaIpcControl, CudaIpcRef, CudaIpcReturnRef};
 
 use crate::driver::{HANDLE_BYTES, IpcHandle};
 
@@ -48,29 +48,15 @@ pub(crate) struct ReturnDesc {
     pub event: IpcHandle,
 }
 
-/// The CONTROL body of the cuda-ipc channel. Either side may send either part.
+/// The CONTROL body of the cuda-ipc channel (core's wire type). Either side may send either
+/// part.
 ///
 /// - `release` (with `device` and `event`): leases the sender of this frame no longer
 ///   needs, all on `device`; `event` was recorded after its last use of them, and the
 ///   owner orders reuse of the memory after it.
-/// - `retire`: allocations (ids, decimal) the sender of this frame has freed; the receiver
-///   closes its mappings of them once no tensor uses them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Control {
-    /// Leases to release.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub release: Vec<u64>,
-    /// UUID of the device of the released leases.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-    /// Base64 event handle to wait on before reusing the released memory.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<String>,
-    /// Allocation ids (decimal) that were freed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub retire: Vec<String>,
-}
+/// - `retire`: allocations the sender of this frame has freed; the receiver closes its
+///   mappings of them once no tensor uses them.
+pub(crate) type Control = CudaIpcControl;
 
 /// The longest device UUID accepted (`MIG-` plus a UUID is 40 characters).
 const MAX_UUID_LEN: usize = 64;
@@ -95,16 +81,6 @@ pub(crate) fn handle_from_b64(field: &str, s: &str) -> Result<IpcHandle, String>
     Ok(IpcHandle(arr))
 }
 
-/// A canonical decimal `u64`.
-pub(crate) fn parse_u64(field: &str, s: &str) -> Result<u64, String> {
-    let canonical =
-        !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
-    if !canonical {
-        return Err(format!("{field}: {s:?} is not a canonical decimal number"));
-    }
-    s.parse::<u64>().map_err(|_| format!("{field}: {s} does not fit in 64 bits"))
-}
-
 /// Whether `s` looks like a device UUID (`GPU-` or `MIG-`, then hex digits and dashes).
 pub(crate) fn valid_uuid(s: &str) -> bool {
     let rest = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-"));
@@ -123,10 +99,10 @@ pub(crate) fn encode(d: &Desc) -> CudaIpcRef {
     CudaIpcRef {
         device_uuid: d.uuid.clone(),
         mem_handle: handle_to_b64(&d.mem),
-        alloc_id: d.alloc_id.to_string(),
-        alloc_size: d.alloc_size.to_string(),
-        offset: d.offset.to_string(),
-        len: d.len.to_string(),
+        alloc_id: d.alloc_id,
+        alloc_size: d.alloc_size,
+        offset: d.offset,
+        len: d.len,
         event_handle: handle_to_b64(&d.event),
         lease: d.lease,
     }
@@ -139,10 +115,7 @@ pub(crate) fn decode(r: &CudaIpcRef, max_alloc: u64) -> Result<Desc, String> {
     }
     let mem = handle_from_b64("mem_handle", &r.mem_handle)?;
     let event = handle_from_b64("event_handle", &r.event_handle)?;
-    let alloc_id = parse_u64("alloc_id", &r.alloc_id)?;
-    let alloc_size = parse_u64("alloc_size", &r.alloc_size)?;
-    let offset = parse_u64("offset", &r.offset)?;
-    let len = parse_u64("len", &r.len)?;
+    let (alloc_id, alloc_size, offset, len) = (r.alloc_id, r.alloc_size, r.offset, r.len);
     if alloc_size == 0 {
         return Err("alloc_size is 0".into());
     }
@@ -158,20 +131,15 @@ pub(crate) fn decode(r: &CudaIpcRef, max_alloc: u64) -> Result<Desc, String> {
 
 /// The wire form of `d`.
 pub(crate) fn encode_return(d: &ReturnDesc) -> CudaIpcReturnRef {
-    CudaIpcReturnRef {
-        lease: d.lease,
-        offset: d.offset.to_string(),
-        len: d.len.to_string(),
-        event_handle: handle_to_b64(&d.event),
-    }
+    CudaIpcReturnRef { lease: d.lease, offset: d.offset, len: d.len, event_handle: handle_to_b64(&d.event) }
 }
 
 /// Checks a received return descriptor (the range is checked against the lease later).
 pub(crate) fn decode_return(r: &CudaIpcReturnRef) -> Result<ReturnDesc, String> {
     Ok(ReturnDesc {
         lease: r.lease,
-        offset: parse_u64("offset", &r.offset)?,
-        len: parse_u64("len", &r.len)?,
+        offset: r.offset,
+        len: r.len,
         event: handle_from_b64("event_handle", &r.event_handle)?,
     })
 }
@@ -205,7 +173,7 @@ mod tests {
         Desc {
             uuid: "GPU-12345678-9abc-def0-1234-56789abcdef0".into(),
             mem: h(1),
-            alloc_id: u64::MAX,
+            alloc_id: ferry_core::wire::MAX_WIRE_INT,
             alloc_size: 64 << 20,
             offset: 4096,
             len: 24_883_200,
@@ -215,14 +183,15 @@ mod tests {
     }
 
     #[test]
-    fn round_trips_and_uses_strings_for_big_values() {
+    fn round_trips_with_numbers_for_64_bit_values() {
         let d = good();
         let w = encode(&d);
-        assert_eq!(w.alloc_id, "18446744073709551615");
         assert_eq!(w.mem_handle.len(), 88);
         let json = serde_json::to_value(&w).unwrap();
-        assert!(json["alloc_size"].is_string() && json["offset"].is_string() && json["len"].is_string());
-        assert_eq!(decode(&w, 1 << 40).unwrap(), d);
+        assert_eq!(json["alloc_id"], serde_json::json!(9_007_199_254_740_991u64));
+        assert!(json["alloc_size"].is_u64() && json["offset"].is_u64() && json["len"].is_u64());
+        let back: CudaIpcRef = serde_json::from_value(json).unwrap();
+        assert_eq!(decode(&back, 1 << 40).unwrap(), d);
         let r = ReturnDesc { lease: 3, offset: 64, len: 128, event: h(9) };
         assert_eq!(decode_return(&encode_return(&r)).unwrap(), r);
     }
@@ -241,15 +210,11 @@ mod tests {
         refused(|w| w.mem_handle = STANDARD.encode([0u8; 65]), "expected 64 bytes, got 65");
         refused(|w| w.mem_handle = "A".repeat(1 << 20), "88 characters");
         refused(|w| w.event_handle = String::new(), "event_handle");
-        refused(|w| w.offset = (64u64 << 20).to_string(), "outside the allocation");
-        refused(|w| w.len = u64::MAX.to_string(), "outside the allocation");
-        refused(|w| w.alloc_size = "0".into(), "alloc_size is 0");
-        refused(|w| w.alloc_size = (1u64 << 41).to_string(), "over the limit");
-        refused(|w| w.alloc_size = "18446744073709551616".into(), "does not fit");
-        refused(|w| w.alloc_size = "99999999999999999999999".into(), "not a canonical");
-        for bad in ["", "-1", "+1", " 1", "1 ", "0x10", "01", "1e3", "1.0"] {
-            refused(|w| w.offset = bad.into(), "not a canonical");
-        }
+        refused(|w| w.offset = 64 << 20, "outside the allocation");
+        refused(|w| w.len = u64::MAX, "outside the allocation");
+        refused(|w| w.offset = u64::MAX, "outside the allocation");
+        refused(|w| w.alloc_size = 0, "alloc_size is 0");
+        refused(|w| w.alloc_size = 1 << 41, "over the limit");
         refused(|w| w.device_uuid = "cuda:0".into(), "not a device UUID");
         refused(|w| w.device_uuid = "GPU-".into(), "not a device UUID");
         refused(|w| w.device_uuid = format!("GPU-{}", "a".repeat(100)), "not a device UUID");
@@ -257,10 +222,17 @@ mod tests {
     }
 
     #[test]
-    fn canonical_decimals() {
-        assert_eq!(parse_u64("x", "0"), Ok(0));
-        assert_eq!(parse_u64("x", "18446744073709551615"), Ok(u64::MAX));
-        assert!(parse_u64("x", "00").is_err());
+    fn decimal_strings_and_values_past_2_pow_53_are_refused_by_the_wire_types() {
+        let json = serde_json::to_value(encode(&good())).unwrap();
+        for field in ["alloc_id", "alloc_size", "offset", "len", "lease"] {
+            for bad in
+                [serde_json::json!("7"), serde_json::json!(1u64 << 53), serde_json::json!(-1), serde_json::json!(1.5)]
+            {
+                let mut v = json.clone();
+                v[field] = bad.clone();
+                assert!(serde_json::from_value::<CudaIpcRef>(v).is_err(), "{field} = {bad}");
+            }
+        }
     }
 
     #[test]
@@ -274,8 +246,8 @@ mod tests {
 
     #[test]
     fn control_bodies() {
-        let c = decode_control(serde_json::json!({"retire": ["5"]})).unwrap();
-        assert_eq!(c.retire, ["5"]);
+        let c = decode_control(serde_json::json!({"retire": [5]})).unwrap();
+        assert_eq!(c.retire, [5]);
         let ok = serde_json::json!({"release": [1, 2], "device": "GPU-00", "event": handle_to_b64(&h(3))});
         assert_eq!(decode_control(ok).unwrap().release, [1, 2]);
         for bad in [
@@ -284,11 +256,13 @@ mod tests {
             serde_json::json!({"release": ["one"]}),
             serde_json::json!({"release": [-1]}),
             serde_json::json!({"free": [1]}),
+            serde_json::json!({"retire": ["5"]}),
+            serde_json::json!({"retire": [1u64 << 53]}),
             serde_json::json!([1]),
         ] {
             assert!(decode_control(bad.clone()).is_err(), "{bad}");
         }
-        let out = serde_json::to_value(Control { retire: vec!["9".into()], ..Default::default() }).unwrap();
-        assert_eq!(out, serde_json::json!({"retire": ["9"]}));
+        let out = serde_json::to_value(Control { retire: vec![9], ..Default::default() }).unwrap();
+        assert_eq!(out, serde_json::json!({"retire": [9]}));
     }
 }

@@ -486,8 +486,7 @@ impl ChannelSession for CudaSession {
         if !c.release.is_empty() {
             self.handle_release(&c)?;
         }
-        for id in &c.retire {
-            let id = descriptor::parse_u64("retire", id).map_err(bad)?;
+        for &id in &c.retire {
             let m = lock(&self.core.peer).allocs.retire(id);
             self.core.counters.retires_received.fetch_add(1, Ordering::Relaxed);
             drop(m); // closes the mapping here unless a tensor still uses it
@@ -525,7 +524,7 @@ async fn flush_loop(ctx: SessionCtx, core: Arc<Core>, devices: Vec<DeviceInfo>) 
             core.counters.releases_sent.fetch_add(n, Ordering::Relaxed);
         }
         if !retires.is_empty() {
-            let body = Control { retire: retires.iter().map(u64::to_string).collect(), ..Default::default() };
+            let body = Control { retire: retires, ..Default::default() };
             if ctx.control.send(control_out(&body)).is_err() {
                 break;
             }

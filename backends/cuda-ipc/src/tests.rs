@@ -275,15 +275,18 @@ async fn hostile_descriptors_are_refused() {
         ),
         (try_with(&|v| v["mem_handle"] = json!("AAAA")), "88 characters"),
         (try_with(&|v| v["event_handle"] = json!("")), "event_handle"),
-        (try_with(&|v| v["offset"] = json!("67108864")), "outside the allocation"),
-        (try_with(&|v| v["len"] = json!("18446744073709551615")), "outside the allocation"),
-        (try_with(&|v| v["alloc_size"] = json!("1152921504606846976")), "over the limit"),
-        (try_with(&|v| v["alloc_size"] = json!("-1")), "canonical"),
+        (try_with(&|v| v["offset"] = json!(67_108_864)), "outside the allocation"),
+        (try_with(&|v| v["len"] = json!(9_007_199_254_740_991u64)), "outside the allocation"),
+        (try_with(&|v| v["alloc_size"] = json!(1u64 << 50)), "over the limit"),
+        (try_with(&|v| v["alloc_size"] = json!(-1)), "invalid value: integer `-1`"),
+        // The 64-bit rule (PROTOCOL.md 5.5): numbers only, at most 2^53 - 1.
+        (try_with(&|v| v["alloc_size"] = json!("67108864")), "invalid type: string"),
+        (try_with(&|v| v["len"] = json!(u64::MAX)), "0..=9007199254740991"),
         (try_with(&|v| v["device_uuid"] = json!("GPU-00000000-0000-0000-0000-000000000000")), "not visible here"),
         (try_with(&|v| v["device_uuid"] = json!("cuda:0")), "not a device UUID"),
-        (try_with(&|v| v["len"] = json!("60")), "needs 64 bytes"),
+        (try_with(&|v| v["len"] = json!(60)), "needs 64 bytes"),
         // The allocation is really 64 MiB; claiming more would let reads run past it.
-        (try_with(&|v| v["alloc_size"] = json!("134217728")), "the driver mapped"),
+        (try_with(&|v| v["alloc_size"] = json!(134_217_728)), "the driver mapped"),
         // 64 random bytes that are no handle.
         (
             try_with(&|v| {
@@ -293,9 +296,13 @@ async fn hostile_descriptors_are_refused() {
         ),
     ];
     for (loc, needle) in cases {
-        let e = match decode_raw(&b, m.clone(), loc.clone()).await {
+        // Numbers that break the 64-bit rule are refused while the frame's header is parsed.
+        let e = match serde_json::from_value::<Location>(loc.clone()) {
             Err(e) => e.to_string(),
-            Ok(_) => panic!("accepted {loc}"),
+            Ok(_) => match decode_raw(&b, m.clone(), loc.clone()).await {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("accepted {loc}"),
+            },
         };
         assert!(e.contains(needle), "{e:?} does not mention {needle:?} for {loc}");
     }
@@ -325,7 +332,8 @@ async fn hostile_control_and_returns_are_refused() {
         (json!({"release": [1, 1], "device": uuid, "event": ev}), "release of lease 1"),
         (json!({"release": [1]}), "needs a valid"),
         (json!({"release": [1], "device": "GPU-11111111-0000-0000-0000-000000000000", "event": ev}), "not visible"),
-        (json!({"retire": ["x"]}), "canonical"),
+        (json!({"retire": ["x"]}), "invalid type: string"),
+        (json!({"retire": [1u64 << 53]}), "0..=9007199254740991"),
         (json!({"bogus": 1}), "unknown field"),
     ];
     for (body, needle) in bad_controls {
@@ -339,11 +347,11 @@ async fn hostile_control_and_returns_are_refused() {
     let e = decode_raw(&a, t.meta().clone(), back.clone()).await.unwrap_err();
     assert!(e.to_string().contains("never granted"), "{e}");
     back["cuda_ipc_return"]["lease"] = json!(1);
-    back["cuda_ipc_return"]["offset"] = json!("8");
+    back["cuda_ipc_return"]["offset"] = json!(8);
     let e = decode_raw(&a, t.meta().clone(), back).await.unwrap_err();
     assert!(e.to_string().contains("outside lease"), "{e}");
     // Retiring an allocation that is not mapped is harmless.
-    a.session.control(json!({"retire": ["123456"]}), &mut incoming()).unwrap();
+    a.session.control(json!({"retire": [123_456]}), &mut incoming()).unwrap();
 }
 
 #[tokio::test]

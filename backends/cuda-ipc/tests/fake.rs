@@ -185,8 +185,8 @@ fn cuda_msg(desc: Value) -> Value {
 
 fn desc(gpu: &FakeGpu) -> Value {
     let h = "A".repeat(86) + "==";
-    json!({"device_uuid": gpu.uuid(0), "mem_handle": h, "alloc_id": "1", "alloc_size": "4096",
-        "offset": "0", "len": "4", "event_handle": h, "lease": 1})
+    json!({"device_uuid": gpu.uuid(0), "mem_handle": h, "alloc_id": 1, "alloc_size": 4096,
+        "offset": 0, "len": 4, "event_handle": h, "lease": 1})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,8 +195,9 @@ async fn hostile_frames_close_the_pipe_cleanly() {
     type Edit = fn(&mut Value);
     let edits: Vec<(Edit, &str)> = vec![
         (|d| d["mem_handle"] = json!("!!"), "mem_handle"),
-        (|d| d["offset"] = json!("4093"), "outside the allocation"),
-        (|d| d["alloc_size"] = json!("99999999999999999999"), "does not fit"),
+        (|d| d["offset"] = json!(4093), "outside the allocation"),
+        (|d| d["alloc_size"] = json!(9_007_199_254_740_992u64), "0..=9007199254740991"),
+        (|d| d["alloc_size"] = json!("4096"), "invalid type: string"),
         (|d| d["device_uuid"] = json!("GPU-ffffffff-ffff-ffff-ffff-ffffffffffff"), "not visible"),
         (|_| {}, "unknown or freed handle"),
     ];

@@ -173,8 +173,8 @@ async fn hostile(chan: &CudaIpcChannel, addr: &str) -> Result<(), String> {
     let uuid = chan.devices().map_err(|e| e.to_string())?[0].uuid.clone();
     raw.handshake_with(json!([offer, {"name": "inline", "devices": ["cpu"]}])).await.map_err(|e| format!("{e:?}"))?;
     let noise = "Wlpa".repeat(21) + "Wg=="; // base64 of 64 bytes of 0x5a
-    let desc = json!({"device_uuid": uuid, "mem_handle": noise, "alloc_id": "1", "alloc_size": "2097152",
-        "offset": "0", "len": "16", "event_handle": noise, "lease": 1});
+    let desc = json!({"device_uuid": uuid, "mem_handle": noise, "alloc_id": 1, "alloc_size": 2097152,
+        "offset": 0, "len": 16, "event_handle": noise, "lease": 1});
     let msg = json!({"header": null, "tensors": [{"meta": {"dtype": "u8", "shape": [16], "device": "cuda:0"},
         "data": {"cuda_ipc": desc}}]});
     let h = serde_json::to_vec(&msg).map_err(|e| e.to_string())?;

@@ -9,12 +9,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use ferry_core::inline::decode_inline;
-use ferry_core::wire::{Location, SegmentAnnounce, ShmRef, ShmReturnRef};
+use ferry_core::wire::{Location, SegmentAnnounce, ShmControl, ShmRef, ShmReturnRef};
 use ferry_core::{
     ChannelError, ChannelSession, ControlOut, Device, Incoming, LimitError, Outgoing, SessionCtx, Storage, Tensor,
     TensorMeta, TensorMut,
 };
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use crate::ShmOptions;
@@ -132,18 +131,6 @@ impl Batcher {
     fn due(&self, p: &Pending) -> bool {
         !p.ids.is_empty() && (p.ids.len() >= self.batch || p.bytes >= self.batch_bytes || self.delay.is_zero())
     }
-}
-
-/// CONTROL bodies of the shm channel.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Control {
-    /// Leases the sender of this frame no longer needs.
-    release: Vec<u64>,
-    /// Segments of the sender of this frame that it will never use again (feature
-    /// `shm_forget`): the receiver unmaps them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    forget: Vec<u64>,
 }
 
 /// One pipe's session.
@@ -505,11 +492,11 @@ impl ChannelSession for ShmSession {
             return None;
         }
         let ids = pending.take();
-        Some(serde_json::json!({ "release": ids }))
+        serde_json::to_value(ShmControl { release: ids, forget: Vec::new() }).ok()
     }
 
     fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
-        let c: Control = serde_json::from_value(body).map_err(|e| bad(format!("control message: {e}")))?;
+        let c: ShmControl = serde_json::from_value(body).map_err(|e| bad(format!("control message: {e}")))?;
         if !c.forget.is_empty() {
             self.forget(&c.forget)?;
         }
@@ -567,7 +554,7 @@ async fn flush_loop(
         if ids.is_empty() && forget.is_empty() {
             continue;
         }
-        let body = serde_json::to_value(Control { release: ids, forget }).unwrap_or_default();
+        let body = serde_json::to_value(ShmControl { release: ids, forget }).unwrap_or_default();
         let msg = ControlOut::new(NAME, body);
         if ctx.control.send(msg).is_err() {
             break;

@@ -8,8 +8,8 @@ use ferry_conformance::Fixture;
 use ferry_conformance::peer::RawConn;
 use ferry_core::frame::FrameKind;
 use ferry_core::{
-    Channel, ConnInfo, DType, DeviceKind, Endpoint, InlineChannel, Message, Pipe, PipeError, PipeListener, Tensor,
-    TensorMeta, Transport,
+    Channel, ChannelError, ConnInfo, DType, DeviceKind, Endpoint, InlineChannel, Message, Pipe, PipeError,
+    PipeListener, Tensor, TensorMeta, Transport,
 };
 use ferry_pipe::PipeTransport;
 use ferry_shm::{ShmChannel, ShmOptions};
@@ -259,6 +259,39 @@ async fn release_of_a_lease_never_granted_is_refused() {
     let (_l, mut raw, pipe) = raw_shm(ShmOptions::default(), "bad-release").await;
     send_raw(&mut raw, FrameKind::Control, json!({"channel": "shm", "body": {"release": [99]}}), vec![]).await;
     expect_bad(&pipe, &mut raw, "release of lease 99").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_control_bodies_are_refused() {
+    // Strict (`ShmControl`, deny_unknown_fields) and under the 64-bit rule (PROTOCOL.md 5.5).
+    let cases = [
+        (json!({"free": [1]}), "unknown field `free`"),
+        (json!({"release": ["1"]}), "invalid type: string"),
+        (json!({"release": [9_007_199_254_740_992u64]}), "0..=9007199254740991"),
+        (json!({"release": [], "forget": [u64::MAX]}), "0..=9007199254740991"),
+    ];
+    for (i, (body, needle)) in cases.into_iter().enumerate() {
+        let (_l, mut raw, pipe) = raw_shm(ShmOptions::default(), &format!("bad-control-{i}")).await;
+        send_raw(&mut raw, FrameKind::Control, json!({"channel": "shm", "body": body}), vec![]).await;
+        let e = pipe.recv_timeout(T).await.unwrap_err();
+        assert!(matches!(&e, PipeError::Channel(ChannelError::BadDescriptor { channel: "shm", .. })), "{e:?}");
+        assert!(e.to_string().contains(needle), "error {e:?} does not mention {needle:?}");
+        assert_eq!(raw.expect_close().await.unwrap().code, "protocol_error");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integers_past_2_pow_53_in_descriptors_are_refused() {
+    for (i, field) in ["segment", "offset", "len", "lease"].into_iter().enumerate() {
+        let (_l, mut raw, pipe) = raw_shm(ShmOptions::default(), &format!("big-int-{i}")).await;
+        let mut shm = json!({"segment": 7, "offset": 0, "len": 4, "lease": 1});
+        shm[field] = json!(9_007_199_254_740_992u64);
+        send_raw(&mut raw, FrameKind::Message, shm_msg(shm, 4), vec![]).await;
+        let e = pipe.recv_timeout(T).await.unwrap_err();
+        assert!(matches!(&e, PipeError::Protocol(_)), "{field}: {e:?}");
+        assert!(e.to_string().contains("0..=9007199254740991"), "{field}: {e}");
+        assert_eq!(raw.expect_close().await.unwrap().code, "protocol_error");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

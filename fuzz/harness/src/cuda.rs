@@ -20,8 +20,8 @@ const MAX_STEPS: usize = 32;
 /// `data` is a JSON array of steps, as for [`crate::shm_descriptor`]: `{"tensors": [..]}`
 /// or `{"control": body}`, decoded by the receiving session. Strings in it may name the
 /// fields of a real descriptor the peer sent first, which the fuzzer cannot guess:
-/// `$uuid`, `$mem`, `$event`, `$alloc_id`, `$alloc_size`, `$offset` (and `$lease` for its
-/// lease number, unquoted). The receiver has also sent the peer a tensor of its own first,
+/// `$uuid`, `$mem`, `$event` (strings), `$alloc_id`, `$alloc_size`, `$offset` and `$lease`
+/// (numbers). The receiver has also sent the peer a tensor of its own first,
 /// so that the peer holds a lease it may return.
 ///
 /// Asserts: a descriptor the session accepts gives a device tensor whose bytes (copied back
@@ -57,7 +57,7 @@ pub fn cuda_descriptor(data: &[u8]) {
         let _ = send(&*session, &chan).await;
         let text = substitute(data, &template);
         let steps = serde_json::from_slice::<Vec<Step>>(&text).unwrap_or_default();
-        let peer_offset: u64 = template.offset.parse().expect("the template's offset");
+        let peer_offset = template.offset;
         for step in steps.into_iter().take(MAX_STEPS) {
             match step {
                 Step::Message { tensors } => {
@@ -93,9 +93,9 @@ async fn decode(session: &dyn ChannelSession, chan: &CudaIpcChannel, d: TensorDe
     };
     let (offset, len, base) = match &d.data {
         // The peer's allocation holds its tensor at `peer_offset` (the rest is unwritten).
-        Location::CudaIpc(r) => (num(&r.offset), num(&r.len), Some(peer_offset)),
+        Location::CudaIpc(r) => (r.offset, r.len, Some(peer_offset)),
         // Returned: offsets are within the lease this side granted (its whole tensor).
-        Location::CudaIpcReturn(r) => (num(&r.offset), num(&r.len), None),
+        Location::CudaIpcReturn(r) => (r.offset, r.len, None),
         other => panic!("the cuda-ipc session accepted {other:?}"),
     };
     let bytes = chan.copy_to_host(&t).expect("a received tensor copies to the host");
@@ -115,29 +115,31 @@ async fn decode(session: &dyn ChannelSession, chan: &CudaIpcChannel, d: TensorDe
     }
 }
 
-fn num(s: &str) -> u64 {
-    s.parse().unwrap_or_else(|_| panic!("the session accepted a non-decimal number {s:?}"))
-}
-
-/// `data` with the placeholders replaced by the template's fields.
+/// `data` with the placeholders replaced by the template's fields. A number's placeholder
+/// in quotes (`"$offset"`, as older seeds wrote it when numbers were decimal strings) is
+/// replaced by the bare number, quotes and all.
 fn substitute(data: &[u8], t: &CudaIpcRef) -> Vec<u8> {
-    let pairs: [(&[u8], String); 7] = [
-        (b"$uuid", t.device_uuid.clone()),
-        (b"$mem", t.mem_handle.clone()),
-        (b"$event", t.event_handle.clone()),
-        (b"$alloc_id", t.alloc_id.clone()),
-        (b"$alloc_size", t.alloc_size.clone()),
-        (b"$offset", t.offset.clone()),
-        (b"$lease", t.lease.to_string()),
+    let pairs: [(&[u8], String, bool); 7] = [
+        (b"$uuid", t.device_uuid.clone(), false),
+        (b"$mem", t.mem_handle.clone(), false),
+        (b"$event", t.event_handle.clone(), false),
+        (b"$alloc_id", t.alloc_id.to_string(), true),
+        (b"$alloc_size", t.alloc_size.to_string(), true),
+        (b"$offset", t.offset.to_string(), true),
+        (b"$lease", t.lease.to_string(), true),
     ];
     let mut out = Vec::with_capacity(data.len());
     let mut i = 0;
     'outer: while i < data.len() {
         if data[i] == b'$' {
-            for (from, to) in &pairs {
+            for (from, to, number) in &pairs {
                 if data[i..].starts_with(from) {
+                    let quoted = *number && out.last() == Some(&b'"') && data.get(i + from.len()) == Some(&b'"');
+                    if quoted {
+                        out.pop();
+                    }
                     out.extend_from_slice(to.as_bytes());
-                    i += from.len();
+                    i += from.len() + usize::from(quoted);
                     continue 'outer;
                 }
             }
