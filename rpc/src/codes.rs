@@ -28,8 +28,10 @@ pub const SERVER_ERROR: i64 = -32000;
 pub const LIMIT_EXCEEDED: i64 = -32001;
 /// The call was cancelled (`ferry.cancel`, `ferry.task.cancel`, or the connection closed) (ferry).
 pub const CANCELLED: i64 = -32002;
-/// The call did not finish in time (ferry).
-pub const TIMEOUT: i64 = -32003;
+/// The call did not finish in time on the server (ferry). Named `SERVER_TIMEOUT` (class
+/// `ServerTimeoutError` in the SDKs) so that it is never confused with, or shadows, a
+/// client's own timeout (`TimeoutError` in TypeScript and Python).
+pub const SERVER_TIMEOUT: i64 = -32003;
 /// No task has this id (never submitted, already fetched, or expired) (ferry).
 pub const TASK_NOT_FOUND: i64 = -32004;
 /// The task has not finished yet (ferry).
@@ -111,7 +113,12 @@ pub const ERROR_CODES: &[ErrorCode] = &[
         message: "Cancelled",
         description: "The call or task was cancelled (ferry.cancel, ferry.task.cancel, or the connection closed).",
     },
-    ErrorCode { code: TIMEOUT, name: "TIMEOUT", message: "Timeout", description: "The call did not finish in time." },
+    ErrorCode {
+        code: SERVER_TIMEOUT,
+        name: "SERVER_TIMEOUT",
+        message: "Timeout",
+        description: "The call did not finish in time on the server.",
+    },
     ErrorCode {
         code: TASK_NOT_FOUND,
         name: "TASK_NOT_FOUND",

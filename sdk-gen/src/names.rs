@@ -25,6 +25,18 @@ pub fn snake_case(raw: &str) -> String {
     if out.starts_with(|c: char| c.is_ascii_digit()) { format!("n{out}") } else { out }
 }
 
+/// The class name of an error-table row `name`, the same in every language and in the
+/// runtimes' own tables: `PascalCase` ending in `Error` (`INVALID_PARAMS` ->
+/// `InvalidParamsError`, `PARSE_ERROR` -> `ParseError`, `SERVER_TIMEOUT` ->
+/// `ServerTimeoutError`).
+pub fn error_class_name(name: &str) -> String {
+    let mut class = crate::ir::pascal_case(name);
+    if !class.ends_with("Error") {
+        class.push_str("Error");
+    }
+    class
+}
+
 /// `create_tensor` -> `createTensor`.
 pub fn camel_case(raw: &str) -> String {
     let snake = snake_case(raw);
@@ -170,6 +182,9 @@ mod tests {
         assert_eq!(camel_case("create_tensor"), "createTensor");
         assert_eq!(camel_case("sum"), "sum");
         assert_eq!(camel_case("getHTTP"), "getHttp");
+        assert_eq!(error_class_name("PARSE_ERROR"), "ParseError");
+        assert_eq!(error_class_name("INVALID_PARAMS"), "InvalidParamsError");
+        assert_eq!(error_class_name("SERVER_TIMEOUT"), "ServerTimeoutError");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use crate::ir::{Api, Method, ParamStructure, Ty, TypeDef, pascal_case};
-use crate::names::{PYTHON_RESERVED, Scope, snake_case};
+use crate::names::{PYTHON_RESERVED, Scope, error_class_name, snake_case};
 use crate::writer::CodeWriter;
 use crate::{Emitter, PREAMBLE};
 
@@ -428,10 +428,7 @@ fn type_def(cx: &mut Ctx<'_>, w: &mut CodeWriter, ir_name: &str, def: &TypeDef) 
 fn errors(cx: &mut Ctx<'_>, w: &mut CodeWriter) {
     let mut classes = Vec::new();
     for e in &cx.api.errors {
-        let mut wanted = pascal_case(&e.name);
-        if !wanted.ends_with("Error") {
-            wanted.push_str("Error");
-        }
+        let mut wanted = error_class_name(&e.name);
         if BUILTIN_EXCEPTIONS.contains(&wanted.as_str()) {
             wanted = format!("Rpc{wanted}");
         }

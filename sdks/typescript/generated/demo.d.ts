@@ -223,11 +223,11 @@ export declare class CancelledError extends RpcError {
 }
 
 /**
- * The call did not finish in time.
+ * The call did not finish in time on the server.
  *
- * Code -32003, `TIMEOUT`: "Timeout".
+ * Code -32003, `SERVER_TIMEOUT`: "Timeout".
  */
-export declare class TimeoutError extends RpcError {
+export declare class ServerTimeoutError extends RpcError {
   static readonly CODE = -32003;
 }
 

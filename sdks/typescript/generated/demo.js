@@ -48,7 +48,7 @@ export class CancelledError extends RpcError {
   static CODE = -32002;
 }
 
-export class TimeoutError extends RpcError {
+export class ServerTimeoutError extends RpcError {
   static CODE = -32003;
 }
 
@@ -89,7 +89,7 @@ export const ERRORS = new Map([
   [-32000, ServerError],
   [-32001, LimitExceededError],
   [-32002, CancelledError],
-  [-32003, TimeoutError],
+  [-32003, ServerTimeoutError],
   [-32004, TaskNotFoundError],
   [-32005, TaskPendingError],
   [-32006, TensorError],

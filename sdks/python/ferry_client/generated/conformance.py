@@ -242,10 +242,10 @@ class CancelledError(RpcError):
     CODE = -32002
 
 
-class RpcTimeoutError(RpcError):
-    """The call did not finish in time.
+class ServerTimeoutError(RpcError):
+    """The call did not finish in time on the server.
 
-    Code -32003, `TIMEOUT`: "Timeout".
+    Code -32003, `SERVER_TIMEOUT`: "Timeout".
     """
 
     CODE = -32003
@@ -328,7 +328,7 @@ ERRORS: dict[int, type[RpcError]] = {
     -32000: ServerError,
     -32001: LimitExceededError,
     -32002: CancelledError,
-    -32003: RpcTimeoutError,
+    -32003: ServerTimeoutError,
     -32004: TaskNotFoundError,
     -32005: TaskPendingError,
     -32006: TensorError,
