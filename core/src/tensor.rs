@@ -104,6 +104,20 @@ pub enum Storage {
 }
 
 /// A tensor: metadata plus storage, validated against each other on construction.
+///
+/// # Received bytes can change under you
+///
+/// A tensor received over a shared-memory channel (shm, cuda-ipc) is a view of the
+/// sender's memory, and the `&[u8]` that [`Tensor::as_bytes`] returns points into it. The
+/// sender promised not to write those bytes while the lease is held (PROTOCOL.md §11.5),
+/// but nothing can stop a peer that breaks the promise: its writes show through, also while
+/// this process reads, so two reads of one byte may differ. That is outside what a Rust
+/// `&[u8]` normally guarantees, and it is why received bytes must be treated as untrusted
+/// values, never as facts that memory safety rests on. ferry itself never reads peer memory
+/// to decide anything: every check (ranges, sizes, leases, seals) is made on the
+/// descriptor's numbers and the segment's sealed size, so a peer's writes can change the
+/// values an application reads but can never make this process fault or read out of
+/// bounds. Copy a tensor ([`Tensor::to_aligned`]) to get bytes no other process can write.
 #[derive(Clone)]
 pub struct Tensor {
     meta: TensorMeta,
@@ -168,7 +182,9 @@ impl Tensor {
     }
 
     /// The raw bytes of a host tensor (for strided tensors, the whole span); empty for a
-    /// device tensor (see [`Tensor::host_bytes`]).
+    /// device tensor (see [`Tensor::host_bytes`]). For a tensor received over shared memory,
+    /// a misbehaving peer can still write these bytes while the slice is held (see
+    /// [`Tensor`]): read them as untrusted values.
     pub fn as_bytes(&self) -> &[u8] {
         self.host_bytes().unwrap_or(&[])
     }

@@ -16,7 +16,7 @@
 //! - **Descriptors**: the IPC handle of the allocation's base, the offset and length, the
 //!   device UUID, and an IPC event the producer records after its writes; the consumer's
 //!   stream waits on that event before the tensor is handed out ([`WaitMode`]). Handles are
-//!   base64, 64-bit values decimal strings (see `docs/PROTOCOL.md`).
+//!   base64, 64-bit values JSON numbers at most 2^53 - 1 (see `docs/PROTOCOL.md` §5.5).
 //! - **Consumer cache**: opened handles are cached per peer and allocation and reused only
 //!   when the handle bytes match (an address reused for a new allocation never hits a stale
 //!   mapping); they are closed when the producer retires the allocation or the pipe closes,

@@ -35,7 +35,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._wire import U64_MAX
 from .errors import FerryError, ProtocolError
 
 NAME = "cuda-ipc"
@@ -52,7 +51,6 @@ CUPY_HINT = (
     "(https://docs.cupy.dev/en/stable/install.html)"
 )
 
-_DECIMAL = re.compile(r"0|[1-9][0-9]{0,19}")
 _UUID = re.compile(r"(GPU|MIG)-[0-9a-fA-F-]+")
 
 
@@ -228,16 +226,6 @@ def format_uuid(raw: bytes, prefix: str = "GPU") -> str:
 
 def _bad(reason: str) -> ProtocolError:
     return ProtocolError(f"channel {NAME}: invalid descriptor from peer: {reason}")
-
-
-def decimal(v: object, field: str) -> int:
-    """A canonical decimal string of a 64-bit value (section 17.2)."""
-    if not isinstance(v, str) or not _DECIMAL.fullmatch(v):
-        raise _bad(f"{field}: {v!r:.40} is not a canonical decimal number")
-    n = int(v)
-    if n > U64_MAX:
-        raise _bad(f"{field}: {v} does not fit in 64 bits")
-    return n
 
 
 def handle(v: object, field: str) -> bytes:

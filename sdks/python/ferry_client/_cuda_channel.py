@@ -21,12 +21,11 @@ from ._cuda import (
     Driver,
     _bad,
     b64,
-    decimal,
     handle,
     valid_uuid,
 )
 from ._freelist import FreeList
-from ._wire import checked_span, layout, uint
+from ._wire import checked_span, layout, wire_int
 from .errors import LimitError, ProtocolError
 from .tensors import NUMPY_DTYPES, ferry_dtype
 
@@ -211,11 +210,11 @@ class CudaChannel:
         assert isinstance(uuid, str)
         mem = handle(r.get("mem_handle"), "mem_handle")
         event = handle(r.get("event_handle"), "event_handle")
-        alloc_id = decimal(r.get("alloc_id"), "alloc_id")
-        alloc_size = decimal(r.get("alloc_size"), "alloc_size")
-        off = decimal(r.get("offset"), "offset")
-        n = decimal(r.get("len"), "len")
-        lease = uint(r.get("lease"), "lease")
+        alloc_id = wire_int(r.get("alloc_id"), "alloc_id")
+        alloc_size = wire_int(r.get("alloc_size"), "alloc_size")
+        off = wire_int(r.get("offset"), "offset")
+        n = wire_int(r.get("len"), "len")
+        lease = wire_int(r.get("lease"), "lease")
         if alloc_size == 0:
             raise _bad("alloc_size is 0")
         if alloc_size > self.max_peer_bytes:
@@ -327,9 +326,9 @@ class CudaChannel:
             "event_handle",
         }:
             raise _bad(f"malformed cuda_ipc_return descriptor {r!r:.200}")
-        lease = uint(r.get("lease"), "lease")
-        off = decimal(r.get("offset"), "offset")
-        n = decimal(r.get("len"), "len")
+        lease = wire_int(r.get("lease"), "lease")
+        off = wire_int(r.get("offset"), "offset")
+        n = wire_int(r.get("len"), "len")
         event = handle(r.get("event_handle"), "event_handle")
         with self.lock:
             entry = self.granted.get(lease)
@@ -378,7 +377,7 @@ class CudaChannel:
                 if dev is None:
                     raise _bad(f"device {uuid} is not visible")
                 raw = handle(ev, "event")
-                leases = [uint(i, "release") for i in ids]
+                leases = [wire_int(i, "release") for i in ids]
                 for lease in leases:
                     if lease not in self.granted:
                         raise _bad(f"release of lease {lease}, which is not granted")
@@ -393,7 +392,7 @@ class CudaChannel:
                 ids = body["retire"]
                 if not isinstance(ids, list):
                     raise _bad("`retire` must be a list of allocation ids")
-                for raw_id in [decimal(i, "retire") for i in ids]:
+                for raw_id in [wire_int(i, "retire") for i in ids]:
                     m = self.cache.pop(raw_id, None)
                     if m is not None:
                         self.mapped -= m.size
@@ -456,7 +455,7 @@ class CudaChannel:
                     ev = self.driver.record(dev)
                     keep.append(holder)  # its release must not overtake this message
                     loc = (
-                        '{"cuda_ipc_return":{"lease":%d,"offset":"%d","len":"%d","event_handle":"%s"}}'
+                        '{"cuda_ipc_return":{"lease":%d,"offset":%d,"len":%d,"event_handle":"%s"}}'
                         % (holder.lease, arr.ptr - holder.start, span, b64(ev))
                     )
                     return loc, f"cuda:{dev}", strides
@@ -516,8 +515,8 @@ class CudaChannel:
         self.granted[lease] = (slot, start, n)
         granted.append(lease)
         return (
-            '{"cuda_ipc":{"device_uuid":"%s","mem_handle":"%s","alloc_id":"%d","alloc_size":"%d",'
-            '"offset":"%d","len":"%d","event_handle":"%s","lease":%d}}'
+            '{"cuda_ipc":{"device_uuid":"%s","mem_handle":"%s","alloc_id":%d,"alloc_size":%d,'
+            '"offset":%d,"len":%d,"event_handle":"%s","lease":%d}}'
             % (
                 self.uuids[slab.dev],
                 b64(slab.handle),

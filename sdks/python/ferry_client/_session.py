@@ -34,7 +34,7 @@ from ._wire import (
     Limits,
     frame,
     checked_span,
-    uint,
+    wire_int,
 )
 from .errors import (
     ConnectionClosed,
@@ -447,8 +447,8 @@ def _inline(
     meta: dict[str, Any], off: object, n: object, dtype: np.dtype[Any], f: Frame
 ) -> Any:
     """An `inline` location (bytes `off..off+n` of the frame's payload) as an array."""
-    off = uint(off, "offset")
-    n = uint(n, "len")
+    off = wire_int(off, "offset")
+    n = wire_int(n, "len")
     if off + n > len(f.payload):
         raise ProtocolError(
             f"range {off}+{n} is outside the payload of {len(f.payload)} bytes"

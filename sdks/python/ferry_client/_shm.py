@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._freelist import FreeList
-from ._wire import checked_span, uint
+from ._wire import checked_span, uint, wire_int
 from .errors import LimitError, ProtocolError
 from .tensors import storage_dtype
 
@@ -156,14 +156,18 @@ class ShmReceiver:
         """An `shm` descriptor as a read-only array viewing the server's memory."""
         if not isinstance(r, dict):
             raise ProtocolError(f"shm descriptor must be an object, got {r!r}")
-        seg_id = uint(r.get("segment"), "segment")
+        # Every number first, as a header parse would (PROTOCOL.md 5.5).
+        seg_id = wire_int(r.get("segment"), "segment")
+        off = wire_int(r.get("offset"), "offset")
+        n = wire_int(r.get("len"), "len")
+        lease = wire_int(r.get("lease"), "lease")
         ann = r.get("announce")
         if ann is not None:
             if not isinstance(ann, dict):
                 raise ProtocolError(f"announce must be an object, got {ann!r}")
             i, size = (
                 uint(ann.get("fd"), "announce.fd"),
-                uint(ann.get("size"), "announce.size"),
+                wire_int(ann.get("size"), "announce.size"),
             )
             if seg_id in self.segments:
                 raise ProtocolError(f"segment {seg_id} announced twice")
@@ -181,13 +185,9 @@ class ShmReceiver:
         seg = self.segments.get(seg_id)
         if seg is None:
             raise ProtocolError(f"unknown segment {seg_id}")
-        off, n, lease = r.get("offset"), r.get("len"), r.get("lease")
         lazy = r.get("lazy_release", False)
         if type(lazy) is not bool:
             raise ProtocolError(f"lazy_release must be a boolean, got {lazy!r:.40}")
-        off = uint(off, "offset")
-        n = uint(n, "len")
-        lease = uint(lease, "lease")
         if off + n > len(seg):
             raise ProtocolError(
                 f"range {off}+{n} is outside segment {seg_id} of {len(seg)} bytes"
@@ -223,7 +223,7 @@ class ShmReceiver:
         if not isinstance(ids, list):
             raise ProtocolError(f"forget must be a list, got {ids!r:.100}")
         for raw in ids:
-            seg_id = uint(raw, "forget")
+            seg_id = wire_int(raw, "forget")
             seg = self.segments.get(seg_id)
             if seg is None:
                 raise ProtocolError(f"forget of segment {seg_id}, which is not mapped")
@@ -453,7 +453,7 @@ class ShmPool:
         granted = self.granted
         with self.lock:
             for raw in ids["release"]:
-                lease = uint(raw, "release")
+                lease = wire_int(raw, "release")
                 entry = granted.pop(lease, None)
                 if entry is None:
                     raise ProtocolError(
@@ -481,9 +481,9 @@ class ShmPool:
         dtype: np.dtype[Any],
     ) -> npt.NDArray[Any]:
         """`returned` of the descriptor's three numbers (unchecked yet)."""
-        lease = uint(lease, "lease")
-        off = uint(off, "offset")
-        n = uint(n, "len")
+        lease = wire_int(lease, "lease")
+        off = wire_int(off, "offset")
+        n = wire_int(n, "len")
         # Read without the lock first (one dict read): when the slot's read-only view
         # lives, it holds the slot itself, so the view needs no reference of its own even
         # if the lease goes meanwhile (`revoke`, `forget_leases` on another thread).

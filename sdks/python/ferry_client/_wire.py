@@ -127,6 +127,19 @@ def tensor_keys(text: str) -> int:
     return text.count('"$tensor"') + text.count('"$tensor_ref"')
 
 
+MAX_WIRE_INT: Final = 2**53 - 1
+"""The largest 64-bit value in a channel's JSON (tensor locations and CONTROL bodies: ids,
+leases, offsets, lengths, sizes): 2^53 - 1, the largest integer a JSON number keeps exactly
+in JavaScript. Integers are JSON numbers, never strings (PROTOCOL.md 5.5)."""
+
+
+def wire_int(value: object, what: str) -> int:
+    """`value` if it is an integer in `0..=MAX_WIRE_INT`, else a `ProtocolError`."""
+    if type(value) is int and 0 <= value <= MAX_WIRE_INT:
+        return value
+    return uint(value, what, MAX_WIRE_INT)
+
+
 def uint(value: object, what: str, top: int | None = None) -> int:
     """`value` if it is an integer in `0..=top` (default `U64_MAX`), else a
     `ProtocolError`."""

@@ -113,6 +113,10 @@ def test_a_compact_inline_tensor_from_the_peer(
         (["i31", [2, 3], "inline", 0, 24], "unknown dtype"),
         (["i32", [2, 3], "inline", -1, 24], "offset: expected an integer"),
         (["i32", [2, 3], "inline", 0, 2**64], "len: expected an integer"),
+        (
+            ["i32", [2, 3], "inline", 2**53, 24],
+            "offset: expected an integer in 0..=9007199254740991",
+        ),
         (["i32", [2, 3], "inline", 8, 24], "outside the payload"),
         (["i32", [2, 4], "inline", 0, 24], "needs 32 bytes but 24 are present"),
         (["i32", "2x3", "inline", 0, 24], "shape must be a list"),

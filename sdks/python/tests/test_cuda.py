@@ -65,11 +65,11 @@ def cuda_session(
 def cuda_desc(
     mem: bytes,
     *,
-    alloc_id: str = "7",
-    alloc_size: int | str = 4096,
-    offset: str = "0",
-    length: str = "16",
-    lease: int = 1,
+    alloc_id: object = 7,
+    alloc_size: object = 4096,
+    offset: object = 0,
+    length: object = 16,
+    lease: object = 1,
     uuid: str = UUID0,
     dtype: str = "f32",
     shape: list[int] | None = None,
@@ -88,7 +88,7 @@ def cuda_desc(
                 "device_uuid": uuid,
                 "mem_handle": b64(mem),
                 "alloc_id": alloc_id,
-                "alloc_size": str(alloc_size),
+                "alloc_size": alloc_size,
                 "offset": offset,
                 "len": length,
                 "event_handle": event,
@@ -135,12 +135,12 @@ def test_descriptor_maps_once_waits_on_the_event_and_views_the_memory() -> None:
     buf[:32].view(np.float32)[:] = np.arange(8, dtype=np.float32)
     drv = FakeDriver(world)
     s = cuda_session(drv)
-    [a] = receive(s, [cuda_desc(h, offset="16", length="16", lease=1)])
+    [a] = receive(s, [cuda_desc(h, offset=16, length=16, lease=1)])
     assert isinstance(a, FakeDeviceArray) and a.dev == 0
     assert a.host.tolist() == [4.0, 5.0, 6.0, 7.0]  # a view of the server's bytes
     assert address(a.host) == address(buf) + 16
     assert drv.waits == [(0, b"\x01" * 64)]
-    [b] = receive(s, [cuda_desc(h, length="32", shape=[8], lease=2)])
+    [b] = receive(s, [cuda_desc(h, length=32, shape=[8], lease=2)])
     assert drv.open_count == 1  # the cache: one mapping per allocation
     assert len(drv.events) == 1  # and one opened event per handle
     assert b.host.tolist() == list(range(8))
@@ -177,7 +177,7 @@ def test_leases_are_released_per_device_with_an_event_when_arrays_go() -> None:
         s,
         [
             cuda_desc(h, lease=5),
-            cuda_desc(h, lease=6, offset="16"),
+            cuda_desc(h, lease=6, offset=16),
         ],
     )
     view = a[1:3]
@@ -204,7 +204,7 @@ def test_a_tensor_of_no_bytes_needs_no_memory() -> None:
     world = World()
     h, _ = world.export(64)
     s = cuda_session(FakeDriver(world))
-    [a] = receive(s, [cuda_desc(h, alloc_size=64, length="0", shape=[0, 3], lease=3)])
+    [a] = receive(s, [cuda_desc(h, alloc_size=64, length=0, shape=[0, 3], lease=3)])
     assert a.host.shape == (0, 3)
 
 
@@ -213,7 +213,7 @@ def test_strided_descriptors_view_with_strides() -> None:
     h, buf = world.export(4096)
     buf[:48].view(np.float32)[:] = np.arange(12, dtype=np.float32)
     s = cuda_session(FakeDriver(world))
-    d = cuda_desc(h, length="48", shape=[3, 2])
+    d = cuda_desc(h, length=48, shape=[3, 2])
     d["meta"]["strides"] = [1, 3]  # a transposed [2,3]
     [a] = receive(s, [d])
     assert a.host.tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
@@ -233,26 +233,35 @@ def _mutate(**kw: Any) -> dict[str, Any]:
         (_mutate(uuid="GPU-zz"), "is not a device UUID"),
         (_mutate(event="AAAA"), "event_handle: expected base64 of 64 bytes"),
         (_mutate(event="!" * 88), "event_handle: not base64"),
-        (_mutate(offset="01"), "offset: '01' is not a canonical decimal"),
-        (_mutate(offset="-1"), "is not a canonical decimal"),
-        (_mutate(offset=" 1"), "is not a canonical decimal"),
-        (_mutate(length=16), "len: 16 is not a canonical decimal"),
-        (_mutate(alloc_size="18446744073709551616"), "does not fit in 64 bits"),
-        (_mutate(alloc_size="0"), "alloc_size is 0"),
+        # 64-bit values are JSON numbers, at most 2^53 - 1 (PROTOCOL.md 5.5).
+        (_mutate(offset="0"), "offset: expected an integer in 0..=9007199254740991"),
+        (_mutate(offset=-1), "offset: expected an integer in 0..=9007199254740991"),
+        (_mutate(offset=1.0), "offset: expected an integer"),
+        (_mutate(length=True), "len: expected an integer"),
         (
-            _mutate(alloc_size=str(1 << 40)),
+            _mutate(alloc_id=2**53),
+            "alloc_id: expected an integer in 0..=9007199254740991",
+        ),
+        (
+            _mutate(alloc_size=2**64),
+            "alloc_size: expected an integer in 0..=9007199254740991",
+        ),
+        (_mutate(lease=2**53), "lease: expected an integer in 0..=9007199254740991"),
+        (_mutate(alloc_size=0), "alloc_size is 0"),
+        (
+            _mutate(alloc_size=1 << 40),
             "over the limit of .* bytes \\(max_peer_bytes\\)",
         ),
-        (_mutate(offset="4090", length="16"), "outside the allocation of 4096 bytes"),
+        (_mutate(offset=4090, length=16), "outside the allocation of 4096 bytes"),
         (
-            _mutate(offset="18446744073709551615", length="1"),
+            _mutate(offset=2**53 - 1, length=1),
             "outside the allocation",
         ),
         (
             _mutate(uuid="GPU-99999999-0000-0000-0000-000000000000"),
             "is not visible here",
         ),
-        (_mutate(length="12"), "tensor needs 16 bytes but 12 are present"),
+        (_mutate(length=12), "tensor needs 16 bytes but 12 are present"),
         (_mutate(lease=-1), "lease: expected an integer"),
         (_mutate(extra_field=1), "unknown fields"),
     ],
@@ -305,15 +314,15 @@ def test_peer_limits_are_enforced_with_named_options() -> None:
     world = World()
     handles = [world.export(4096)[0] for _ in range(3)]
     s = cuda_session(FakeDriver(world), cuda_max_peer_allocs=2)
-    receive(s, [cuda_desc(handles[0], alloc_id="1", lease=1)])
-    receive(s, [cuda_desc(handles[1], alloc_id="2", lease=2)])
+    receive(s, [cuda_desc(handles[0], alloc_id=1, lease=1)])
+    receive(s, [cuda_desc(handles[1], alloc_id=2, lease=2)])
     with pytest.raises(ProtocolError, match="max_peer_allocs = 2") as e:
-        receive(s, [cuda_desc(handles[2], alloc_id="3", lease=3)])
+        receive(s, [cuda_desc(handles[2], alloc_id=3, lease=3)])
     assert e.value.code == "limit"
     s = cuda_session(FakeDriver(world), max_peer_bytes=6000)
-    receive(s, [cuda_desc(handles[0], alloc_id="1", lease=1)])
+    receive(s, [cuda_desc(handles[0], alloc_id=1, lease=1)])
     with pytest.raises(ProtocolError, match="max_peer_bytes = 6000"):
-        receive(s, [cuda_desc(handles[1], alloc_id="2", lease=2)])
+        receive(s, [cuda_desc(handles[1], alloc_id=2, lease=2)])
 
 
 def test_retire_drops_the_mapping_once_no_tensor_uses_it() -> None:
@@ -324,7 +333,7 @@ def test_retire_drops_the_mapping_once_no_tensor_uses_it() -> None:
     [a] = receive(s, [cuda_desc(h, lease=1)])
     RpcSession(s).on_frame(
         Frame(
-            CONTROL, {"channel": "cuda-ipc", "body": {"retire": ["7"]}}, bytearray(), []
+            CONTROL, {"channel": "cuda-ipc", "body": {"retire": [7]}}, bytearray(), []
         )
     )
     assert drv.closed == []
@@ -334,7 +343,7 @@ def test_retire_drops_the_mapping_once_no_tensor_uses_it() -> None:
     RpcSession(s).on_frame(
         Frame(
             CONTROL,
-            {"channel": "cuda-ipc", "body": {"retire": ["99"]}},
+            {"channel": "cuda-ipc", "body": {"retire": [99]}},
             bytearray(),
             [],
         )
@@ -356,8 +365,8 @@ def test_alloc_sends_without_a_copy_and_releases_wait_on_the_event() -> None:
     assert loc["device_uuid"] == UUID1 and drv.copies == 0
     [(ptr, (dev, buf))] = drv.mallocs.items()
     assert dev == 1 and base64.b64decode(loc["mem_handle"]) == drv.mem_handle(1, ptr)
-    assert int(loc["offset"]) + address(buf) == address(a.host)
-    assert loc["len"] == "16" and loc["alloc_size"] == str(buf.size)
+    assert loc["offset"] + address(buf) == address(a.host)
+    assert loc["len"] == 16 and loc["alloc_size"] == buf.size
     lease = loc["lease"]
     assert drv.records == [1]
     release = {"release": [lease], "device": UUID1, "event": EVENT}
@@ -401,13 +410,13 @@ def test_server_memory_goes_back_by_reference_and_returns_view_own_memory() -> N
     h, _ = world.export(4096)
     drv = FakeDriver(world)
     s = cuda_session(drv)
-    [a] = receive(s, [cuda_desc(h, lease=4, shape=[4], length="16")])
+    [a] = receive(s, [cuda_desc(h, lease=4, shape=[4], length=16)])
     _, [d] = sent_descs(s, [a[1:3]])
     assert d["data"] == {
         "cuda_ipc_return": {
             "lease": 4,
-            "offset": "4",
-            "len": "8",
+            "offset": 4,
+            "len": 8,
             "event_handle": b64(bytes([0xE0]) * 64),
         }
     }
@@ -420,8 +429,8 @@ def test_server_memory_goes_back_by_reference_and_returns_view_own_memory() -> N
         "data": {
             "cuda_ipc_return": {
                 "lease": lease,
-                "offset": "8",
-                "len": "8",
+                "offset": 8,
+                "len": 8,
                 "event_handle": EVENT,
             }
         },
@@ -430,8 +439,9 @@ def test_server_memory_goes_back_by_reference_and_returns_view_own_memory() -> N
     assert address(back.host) == address(own.host) + 8
     for bad, text in (
         ({"lease": 999}, "was never granted"),
-        ({"offset": "12"}, "outside lease"),
-        ({"len": "x"}, "not a canonical decimal"),
+        ({"offset": 12}, "outside lease"),
+        ({"len": "8"}, "len: expected an integer"),
+        ({"offset": 2**53}, "offset: expected an integer in 0..=9007199254740991"),
         ({"extra": 1}, "malformed cuda_ipc_return"),
     ):
         r = json.loads(json.dumps(ret))
@@ -453,7 +463,12 @@ def test_server_memory_goes_back_by_reference_and_returns_view_own_memory() -> N
         ({"release": [1], "device": UUID0, "event": "short"}, "expected base64"),
         ({"free": [1]}, "unknown control fields"),
         ({"retire": "7"}, "must be a list"),
-        ({"retire": [7]}, "not a canonical decimal"),
+        ({"retire": ["7"]}, "retire: expected an integer"),
+        ({"retire": [2**53]}, "retire: expected an integer in 0..=9007199254740991"),
+        (
+            {"release": [2**53], "device": UUID0, "event": EVENT},
+            "release: expected an integer in 0..=9007199254740991",
+        ),
         ({}, "malformed control body"),
         ([], "malformed control body"),
     ],
@@ -609,7 +624,7 @@ def test_bf16_goes_back_as_bf16() -> None:
     world = World()
     h, _ = world.export(4096)
     s = cuda_session(FakeDriver(world))
-    [a] = receive(s, [cuda_desc(h, dtype="bf16", length="8", lease=1)])
+    [a] = receive(s, [cuda_desc(h, dtype="bf16", length=8, lease=1)])
     from ferry_client._cuda import cuda_array
     from ferry_client._cuda_channel import dtype_of
 
@@ -636,7 +651,7 @@ def test_empty_cuda_arrays_are_sent_without_asking_the_driver_for_pointer_0() ->
     empty.device = Dev()  # type: ignore[attr-defined]
     _, [d] = sent_descs(s, [empty])
     assert d["meta"] == {"dtype": "f32", "shape": [0, 3], "device": "cuda:1"}
-    assert d["data"]["cuda_ipc"]["len"] == "0"
+    assert d["data"]["cuda_ipc"]["len"] == 0
 
 
 def test_an_orphan_cannot_be_sent_on_another_connection_either() -> None:

@@ -151,9 +151,9 @@ def gpu_bundle(
     descs = [
         cuda_desc(
             h,
-            alloc_id=str(10 + i),
+            alloc_id=10 + i,
             alloc_size=n,
-            length=str(n),
+            length=n,
             lease=100 + i,
             dtype="u8",
             shape=[n],

@@ -230,11 +230,19 @@ impl PeerSegment {
         if end > self.len {
             return None;
         }
-        // SAFETY: in bounds of a live mapping of a memfd whose size is sealed, so no access
-        // can fault. Rust never writes to it (no `&mut` is ever made of it); foreign code
-        // writing a received tensor gets private pages (see `PeerSegment`). The peer may still write the bytes (it owns them); the lease
-        // protocol says it must not while a lease is held, and a peer breaking that can only
-        // change the values we read, never memory safety of this process.
+        // SAFETY: in bounds (checked above) of a live mapping (`self.map` lives as long as the
+        // returned borrow) of a memfd whose size is sealed, so no access can fault. This
+        // process never writes it through Rust (no `&mut` is ever made of it); foreign code
+        // writing a received tensor gets private pages (see `PeerSegment`).
+        // What this does NOT give: a `&[u8]` whose bytes stay put. The peer owns the memfd
+        // and can still write any page this process has not copied, at any time, also while
+        // the slice is read (the lease protocol says it must not, but nothing enforces it).
+        // Such writes are outside Rust's model of a shared borrow; we accept them because
+        // `u8` has no invalid values and no check of this crate (or of core) ever reads from
+        // peer memory: ranges, sizes and leases are decided from the descriptor's numbers and
+        // the sealed size alone, so a peer's writes can change the values a reader sees
+        // (two reads may differ) but never what is in bounds. `Tensor`'s docs say the same
+        // to applications.
         Some(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset), len) })
     }
 }
