@@ -263,7 +263,11 @@ def test_inline_results_decode() -> None:
     "tensors,text",
     [
         ([desc({"inline": {"offset": 0, "len": 99}})], "outside the payload"),
-        ([desc({"inline": {"offset": 2**64 - 1, "len": 2}})], "outside the payload"),
+        ([desc({"inline": {"offset": 2**53 - 1, "len": 2}})], "outside the payload"),
+        (
+            [desc({"inline": {"offset": 2**64 - 1, "len": 2}})],
+            "offset: expected an integer in 0..=9007199254740991",
+        ),
         ([desc({"inline": {"offset": -1, "len": 2}})], "expected an integer"),
         ([desc({"inline": {"offset": 0, "len": 3}})], "needs 4 bytes"),
         ([desc({"inline": {"offset": 0, "len": 4}}, dtype="q8")], "unknown dtype"),
