@@ -6,7 +6,7 @@
 //! - **Tensors** anywhere in params and results: fields of type [`RpcTensor`] or
 //!   [`TensorMap`] travel as `{"$tensor": i}` references into the ferry message (zero-copy
 //!   where the channel allows), or inline as base64 for plain JSON and HTTP peers
-//!   ([`tensor`]).
+//!   ([`tensor`]; the inline form is [`InlineCodec`], a [`ferry_core::TensorCodec`]).
 //! - **JSON-RPC 2.0 to the letter** ([`jsonrpc`]): params by position and by name,
 //!   notifications, batches, every id type, the standard errors; ferry's own codes in
 //!   `-32000..=-32099` ([`codes`]).
@@ -42,6 +42,7 @@ mod dispatch;
 mod finite;
 #[cfg(feature = "http")]
 mod http;
+pub mod inline;
 pub mod jsonrpc;
 pub mod limits;
 pub mod method;
@@ -96,4 +97,4 @@ pub use method::{CallContext, ConnKind, GivenSchemas, Identity, MethodInfo, Meth
 pub use remote::TensorRef;
 pub use server::{RefCopy, Server, ServerBuilder, Spawner};
 pub use task::{TaskState, TaskStatus};
-pub use tensor::{InlineTensor, RpcTensor, TensorMap};
+pub use tensor::{InlineCodec, InlineTensor, RpcTensor, TensorMap};

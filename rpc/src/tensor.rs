@@ -14,6 +14,11 @@
 //! An object whose only key is `"$tensor"` is therefore reserved: do not use that shape for
 //! anything else.
 //!
+//! The inline form is [`InlineCodec`]'s, core's [`ferry_core::TensorCodec`] for plain JSON
+//! and HTTP ([`crate::inline`]): every inline tensor is written and read by its
+//! per-tensor halves, and a [`TensorMap`] on those connections is exactly the text its
+//! `encode` writes.
+//!
 //! How it works: [`to_value`] and [`from_value`] install a tensor table for the current
 //! thread, run serde synchronously, and take the table back; `RpcTensor`'s `Serialize` and
 //! `Deserialize` read and write that table. Serialized any other way (plain
@@ -26,14 +31,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Deref;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
-use ferry_core::{AlignedBuf, DType, Device, Tensor, TensorMeta};
+use ferry_core::Tensor;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{DeserializeOwned, Error as _};
 use serde::ser::{Error as _, SerializeMap as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
+
+pub use crate::inline::{InlineCodec, InlineTensor};
 
 /// The reserved key of a tensor reference.
 pub const TENSOR_KEY: &str = "$tensor";
@@ -83,44 +88,6 @@ impl From<RpcTensor> for Tensor {
 impl fmt::Debug for RpcTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
-    }
-}
-
-/// The inline form of a tensor (plain JSON and HTTP connections).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct InlineTensor {
-    /// Element type.
-    pub dtype: DType,
-    /// Dimensions (`[]` for a scalar).
-    pub shape: Vec<u64>,
-    /// Strides in elements; absent for contiguous row-major tensors.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub strides: Option<Vec<i64>>,
-    /// The bytes (little-endian, standard base64 with padding).
-    pub data: String,
-}
-
-impl InlineTensor {
-    /// The inline form of a host tensor.
-    pub fn encode(t: &Tensor) -> Result<InlineTensor, String> {
-        if t.device() != Device::Cpu {
-            return Err(format!("a tensor on {} cannot be sent inline; copy it to the cpu first", t.device()));
-        }
-        Ok(InlineTensor {
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            strides: t.meta().strides.clone(),
-            data: B64.encode(t.as_bytes()),
-        })
-    }
-
-    /// The tensor, its bytes checked against dtype, shape and strides.
-    pub fn decode(&self) -> Result<Tensor, String> {
-        let bytes = B64.decode(self.data.as_bytes()).map_err(|e| format!("data is not valid base64: {e}"))?;
-        let mut meta = TensorMeta::new(self.dtype, self.shape.clone());
-        meta.strides = self.strides.clone();
-        Tensor::new(meta, AlignedBuf::copy_from(&bytes).into_bytes()).map_err(|e| e.to_string())
     }
 }
 
