@@ -440,7 +440,8 @@ _COMPACT_ARITY: dict[str, tuple[int, int]] = {
 """Elements of a compact descriptor by location: [dtype, shape, location, ..fields]."""
 
 FEATURES: list[str] = ["compact_tensors", "shm_forget"]
-"""Protocol features this client offers in HELLO (PROTOCOL.md 6.2)."""
+"""Protocol features this client offers in HELLO (PROTOCOL.md 6.2): those it implements,
+each one of the protocol's (`_constants.FEATURES`; `test_vectors.py` checks)."""
 
 
 def _inline(

@@ -14,10 +14,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from . import _constants as wire
+from ._constants import ALIGN as ALIGN
+from ._constants import CLOSE as CLOSE
+from ._constants import CONTROL as CONTROL
+from ._constants import HELLO as HELLO
+from ._constants import MAGIC as MAGIC
+from ._constants import MAX_DIMS as MAX_DIMS
+from ._constants import MESSAGE as MESSAGE
+from ._constants import REFUSE as REFUSE
+from ._constants import WELCOME as WELCOME
 from .errors import ProtocolError
 
-MAGIC = b"\x89FERRY"
-VERSION = 1
+# (The protocol's constants are generated from the Rust tables into `_constants`; this
+# module re-exports those the rest of the package takes from here.)
+VERSION = wire.PROTOCOL_VERSION
 PREAMBLE = MAGIC + struct.pack("<H", VERSION)
 PREFIX = struct.Struct("<BBHIQ")
 """kind, flags, descriptor count, header length, payload length."""
@@ -26,9 +37,6 @@ _DECODER = json.JSONDecoder()
 _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 """The decoder's scanner: one JSON value at an index -> (value, end)."""
 
-HELLO, WELCOME, REFUSE, MESSAGE, CONTROL, CLOSE = 1, 2, 3, 4, 5, 6
-ALIGN = 64
-MAX_DIMS = 64
 U64_MAX: Final = 2**64 - 1
 SMALL_UINT: Final = 2**62 - 1
 """The largest integer a compiled module compares without a call (mypyc's short ints):
@@ -44,10 +52,10 @@ MAX_QUEUED_FDS = 1024
 class Limits:
     """Receive limits of one side (PROTOCOL.md section 6.2); each side announces its own."""
 
-    max_header_bytes: int = 16 << 20
-    max_payload_bytes: int = 4 << 30
-    max_tensors: int = 65536
-    max_fds: int = 64
+    max_header_bytes: int = wire.DEFAULT_MAX_HEADER_BYTES
+    max_payload_bytes: int = wire.DEFAULT_MAX_PAYLOAD_BYTES
+    max_tensors: int = wire.DEFAULT_MAX_TENSORS
+    max_fds: int = wire.DEFAULT_MAX_FDS
 
     def to_json(self) -> dict[str, int]:
         """The `Limits` JSON object."""

@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
+from . import _constants
 from .errors import ParamsError
 from .refs import TensorRef
 
@@ -59,8 +60,9 @@ NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
 }
 """The numpy dtype of each ferry dtype."""
 
-DTYPES = tuple(NUMPY_DTYPES)
-"""Every ferry dtype name, in the protocol's order."""
+DTYPES = _constants.DTYPES
+"""Every ferry dtype name, in the protocol's order (generated from the Rust table;
+`NUMPY_DTYPES` has each, in the same order: `test_vectors.py` checks)."""
 
 _BY_NUMPY: dict[tuple[str, int], str] = {
     ("b", 1): "bool",

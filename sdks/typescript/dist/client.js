@@ -3,7 +3,8 @@
  * `{"$tensor": i}` references into the message, many calls in flight matched by id.
  */
 import { Connection } from "./connection.js";
-import { ErrorCode, FerryError, ProtocolError, RpcError, TaskPendingError, TimeoutError } from "./errors.js";
+import { FerryError, ProtocolError, TimeoutError } from "./errors.js";
+import { ErrorCode, TaskPendingError, errorFromCode } from "./rpc_errors.js";
 import { decodeRefs, encodeRefs } from "./refs.js";
 function isObject(v) {
     return typeof v === "object" && v !== null && !Array.isArray(v);
@@ -349,7 +350,7 @@ export class Client {
                 const code = typeof obj["code"] === "number" ? obj["code"] : ErrorCode.INTERNAL_ERROR;
                 const message = typeof obj["message"] === "string" ? obj["message"] : `malformed error object ${JSON.stringify(e)}`;
                 const data = obj["data"] === undefined ? undefined : decodeRefs(obj["data"], tensors);
-                outcome = { ok: false, error: RpcError.from({ code, message, data }) };
+                outcome = { ok: false, error: errorFromCode(code, message, data) };
             }
             else if ("result" in r) {
                 outcome = { ok: true, result: decodeRefs(r["result"], tensors) };

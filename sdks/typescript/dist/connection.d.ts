@@ -3,7 +3,7 @@
  * frames in both directions, CLOSE, and the error paths. The JSON-RPC layer is `client.ts`.
  */
 import { ConnectionClosedError, ProtocolError } from "./errors.js";
-import { type Limits, type Message } from "./frame.js";
+import { type Frame, type Limits, type Message } from "./frame.js";
 import type { Tensor } from "./tensor.js";
 /** Options of `Connection.open`. */
 export interface ConnectionOptions {
@@ -24,6 +24,11 @@ export interface Welcome {
     agent: string;
 }
 export declare const AGENT = "ferry-ts/0.1.0";
+/**
+ * The server's answer to HELLO, checked (sans-IO): a WELCOME this client (inline for cpu,
+ * nothing else) accepts, else `RefusedError` for REFUSE and `ProtocolError` for anything else.
+ */
+export declare function acceptWelcome(f: Frame): Welcome;
 /**
  * A handshaken connection. `onMessage` gets every MESSAGE; `onClosed` is called once with
  * the reason when the connection ends for any reason.
@@ -50,7 +55,6 @@ export declare class Connection {
     setRef(ref: boolean): void;
     /** Connects to `addr`, sends the preamble and HELLO at once, and waits for WELCOME. */
     static open(addr: string, opts?: ConnectionOptions): Promise<Connection>;
-    private acceptWelcome;
     private attach;
     private onFrame;
     /** Encodes and queues a MESSAGE; resolves once it is handed to the kernel. Throws `LimitError` before sending anything. */

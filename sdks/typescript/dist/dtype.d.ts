@@ -25,10 +25,11 @@
  * patterns (as f16 and bf16 do), complex tensors `lanes(dtype) == 2` numbers per element,
  * so their `data.length` is twice the number of elements.
  */
-/** The wire name of an element type. */
-export type DType = "bool" | "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "u64" | "i64" | "f16" | "bf16" | "f32" | "f64" | "f8e4m3fn" | "f8e5m2" | "c64" | "c128";
+import { DTYPES } from "./constants.js";
+/** The wire name of an element type (the protocol's list, generated from the Rust table). */
+export type DType = (typeof DTYPES)[number];
 /** Every dtype, in the order of PROTOCOL.md §5.1. */
-export declare const DTYPES: readonly DType[];
+export { DTYPES };
 /** The typed array that holds the elements of each dtype. */
 export interface TypedArrayFor {
     bool: Uint8Array;

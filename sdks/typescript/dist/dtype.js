@@ -25,26 +25,9 @@
  * patterns (as f16 and bf16 do), complex tensors `lanes(dtype) == 2` numbers per element,
  * so their `data.length` is twice the number of elements.
  */
+import { DTYPES, ITEM_SIZES } from "./constants.js";
 /** Every dtype, in the order of PROTOCOL.md §5.1. */
-export const DTYPES = [
-    "bool",
-    "u8",
-    "i8",
-    "u16",
-    "i16",
-    "u32",
-    "i32",
-    "u64",
-    "i64",
-    "f16",
-    "bf16",
-    "f32",
-    "f64",
-    "f8e4m3fn",
-    "f8e5m2",
-    "c64",
-    "c128",
-];
+export { DTYPES };
 const CTORS = {
     bool: Uint8Array,
     u8: Uint8Array,
@@ -74,7 +57,7 @@ export function lanes(dtype) {
 }
 /** Bytes per element of `dtype`. */
 export function itemSize(dtype) {
-    return CTORS[dtype].BYTES_PER_ELEMENT * lanes(dtype);
+    return ITEM_SIZES[dtype];
 }
 /** The typed array constructor for `dtype`. */
 export function arrayType(dtype) {

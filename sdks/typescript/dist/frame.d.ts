@@ -4,22 +4,12 @@
  * anything, and MESSAGE encoding/decoding with 64-byte aligned inline tensors.
  */
 import { type DType } from "./dtype.js";
+import { Kind } from "./constants.js";
 import { Tensor } from "./tensor.js";
+export { ALIGN, Kind, MAX_DIMS, PREFIX_LEN } from "./constants.js";
 export declare const MAGIC: Buffer<ArrayBuffer>;
 export declare const VERSION = 1;
 export declare const PREAMBLE: Buffer<ArrayBuffer>;
-export declare const PREFIX_LEN = 16;
-export declare const ALIGN = 64;
-export declare const MAX_DIMS = 64;
-/** Frame kinds (PROTOCOL.md §4.2). */
-export declare const Kind: {
-    readonly HELLO: 1;
-    readonly WELCOME: 2;
-    readonly REFUSE: 3;
-    readonly MESSAGE: 4;
-    readonly CONTROL: 5;
-    readonly CLOSE: 6;
-};
 export type KindNumber = (typeof Kind)[keyof typeof Kind];
 /** Receive limits (PROTOCOL.md §6.2, §12), as announced in HELLO and WELCOME. */
 export interface Limits {

@@ -5,24 +5,17 @@
  */
 import { constants as bufferConstants } from "node:buffer";
 import { arrayType, isDType, itemSize } from "./dtype.js";
+import { ALIGN, Kind, MAX_DIMS, PREFIX_LEN, PROTOCOL_VERSION, MAGIC as WIRE_MAGIC, WIRE_DEFAULT_LIMITS } from "./constants.js";
 import { LimitError, ProtocolError } from "./errors.js";
 import { Tensor } from "./tensor.js";
-export const MAGIC = Buffer.from([0x89, 0x46, 0x45, 0x52, 0x52, 0x59]);
-export const VERSION = 1;
+// The protocol's constants, generated from the Rust tables (constants.ts).
+export { ALIGN, Kind, MAX_DIMS, PREFIX_LEN } from "./constants.js";
+export const MAGIC = Buffer.from(WIRE_MAGIC);
+export const VERSION = PROTOCOL_VERSION;
 export const PREAMBLE = Buffer.concat([MAGIC, Buffer.from([VERSION & 0xff, VERSION >> 8])]);
-export const PREFIX_LEN = 16;
-export const ALIGN = 64;
-export const MAX_DIMS = 64;
 const U64_MAX = (1n << 64n) - 1n;
-/** Frame kinds (PROTOCOL.md §4.2). */
-export const Kind = { HELLO: 1, WELCOME: 2, REFUSE: 3, MESSAGE: 4, CONTROL: 5, CLOSE: 6 };
 /** The protocol's default limits (what a server that announces nothing accepts). */
-export const DEFAULT_LIMITS = {
-    max_header_bytes: 16 * 1024 * 1024,
-    max_payload_bytes: 4 * 1024 * 1024 * 1024,
-    max_tensors: 65536,
-    max_fds: 64,
-};
+export const DEFAULT_LIMITS = { ...WIRE_DEFAULT_LIMITS };
 /** The largest byte length one buffer can have in this Node (2^32 on Node 20, 64-bit). */
 export const MAX_BUFFER = Math.min(bufferConstants.MAX_LENGTH, Number.MAX_SAFE_INTEGER);
 /** What this client accepts by default; the payload limit is capped by what one ArrayBuffer can hold. */
@@ -181,15 +174,19 @@ export class FrameReader {
         if (flags !== 0) {
             throw new ProtocolError(`frame flags 0x${flags.toString(16).padStart(2, "0")} are reserved and must be 0`);
         }
-        if (fds > this.limits.max_fds) {
-            throw new ProtocolError(`file descriptors in one frame is ${fds}, over the limit max_fds = ${this.limits.max_fds} ` +
-                "(this client offers only the inline channel, which passes none)", "limit");
-        }
         if (hlen > this.limits.max_header_bytes) {
             throw new ProtocolError(`frame header length is ${hlen} bytes, over the limit max_header_bytes = ${this.limits.max_header_bytes}`, "limit");
         }
         if (plen > BigInt(this.limits.max_payload_bytes)) {
             throw new ProtocolError(`frame payload length is ${plen} bytes, over the limit max_payload_bytes = ${this.limits.max_payload_bytes}`, "limit");
+        }
+        // (Checked in the Rust reader's order: header, payload, then descriptors.)
+        if (fds > this.limits.max_fds) {
+            throw new ProtocolError(`file descriptors in one frame is ${fds}, over the limit max_fds = ${this.limits.max_fds} ` +
+                "(this client offers only the inline channel, which passes none)", "limit");
+        }
+        if (fds > 0) {
+            throw new ProtocolError(`file descriptor mismatch: frame announces ${fds} descriptors, this client (inline channel only) receives none`);
         }
         if (hlen === 0)
             throw new ProtocolError("malformed frame header: empty (a header is one JSON value)");

@@ -4,7 +4,8 @@
  */
 
 import { Connection, type ConnectionOptions, type Welcome } from "./connection.js";
-import { ConnectionClosedError, ErrorCode, FerryError, ProtocolError, RpcError, TaskPendingError, TimeoutError } from "./errors.js";
+import { ConnectionClosedError, FerryError, ProtocolError, RpcError, TimeoutError } from "./errors.js";
+import { ErrorCode, TaskPendingError, errorFromCode } from "./rpc_errors.js";
 import type { Limits, Message } from "./frame.js";
 import { decodeRefs, encodeRefs } from "./refs.js";
 import type { Tensor } from "./tensor.js";
@@ -412,7 +413,7 @@ export class Client {
         const code = typeof obj["code"] === "number" ? obj["code"] : ErrorCode.INTERNAL_ERROR;
         const message = typeof obj["message"] === "string" ? obj["message"] : `malformed error object ${JSON.stringify(e)}`;
         const data = obj["data"] === undefined ? undefined : decodeRefs(obj["data"], tensors);
-        outcome = { ok: false, error: RpcError.from({ code, message, data }) };
+        outcome = { ok: false, error: errorFromCode(code, message, data) };
       } else if ("result" in r) {
         outcome = { ok: true, result: decodeRefs(r["result"], tensors) };
       } else {

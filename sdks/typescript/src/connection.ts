@@ -68,6 +68,35 @@ function limitsFrom(v: unknown): Limits {
 }
 
 /**
+ * The server's answer to HELLO, checked (sans-IO): a WELCOME this client (inline for cpu,
+ * nothing else) accepts, else `RefusedError` for REFUSE and `ProtocolError` for anything else.
+ */
+export function acceptWelcome(f: Frame): Welcome {
+  if (f.kind === Kind.REFUSE) {
+    const body = isObject(f.header) && typeof f.header["reason"] === "string" ? f.header : { reason: "unknown", body: f.header };
+    const e = new RefusedError(body as { reason: string });
+    throw e;
+  }
+  if (f.kind !== Kind.WELCOME) throw new ProtocolError(`expected WELCOME or REFUSE, got frame kind ${f.kind}`);
+  const w = f.header;
+  if (!isObject(w) || !isObject(w["channels"])) throw new ProtocolError("malformed WELCOME: no `channels` object");
+  const channels = w["channels"] as Record<string, unknown>;
+  for (const [kind, name] of Object.entries(channels)) {
+    if (kind !== "cpu" || name !== "inline") {
+      throw new ProtocolError(`the server chose channel ${JSON.stringify(name)} for ${kind}; this client offered only inline for cpu`);
+    }
+  }
+  if (channels["cpu"] !== "inline") throw new ProtocolError("WELCOME chose no channel for cpu");
+  if (w["version"] !== VERSION) throw new ProtocolError(`WELCOME has version ${JSON.stringify(w["version"])}, expected ${VERSION}`);
+  return {
+    version: VERSION,
+    channels: { cpu: "inline" },
+    limits: limitsFrom(w["limits"]),
+    agent: typeof w["agent"] === "string" ? w["agent"] : "",
+  };
+}
+
+/**
  * A handshaken connection. `onMessage` gets every MESSAGE; `onClosed` is called once with
  * the reason when the connection ends for any reason.
  */
@@ -157,7 +186,7 @@ export class Connection {
       c.handshake = (f) => {
         c.handshake = null;
         try {
-          resolve(c.acceptWelcome(f));
+          resolve(acceptWelcome(f));
         } catch (e) {
           reject(e);
         }
@@ -182,31 +211,6 @@ export class Connection {
     }
     c.onClosed = () => {};
     return c;
-  }
-
-  private acceptWelcome(f: Frame): Welcome {
-    if (f.kind === Kind.REFUSE) {
-      const body = isObject(f.header) && typeof f.header["reason"] === "string" ? f.header : { reason: "unknown", body: f.header };
-      const e = new RefusedError(body as { reason: string });
-      throw e;
-    }
-    if (f.kind !== Kind.WELCOME) throw new ProtocolError(`expected WELCOME or REFUSE, got frame kind ${f.kind}`);
-    const w = f.header;
-    if (!isObject(w) || !isObject(w["channels"])) throw new ProtocolError("malformed WELCOME: no `channels` object");
-    const channels = w["channels"] as Record<string, unknown>;
-    for (const [kind, name] of Object.entries(channels)) {
-      if (kind !== "cpu" || name !== "inline") {
-        throw new ProtocolError(`the server chose channel ${JSON.stringify(name)} for ${kind}; this client offered only inline for cpu`);
-      }
-    }
-    if (channels["cpu"] !== "inline") throw new ProtocolError("WELCOME chose no channel for cpu");
-    if (w["version"] !== VERSION) throw new ProtocolError(`WELCOME has version ${JSON.stringify(w["version"])}, expected ${VERSION}`);
-    return {
-      version: VERSION,
-      channels: { cpu: "inline" },
-      limits: limitsFrom(w["limits"]),
-      agent: typeof w["agent"] === "string" ? w["agent"] : "",
-    };
   }
 
   private attach(): void {

@@ -26,46 +26,13 @@
  * so their `data.length` is twice the number of elements.
  */
 
-/** The wire name of an element type. */
-export type DType =
-  | "bool"
-  | "u8"
-  | "i8"
-  | "u16"
-  | "i16"
-  | "u32"
-  | "i32"
-  | "u64"
-  | "i64"
-  | "f16"
-  | "bf16"
-  | "f32"
-  | "f64"
-  | "f8e4m3fn"
-  | "f8e5m2"
-  | "c64"
-  | "c128";
+import { DTYPES, ITEM_SIZES } from "./constants.js";
+
+/** The wire name of an element type (the protocol's list, generated from the Rust table). */
+export type DType = (typeof DTYPES)[number];
 
 /** Every dtype, in the order of PROTOCOL.md §5.1. */
-export const DTYPES: readonly DType[] = [
-  "bool",
-  "u8",
-  "i8",
-  "u16",
-  "i16",
-  "u32",
-  "i32",
-  "u64",
-  "i64",
-  "f16",
-  "bf16",
-  "f32",
-  "f64",
-  "f8e4m3fn",
-  "f8e5m2",
-  "c64",
-  "c128",
-];
+export { DTYPES };
 
 /** The typed array that holds the elements of each dtype. */
 export interface TypedArrayFor {
@@ -130,7 +97,7 @@ export function lanes(dtype: DType): number {
 
 /** Bytes per element of `dtype`. */
 export function itemSize(dtype: DType): number {
-  return CTORS[dtype].BYTES_PER_ELEMENT * lanes(dtype);
+  return ITEM_SIZES[dtype];
 }
 
 /** The typed array constructor for `dtype`. */

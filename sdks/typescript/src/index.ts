@@ -28,32 +28,38 @@ export {
   numberToF8e5m2,
 } from "./dtype.js";
 export {
-  CancelledError,
   ConnectionClosedError,
-  ErrorCode,
   type ErrorObject,
   FerryError,
-  InternalError,
-  InvalidParamsError,
-  InvalidRequestError,
   LimitError,
-  LimitExceededError,
-  MethodNotFoundError,
-  ParseError,
   ProtocolError,
   RefusedError,
   RpcError,
+  TimeoutError,
+} from "./errors.js";
+export {
+  CancelledError,
+  ERRORS,
+  ErrorCode,
+  ForbiddenError,
+  InternalError,
+  InvalidParamsError,
+  InvalidRequestError,
+  LimitExceededError,
+  MethodNotFoundError,
+  NotFoundError,
+  ParseError,
+  type RpcErrorClass,
   ServerError,
   ServerTimeoutError,
   TaskNotFoundError,
   TaskPendingError,
   TensorError,
-  TimeoutError,
-  UnavailableError,
   UnauthorizedError,
-  NotFoundError,
-  ForbiddenError,
-} from "./errors.js";
+  UnavailableError,
+  errorFromCode,
+} from "./rpc_errors.js";
+export { FEATURES, Kind, MAX_DIMS, PROTOCOL, PROTOCOL_VERSION } from "./constants.js";
 export { type Limits, DEFAULT_LIMITS, VERSION } from "./frame.js";
 export type { Welcome } from "./connection.js";
 export { parseAddress } from "./socket.js";

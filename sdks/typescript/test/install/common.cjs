@@ -49,7 +49,7 @@ async function check(how, ferry, demo) {
           assert.ok(back.equals(t));
           await assert.rejects(
             api.add({ a: "one" }),
-            (e) => e instanceof demo.InvalidParamsError && e instanceof ferry.RpcError && e.code === -32602,
+            (e) => e instanceof ferry.InvalidParamsError && e instanceof ferry.RpcError && e.code === -32602,
           );
         } finally {
           client.close();

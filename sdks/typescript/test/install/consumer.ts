@@ -1,7 +1,7 @@
 // Type-checked (tsc --noEmit, module nodenext) against the installed package's
 // declarations: the runtime's and the generated demo client's.
-import { Client, RpcError, Tensor, type TensorRef, free, keep } from "ferry-client";
-import { DemoClient, InvalidParamsError, type AddParams } from "ferry-client/generated/demo";
+import { Client, InvalidParamsError, RpcError, Tensor, type TensorRef, free, keep } from "ferry-client";
+import { DemoClient, type AddParams } from "ferry-client/generated/demo";
 
 export async function sum(addr: string): Promise<number> {
   const client: Client = await Client.connect(addr);
