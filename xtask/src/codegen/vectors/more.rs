@@ -8,9 +8,10 @@ use ferry_core::compact::{DescsOut, FEATURES};
 use ferry_core::handshake::{agent, server_choose};
 use ferry_core::meta::TensorMeta;
 use ferry_core::wire::{
-    InlineRef, Limits, Location, PROTOCOL_VERSION, QuicStreamRef, Refusal, SegmentAnnounce, ShmRef, TensorDesc, Welcome,
+    CudaIpcRef, InlineRef, Limits, Location, PROTOCOL_VERSION, QuicStreamRef, Refusal, SegmentAnnounce, ShmRef,
+    TensorDesc, Welcome,
 };
-use ferry_core::{Channel, ConnInfo, DType, InlineChannel};
+use ferry_core::{Channel, ConnInfo, DType, Device, InlineChannel};
 use ferry_rpc::codes::{ERROR_CODES, ErrorObject, lookup};
 use ferry_sdk_gen::names::error_class_name;
 use serde_json::{Value, json};
@@ -42,6 +43,16 @@ fn text<T: serde::Serialize>(v: &T) -> String {
 }
 
 pub fn descriptors() -> Value {
+    let cuda = CudaIpcRef {
+        device_uuid: "GPU-00000000-0000-0000-0000-000000000001".into(),
+        mem_handle: "A".repeat(86) + "==",
+        alloc_id: 7,
+        alloc_size: 2097152,
+        offset: 4096,
+        len: 32,
+        event_handle: "B".repeat(86) + "==",
+        lease: 3,
+    };
     let announced = ShmRef {
         segment: 2,
         offset: 0,
@@ -62,6 +73,13 @@ pub fn descriptors() -> Value {
         (
             "shm_return",
             TensorDesc { meta: TensorMeta::new(DType::F32, vec![1920, 1080, 3]), data: shm_return(4, 0, 24883200) },
+        ),
+        (
+            "cuda_ipc",
+            TensorDesc {
+                meta: TensorMeta::new(DType::F16, vec![16]).with_device(Device::Cuda(1)),
+                data: Location::CudaIpc(cuda),
+            },
         ),
         (
             "quic_stream",
