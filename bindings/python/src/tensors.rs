@@ -17,6 +17,7 @@ use std::sync::Mutex;
 
 use ferry_core::{DType, Device, Tensor, TensorMeta, TensorMut};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -63,11 +64,12 @@ fn array_interface<'py>(
     ptr: usize,
     readonly: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
+    // Keys interned once: numpy asks for this dict for every array made from a tensor.
     let d = PyDict::new(py);
-    d.set_item("version", 3)?;
-    d.set_item("shape", PyTuple::new(py, meta.shape.iter().copied())?)?;
-    d.set_item("typestr", typestr(meta.dtype))?;
-    d.set_item("data", (ptr, readonly))?;
+    d.set_item(intern!(py, "version"), 3)?;
+    d.set_item(intern!(py, "shape"), PyTuple::new(py, meta.shape.iter().copied())?)?;
+    d.set_item(intern!(py, "typestr"), typestr(meta.dtype))?;
+    d.set_item(intern!(py, "data"), (ptr, readonly))?;
     let strides = match &meta.strides {
         Some(s) => {
             let item = meta.dtype.itemsize() as i64;
@@ -75,7 +77,7 @@ fn array_interface<'py>(
         }
         None => None,
     };
-    d.set_item("strides", strides)?;
+    d.set_item(intern!(py, "strides"), strides)?;
     Ok(d)
 }
 

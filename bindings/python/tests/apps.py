@@ -254,6 +254,12 @@ def echo(x: np.ndarray) -> np.ndarray:
 
 
 @app.function
+def swap(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    """Both received tensors sent back, in the other order."""
+    return [b, a]
+
+
+@app.function
 def transposed(x: np.ndarray) -> np.ndarray:
     """A non-contiguous view (copied out)."""
     return x.T

@@ -81,6 +81,26 @@ def test_other_result_is_copied(client: ferry.Client, key: str) -> None:
     np.testing.assert_array_equal(r, np.ones(5, np.float32))
 
 
+def data_ptr(a: np.ndarray) -> int:
+    ptr: int = a.__array_interface__["data"][0]
+    return ptr
+
+
+@pytest.mark.parametrize("method", ["echo", "swap"])
+def test_received_tensors_go_back_as_they_are(client: ferry.Client, method: str) -> None:
+    """Received tensors returned by the handler are not copied: over shm the caller gets
+    views of its own memory back, each where the handler put it."""
+    x, y = client.alloc((3, 4), "f32"), client.alloc((3, 4), "f32")
+    x[...], y[...] = 1.0, 2.0
+    if method == "echo":
+        got, want = [client.call("echo", [x])], [x]
+    else:
+        got, want = client.call("swap", [x, y]), [y, x]
+    for g, w in zip(got, want, strict=True):
+        assert data_ptr(g) == data_ptr(w)
+        np.testing.assert_array_equal(g, w)
+
+
 def test_alloc_viewed_as_another_dtype_keeps_that_dtype(client: ferry.Client) -> None:
     r = client.call("viewed_as_int")
     assert r.dtype == np.int32

@@ -39,11 +39,12 @@ class Context:
     """What a handler gets besides its params, when it declares a param annotated
     `ferry.Context` (any name): cancellation, result tensors, the caller."""
 
-    __slots__ = ("_allocated", "_native")
+    __slots__ = ("_allocated", "_given", "_native")
 
     def __init__(self, native: _native.Context) -> None:
         self._native = native
         self._allocated: list[_native.OutTensor] = []
+        self._given: _tensors.Given = []
 
     @property
     def cancelled(self) -> bool:
@@ -221,13 +222,13 @@ class _Function:
     def _kwargs(
         self, params: str | None, refs: list[_native.TensorRef], ctx: Context
     ) -> dict[str, Any]:
-        kwargs = self.sig.validate(params, refs)
+        kwargs = self.sig.validate(params, refs, ctx._given)
         if self.sig.ctx_param is not None:
             kwargs = {**kwargs, self.sig.ctx_param: ctx}
         return kwargs
 
     def _encode(self, result: object, ctx: Context) -> Outcome:
-        enc = _schema.Encoding(ctx._native.alloc, ctx._allocated)
+        enc = _schema.Encoding(ctx._native.alloc, ctx._allocated, ctx._given)
         try:
             if self.sig.result_json is not None:
                 # pydantic writes the JSON itself (a third of the time); it writes NaN and
@@ -237,7 +238,7 @@ class _Function:
                 )
                 if b"NaN" not in out and b"Infinity" not in out:
                     return (out, enc.outs)
-                enc = _schema.Encoding(ctx._native.alloc, ctx._allocated)
+                enc = _schema.Encoding(ctx._native.alloc, ctx._allocated, ctx._given)
             if self.sig.result is None:
                 obj = _schema.encode_any(result, enc)
             else:

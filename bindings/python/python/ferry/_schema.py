@@ -37,16 +37,22 @@ TENSOR_REF_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/TensorRef"}
 class Encoding:
     """What serializing one result needs: where tensors go and how to allocate them."""
 
-    __slots__ = ("alloc", "allocated", "outs")
+    __slots__ = ("alloc", "allocated", "given", "outs")
 
-    def __init__(self, alloc: _tensors.Alloc, allocated: list[_native.OutTensor]) -> None:
+    def __init__(
+        self,
+        alloc: _tensors.Alloc,
+        allocated: list[_native.OutTensor],
+        given: _tensors.Given | None = None,
+    ) -> None:
         self.alloc = alloc
         self.allocated = allocated
+        self.given: _tensors.Given = [] if given is None else given
         self.outs: list[_tensors.Out] = []
 
     def ref(self, x: object) -> dict[str, int]:
         """`{"$tensor": i}` for `x`, which is appended to the outgoing tensors."""
-        self.outs.append(_tensors.to_out(x, self.alloc, self.allocated))
+        self.outs.append(_tensors.to_out(x, self.alloc, self.allocated, self.given))
         return {"$tensor": len(self.outs) - 1}
 
     def fallback(self, x: object) -> Any:
@@ -76,7 +82,13 @@ def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
                 {"i": i, "n": len(refs)},
             )
         ref = refs[i]
-        return _tensors.to_torch(ref) if kind == "torch" else _tensors.to_numpy(ref)
+        if kind == "torch":
+            return _tensors.to_torch(ref)
+        a = _tensors.to_numpy(ref)
+        given = info.context.get("given") if isinstance(info.context, dict) else None
+        if given is not None:
+            given.append((a, ref))
+        return a
 
     return validate
 
@@ -196,11 +208,18 @@ class Signature:
     """`result`'s `dump_json` where it writes what `dump_python` + `json.dumps` would
     (plain types under `_RESULT_CONFIG`), else None."""
 
-    def validate(self, params_text: str | None, refs: list[_native.TensorRef]) -> dict[str, Any]:
+    def validate(
+        self,
+        params_text: str | None,
+        refs: list[_native.TensorRef],
+        given: _tensors.Given | None = None,
+    ) -> dict[str, Any]:
         """The keyword arguments of a call, from its params by name (the server turns
-        params by position into names). Raises `pydantic.ValidationError`."""
+        params by position into names). Raises `pydantic.ValidationError`. Each numpy
+        array handed out for a received tensor is appended to `given` with its tensor
+        (a result that is one of them goes back as it is, without a look at its memory)."""
         m = self.model.model_validate_json(
-            params_text or "{}", strict=True, context={"tensors": refs}
+            params_text or "{}", strict=True, context={"tensors": refs, "given": given}
         )
         # The model forbids extra fields: its fields are the params (callers do not change it).
         return m.__dict__

@@ -140,6 +140,10 @@ def _data_ptr(a: np.ndarray[Any, Any]) -> int:
 Out = _native.OutTensor | _native.TensorRef
 """What goes out: an allocated tensor, or a received one sent back as it is."""
 
+Given = list[tuple[np.ndarray[Any, Any], _native.TensorRef]]
+"""The read-only numpy arrays a call's handler was given for received tensors, each
+with its tensor."""
+
 
 def _received(a: np.ndarray[Any, Any]) -> _native.TensorRef | None:
     """The received tensor `a` views whole, if it does (an echo)."""
@@ -153,10 +157,20 @@ def _received(a: np.ndarray[Any, Any]) -> _native.TensorRef | None:
     return None
 
 
-def to_out(x: object, alloc: Alloc, allocated: list[_native.OutTensor]) -> Out:
-    """What sends `x`: one of `allocated` when `x` is exactly it, the received tensor
-    when `x` is a read-only numpy view of exactly one (no copy either way), else a new
-    `OutTensor` with `x`'s bytes copied in."""
+def to_out(
+    x: object,
+    alloc: Alloc,
+    allocated: list[_native.OutTensor],
+    given: Given | None = None,
+) -> Out:
+    """What sends `x`: the received tensor when `x` is one of the arrays `given` for one
+    (the same object, still read-only) or a read-only numpy view of exactly one, one of
+    `allocated` when `x` is exactly it (no copy either way), else a new `OutTensor` with
+    `x`'s bytes copied in."""
+    if given and isinstance(x, np.ndarray) and not x.flags.writeable:
+        for g, got in given:
+            if g is x:  # an echo: the array the handler got, untouched (read-only)
+                return got
     a, dtype = host_numpy(x)
     if a.flags.c_contiguous:
         ptr: int | None = None
