@@ -14,7 +14,8 @@
 //!   computed in the background after publishing (publishing stays O(1)); a reader that
 //!   passes `expect_digest` waits for it and is refused on a mismatch.
 //! - **Checkpoints.** [`weights::publish_safetensors`] reads `.safetensors` files into
-//!   buckets and publishes them through core's [`ferry_core::SafetensorsCodec`].
+//!   buckets and publishes them through core's [`ferry_core::SafetensorsCodec`];
+//!   [`weights::publish_files`] does the same with any [`ferry_core::TensorCodec`].
 //! - **RPC.** [`rpc::methods`] serves a store as `store.publish`, `store.open`,
 //!   `store.list` and `store.unpublish` (PROTOCOL.md §20); `ferry serve-weights` serves
 //!   one with checkpoints published.

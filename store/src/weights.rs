@@ -1,7 +1,9 @@
-//! Checkpoints from files: `.safetensors` files read into buckets and published.
+//! Checkpoints from files: `.safetensors` files (or any container a [`TensorCodec`]
+//! decodes, such as ferry's [`ferry_core::RawCodec`]) read into buckets and published.
 //!
-//! Each file is read once into a bucket of its own size (a sealed memfd on Linux) and parsed
-//! by core's [`SafetensorsCodec`]; its tensors stay where they are in the file image, so
+//! Each file is read once into a bucket of its own size (a sealed memfd on Linux) and
+//! decoded by the codec ([`SafetensorsCodec`] for [`publish_safetensors`]), which slices
+//! its tensors out of the bucket's bytes: they stay where they are in the file image, so
 //! the version references them in place (no second copy), and the file's pages are dropped
 //! from the page cache afterwards, leaving one copy in memory.
 //!
@@ -26,11 +28,29 @@ const CHUNK: usize = 64 << 20;
 /// Reads the `.safetensors` `files` and publishes their tensors together as the next version
 /// of `name`, with `metadata` (an object; the file names are added under `"files"`).
 /// `progress(done, total)` is called as bytes are read. Two files holding the same tensor
-/// name are refused.
+/// name are refused. [`publish_files`] with [`SafetensorsCodec`].
 pub fn publish_safetensors(
     store: &Arc<Store>,
     name: &str,
     files: &[PathBuf],
+    metadata: Value,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Version, StoreError> {
+    publish_files(store, name, files, &SafetensorsCodec, metadata, progress)
+}
+
+/// Reads `files`, each a container `codec` decodes, and publishes their tensors together
+/// as the next version of `name`, with `metadata` (an object; the file names are added
+/// under `"files"` and the codec's name under `"format"`). `progress(done, total)` is
+/// called as bytes are read. Two files holding the same tensor name are refused. The codec
+/// should slice its tensors out of the bytes it is given (as [`SafetensorsCodec`] and
+/// [`ferry_core::RawCodec`] do where the data is aligned): those are the bucket's, and
+/// slicing them is what keeps one copy in memory.
+pub fn publish_files(
+    store: &Arc<Store>,
+    name: &str,
+    files: &[PathBuf],
+    codec: &dyn TensorCodec,
     metadata: Value,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Version, StoreError> {
@@ -56,7 +76,7 @@ pub fn publish_safetensors(
             done += n;
             progress(done, total);
         })?;
-        let decoded = SafetensorsCodec
+        let decoded = codec
             .decode(bucket.bytes(0, bucket.len()).unwrap_or_default())
             .map_err(|e| StoreError::Invalid(format!("{}: {e}", f.display())))?;
         for (n, t) in decoded {
@@ -80,7 +100,7 @@ pub fn publish_safetensors(
         .map(|f| f.file_name().map_or_else(|| f.display().to_string(), |n| n.to_string_lossy().into_owned()))
         .collect();
     meta.insert("files".into(), json!(names));
-    meta.insert("format".into(), json!("safetensors"));
+    meta.insert("format".into(), json!(codec.name()));
     // The buckets are held by the tensors until published; the reservation ends after.
     let v = store.publish(name, tensors, Value::Object(meta), owner);
     drop(reservation);
