@@ -21,7 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::dtype::{DType, Device};
 use crate::meta::TensorMeta;
-use crate::wire::{InlineRef, Location, MAX_WIRE_INT, ShmRef, ShmReturnRef, TensorDesc, WireInt};
+use crate::wire::{InlineRef, Location, ShmRef, ShmReturnRef, TensorDesc, WireInt};
 
 /// The handshake feature (`Hello::features`, `Welcome::features`) under which both sides
 /// may send compact tensor descriptors.
@@ -149,7 +149,7 @@ impl<'de> Visitor<'de> for DescVisitor {
     }
 }
 
-/// Integer element `i` of a compact descriptor, under the [`MAX_WIRE_INT`] rule.
+/// Integer element `i` of a compact descriptor, under the [`crate::wire::MAX_WIRE_INT`] rule.
 fn int<'de, A: SeqAccess<'de>>(seq: &mut A, i: usize) -> Result<u64, A::Error> {
     element::<WireInt, A>(seq, i).map(|v| v.0)
 }
@@ -169,7 +169,7 @@ impl JsonSchema for TensorDesc {
         let dtype = g.subschema_for::<DType>();
         let u64 = json_schema!({"type": "integer", "format": "uint64", "minimum": 0});
         let shape = json_schema!({"type": "array", "items": u64});
-        let int = json_schema!({"type": "integer", "format": "uint64", "minimum": 0, "maximum": MAX_WIRE_INT});
+        let int = g.subschema_for::<WireInt>();
         let compact = |kind: &str, fields: &[&str], flag: Option<&str>| {
             let mut items = vec![dtype.clone(), shape.clone(), json_schema!({"const": kind})];
             items.extend(fields.iter().map(|_| int.clone()));
@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn the_largest_wire_integer_reads_back() {
-        let max = MAX_WIRE_INT;
+        let max = crate::wire::MAX_WIRE_INT;
         let v = json!(["u8", [0], "shm", max, max, 0, max, true]);
         let d: TensorDesc = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(

@@ -2,10 +2,11 @@
 //! Schemas are generated into `core/schemas/` (see [`crate::schema`]) and documented in
 //! `docs/PROTOCOL.md`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Unexpected};
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -39,6 +40,24 @@ impl<'de> Deserialize<'de> for WireInt {
             return Err(de::Error::invalid_value(Unexpected::Unsigned(v), &WIRE_INT_EXPECTED));
         }
         Ok(WireInt(v))
+    }
+}
+
+impl JsonSchema for WireInt {
+    fn schema_name() -> Cow<'static, str> {
+        "WireInt".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A 64-bit value of a channel's JSON (an id, lease, offset, length or size): a JSON \
+                            number, never a string, at most 2^53 - 1 so that JavaScript reads it exactly \
+                            (PROTOCOL.md 5.5).",
+            "type": "integer",
+            "format": "uint64",
+            "minimum": 0,
+            "maximum": MAX_WIRE_INT,
+        })
     }
 }
 
@@ -232,11 +251,11 @@ pub enum Location {
 pub struct QuicStreamRef {
     /// The QUIC stream id (a unidirectional stream the sender opened).
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub stream: u64,
     /// Length of the tensor's bytes.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub len: u64,
 }
 
@@ -251,26 +270,26 @@ pub struct CudaIpcRef {
     pub mem_handle: String,
     /// The producer's id for the allocation (with `mem_handle`, the consumer's cache key).
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub alloc_id: u64,
     /// Size of the whole allocation in bytes.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub alloc_size: u64,
     /// Offset of the tensor's bytes from the allocation base.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub offset: u64,
     /// Length in bytes.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub len: u64,
     /// Base64 of the 64-byte `CUipcEventHandle` recorded after the producer's writes; the
     /// consumer waits on it before handing the tensor out.
     pub event_handle: String,
     /// Lease id to release when done.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub lease: u64,
 }
 
@@ -280,15 +299,15 @@ pub struct CudaIpcRef {
 pub struct CudaIpcReturnRef {
     /// The receiver's lease id.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub lease: u64,
     /// Offset inside the leased range.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub offset: u64,
     /// Length in bytes.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub len: u64,
     /// Base64 of the 64-byte `CUipcEventHandle` the sender recorded after its last use of
     /// the bytes; the receiver waits on it before handing the tensor out.
@@ -301,19 +320,19 @@ pub struct CudaIpcReturnRef {
 pub struct ShmRef {
     /// Segment id, chosen by the sender and announced with the first message that uses it.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub segment: u64,
     /// Offset of the tensor's bytes in the segment.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub offset: u64,
     /// Length in bytes.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub len: u64,
     /// Lease id to release when done.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub lease: u64,
     /// Present the first time the sender uses this segment on this pipe: the segment's
     /// descriptor travels with this frame.
@@ -334,7 +353,7 @@ pub struct SegmentAnnounce {
     pub fd: u32,
     /// Size of the segment in bytes (must equal the memfd's sealed size).
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub size: u64,
 }
 
@@ -343,15 +362,15 @@ pub struct SegmentAnnounce {
 pub struct ShmReturnRef {
     /// The receiver's lease id.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub lease: u64,
     /// Offset inside the leased range.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub offset: u64,
     /// Length in bytes.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub len: u64,
 }
 
@@ -360,11 +379,11 @@ pub struct ShmReturnRef {
 pub struct InlineRef {
     /// Offset from the start of the payload (a multiple of 64 when written by ferry).
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub offset: u64,
     /// Length in bytes.
     #[serde(deserialize_with = "wire_int::deserialize")]
-    #[schemars(range(max = MAX_WIRE_INT))]
+    #[schemars(with = "WireInt")]
     pub len: u64,
 }
 
@@ -386,13 +405,13 @@ pub struct ControlHeader {
 pub struct ShmControl {
     /// Leases the sender of this frame no longer needs (possibly none).
     #[serde(deserialize_with = "wire_int::vec")]
-    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    #[schemars(with = "Vec<WireInt>")]
     pub release: Vec<u64>,
     /// Segments of the sender of this frame that it will never use again (only on a
     /// connection that agreed to the feature `shm_forget`): the receiver unmaps them.
     /// Absent when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "wire_int::vec")]
-    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    #[schemars(with = "Vec<WireInt>")]
     pub forget: Vec<u64>,
 }
 
@@ -405,7 +424,7 @@ pub struct ShmControl {
 pub struct CudaIpcControl {
     /// Leases the sender of this frame no longer needs, all on `device`.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "wire_int::vec")]
-    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    #[schemars(with = "Vec<WireInt>")]
     pub release: Vec<u64>,
     /// UUID of the device of the released leases (`GPU-...` or `MIG-...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -417,7 +436,7 @@ pub struct CudaIpcControl {
     /// Allocations the sender of this frame has freed (their `alloc_id`s); the receiver
     /// closes its mappings of them once no tensor uses them.
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "wire_int::vec")]
-    #[schemars(inner(range(max = MAX_WIRE_INT)))]
+    #[schemars(with = "Vec<WireInt>")]
     pub retire: Vec<u64>,
 }
 

@@ -61,7 +61,7 @@ fn checkpoints_are_published_through_their_codec_in_place() {
     let v = weights::publish_files(
         &store,
         "raw",
-        &[raw.clone()],
+        std::slice::from_ref(&raw),
         &RawCodec,
         serde_json::json!({"step": 3}),
         &mut |_, _| {},
@@ -76,7 +76,7 @@ fn checkpoints_are_published_through_their_codec_in_place() {
     let e = weights::publish_files(
         &store,
         "bad",
-        &[raw.clone()],
+        std::slice::from_ref(&raw),
         &SafetensorsCodec,
         serde_json::Value::Null,
         &mut |_, _| {},
