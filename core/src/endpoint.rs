@@ -218,10 +218,11 @@ impl Endpoint {
         t.viability()?;
         let listener = t.listen(&addr).await?;
         let local = listener.local_addr();
+        let spin = listener.spin();
         let (tx, rx) = mpsc::channel(64);
         let cfg = self.cfg.clone();
         let task = tokio::spawn(accept_loop(listener, cfg, tx));
-        Ok(PipeListener { rx, task, addr: local })
+        Ok(PipeListener { rx, task, addr: local, spin })
     }
 
     /// Connects to `addr` and runs the handshake.
@@ -270,6 +271,7 @@ pub struct PipeListener {
     rx: mpsc::Receiver<Result<Accepted, PipeError>>,
     task: tokio::task::JoinHandle<()>,
     addr: Address,
+    spin: Option<Arc<crate::spin::ListenerSpin>>,
 }
 
 impl PipeListener {
@@ -297,6 +299,12 @@ impl PipeListener {
     /// The address listened on.
     pub fn local_addr(&self) -> &Address {
         &self.addr
+    }
+
+    /// Its connections' busy polling (readers spinning now, polls and the polls that found
+    /// bytes; see [`crate::spin`]); `None` when its transport never polls (QUIC, Windows).
+    pub fn spin_stats(&self) -> Option<crate::spin::SpinStats> {
+        self.spin.as_ref().map(|s| s.stats())
     }
 }
 

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use crate::error::{LimitError, PipeError, ProtocolError};
+use crate::spin::BusyPoll;
 use crate::tensor::ALIGN;
-use crate::transport::BusyPoll;
 use crate::transport::FdQueueRef as FdQueue;
 use crate::wire::Limits;
 

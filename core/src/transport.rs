@@ -11,14 +11,13 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::error::TransportError;
+use crate::spin::{BusyPoll, ListenerSpin};
 
 /// An address: a scheme and the rest, e.g. `unix:ferry-demo`, `unix:/run/ferry.sock`,
 /// `quic://host:4433`.
@@ -233,44 +232,6 @@ pub struct Split {
     pub busy_poll: Option<Arc<BusyPoll>>,
 }
 
-/// Lets a connection's read half poll its socket for a while before it goes to sleep
-/// waiting for bytes, which saves the wake-up (several microseconds on a virtual machine)
-/// when the peer answers quickly. It costs a CPU spinning for up to `window` each time.
-///
-/// The read half spins only while *armed*: its owner arms it only when nothing else it
-/// started is waiting to run on this thread (the read is all there is to do), since a
-/// spinning task holds its worker thread. The transport decides how it polls (the unix
-/// socket backend: non-blocking `recvmsg`, within Tokio's cooperative budget, at most a
-/// few connections of a process at a time, and only on a connection that received bytes
-/// within the last `window`). A window of zero (the default) never spins.
-#[derive(Debug, Default)]
-pub struct BusyPoll {
-    window_ns: AtomicU64,
-    armed: AtomicBool,
-}
-
-impl BusyPoll {
-    /// Sets how long a read may poll before it sleeps (zero: never).
-    pub fn set_window(&self, window: Duration) {
-        self.window_ns.store(u64::try_from(window.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-
-    /// How long a read may poll before it sleeps, when armed.
-    pub fn window(&self) -> Duration {
-        Duration::from_nanos(self.window_ns.load(Ordering::Relaxed))
-    }
-
-    /// Allows (or forbids) the next reads to poll.
-    pub fn arm(&self, yes: bool) {
-        self.armed.store(yes, Ordering::Relaxed);
-    }
-
-    /// The window a read may poll for now: zero unless armed.
-    pub fn spin_window(&self) -> Duration {
-        if self.armed.load(Ordering::Relaxed) { self.window() } else { Duration::ZERO }
-    }
-}
-
 /// One established connection.
 pub trait Connection: Send + 'static {
     /// What is known about it.
@@ -286,6 +247,10 @@ pub trait Listener: Send + 'static {
     async fn accept(&mut self) -> Result<Box<dyn Connection>, TransportError>;
     /// The address it listens on.
     fn local_addr(&self) -> Address;
+    /// Its readers' busy polling (see [`crate::spin`]), if its connections can poll.
+    fn spin(&self) -> Option<Arc<ListenerSpin>> {
+        None
+    }
 }
 
 /// Moves bytes between processes; chosen by the address scheme.

@@ -179,7 +179,7 @@ impl Transport for PipeTransport {
             addr: addr.clone(),
             allow_any_user: self.allow_any_user,
             #[cfg(unix)]
-            activity: Arc::default(),
+            spin: Arc::default(),
         }))
     }
 
@@ -196,10 +196,10 @@ struct PipeListener {
     inner: IpcListener,
     addr: Address,
     allow_any_user: bool,
-    /// Which of its connections received bytes last (busy polling backs off while several
-    /// do).
+    /// Its connections' busy polling (which received bytes last: it backs off while
+    /// several do; how many spin).
     #[cfg(unix)]
-    activity: Arc<unix::Activity>,
+    spin: Arc<ferry_core::ListenerSpin>,
 }
 
 #[async_trait]
@@ -209,7 +209,7 @@ impl Listener for PipeListener {
             let stream = self.inner.accept().await.map_err(|e| io_err(&self.addr, e))?;
             match PipeConnection::new(stream, &self.addr, self.allow_any_user) {
                 #[cfg(unix)]
-                Ok(c) => return Ok(Box::new(c.serving(&self.activity))),
+                Ok(c) => return Ok(Box::new(c.serving(&self.spin))),
                 #[cfg(not(unix))]
                 Ok(c) => return Ok(Box::new(c)),
                 Err(TransportError::PeerRefused(why)) => {
@@ -222,6 +222,11 @@ impl Listener for PipeListener {
 
     fn local_addr(&self) -> Address {
         self.addr.clone()
+    }
+
+    #[cfg(unix)]
+    fn spin(&self) -> Option<Arc<ferry_core::ListenerSpin>> {
+        Some(self.spin.clone())
     }
 }
 
@@ -244,13 +249,6 @@ pub async fn pipe_security(addr: &Address) -> Result<String, TransportError> {
 #[cfg(windows)]
 pub fn listener_dacl(allow_any_user: bool) -> Result<String, TransportError> {
     windows::pipe_sddl(allow_any_user)
-}
-
-/// How many read halves of this process are busy-polling right now (for tests and
-/// diagnostics; see `EndpointBuilder::busy_poll`).
-#[cfg(unix)]
-pub fn busy_polling_readers() -> usize {
-    unix::spinning()
 }
 
 #[cfg(test)]

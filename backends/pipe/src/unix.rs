@@ -4,11 +4,11 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use ferry_core::spin::{ListenerSpin, Spin, SpinReader};
 use ferry_core::{Address, BusyPoll, ConnInfo, Connection, FdQueue, Split, TransportError};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
@@ -26,8 +26,9 @@ const MAX_FDS_PER_RECV: usize = 253;
 pub(crate) struct PipeConnection {
     stream: Arc<UnixStream>,
     info: ConnInfo,
-    /// The listener's, for a connection it accepted ([`PipeConnection::serving`]).
-    activity: Option<(Arc<Activity>, u32)>,
+    /// Its place among its listener's readers, for a connection it accepted
+    /// ([`PipeConnection::serving`]); a connecting side never busy-polls.
+    spin: Option<SpinReader>,
 }
 
 impl PipeConnection {
@@ -54,13 +55,13 @@ impl PipeConnection {
             same_host: true,
             handle: None,
         };
-        Ok(PipeConnection { stream: Arc::new(stream), info, activity: None })
+        Ok(PipeConnection { stream: Arc::new(stream), info, spin: None })
     }
 
-    /// A connection `listener_activity`'s listener accepted: its reader busy-polls only
-    /// while none of that listener's other connections is active.
-    pub(crate) fn serving(mut self, listener_activity: &Arc<Activity>) -> Self {
-        self.activity = Some((listener_activity.clone(), listener_activity.next_id()));
+    /// A connection the listener of `spin` accepted: its reader may busy-poll, under that
+    /// listener's policy ([`ferry_core::spin`]).
+    pub(crate) fn serving(mut self, spin: &Arc<ListenerSpin>) -> Self {
+        self.spin = Some(spin.reader());
         self
     }
 }
@@ -79,7 +80,7 @@ impl Connection for PipeConnection {
                 fds: fds.clone(),
                 busy: busy.clone(),
                 last_data: None,
-                activity: self.activity,
+                spin: self.spin,
             }),
             write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
             fds: Some(fds),
@@ -94,106 +95,18 @@ struct ReadHalf {
     busy: Arc<BusyPoll>,
     /// When bytes last arrived; `None` once a busy poll found none (cold until they do).
     last_data: Option<Instant>,
-    /// The accepting listener's activity and this reader's id in it; `None` on the
-    /// connecting side, whose reader never busy-polls.
-    activity: Option<(Arc<Activity>, u32)>,
-}
-
-/// Which connections of one listener received bytes last, and when: busy polling pays
-/// while one connection is active, and costs while several are. A reader that spins holds
-/// its worker thread (and the runtime's I/O driver, when it is the only worker), so the
-/// other connections' requests wait for its window: 16 clients calling at once on 2 CPUs
-/// measured a p99 of 7.7 ms with spinning and 0.2 ms without. So a reader spins only if no
-/// other connection of its listener received bytes within [`BUSY_WINDOW_OTHERS`].
-///
-/// Two words, each `micros since start (wrapping u32) << 32 | reader id`: the last read,
-/// and the last read by another reader than that one. Updated without a lock: a lost
-/// update only makes one spin decision on stale data.
-#[derive(Default)]
-pub(crate) struct Activity {
-    last: AtomicU64,
-    last_other: AtomicU64,
-    /// The last reader id given out (ids start at 1; 0 means "no read yet").
-    ids: AtomicU32,
-}
-
-/// How recently another connection must have received bytes to keep a reader from spinning.
-const BUSY_WINDOW_OTHERS: Duration = Duration::from_millis(1);
-
-/// Microseconds since the first call, wrapping at 2^32 (71 minutes): only differences
-/// shorter than that are compared.
-fn now_us() -> u32 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u32
-}
-
-impl Activity {
-    /// An id for a new reader (never 0; wraps after 2^32 readers).
-    fn next_id(&self) -> u32 {
-        loop {
-            let id = self.ids.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-            if id != 0 {
-                return id;
-            }
-        }
-    }
-
-    /// Reader `id` received bytes at `now` (µs).
-    fn read(&self, id: u32, now: u32) {
-        let last = self.last.swap((u64::from(now) << 32) | u64::from(id), Ordering::Relaxed);
-        if last as u32 != id {
-            self.last_other.store(last, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether a reader other than `id` received bytes within [`BUSY_WINDOW_OTHERS`] of `now`.
-    fn others_active(&self, id: u32, now: u32) -> bool {
-        let window = BUSY_WINDOW_OTHERS.as_micros() as u32;
-        [self.last.load(Ordering::Relaxed), self.last_other.load(Ordering::Relaxed)].into_iter().any(|w| {
-            let (at, who) = ((w >> 32) as u32, w as u32);
-            who != 0 && who != id && now.wrapping_sub(at) < window
-        })
-    }
-}
-
-/// Read halves busy-polling right now, in this process.
-static SPINNING: AtomicUsize = AtomicUsize::new(0);
-
-/// [`SPINNING`] now.
-pub(crate) fn spinning() -> usize {
-    SPINNING.load(Ordering::Acquire)
-}
-
-/// At most half the CPUs this process may use (and at least one) busy-poll at once.
-fn max_spinning() -> usize {
-    static MAX: OnceLock<usize> = OnceLock::new();
-    *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)))
-}
-
-/// A place among the busy-polling read halves, given back on drop.
-struct Spinning;
-
-impl Spinning {
-    fn enter() -> Option<Spinning> {
-        let max = max_spinning();
-        SPINNING
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .ok()
-            .map(|_| Spinning)
-    }
-}
-
-impl Drop for Spinning {
-    fn drop(&mut self) {
-        SPINNING.fetch_sub(1, Ordering::AcqRel);
-    }
+    /// See [`PipeConnection::spin`].
+    spin: Option<SpinReader>,
 }
 
 impl ReadHalf {
-    /// Polls the socket (non-blocking `recvmsg`) for up to `window`. `None`: nothing came
-    /// (or no place to spin); read the ordinary way.
-    fn spin(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>, window: Duration) -> Option<Poll<io::Result<()>>> {
-        let _place = Spinning::enter()?;
+    /// Polls the socket (non-blocking `recvmsg`) for up to the window, when its listener's
+    /// policy says so ([`ferry_core::spin::decide`]). `None`: it did not, or nothing came;
+    /// read the ordinary way.
+    fn spin(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Option<Poll<io::Result<()>>> {
+        let reader = self.spin.as_ref()?;
+        let Spin::Poll(window) = reader.decide(&self.busy, self.last_data.map(|t| t.elapsed())) else { return None };
+        let place = reader.enter()?;
         // Within Tokio's cooperative budget, like its own I/O: a task that always finds
         // bytes still yields now and then.
         let coop = match tokio::task::coop::poll_proceed(cx) {
@@ -206,10 +119,9 @@ impl ReadHalf {
                 Ok(n) => {
                     coop.made_progress();
                     buf.advance(n);
+                    place.hit();
+                    reader.received();
                     self.last_data = Some(Instant::now());
-                    if let Some((a, id)) = &self.activity {
-                        a.read(*id, now_us());
-                    }
                     return Some(Poll::Ready(Ok(())));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -262,12 +174,7 @@ fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Resu
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let window = this.busy.spin_window();
-        if !window.is_zero()
-            && this.last_data.is_some_and(|t| t.elapsed() < window)
-            && this.activity.as_ref().is_some_and(|(a, id)| !a.others_active(*id, now_us()))
-            && let Some(r) = this.spin(cx, buf, window)
-        {
+        if let Some(r) = this.spin(cx, buf) {
             return r;
         }
         loop {
@@ -277,8 +184,8 @@ impl AsyncRead for ReadHalf {
                 Ok(n) => {
                     buf.advance(n);
                     this.last_data = Some(Instant::now());
-                    if let Some((a, id)) = &this.activity {
-                        a.read(*id, now_us());
+                    if let Some(r) = &this.spin {
+                        r.received();
                     }
                     return Poll::Ready(Ok(()));
                 }
@@ -346,35 +253,6 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use crate::PipeTransport;
-
-    /// A reader spins while it alone receives bytes, not while another connection of its
-    /// listener did within the window (the window counted from the other's last read, in
-    /// µs, across the clock's wrap).
-    #[test]
-    fn a_reader_spins_only_while_no_other_connection_is_active() {
-        let a = super::Activity::default();
-        let (r1, r2, r3) = (a.next_id(), a.next_id(), a.next_id());
-        assert!(r1 != 0 && r1 != r2 && r2 != r3);
-        let w = super::BUSY_WINDOW_OTHERS.as_micros() as u32;
-        let t0 = u32::MAX - 15; // (the µs clock wraps during the test)
-        let at = |d: u32| t0.wrapping_add(d);
-        assert!(!a.others_active(r1, at(0)), "nothing read yet");
-        a.read(r1, at(10));
-        a.read(r1, at(20));
-        assert!(!a.others_active(r1, at(30)), "only reader 1 is active");
-        assert!(a.others_active(r2, at(30)), "for reader 2, reader 1 is active");
-        a.read(r2, at(40));
-        assert!(a.others_active(r1, at(50)) && a.others_active(r2, at(50)), "both active");
-        a.read(r2, at(60));
-        a.read(r2, at(70)); // (reader 1's read stays the last other one)
-        assert!(a.others_active(r2, at(20 + w - 1)), "reader 1 read within the window");
-        assert!(!a.others_active(r2, at(20 + w)), "reader 1 fell out of the window");
-        assert!(a.others_active(r1, at(70 + w - 1)) && !a.others_active(r1, at(70 + w)));
-        assert!(!a.others_active(r3, at(70 + w)), "nobody within the window");
-        // Another listener's readers are not counted.
-        let other = super::Activity::default();
-        assert!(!other.others_active(other.next_id(), at(71)));
-    }
 
     fn memfd_with(content: &[u8]) -> std::os::fd::OwnedFd {
         let fd = rustix::fs::memfd_create("ferry-pipe-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();

@@ -2,6 +2,8 @@
 //! pipe's reader task (`Pipe::set_handler`), the reader busy-polling after a message the
 //! handler answered at once (`EndpointBuilder::busy_poll`), and releases of the peer's
 //! leases batched behind outgoing messages (`ShmOptions::release_batch`, `release_delay`).
+//! Busy polling is counted per listener (`PipeListener::spin_stats`), so each test sees its
+//! own readers' spins only, whatever runs beside it in the process.
 #![cfg(target_os = "linux")] // ferry-shm exists on Linux only
 
 mod common;
@@ -41,7 +43,9 @@ fn stat(p: &Pipe, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_answering_inline_with_busy_polling_echoes_every_message_intact() {
-    let (_l, c, s) = pair(ShmOptions::default(), Duration::from_millis(2), "inline").await;
+    // A window long enough that a slow (debug, loaded) machine still reads the next
+    // message within it: each spin ends when the message comes.
+    let (l, c, s) = pair(ShmOptions::default(), Duration::from_millis(50), "inline").await;
     let weak = Arc::downgrade(&s);
     let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = handled.clone();
@@ -63,6 +67,7 @@ async fn a_handler_answering_inline_with_busy_polling_echoes_every_message_intac
         assert_eq!(back.tensors[0].as_slice::<u32>().unwrap()[1000 + i as usize], 1000 + i);
     }
     assert_eq!(handled.load(std::sync::atomic::Ordering::Relaxed), 300, "every message went to the handler");
+    assert!(l.spin_stats().unwrap().polls > 0, "the reader never busy-polled after answering at once");
     // Every lease the server held (one per message) is released: in batches behind the
     // answers, the rest after the batching delay.
     eventually("all leases released", || stat(&c, "leases_granted") == 0).await;
@@ -73,7 +78,7 @@ async fn a_handler_that_spawns_is_not_held_up_by_busy_polling() {
     // A minute of busy polling: were the reader to spin after a message whose answer is in a
     // task (on its worker's queue), each answer would wait out the spin and `recv_timeout`
     // would fail.
-    let (_l, c, s) = pair(ShmOptions::default(), Duration::from_secs(60), "spawn").await;
+    let (l, c, s) = pair(ShmOptions::default(), Duration::from_secs(60), "spawn").await;
     let weak = Arc::downgrade(&s);
     s.set_handler(Box::new(move |m| {
         let pipe = weak.clone();
@@ -89,6 +94,43 @@ async fn a_handler_that_spawns_is_not_held_up_by_busy_polling() {
         c.send(Message::new(json!(i))).await.unwrap();
         assert_eq!(c.recv_timeout(T).await.unwrap().header, json!(i));
     }
+    assert_eq!(l.spin_stats().unwrap().polls, 0, "the reader polled after a handler that spawned");
+}
+
+/// The one connection of its listener busy-polls after an answer given at once: its reader
+/// takes a place among the spinning ones, and the next message comes through the spin.
+/// (The client has a runtime of its own, as a client process would: a task of the server's
+/// runtime waiting in the spinning worker's queue waits out the spin.)
+#[test]
+fn a_lone_connection_busy_polls_after_an_answer_given_at_once() {
+    let runtime =
+        |workers| tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
+    let (server_rt, client_rt) = (runtime(2), runtime(1));
+    let addr = format!("unix:ferry-fast-test-{}", ferry_conformance::unique("lone"));
+    let mut l = server_rt.block_on(endpoint(ShmOptions::default(), Duration::from_secs(5)).listen(&addr)).unwrap();
+    let c = client_rt.block_on(endpoint(ShmOptions::default(), Duration::ZERO).connect(&addr)).unwrap();
+    let s = Arc::new(server_rt.block_on(async { tokio::time::timeout(T, l.accept()).await }).unwrap().unwrap());
+    let weak = Arc::downgrade(&s);
+    s.set_handler(Box::new(move |m| echo_now(weak.clone(), m)));
+    let stats = || l.spin_stats().expect("a unix listener counts its spins");
+    assert_eq!((stats().spinning, stats().polls), (0, 0));
+    let call = |i: u32| {
+        client_rt.block_on(async {
+            c.send(Message::new(json!(i))).await.unwrap();
+            assert_eq!(c.recv_timeout(T).await.unwrap().header, json!(i));
+        });
+    };
+    call(1);
+    let spun = (0..10_000).any(|_| {
+        std::thread::sleep(Duration::from_millis(1));
+        stats().spinning == 1
+    });
+    assert!(spun, "the server's reader did not busy-poll after answering at once");
+    call(2);
+    assert!(stats().hits >= 1, "the next message did not come through the spin: {:?}", stats());
+    drop(c); // (end of stream ends the spin)
+    drop(s);
+    drop(l);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
