@@ -49,7 +49,13 @@ impl Flags {
 
     /// Every argument not consumed yet (for commands that pass them on).
     pub fn into_rest(self) -> Vec<String> {
-        self.rest
+        let mut rest = self.rest;
+        // `cargo xtask bench-x -- --calls 9`: the `--` only says where the task's own
+        // arguments end, it is not one of the script's.
+        if rest.first().is_some_and(|a| a == "--") {
+            rest.remove(0);
+        }
+        rest
     }
 
     /// Fails if any argument was not consumed.
@@ -77,6 +83,12 @@ mod tests {
         assert!(f.flag("--release"));
         assert!(!f.flag("--check"));
         f.finish("conformance").unwrap();
+    }
+
+    #[test]
+    fn a_leading_separator_is_not_passed_on() {
+        assert_eq!(flags(&["--", "--calls", "9"]).into_rest(), ["--calls", "9"]);
+        assert_eq!(flags(&["--calls", "--"]).into_rest(), ["--calls", "--"]);
     }
 
     #[test]
