@@ -37,6 +37,44 @@ pub fn error_class_name(name: &str) -> String {
     class
 }
 
+/// Whether `code` is in the range JSON-RPC reserves for the implementation
+/// (`-32768..=-32000`): ferry's own codes and JSON-RPC's standard ones. A generated module
+/// declares no class of its own for such a code: the runtime has the classes of ferry's
+/// ([`RUNTIME_ERRORS`]), so `isinstance` holds whichever client raised and no generated class
+/// shadows a runtime one.
+pub fn reserved_code(code: i64) -> bool {
+    (-32768..=-32000).contains(&code)
+}
+
+/// The codes the runtimes have an error class for (`ferry_client.rpc_errors` in Python,
+/// `rpc_errors.ts` in TypeScript), with their class names: ferry's error table
+/// (`ferry_rpc::codes::ERROR_CODES`, from which `cargo xtask codegen` generates those
+/// modules). sdk-gen depends on no ferry crate, so this is a copy; xtask's
+/// `sdk_gen_knows_the_runtime_error_classes` test keeps it equal to the table.
+pub const RUNTIME_ERRORS: &[(i64, &str)] = &[
+    (-32700, "ParseError"),
+    (-32600, "InvalidRequestError"),
+    (-32601, "MethodNotFoundError"),
+    (-32602, "InvalidParamsError"),
+    (-32603, "InternalError"),
+    (-32000, "ServerError"),
+    (-32001, "LimitExceededError"),
+    (-32002, "CancelledError"),
+    (-32003, "ServerTimeoutError"),
+    (-32004, "TaskNotFoundError"),
+    (-32005, "TaskPendingError"),
+    (-32006, "TensorError"),
+    (-32007, "UnavailableError"),
+    (-32008, "UnauthorizedError"),
+    (-32009, "NotFoundError"),
+    (-32010, "ForbiddenError"),
+];
+
+/// The runtime's class name for `code`, if the runtime has one ([`RUNTIME_ERRORS`]).
+pub fn runtime_error_class(code: i64) -> Option<&'static str> {
+    RUNTIME_ERRORS.iter().find(|(c, _)| *c == code).map(|(_, name)| *name)
+}
+
 /// `create_tensor` -> `createTensor`.
 pub fn camel_case(raw: &str) -> String {
     let snake = snake_case(raw);

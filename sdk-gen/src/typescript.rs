@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use crate::ir::{Api, Method, ParamStructure, Ty, TypeDef, pascal_case};
-use crate::names::{Scope, TS_RESERVED, camel_case, error_class_name};
+use crate::names::{Scope, TS_RESERVED, camel_case, error_class_name, reserved_code};
 use crate::writer::CodeWriter;
 use crate::{Emitter, PREAMBLE};
 
@@ -339,16 +339,11 @@ fn split_union(t: &str) -> Vec<String> {
     out
 }
 
-/// Whether `code` is in the range JSON-RPC reserves (ferry's own codes among them): the
-/// runtime's `errorFromCode` has its classes, and a generated module declares none of its own
-/// for it (no duplicate `InvalidParamsError`, no `TimeoutError` shadowing the runtime's).
-pub fn reserved(code: i64) -> bool {
-    (-32768..=-32000).contains(&code)
-}
-
 fn errors(w: &mut CodeWriter, api: &Api, types: &mut Scope, out: Out) {
     let mut classes = Vec::new();
-    for e in api.errors.iter().filter(|e| !reserved(e.code)) {
+    // A reserved code is the runtime's (`errorFromCode` has its classes): no duplicate
+    // `InvalidParamsError`, no `TimeoutError` shadowing the runtime's.
+    for e in api.errors.iter().filter(|e| !reserved_code(e.code)) {
         let name = types.name(&format!("error:{}", e.name), &error_class_name(&e.name));
         w.blank(1);
         if out == Out::Dts {

@@ -17,10 +17,10 @@ from typing import Any
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# Modules on the path of every call. Others stay interpreted: `errors` (generated clients
-# subclass its exceptions), `_options` (`ConnectOptions` is a plain dataclass, used only
-# to connect) and those that use weak references or ctypes (`_cuda*`, `_cupy`), which
-# compiled classes do not support.
+# Modules on the path of every call. Others stay interpreted: `errors` and `rpc_errors`
+# (generated clients subclass their exceptions), `_options` (`ConnectOptions` is a plain
+# dataclass, used only to connect) and those that use weak references or ctypes (`_cuda*`,
+# `_cupy`), which compiled classes do not support.
 COMPILED = [
     "ferry_client/_connection.py",
     "ferry_client/_io.py",

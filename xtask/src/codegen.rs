@@ -63,10 +63,13 @@ pub fn outputs() -> Vec<Output> {
     vec![schemas(), python_sdk(), typescript_sdk(), python_constants(), typescript_constants(), vectors::output()]
 }
 
-/// `sdks/python/ferry_client/_constants.py`, beside the hand-written modules that use it.
+/// `sdks/python/ferry_client/_constants.py` and `rpc_errors.py`, beside the hand-written
+/// modules that use them.
 fn python_constants() -> Output {
     let dir = PathBuf::from("sdks/python/ferry_client");
-    Output { files: vec![(dir.join("_constants.py"), constants::python())], dir, exts: &[] }
+    let files =
+        vec![(dir.join("_constants.py"), constants::python()), (dir.join("rpc_errors.py"), constants::python_errors())];
+    Output { files, dir, exts: &[] }
 }
 
 /// `sdks/typescript/src/constants.ts` and `rpc_errors.ts`, beside the hand-written modules.

@@ -19,7 +19,9 @@ mapped read-only), and JSON-RPC 2.0 with tensors as `{"$tensor": i}` references.
   torch CUDA tensors) travel over the cuda-ipc channel without a copy, and come back as
   CuPy arrays (`torch.from_dlpack` takes them without a copy). `CudaUnavailable` names
   what is missing; `is_orphaned` tells a tensor whose connection closed.
-- Exceptions: `FerryError` and its subclasses (`errors`).
+- Exceptions: `FerryError` and its subclasses (`errors`); error responses are
+  `RpcError`s, of the code's subclass for ferry's codes (`InvalidParamsError`,
+  `ServerTimeoutError`, ...: `rpc_errors`), whichever client raised them.
 - Typed clients generated from OpenRPC documents live in `ferry_client.generated`
   (`demo`, `conformance`); `ferry sdk --lang python` generates one for any server.
 
@@ -51,6 +53,24 @@ from .errors import (
 )
 from .pipe import Message, Pipe
 from .refs import TensorRef
+from .rpc_errors import (
+    CancelledError,
+    ForbiddenError,
+    InternalError,
+    InvalidParamsError,
+    InvalidRequestError,
+    LimitExceededError,
+    MethodNotFoundError,
+    NotFoundError,
+    ParseError,
+    ServerError,
+    ServerTimeoutError,
+    TaskNotFoundError,
+    TaskPendingError,
+    TensorError,
+    UnauthorizedError,
+    UnavailableError,
+)
 from .store import Bundle, open_bundle, open_weights
 from .tensors import (
     BF16,
@@ -96,6 +116,23 @@ __all__ = [
     "Refused",
     "ResultError",
     "RpcError",
+    # The classes of ferry's error codes (rpc_errors).
+    "CancelledError",
+    "ForbiddenError",
+    "InternalError",
+    "InvalidParamsError",
+    "InvalidRequestError",
+    "LimitExceededError",
+    "MethodNotFoundError",
+    "NotFoundError",
+    "ParseError",
+    "ServerError",
+    "ServerTimeoutError",
+    "TaskNotFoundError",
+    "TaskPendingError",
+    "TensorError",
+    "UnauthorizedError",
+    "UnavailableError",
     "Tensor",
     "TensorIn",
     "TensorParam",

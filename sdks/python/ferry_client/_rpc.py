@@ -28,6 +28,7 @@ from ._outgoing import ENCODER, Outgoing, TensorRefs, little_endian
 from ._session import PEER_FAULTS, Session
 from ._wire import Frame, byte_span
 from .errors import ParamsError, ProtocolError, ResultError, RpcError
+from .rpc_errors import error_from_code
 from .refs import REF_KEY, TensorRef
 from .tensors import NUMPY_DTYPES, Tensor, ferry_dtype, typed_view
 
@@ -353,7 +354,7 @@ def responses(
             out.append(
                 (
                     rid,
-                    RpcError(
+                    error_from_code(
                         e["code"],
                         message if isinstance(message, str) else str(message),
                         e.get("data"),

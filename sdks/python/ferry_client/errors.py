@@ -4,9 +4,11 @@ Every exception the client raises is a `FerryError`. Some also derive from the b
 that fits, so generic handlers work: `ConnectionClosed` is a `ConnectionError`,
 `CallTimeout` a `TimeoutError`, `ParamsError` a `TypeError`.
 
-Error responses from the server are `RpcError`s (`code`, `message`, `data`). Generated
-clients raise one subclass per row of the server's error table (e.g.
-`ferry_client.generated.demo.InvalidParamsError`).
+Error responses from the server are `RpcError`s (`code`, `message`, `data`): for
+ferry's codes, the subclass of the code (`ferry_client.InvalidParamsError`,
+`ServerTimeoutError`, ...: `ferry_client.rpc_errors`, generated from the Rust table),
+whichever client raised it; the generated clients re-export those classes and declare
+subclasses only for their API's own codes.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@
 //! (`ferry_rpc::codes::ERROR_CODES`).
 //!
 //! - `sdks/python/ferry_client/_constants.py`: the constants as `Final` names.
+//! - `sdks/python/ferry_client/rpc_errors.py`: one `RpcError` subclass per error code,
+//!   `ERRORS` and `error_from_code` (written by `ferry_sdk_gen::python::runtime_module`, as
+//!   the generated clients' own classes are): the classes the runtime raises and the
+//!   generated clients re-export, so `except` catches an error whichever client raised it.
 //! - `sdks/typescript/src/constants.ts`: the same for TypeScript.
 //! - `sdks/typescript/src/rpc_errors.ts`: the error codes (`ErrorCode`), one `RpcError`
 //!   subclass per code, `ERRORS` and `errorFromCode`: the one module of error classes that
@@ -167,6 +171,20 @@ pub fn typescript() -> String {
     o
 }
 
+/// `sdks/python/ferry_client/rpc_errors.py`: ferry's error table as exception classes.
+pub fn python_errors() -> String {
+    let table: Vec<ferry_sdk_gen::ir::ErrorDef> = ERROR_CODES
+        .iter()
+        .map(|e| ferry_sdk_gen::ir::ErrorDef {
+            code: e.code,
+            name: e.name.to_owned(),
+            message: e.message.to_owned(),
+            description: Some(e.description.to_owned()),
+        })
+        .collect();
+    ferry_sdk_gen::python::runtime_module(&table)
+}
+
 /// `sdks/typescript/src/rpc_errors.ts`.
 pub fn typescript_errors() -> String {
     let mut o = format!("// {PREAMBLE}\n\n");
@@ -222,6 +240,21 @@ mod tests {
             assert!(seen.insert(class), "{}", e.name);
         }
         assert_eq!(error_class_name(ferry_rpc::codes::lookup(-32003).unwrap().name), "ServerTimeoutError");
+    }
+
+    /// sdk-gen's copy of the runtimes' classes (it depends on no ferry crate) is the table:
+    /// the generated Python clients import exactly the classes `rpc_errors.py` declares.
+    #[test]
+    fn sdk_gen_knows_the_runtime_error_classes() {
+        let table: Vec<(i64, String)> = ERROR_CODES.iter().map(|e| (e.code, error_class_name(e.name))).collect();
+        let copy: Vec<(i64, String)> =
+            ferry_sdk_gen::names::RUNTIME_ERRORS.iter().map(|(c, n)| (*c, (*n).to_owned())).collect();
+        assert_eq!(table, copy, "update ferry_sdk_gen::names::RUNTIME_ERRORS");
+        assert!(ERROR_CODES.iter().all(|e| ferry_sdk_gen::names::reserved_code(e.code)));
+        let py = python_errors();
+        for (_, class) in &table {
+            assert!(py.contains(&format!("\nclass {class}(RpcError):\n")), "{class}");
+        }
     }
 
     #[test]
