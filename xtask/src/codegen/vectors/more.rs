@@ -206,12 +206,34 @@ pub fn handshake() -> Value {
             malformed.clone(),
         ),
         hello(
-            // A device kind this build does not know is never chosen (`DeviceKind::Other`).
+            // A device kind this build does not know is never chosen (`DeviceKind::Other`), and
+            // is no parse error (PROTOCOL.md 6.1, 13): offering only one is no common channel,
+            // never `malformed` ...
             "unknown_device_kind",
             with(&|v| v["channels"][0]["devices"] = json!(["tpu"])),
             1,
             None,
             refuse(&Refusal::NoCommonChannel { offered: vec!["inline".into()], supported: vec!["inline".into()] }),
+        ),
+        hello(
+            // ... and beside a known kind it is ignored: a newer client's HELLO is accepted.
+            "unknown_device_kind_beside_cpu",
+            with(&|v| v["channels"][0]["devices"] = json!(["tpu", "cpu"])),
+            1,
+            None,
+            welcome(&inline_welcome),
+        ),
+        hello(
+            "unknown_device_kind_in_another_offer",
+            with(&|v| {
+                v["channels"] = json!([
+                    {"name": "tpu-link", "devices": ["tpu"], "domain": {"pod": "a"}},
+                    {"name": "inline", "devices": ["cpu"], "domain": {}},
+                ])
+            }),
+            1,
+            None,
+            welcome(&inline_welcome),
         ),
         hello("not_json", "{\"protocol\":".into(), 1, None, malformed),
     ];
