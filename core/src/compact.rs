@@ -6,7 +6,7 @@
 //! ["f32", [1920, 1080, 3], "shm_return", 4, 0, 24883200]
 //! ```
 //!
-//! A sender writes it only to a peer that announced [`FEATURE_COMPACT_TENSORS`] in the
+//! A sender writes it only to a peer that announced [`crate::wire::FEATURE_COMPACT_TENSORS`] in the
 //! handshake; every other descriptor, and every descriptor to any other peer, goes as an
 //! object. A receiver takes both forms. The object has four maps and eleven keys that
 //! each side builds, parses and frees per tensor; the array has none, which is most of what
@@ -23,26 +23,13 @@ use crate::dtype::{DType, Device};
 use crate::meta::TensorMeta;
 use crate::wire::{InlineRef, Location, ShmRef, ShmReturnRef, TensorDesc, WireInt};
 
-/// The handshake feature (`Hello::features`, `Welcome::features`) under which both sides
-/// may send compact tensor descriptors.
-pub const FEATURE_COMPACT_TENSORS: &str = "compact_tensors";
-
-/// The handshake feature under which the shm channel's CONTROL body may carry `forget`
-/// (PROTOCOL.md §11.5): the sender will never use a segment again, and the receiver unmaps
-/// it. A sender shares long-lived segments of its own (a tensor store's buckets) only with a
-/// peer that agreed to it.
-pub const FEATURE_SHM_FORGET: &str = "shm_forget";
-
-/// The protocol features this build understands, offered in HELLO and granted in WELCOME.
-pub const FEATURES: [&str; 2] = [FEATURE_COMPACT_TENSORS, FEATURE_SHM_FORGET];
-
 /// A message's descriptors as they go on the wire: each as the compact array when
 /// `compact` (the peer takes it) and the descriptor has one, else as the object. (The
 /// Pipe's writer serializes them so; the shared test vectors of `conformance/vectors` too.)
 pub struct DescsOut<'a> {
     /// The descriptors, in message order.
     pub descs: &'a [TensorDesc],
-    /// Whether the peer agreed to [`FEATURE_COMPACT_TENSORS`].
+    /// Whether the peer agreed to [`crate::wire::FEATURE_COMPACT_TENSORS`].
     pub compact: bool,
 }
 

@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::channel::Channel;
-use crate::compact::FEATURES;
 use crate::dtype::DeviceKind;
 use crate::error::ProtocolError;
 use crate::transport::ConnInfo;
+use crate::wire::FEATURES;
 use crate::wire::{Hello, Limits, PROTOCOL, Refusal, Welcome};
 
 /// The agent string this build sends.

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::channel::{ChannelSession, Committed, ControlOut, ControlSender, Incoming, Outgoing};
-use crate::compact::{DescsOut, FEATURE_COMPACT_TENSORS};
+use crate::compact::DescsOut;
 use crate::dtype::DeviceKind;
 use crate::endpoint::Config;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
@@ -25,6 +25,7 @@ use crate::message::Message;
 use crate::meta::TensorMeta;
 use crate::tensor::{Tensor, TensorMut};
 use crate::transport::ConnInfo;
+use crate::wire::FEATURE_COMPACT_TENSORS;
 use crate::wire::{Close, ControlHeader, Limits, MessageHeader, TensorDesc};
 
 /// What was negotiated for a pipe.

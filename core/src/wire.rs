@@ -13,6 +13,19 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::dtype::DeviceKind;
 use crate::meta::TensorMeta;
 
+/// The handshake feature (`Hello::features`, `Welcome::features`) under which both sides
+/// may send compact tensor descriptors.
+pub const FEATURE_COMPACT_TENSORS: &str = "compact_tensors";
+
+/// The handshake feature under which the shm channel's CONTROL body may carry `forget`
+/// (PROTOCOL.md §11.5): the sender will never use a segment again, and the receiver unmaps
+/// it. A sender shares long-lived segments of its own (a tensor store's buckets) only with a
+/// peer that agreed to it.
+pub const FEATURE_SHM_FORGET: &str = "shm_forget";
+
+/// The protocol features this build understands, offered in HELLO and granted in WELCOME.
+pub const FEATURES: [&str; 2] = [FEATURE_COMPACT_TENSORS, FEATURE_SHM_FORGET];
+
 /// The protocol name carried in [`Hello`].
 pub const PROTOCOL: &str = "ferry";
 /// The protocol version this build speaks (in the preamble, [`Hello`] and [`Welcome`]).
@@ -98,7 +111,7 @@ pub struct Hello {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
     /// Protocol features the client understands (e.g. `"compact_tensors"`,
-    /// [`crate::compact::FEATURE_COMPACT_TENSORS`]); unknown ones are ignored.
+    /// [`FEATURE_COMPACT_TENSORS`]); unknown ones are ignored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
 }

@@ -154,7 +154,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ShmSession {
     pub(crate) fn new(ctx: SessionCtx, opts: ShmOptions) -> Arc<Self> {
-        let ctx_forget_ok = ctx.has_feature(ferry_core::compact::FEATURE_SHM_FORGET);
+        let ctx_forget_ok = ctx.has_feature(ferry_core::wire::FEATURE_SHM_FORGET);
         let s = Arc::new(ShmSession {
             pool: Pool::new(opts.clone()),
             ctx,

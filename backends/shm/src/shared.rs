@@ -6,7 +6,7 @@
 //! as a lease on the segment, announced once per pipe. The segment lives while its owner
 //! or any lease keeps it; when it goes, every pipe it was announced on tells its peer to
 //! `forget` it (PROTOCOL.md §11.5), so the peer unmaps it and its memory is freed.
-//! Sessions share them only with peers that agreed to [`ferry_core::compact::FEATURE_SHM_FORGET`];
+//! Sessions share them only with peers that agreed to [`ferry_core::wire::FEATURE_SHM_FORGET`];
 //! other peers get a copy in the pool.
 
 use std::collections::BTreeMap;

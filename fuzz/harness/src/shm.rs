@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use ferry_core::channel::{ControlSender, Incoming, Outgoing, SessionCtx};
-use ferry_core::compact::FEATURE_SHM_FORGET;
+use ferry_core::wire::FEATURE_SHM_FORGET;
 use ferry_core::wire::{Location, TensorDesc};
 use ferry_core::{Channel, ChannelSession, ConnInfo, DType, Tensor, TensorMeta};
 use ferry_shm::{ShmChannel, ShmOptions};

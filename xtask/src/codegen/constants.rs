@@ -1,7 +1,7 @@
 //! The wire constants of the Python and TypeScript SDKs, generated from the Rust tables
 //! they copy: the preamble and frame prefix (`ferry_core::frame`), the frame kinds
 //! (`FrameKind`), the default and handshake [`Limits`], the dtypes and their sizes
-//! (`DType::ALL`), the handshake features (`compact::FEATURES`) and the JSON-RPC error codes
+//! (`DType::ALL`), the handshake features (`wire::FEATURES`) and the JSON-RPC error codes
 //! (`ferry_rpc::codes::ERROR_CODES`).
 //!
 //! - `sdks/python/ferry_client/_constants.py`: the constants as `Final` names.
@@ -19,8 +19,8 @@
 //! the staleness check needs neither Python nor Node.
 
 use ferry_core::DType;
-use ferry_core::compact::FEATURES;
 use ferry_core::frame::{FrameKind, HANDSHAKE_LIMITS, MAGIC, PREAMBLE_LEN, PREFIX_LEN};
+use ferry_core::wire::FEATURES;
 use ferry_core::wire::{Limits, PROTOCOL, PROTOCOL_VERSION};
 use ferry_rpc::codes::{ERROR_CODES, ErrorCode};
 use ferry_sdk_gen::PREAMBLE;

@@ -158,7 +158,7 @@ fn frames() -> Value {
         ],
         token: Some("s3cret".into()),
         limits: Some(Limits::default()),
-        features: ferry_core::compact::FEATURES.iter().map(|f| (*f).to_owned()).collect(),
+        features: ferry_core::wire::FEATURES.iter().map(|f| (*f).to_owned()).collect(),
         ..minimal_hello()
     };
     let welcome = more::welcome_for(&minimal_hello());

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ferry_core::compact::{DescsOut, FEATURES};
+use ferry_core::compact::DescsOut;
 use ferry_core::handshake::{agent, server_choose};
 use ferry_core::meta::TensorMeta;
+use ferry_core::wire::FEATURES;
 use ferry_core::wire::{
     CudaIpcRef, InlineRef, Limits, Location, PROTOCOL_VERSION, QuicStreamRef, Refusal, SegmentAnnounce, ShmRef,
     TensorDesc, Welcome,
