@@ -127,11 +127,11 @@ fn steps(sh: &Shell, root: &Path, notes: &mut Vec<String>) -> anyhow::Result<Vec
     notes.extend(crate::typescript_sdk::missing_tools(sh));
     steps.push(Step::new("cargo xtask sdk-typescript", crate::typescript_sdk::test));
     steps.push(Step::new("cargo xtask codegen --check", |sh| Codegen { check: true }.run(sh)));
-    if !crate::sdk::has_python(sh) {
+    if !crate::python_sdk::has_python(sh) {
         notes.push("python3 is missing: `xtask sdk-python` (the Python SDK) was SKIPPED".to_owned());
     }
-    steps.push(Step::new("cargo xtask sdk-python", |sh| crate::sdk::SdkPython.run(sh)));
-    steps.push(Step::new("cargo xtask sdk-python-install", |sh| crate::sdk::SdkPythonInstall.run(sh)));
+    steps.push(Step::new("cargo xtask sdk-python", |sh| crate::python_sdk::SdkPython.run(sh)));
+    steps.push(Step::new("cargo xtask sdk-python-install", |sh| crate::python_sdk::SdkPythonInstall.run(sh)));
     steps.push(Step::new("cargo xtask python-server", |sh| crate::python_server::PythonServer.run(sh)));
     steps.push(Step::new("cargo xtask soak", |sh| crate::soak::Soak::CI.run(sh)));
     steps.push(Step::new("cargo xtask tidy", |sh| Tidy.run(sh)));

@@ -123,8 +123,8 @@ impl Conformance {
                 }
             }
         }
-        if self.runs_sdk(crate::sdk::PYTHON_SDK) {
-            add(crate::sdk::python_column(sh, &report_dir, self.release));
+        if self.runs_sdk(crate::python_sdk::PYTHON_SDK) {
+            add(crate::python_sdk::python_column(sh, &report_dir, self.release));
         }
         if self.runs_sdk(crate::typescript_sdk::COLUMN) {
             add(crate::typescript_sdk::conformance_column(sh, &report_dir));
@@ -161,7 +161,7 @@ impl Conformance {
 /// Columns that are SDK suites rather than `backends/` crates; `--backend` and `--require`
 /// accept them too.
 const SDK_COLUMNS: &[&str] =
-    &[crate::sdk::PYTHON_SDK, crate::typescript_sdk::COLUMN, RUST_SERVER, crate::python_server::COLUMN];
+    &[crate::python_sdk::PYTHON_SDK, crate::typescript_sdk::COLUMN, RUST_SERVER, crate::python_server::COLUMN];
 
 /// The column of the Rust RPC client's cases against `ferry serve --api conformance`.
 pub const RUST_SERVER: &str = "rust-server";

@@ -18,9 +18,9 @@ mod ci;
 mod codegen;
 mod conformance;
 mod flags;
+mod python_sdk;
 mod python_server;
 mod rpc_clients;
-mod sdk;
 mod soak;
 mod test_bins;
 mod tidy;
@@ -115,13 +115,13 @@ fn try_main() -> anyhow::Result<()> {
         Some("tidy") => tidy::Tidy::parse(flags)?.run(&sh),
         Some("conformance") => conformance::Conformance::parse(flags)?.run(&sh),
         Some("rpc-clients") => rpc_clients::RpcClients::parse(flags)?.run(&sh),
-        Some("sdk-python") => sdk::SdkPython::parse(flags)?.run(&sh),
-        Some("sdk-python-install") => sdk::SdkPythonInstall::parse(flags)?.run(&sh),
+        Some("sdk-python") => python_sdk::SdkPython::parse(flags)?.run(&sh),
+        Some("sdk-python-install") => python_sdk::SdkPythonInstall::parse(flags)?.run(&sh),
         Some("sdk-typescript") => {
             flags.finish("sdk-typescript")?;
             typescript_sdk::test(&sh)
         }
-        Some("bench-sdk") => sdk::BenchSdk::parse(flags)?.run(&sh),
+        Some("bench-sdk") => python_sdk::BenchSdk::parse(flags)?.run(&sh),
         Some("placement-bench") => {
             let args = flags.into_rest();
             Ok(cmd!(sh, "cargo run --release --locked -p ferry-store --example placement -- {args...}").run()?)

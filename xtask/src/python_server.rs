@@ -61,7 +61,7 @@ pub fn conformance_column(sh: &Shell, report_dir: &Path, release: bool) -> (Colu
     }
     let server = OtherServer { column: COLUMN.to_owned(), command };
     let (rust, mut problems) = crate::conformance::rpc_cases(sh, report_dir, release, Some(&server));
-    let (py, p) = crate::sdk::python_scenario(sh, report_dir, release, Some(&server));
+    let (py, p) = crate::python_sdk::python_scenario(sh, report_dir, release, Some(&server));
     problems.extend(p);
     let (ts, p) = crate::typescript_sdk::scenario(sh, report_dir, Some(&server));
     problems.extend(p);
@@ -119,7 +119,10 @@ enum Profile {
 
 /// Makes the empty venv and installs the packages as a user would, plus the dev tools.
 fn install(sh: &Shell, root: &Path, clear: bool, profile: Profile) -> anyhow::Result<PathBuf> {
-    anyhow::ensure!(crate::sdk::has_python(sh), "python3 not found: the ferry Python package needs python3 >= 3.10");
+    anyhow::ensure!(
+        crate::python_sdk::has_python(sh),
+        "python3 not found: the ferry Python package needs python3 >= 3.10"
+    );
     let venv = crate::target_dir(sh)?.join("python-server-venv");
     let python = venv.join("bin").join("python");
     if clear || !python.exists() {
@@ -178,7 +181,7 @@ impl PythonServer {
                 .context("the stubs (bindings/python/python/ferry/_native.pyi) do not match the module")?;
         }
         add_torch(sh, &python)?;
-        let ferry = crate::sdk::ferry_bin(sh, false)?;
+        let ferry = crate::python_sdk::ferry_bin(sh, false)?;
         let _dir = sh.push_dir(&pkg);
         cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests")
             .env("FERRY_BIN", &ferry)
@@ -205,7 +208,7 @@ impl BenchPythonServer {
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
         let root = sh.current_dir();
         let python = install(sh, &root, false, Profile::Release)?;
-        let ferry = crate::sdk::ferry_bin(sh, true)?;
+        let ferry = crate::python_sdk::ferry_bin(sh, true)?;
         let bench = root.join("bindings/python/bench");
         let _dir = sh.push_dir(&bench);
         let args = self.args;

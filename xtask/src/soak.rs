@@ -27,7 +27,7 @@ impl Soak {
     /// Builds `ferry` and runs the soak; fails when a phase's check fails.
     pub fn run(&self, sh: &Shell) -> anyhow::Result<()> {
         anyhow::ensure!(cfg!(target_os = "linux"), "the soak reads /proc: Linux only");
-        let ferry = crate::sdk::ferry_bin(sh, self.release)?;
+        let ferry = crate::python_sdk::ferry_bin(sh, self.release)?;
         let full = self.full.then_some("--full");
         cmd!(sh, "{ferry} __soak {full...}").run()?;
         Ok(())
