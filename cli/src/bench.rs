@@ -56,7 +56,7 @@ impl Default for BenchOptions {
 /// One measured row.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
-    /// Transport backend (`pipe`), or `local` for the memcpy baseline.
+    /// Transport backend (`local`, `quic`), or `in-process` for the memcpy baseline.
     pub backend: String,
     /// Channel (`inline`), or `memcpy`.
     pub channel: String,
@@ -272,7 +272,7 @@ fn memcpy_row(tensor: &Tensor, label: &str, iters: usize, bar: &ProgressBar) -> 
         samples.push(start.elapsed());
         bar.inc(1);
     }
-    row("local", "memcpy", "memcpy", label.into(), src.len() as u64, 1.0, samples)
+    row("in-process", "memcpy", "memcpy", label.into(), src.len() as u64, 1.0, samples)
 }
 
 #[cfg(feature = "cuda-ipc")]
@@ -471,7 +471,7 @@ mod tests {
 
     #[test]
     fn table_has_every_row() {
-        let r = row("pipe", "inline", "rtt-64B", "u8[64]".into(), 64, 2.0, vec![Duration::from_micros(10); 3]);
+        let r = row("local", "inline", "rtt-64B", "u8[64]".into(), 64, 2.0, vec![Duration::from_micros(10); 3]);
         let t = table(&[r.clone(), r]);
         assert_eq!(t.lines().count(), 3);
         assert!(t.contains("rtt-64B"));

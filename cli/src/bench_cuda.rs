@@ -35,7 +35,7 @@ pub(super) async fn rows(
         return Ok(Vec::new());
     }
     let Some(unix) = ferry::transports().into_iter().find(|t| t.scheme() == "unix") else {
-        note(bar, "skipping cuda-ipc: it needs the `pipe` feature (unix sockets)".into());
+        note(bar, "skipping cuda-ipc: it needs the `local` feature (unix sockets)".into());
         return Ok(Vec::new());
     };
     let addr = format!("unix:ferry-bench-cuda-{}", std::process::id());

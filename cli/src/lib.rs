@@ -14,7 +14,7 @@
 //! called `ferry`: `cargo run --release -p ferry-cli -- bench`.
 //!
 //! # Feature flags
-//! The `ferry` library's (`pipe`, `shm`, `cuda-ipc`, `quic`, `rpc`, `http`), forwarded to it.
+//! The `ferry` library's (`local`, `shm`, `cuda-ipc`, `quic`, `rpc`, `http`), forwarded to it.
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -49,7 +49,7 @@ enum Cmd {
         /// Timed round trips of the big tensor.
         #[arg(long, default_value_t = 10)]
         big_iters: usize,
-        /// Only this backend or channel (repeatable), e.g. `--only pipe`.
+        /// Only this backend or channel (repeatable), e.g. `--only local`.
         #[arg(long)]
         only: Vec<String>,
         /// Print one JSON object per row and line instead of a table.

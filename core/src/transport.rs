@@ -258,7 +258,7 @@ pub trait Listener: Send + 'static {
 pub trait Transport: Send + Sync + 'static {
     /// The address scheme it serves (`"unix"`).
     fn scheme(&self) -> &'static str;
-    /// The backend's name (`"pipe"`), for reports; the scheme by default.
+    /// The backend's name (`"local"`), for reports; the scheme by default.
     fn name(&self) -> &'static str {
         self.scheme()
     }

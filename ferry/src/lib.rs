@@ -8,7 +8,7 @@
 //! deserialises code or pickles. The command-line tool is the separate `ferry-cli` package.
 //!
 //! # Feature flags
-//! - `pipe` (default): local sockets (`ferry_pipe`), scheme `unix:`.
+//! - `local` (default): local sockets (`ferry_local`), scheme `unix:`.
 //! - `shm` (default): shared memory (`ferry_shm`): zero-copy CPU tensors between processes
 //!   on one Linux host; negotiated over `unix:` connections.
 //! - `cuda-ipc`: CUDA IPC (`ferry_cuda_ipc`): CUDA tensors between processes on one Linux
@@ -30,8 +30,8 @@
 pub use ferry_core::*;
 #[cfg(feature = "cuda-ipc")]
 pub use ferry_cuda_ipc;
-#[cfg(feature = "pipe")]
-pub use ferry_pipe;
+#[cfg(feature = "local")]
+pub use ferry_local;
 #[cfg(feature = "quic")]
 pub use ferry_quic;
 #[cfg(feature = "rpc")]
@@ -49,8 +49,8 @@ use std::sync::Arc;
 #[allow(unused_mut, clippy::vec_init_then_push)] // the pushes depend on features
 pub fn transports() -> Vec<Arc<dyn Transport>> {
     let mut v: Vec<Arc<dyn Transport>> = Vec::new();
-    #[cfg(feature = "pipe")]
-    v.push(Arc::new(ferry_pipe::PipeTransport::new()));
+    #[cfg(feature = "local")]
+    v.push(Arc::new(ferry_local::LocalTransport::new()));
     #[cfg(feature = "quic")]
     v.push(Arc::new(ferry_quic::QuicTransport::new()));
     v

@@ -75,7 +75,7 @@ async fn plain_json_reading_stops_at_the_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ferry_pipe_reading_stops_at_the_bound() {
+async fn ferry_local_reading_stops_at_the_bound() {
     let gate = Arc::new(Gate { started: AtomicUsize::new(0), open: Semaphore::new(0) });
     let (addr, server) = serve(RpcLimits::default().max_queued_answers(2), gate.clone()).await;
     let client = Arc::new(common::client(&addr).await);

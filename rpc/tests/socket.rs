@@ -345,7 +345,7 @@ async fn oversized_results_become_errors() {
     let fx = serve(RpcLimits::default()).await;
     let limits = ferry_core::Limits { max_payload_bytes: 1 << 20, ..Default::default() };
     let ep = ferry_core::Endpoint::builder()
-        .transport(std::sync::Arc::new(ferry_pipe::PipeTransport::new()))
+        .transport(std::sync::Arc::new(ferry_local::LocalTransport::new()))
         .channel(std::sync::Arc::new(ferry_core::InlineChannel))
         .limits(limits)
         .build();

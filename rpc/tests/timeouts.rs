@@ -104,7 +104,7 @@ async fn a_ferry_frame_trickled_is_closed_and_an_idle_pipe_is_not() {
     let server = ferry_rpc::Server::new(common::methods(Default::default()));
     let addr = common::addr();
     let ep = ferry_core::Endpoint::builder()
-        .transport(std::sync::Arc::new(ferry_pipe::PipeTransport::new()))
+        .transport(std::sync::Arc::new(ferry_local::LocalTransport::new()))
         .channel(std::sync::Arc::new(ferry_core::InlineChannel))
         .frame_timeout(Duration::from_millis(300))
         .build();

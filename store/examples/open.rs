@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{DType, Endpoint, InlineChannel, TensorMeta};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_rpc::{Client, Server};
 use ferry_shm::ShmChannel;
 use ferry_store::{Store, StoreOptions};
@@ -51,7 +51,7 @@ async fn main() {
     build(&store, "many", 1000, mib << 20);
     build(&store, "one", 1, mib << 20);
     let ep = Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(ShmChannel::new()))
         .channel(Arc::new(InlineChannel))
         .build();

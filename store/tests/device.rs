@@ -11,7 +11,7 @@ use std::time::Duration;
 use ferry_core::{DType, Device, Endpoint, InlineChannel, TensorMeta};
 use ferry_cuda_ipc::fake::{FakeDriver, FakeGpu};
 use ferry_cuda_ipc::{CudaIpcChannel, CudaIpcOptions};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_rpc::{Client, Server};
 use ferry_store::{Entry, Store, StoreOptions, plan_layout};
 use serde_json::json;
@@ -24,7 +24,7 @@ fn chan(drv: Arc<FakeDriver>) -> CudaIpcChannel {
 
 fn endpoint(c: &CudaIpcChannel) -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(c.clone()))
         .channel(Arc::new(InlineChannel))
         .build()

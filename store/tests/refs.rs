@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{Endpoint, InlineChannel, Tensor};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_rpc::codes::{LIMIT_EXCEEDED, NOT_FOUND};
 use ferry_rpc::remote::{RefInfo, TensorRef};
 use ferry_rpc::{CallContext, CallError, Client, ErrorObject, Methods, RpcLimits, RpcTensor, Server};
@@ -17,7 +17,7 @@ const T: Duration = Duration::from_secs(20);
 
 fn endpoint() -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(ShmChannel::new()))
         .channel(Arc::new(InlineChannel))
         .build()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::{DType, Endpoint, InlineChannel, Tensor, TensorMeta};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_rpc::codes::{FORBIDDEN, INVALID_PARAMS, LIMIT_EXCEEDED, NOT_FOUND};
 use ferry_rpc::{CallError, Client, Identity, RpcTensor, Server, TensorMap};
 use ferry_shm::{SharedSegment, ShmChannel};
@@ -173,7 +173,7 @@ fn readers_racing_a_publisher_always_see_one_whole_version() {
 
 async fn serve(store: Arc<Store>, tag: &str) -> (String, Endpoint) {
     let ep = Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(ShmChannel::new()))
         .channel(Arc::new(InlineChannel))
         .build();

@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn lists_facade_features() {
-        let manifest = "[package]\nname = \"ferry\"\n\n[features]\ndefault = [\"pipe\", \"rpc\"]\npipe = [\"dep:ferry-pipe\"]\n\
+        let manifest = "[package]\nname = \"ferry\"\n\n[features]\ndefault = [\"pipe\", \"rpc\"]\npipe = [\"dep:ferry-local\"]\n\
                         cuda-ipc = [\n  \"dep:ferry-cuda-ipc\",\n]\n__test = []\n\n[dependencies]\nanyhow = \"1\"\n";
         assert_eq!(facade_features(manifest), ["pipe", "cuda-ipc"]);
     }

@@ -9,7 +9,7 @@
 //! conformance crate's libtest-mimic `main`) writes that report itself:
 //!
 //! ```json
-//! {"backend": "pipe", "viable": true, "reason": null,
+//! {"backend": "local", "viable": true, "reason": null,
 //!  "cases": [{"name": "every_dtype::threads", "outcome": "pass", "detail": null, "ms": 12}]}
 //! ```
 //!

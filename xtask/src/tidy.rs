@@ -634,12 +634,12 @@ mod tests {
     fn parses_cargo_toml_tables() {
         let manifest = r#"
 [package]
-name = "ferry-pipe" # comment
+name = "ferry-local" # comment
 
 [features]
 default = ["pipe", "shm"]
 pipe = [
-    "dep:ferry-pipe", # comment ]
+    "dep:ferry-local", # comment ]
     "ferry-core/x",
 ]
 "cuda-ipc" = []
@@ -653,7 +653,7 @@ harness = false
         let features = tables.iter().find(|t| t.header == "[features]").unwrap();
         let keys: Vec<_> = features.entries.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["default", "pipe", "cuda-ipc", "__internal"]);
-        assert_eq!(tables[1].get("name").map(unquote), Some("ferry-pipe"));
+        assert_eq!(tables[1].get("name").map(unquote), Some("ferry-local"));
         assert!(declares_conformance_test(manifest));
         assert!(!declares_conformance_test(&manifest.replace("harness = false", "")));
         assert!(!declares_conformance_test("[[bench]]\nname = \"conformance\"\nharness = false\n"));

@@ -11,7 +11,7 @@
 //!    (`xtask/wine/bcryptprimitives.c`: Rust's std needs bcryptprimitives.dll, which Wine
 //!    8 lacks), then, every test binary built in one `cargo test --no-run` (one feature
 //!    set, see [`crate::test_bins`]) and run with Wine:
-//!    - `ferry-pipe`: unit tests, the named-pipe conformance suite (inline channel) and
+//!    - `ferry-local`: unit tests, the named-pipe conformance suite (inline channel) and
 //!      `tests/windows.rs` (the pipe's DACL, peer process and user, addresses);
 //!    - `ferry-rpc`: JSON-RPC over named pipes (ferry frames and plain JSON);
 //!    - the shm and cuda-ipc conformance suites, which must report themselves not viable
@@ -87,7 +87,7 @@ impl Windows {
 }
 
 /// The packages whose every test (unit and integration) runs under Wine.
-const FULL: &[&str] = &["ferry-pipe", "ferry-rpc"];
+const FULL: &[&str] = &["ferry-local", "ferry-rpc"];
 
 /// `cargo test --no-run` arguments for the Windows test binaries: the packages of
 /// [`FULL`] whole (their unit tests and each of their `tests/*.rs`), the shm and cuda-ipc

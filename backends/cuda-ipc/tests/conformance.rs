@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ferry_conformance::Fixture;
 use ferry_core::{Channel, InlineChannel, Transport};
 use ferry_cuda_ipc::CudaIpcChannel;
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 
 #[derive(Default)]
 struct CudaIpc;
@@ -20,7 +20,7 @@ impl Fixture for CudaIpc {
     const NAME: &'static str = "cuda-ipc";
 
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(PipeTransport::new())
+        Arc::new(LocalTransport::new())
     }
 
     fn channels(&self) -> Vec<Arc<dyn Channel>> {

@@ -11,7 +11,7 @@ use ferry_conformance::Fixture;
 use ferry_core::{Channel, InlineChannel, Transport};
 use ferry_cuda_ipc::fake::FakeGpu;
 use ferry_cuda_ipc::{CudaIpcChannel, CudaIpcOptions};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 
 #[derive(Default)]
 struct FakeCudaIpc;
@@ -20,7 +20,7 @@ impl Fixture for FakeCudaIpc {
     const NAME: &'static str = "cuda-ipc-fake";
 
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(PipeTransport::new())
+        Arc::new(LocalTransport::new())
     }
 
     fn channels(&self) -> Vec<Arc<dyn Channel>> {

@@ -14,7 +14,7 @@ use ferry_core::{
 };
 use ferry_cuda_ipc::fake::{FakeDriver, FakeGpu};
 use ferry_cuda_ipc::{CudaIpcChannel, CudaIpcOptions, is_orphaned};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(20);
@@ -25,7 +25,7 @@ struct Fx;
 impl Fixture for Fx {
     const NAME: &'static str = "cuda-ipc";
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(PipeTransport::new())
+        Arc::new(LocalTransport::new())
     }
     fn channels(&self) -> Vec<Arc<dyn Channel>> {
         vec![Arc::new(InlineChannel)]
@@ -37,7 +37,7 @@ impl Fixture for Fx {
 
 fn endpoint(chan: &CudaIpcChannel) -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(chan.clone()))
         .channel(Arc::new(InlineChannel))
         .build()

@@ -27,7 +27,7 @@ use ferry_core::{
 };
 use ferry_cuda_ipc::fake::FakeGpu;
 use ferry_cuda_ipc::{CudaIpcChannel, CudaIpcOptions, is_orphaned};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
 
@@ -67,7 +67,7 @@ fn channel(mode: Mode, reversed: bool, opts: CudaIpcOptions) -> CudaIpcChannel {
 
 fn endpoint(chan: &CudaIpcChannel) -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(chan.clone()))
         .channel(Arc::new(InlineChannel))
         .build()
@@ -79,7 +79,7 @@ struct Fx;
 impl Fixture for Fx {
     const NAME: &'static str = "cuda-ipc";
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(PipeTransport::new())
+        Arc::new(LocalTransport::new())
     }
     fn channels(&self) -> Vec<Arc<dyn Channel>> {
         vec![Arc::new(InlineChannel)]

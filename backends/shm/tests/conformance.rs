@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ferry_conformance::Fixture;
 use ferry_core::{Channel, InlineChannel, Transport};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_shm::ShmChannel;
 
 #[derive(Default)]
@@ -14,7 +14,7 @@ impl Fixture for Shm {
     const NAME: &'static str = "shm";
 
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(PipeTransport::new())
+        Arc::new(LocalTransport::new())
     }
 
     fn channels(&self) -> Vec<Arc<dyn Channel>> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{DType, Endpoint, InlineChannel, Message, Pipe, PipeError, TensorMeta};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_shm::{ShmChannel, ShmOptions};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
@@ -21,7 +21,7 @@ const NOTICE: Duration = Duration::from_secs(1);
 
 fn endpoint(opts: ShmOptions) -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(ShmChannel::with_options(opts)))
         .channel(Arc::new(InlineChannel))
         .build()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::{DType, Endpoint, InlineChannel, Message, Pipe, PipeListener, Tensor, TensorMeta};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_shm::{SharedSegmentMut, ShmChannel};
 use serde_json::json;
 
@@ -16,7 +16,7 @@ const T: Duration = Duration::from_secs(20);
 async fn pair(tag: &str) -> (PipeListener, Pipe, Pipe) {
     let addr = format!("unix:ferry-shm-shared-{}", ferry_conformance::unique(tag));
     let ep = Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(ShmChannel::new()))
         .channel(Arc::new(InlineChannel))
         .build();

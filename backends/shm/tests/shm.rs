@@ -11,7 +11,7 @@ use ferry_core::{
     Channel, ChannelError, ConnInfo, DType, DeviceKind, Endpoint, InlineChannel, Message, Pipe, PipeError,
     PipeListener, Tensor, TensorMeta, Transport,
 };
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_shm::{ShmChannel, ShmOptions};
 use serde_json::{Value, json};
 
@@ -21,7 +21,7 @@ struct Fx;
 impl Fixture for Fx {
     const NAME: &'static str = "shm";
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(PipeTransport::new())
+        Arc::new(LocalTransport::new())
     }
     fn channels(&self) -> Vec<Arc<dyn Channel>> {
         vec![Arc::new(ShmChannel::new()), Arc::new(InlineChannel)]
@@ -35,7 +35,7 @@ const T: Duration = Duration::from_secs(20);
 
 fn endpoint(opts: ShmOptions) -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(ShmChannel::with_options(opts)))
         .channel(Arc::new(InlineChannel))
         .build()

@@ -28,7 +28,7 @@ pub fn addr() -> String {
 
 pub fn endpoint() -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(ferry_pipe::PipeTransport::new()))
+        .transport(Arc::new(ferry_local::LocalTransport::new()))
         .channel(Arc::new(InlineChannel))
         .accept_foreign(true)
         .build()
@@ -179,7 +179,7 @@ pub struct Plain {
 impl Plain {
     pub async fn connect(addr: &str) -> Plain {
         use ferry_core::Transport;
-        let conn = t(ferry_pipe::PipeTransport::new().connect(&addr.parse().unwrap())).await.unwrap();
+        let conn = t(ferry_local::LocalTransport::new().connect(&addr.parse().unwrap())).await.unwrap();
         let split = conn.split();
         Plain { read: BufReader::new(split.read), write: split.write }
     }

@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use ferry_core::{Endpoint, Handled, InlineChannel, Message, Pipe};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 use ferry_shm::{ShmChannel, ShmOptions};
 
 /// How long a test waits for anything.
@@ -16,7 +16,7 @@ pub const T: Duration = Duration::from_secs(20);
 /// An endpoint of unix sockets, shm (with `opts`) and inline, busy-polling `busy_poll`.
 pub fn endpoint(opts: ShmOptions, busy_poll: Duration) -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(PipeTransport::new()))
+        .transport(Arc::new(LocalTransport::new()))
         .channel(Arc::new(ShmChannel::with_options(opts)))
         .channel(Arc::new(InlineChannel))
         .busy_poll(busy_poll)

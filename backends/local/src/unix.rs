@@ -23,15 +23,15 @@ use super::IpcStream;
 const MAX_FDS_PER_RECV: usize = 253;
 
 /// A unix-socket connection.
-pub(crate) struct PipeConnection {
+pub(crate) struct LocalConnection {
     stream: Arc<UnixStream>,
     info: ConnInfo,
     /// Its place among its listener's readers, for a connection it accepted
-    /// ([`PipeConnection::serving`]); a connecting side never busy-polls.
+    /// ([`LocalConnection::serving`]); a connecting side never busy-polls.
     spin: Option<SpinReader>,
 }
 
-impl PipeConnection {
+impl LocalConnection {
     pub(crate) fn new(stream: IpcStream, addr: &Address, allow_any_user: bool) -> Result<Self, TransportError> {
         let stream: UnixStream = match stream {
             IpcStream::UdSocket(s) => s.into(),
@@ -41,7 +41,7 @@ impl PipeConnection {
         if !allow_any_user && cred.uid() != me {
             return Err(TransportError::PeerRefused(format!(
                 "peer runs as uid {} (pid {:?}), this process as uid {me}; only the same user may connect \
-                 (PipeTransport::allow_any_user lifts this)",
+                 (LocalTransport::allow_any_user lifts this)",
                 cred.uid(),
                 cred.pid()
             )));
@@ -55,7 +55,7 @@ impl PipeConnection {
             same_host: true,
             handle: None,
         };
-        Ok(PipeConnection { stream: Arc::new(stream), info, spin: None })
+        Ok(LocalConnection { stream: Arc::new(stream), info, spin: None })
     }
 
     /// A connection the listener of `spin` accepted: its reader may busy-poll, under that
@@ -66,7 +66,7 @@ impl PipeConnection {
     }
 }
 
-impl Connection for PipeConnection {
+impl Connection for LocalConnection {
     fn info(&self) -> &ConnInfo {
         &self.info
     }
@@ -95,7 +95,7 @@ struct ReadHalf {
     busy: Arc<BusyPoll>,
     /// When bytes last arrived; `None` once a busy poll found none (cold until they do).
     last_data: Option<Instant>,
-    /// See [`PipeConnection::spin`].
+    /// See [`LocalConnection::spin`].
     spin: Option<SpinReader>,
 }
 
@@ -252,10 +252,10 @@ mod tests {
     use ferry_core::Transport;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    use crate::PipeTransport;
+    use crate::LocalTransport;
 
     fn memfd_with(content: &[u8]) -> std::os::fd::OwnedFd {
-        let fd = rustix::fs::memfd_create("ferry-pipe-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let fd = rustix::fs::memfd_create("ferry-local-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         let mut f = std::fs::File::from(fd);
         f.write_all(content).unwrap();
         f.into()
@@ -263,8 +263,8 @@ mod tests {
 
     #[tokio::test]
     async fn passes_descriptors_with_bytes() {
-        let addr: ferry_core::Address = format!("unix:ferry-pipe-fds-{}", std::process::id()).parse().unwrap();
-        let t = PipeTransport::new();
+        let addr: ferry_core::Address = format!("unix:ferry-local-fds-{}", std::process::id()).parse().unwrap();
+        let t = LocalTransport::new();
         let mut l = t.listen(&addr).await.unwrap();
         let server = tokio::spawn(async move {
             let c = l.accept().await.unwrap();
@@ -296,11 +296,11 @@ mod tests {
 
     #[tokio::test]
     async fn path_sockets_are_private_and_removed() {
-        let dir = std::env::temp_dir().join(format!("ferry-pipe-test-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("ferry-local-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("s.sock");
         let addr: ferry_core::Address = format!("unix:{}", path.display()).parse().unwrap();
-        let l = PipeTransport::new().listen(&addr).await.unwrap();
+        let l = LocalTransport::new().listen(&addr).await.unwrap();
         let mode = std::fs::metadata(&path).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions())).unwrap();
         assert_eq!(mode & 0o077, 0, "socket file mode {mode:o}");
         drop(l);

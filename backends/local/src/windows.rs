@@ -2,7 +2,7 @@
 //! and the connection's halves.
 //!
 //! - A listener's pipe gets a protected DACL that grants the current user alone (with
-//!   [`PipeTransport::allow_any_user`](crate::PipeTransport::allow_any_user): also any
+//!   [`LocalTransport::allow_any_user`](crate::LocalTransport::allow_any_user): also any
 //!   authenticated user), so another user's process cannot open it at all.
 //! - Both sides then check the peer process's owner: a client refuses a server run by
 //!   another user (a pipe name squatted before the real server started), and a server
@@ -65,7 +65,7 @@ fn user_number(sid: &str) -> u32 {
 /// Why the same-user rule refuses peer process `pid` (`None`: it passes), given this
 /// process's user `me` and a lookup of a process's user.
 fn same_user_refusal(me: &str, pid: Option<u32>, user_of: impl FnOnce(u32) -> io::Result<String>) -> Option<String> {
-    const LIFT: &str = "only the same user may connect (PipeTransport::allow_any_user lifts this)";
+    const LIFT: &str = "only the same user may connect (LocalTransport::allow_any_user lifts this)";
     let Some(pid) = pid else {
         return Some(format!("the peer's process id is unknown, so its user cannot be checked; {LIFT}"));
     };
@@ -91,12 +91,12 @@ pub(crate) fn stream_sddl(stream: &IpcStream) -> io::Result<String> {
 }
 
 /// A named-pipe connection (no descriptor passing).
-pub(crate) struct PipeConnection {
+pub(crate) struct LocalConnection {
     stream: IpcStream,
     info: ConnInfo,
 }
 
-impl PipeConnection {
+impl LocalConnection {
     pub(crate) fn new(stream: IpcStream, addr: &Address, allow_any_user: bool) -> Result<Self, TransportError> {
         let pid = stream.peer_creds().ok().and_then(|c| c.pid());
         let me = me()?;
@@ -123,11 +123,11 @@ impl PipeConnection {
             same_host: true,
             handle: None,
         };
-        Ok(PipeConnection { stream, info })
+        Ok(LocalConnection { stream, info })
     }
 }
 
-impl Connection for PipeConnection {
+impl Connection for LocalConnection {
     fn info(&self) -> &ConnInfo {
         &self.info
     }
@@ -270,7 +270,7 @@ mod tests {
             eprintln!("under Wine, which does not enforce pipe DACLs: not checked");
             return;
         }
-        let name = format!("ferry-pipe-dacl-test-{}", std::process::id());
+        let name = format!("ferry-local-dacl-test-{}", std::process::id());
         let wide = widestring::U16CString::from_str(sddl_for(OTHER, false)).unwrap();
         let sd = SecurityDescriptor::deserialize(&wide).unwrap();
         let opts = ListenerOptions::new().name(name.as_str().to_ns_name::<GenericNamespaced>().unwrap());

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferry_core::{Address, Transport, TransportError};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 
 async fn t<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(20), f).await.expect("timed out")
@@ -29,7 +29,7 @@ async fn a_stale_socket_file_is_reclaimed() {
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     assert!(path.exists());
     let a = addr(&format!("unix:{}", path.display()));
-    let tr = PipeTransport::new();
+    let tr = LocalTransport::new();
     let mut l = t(tr.listen(&a)).await.expect("a stale socket file must not block a restart");
     let (c, s) = tokio::join!(tr.connect(&a), l.accept());
     c.unwrap();
@@ -41,7 +41,7 @@ async fn a_live_socket_file_is_left_alone_and_its_holder_named() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.sock");
     let a = addr(&format!("unix:{}", path.display()));
-    let tr = PipeTransport::new();
+    let tr = LocalTransport::new();
     let mut l = t(tr.listen(&a)).await.unwrap();
     let e = t(tr.listen(&a)).await.err().expect("a second listener on a live address");
     holder_named(&e);
@@ -57,14 +57,14 @@ async fn a_plain_file_is_never_removed() {
     let path = dir.path().join("not-a-socket");
     std::fs::write(&path, b"precious").unwrap();
     let a = addr(&format!("unix:{}", path.display()));
-    assert!(t(PipeTransport::new().listen(&a)).await.is_err());
+    assert!(t(LocalTransport::new().listen(&a)).await.is_err());
     assert_eq!(std::fs::read(&path).unwrap(), b"precious");
 }
 
 #[tokio::test]
 async fn a_taken_abstract_name_names_its_holder() {
     let a = addr(&format!("unix:ferry-names-test-{}", std::process::id()));
-    let tr = PipeTransport::new();
+    let tr = LocalTransport::new();
     let _l = t(tr.listen(&a)).await.unwrap();
     let e = t(tr.listen(&a)).await.err().expect("a second listener on a live name");
     holder_named(&e);

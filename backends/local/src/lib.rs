@@ -1,4 +1,4 @@
-//! ferry-pipe: the local-socket [`Transport`] (scheme `unix`).
+//! ferry-local: the local-socket [`Transport`] (scheme `unix`).
 //!
 //! - `unix:NAME` is a socket in Linux's abstract namespace (no file, nothing to clean up,
 //!   even after SIGKILL); on other unixes a file in the temp directory; on Windows the named
@@ -13,12 +13,12 @@
 //!   never disturbed, and the error names its pid and uid (peer credentials), for socket
 //!   files and abstract names alike.
 //! - Peer credentials: by default both sides check that the peer runs as the same user
-//!   (abstract sockets have no file permissions); [`PipeTransport::allow_any_user`] lifts it.
+//!   (abstract sockets have no file permissions); [`LocalTransport::allow_any_user`] lifts it.
 //! - On unix, connections carry file descriptors (SCM_RIGHTS) through the connection's
 //!   [`FdQueue`](ferry_core::FdQueue): the shm channel passes its memfd segments this way.
 //!
 //! It does no framing of its own: ferry-core's frame format runs on top. Entry point:
-//! [`PipeTransport::new`], registered in an [`ferry_core::Endpoint`].
+//! [`LocalTransport::new`], registered in an [`ferry_core::Endpoint`].
 //!
 //! # Feature flags
 //! None.
@@ -42,11 +42,11 @@ mod windows;
 
 /// The local-socket transport.
 #[derive(Debug, Clone, Default)]
-pub struct PipeTransport {
+pub struct LocalTransport {
     allow_any_user: bool,
 }
 
-impl PipeTransport {
+impl LocalTransport {
     /// A transport that only talks to peers of the same user.
     pub fn new() -> Self {
         Self::default()
@@ -114,13 +114,13 @@ fn io_err(addr: &Address, e: std::io::Error) -> TransportError {
 }
 
 #[async_trait]
-impl Transport for PipeTransport {
+impl Transport for LocalTransport {
     fn scheme(&self) -> &'static str {
         "unix"
     }
 
     fn name(&self) -> &'static str {
-        "pipe"
+        "local"
     }
 
     async fn listen(&self, addr: &Address) -> Result<Box<dyn Listener>, TransportError> {
@@ -174,7 +174,7 @@ impl Transport for PipeTransport {
             Err(e) => return Err(io_err(addr, e)),
         };
         tracing::debug!(%addr, "listening");
-        Ok(Box::new(PipeListener {
+        Ok(Box::new(LocalListener {
             inner,
             addr: addr.clone(),
             allow_any_user: self.allow_any_user,
@@ -187,12 +187,12 @@ impl Transport for PipeTransport {
         let name = SocketName::parse(addr)?;
         let stream =
             IpcStream::connect(name.to_name().map_err(|e| io_err(addr, e))?).await.map_err(|e| io_err(addr, e))?;
-        let conn = PipeConnection::new(stream, addr, self.allow_any_user)?;
+        let conn = LocalConnection::new(stream, addr, self.allow_any_user)?;
         Ok(Box::new(conn))
     }
 }
 
-struct PipeListener {
+struct LocalListener {
     inner: IpcListener,
     addr: Address,
     allow_any_user: bool,
@@ -203,11 +203,11 @@ struct PipeListener {
 }
 
 #[async_trait]
-impl Listener for PipeListener {
+impl Listener for LocalListener {
     async fn accept(&mut self) -> Result<Box<dyn Connection>, TransportError> {
         loop {
             let stream = self.inner.accept().await.map_err(|e| io_err(&self.addr, e))?;
-            match PipeConnection::new(stream, &self.addr, self.allow_any_user) {
+            match LocalConnection::new(stream, &self.addr, self.allow_any_user) {
                 #[cfg(unix)]
                 Ok(c) => return Ok(Box::new(c.serving(&self.spin))),
                 #[cfg(not(unix))]
@@ -231,9 +231,9 @@ impl Listener for PipeListener {
 }
 
 #[cfg(unix)]
-use unix::PipeConnection;
+use unix::LocalConnection;
 #[cfg(windows)]
-use windows::PipeConnection;
+use windows::LocalConnection;
 
 /// The owner and access list (DACL) of the named pipe at `addr`, in SDDL (Windows; for
 /// diagnostics and tests). It connects once, which the listener sees as a connection that

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use ferry_core::{Address, Transport};
-use ferry_pipe::{PipeTransport, listener_dacl, pipe_security};
+use ferry_local::{LocalTransport, listener_dacl, pipe_security};
 
 async fn t<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(20), f).await.expect("timed out")
@@ -17,7 +17,7 @@ fn addr(s: &str) -> Address {
 }
 
 fn unique(tag: &str) -> String {
-    format!("ferry-pipe-win-{tag}-{}", std::process::id())
+    format!("ferry-local-win-{tag}-{}", std::process::id())
 }
 
 /// Wine maps drive Z: to the unix root.
@@ -41,7 +41,7 @@ fn me() -> String {
 #[tokio::test]
 async fn a_listeners_pipe_grants_the_current_user_alone() {
     let a = addr(&format!("unix:{}", unique("dacl")));
-    let tr = PipeTransport::new();
+    let tr = LocalTransport::new();
     let mut l = t(tr.listen(&a)).await.unwrap();
     let accept = tokio::spawn(async move { l.accept().await.map(|_| ()) });
     let sddl = t(pipe_security(&a)).await.unwrap();
@@ -54,7 +54,7 @@ async fn a_listeners_pipe_grants_the_current_user_alone() {
 #[tokio::test]
 async fn allow_any_user_adds_authenticated_users() {
     let a = addr(&format!("unix:{}", unique("any")));
-    let tr = PipeTransport::new().allow_any_user(true);
+    let tr = LocalTransport::new().allow_any_user(true);
     let mut l = t(tr.listen(&a)).await.unwrap();
     let accept = tokio::spawn(async move { l.accept().await.map(|_| ()) });
     let sddl = t(pipe_security(&a)).await.unwrap();
@@ -74,7 +74,7 @@ async fn allow_any_user_adds_authenticated_users() {
 async fn both_ends_know_the_peer_process_and_user() {
     // The short name and the full pipe path name the same pipe.
     let name = unique("peer");
-    let tr = PipeTransport::new();
+    let tr = LocalTransport::new();
     let mut l = t(tr.listen(&addr(&format!("unix:{name}")))).await.unwrap();
     let full = addr(&format!(r"unix:\\.\pipe\{name}"));
     let (c, s) = t(async { tokio::join!(tr.connect(&full), l.accept()) }).await;
@@ -92,7 +92,7 @@ async fn both_ends_know_the_peer_process_and_user() {
 #[tokio::test]
 async fn addresses_in_use_and_socket_files_are_told_apart() {
     let a = addr(&format!("unix:{}", unique("inuse")));
-    let tr = PipeTransport::new();
+    let tr = LocalTransport::new();
     let _l = t(tr.listen(&a)).await.unwrap();
     if under_wine() {
         // Wine 8 ignores FILE_FLAG_FIRST_PIPE_INSTANCE: a second listener gets a second

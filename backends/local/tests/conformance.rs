@@ -4,16 +4,16 @@ use std::sync::Arc;
 
 use ferry_conformance::Fixture;
 use ferry_core::{Channel, InlineChannel, Transport};
-use ferry_pipe::PipeTransport;
+use ferry_local::LocalTransport;
 
 #[derive(Default)]
 struct Pipe;
 
 impl Fixture for Pipe {
-    const NAME: &'static str = "pipe";
+    const NAME: &'static str = "local";
 
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(PipeTransport::new())
+        Arc::new(LocalTransport::new())
     }
 
     fn channels(&self) -> Vec<Arc<dyn Channel>> {
