@@ -8,7 +8,7 @@
 //! - [`tidy`]: repository rules that the compiler cannot check (also run as `#[test]`s).
 //! - [`conformance`]: runs every backend's conformance suite and prints one table.
 //! - [`rpc_clients`]: third-party JSON-RPC clients (PyPI, npm) against `ferry serve`.
-//! - [`sdk`]: the Python SDK's checks and tests, a newcomer's install of it in an empty
+//! - [`python_sdk`]: the Python SDK's checks and tests, a newcomer's install of it in an empty
 //!   venv, its conformance column, its benchmark.
 //! - [`windows`]: the Windows build, linted and tested under Wine.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
