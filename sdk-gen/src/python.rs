@@ -3,7 +3,7 @@
 //!
 //! The module has, in this order: the named types (`TypedDict`s, `Literal` aliases,
 //! type aliases), the error classes (the runtime's re-exported for ferry's codes, one
-//! class per other row of the error table: [`errors`]) with `ERRORS` and
+//! class per other row of the error table: `python/errors.rs`) with `ERRORS` and
 //! `error_from_code`, the result specs the runtime checks results against (`_TYPES`),
 //! and two clients, `<Api>Client` (blocking, over `ferry_client.Client`) and
 //! `Async<Api>Client` (asyncio, over `ferry_client.AsyncClient`), with one typed method
