@@ -48,8 +48,8 @@ def check_error(name: str, e: ProtocolError, want: dict[str, Any]) -> None:
         assert want["contains"] in str(e), (name, str(e))
 
 
-def session() -> Session:
-    """A session that offered inline only and was welcomed by an inline server."""
+def offered_inline() -> Session:
+    """A session that sent its HELLO offering inline only."""
     s = Session(
         shm=False,
         token=None,
@@ -59,6 +59,12 @@ def session() -> Session:
         max_peer_bytes=1 << 20,
     )
     s.hello()
+    return s
+
+
+def session() -> Session:
+    """A session that offered inline only and was welcomed by an inline server."""
+    s = offered_inline()
     welcome = load("handshake.json")["welcomes"][0]
     s.on_handshake(Frame(WELCOME, json.loads(welcome["welcome_json"]), bytearray(), []))
     return s
@@ -176,15 +182,7 @@ def test_welcomes_and_refusals() -> None:
     v = load("handshake.json")
     for w in v["welcomes"]:
         assert w["offered"] == ["inline"]
-        s = Session(
-            shm=False,
-            token=None,
-            agent="vectors",
-            limits=Limits(),
-            pool_limit=1 << 20,
-            max_peer_bytes=1 << 20,
-        )
-        s.hello()
+        s = offered_inline()
         f = Frame(WELCOME, json.loads(w["welcome_json"]), bytearray(), [])
         if "error" in w:
             with pytest.raises(ProtocolError) as e:
