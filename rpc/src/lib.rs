@@ -94,7 +94,7 @@ pub use dispatch::{CancelParams, CancelResult};
 pub use http::HttpOptions;
 pub use limits::RpcLimits;
 pub use method::{CallContext, ConnKind, GivenSchemas, Identity, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
-pub use remote::TensorRef;
+pub use remote::{RefBacking, TensorRef};
 pub use server::{RefCopy, Server, ServerBuilder, Spawner};
 pub use task::{TaskState, TaskStatus};
 pub use tensor::{InlineCodec, InlineTensor, RpcTensor, TensorMap};

@@ -135,6 +135,14 @@ impl CallContext {
         refs.keep(tensor, &self.peer.identity, self.peer.conn, ttl, std::time::Instant::now())
     }
 
+    /// What the caller's reference `id` says of its tensor, without using the tensor
+    /// (NOT_FOUND for an id the caller does not hold, as everywhere).
+    pub fn ref_info(&self, id: &str) -> Result<crate::remote::RefInfo, ErrorObject> {
+        let refs =
+            self.refs.as_ref().ok_or_else(|| ErrorObject::internal("this call has no server holding references"))?;
+        refs.info(id, &self.peer.identity, std::time::Instant::now())
+    }
+
     /// The caller.
     pub fn peer(&self) -> &PeerInfo {
         &self.peer

@@ -113,8 +113,26 @@ pub fn ref_id(v: &Value) -> Option<Result<&str, String>> {
     Some(inner.get("id").and_then(Value::as_str).ok_or_else(|| "a tensor reference needs a string `id`".into()))
 }
 
+/// Where kept tensors live when something other than the table decides: ferry-store's
+/// placement (a cpu tier above a disk tier, moved by a policy). Without one, the table holds
+/// each tensor in memory as it was kept ([`crate::ServerBuilder::ref_backing`]).
+///
+/// The table still owns the references (ids, owners, TTLs, limits); the backing holds their
+/// bytes. Its methods are called without the table's lock held.
+pub trait RefBacking: Send + Sync + 'static {
+    /// Takes over `tensor`, kept as reference `id` (it may move it to a slower tier, in the
+    /// background). An error refuses the reference.
+    fn keep(&self, id: &str, tensor: Tensor) -> Result<(), ErrorObject>;
+    /// Reference `id`'s tensor for a use (a call's param, a fetch): its bytes stay valid and
+    /// unchanged while the returned tensor (or any clone, or a reader's lease) lives.
+    fn open(&self, id: &str) -> Result<Tensor, ErrorObject>;
+    /// Reference `id` was freed (by `ferry.ref.free`, its TTL, or its connection closing).
+    fn free(&self, id: &str);
+}
+
 struct Kept {
-    tensor: Tensor,
+    /// The tensor, unless the backing holds it.
+    tensor: Option<Tensor>,
     owner: Identity,
     /// The connection it dies with (`None`: published, or made without one).
     conn: Option<u64>,
@@ -126,6 +144,7 @@ struct Kept {
 pub struct RefTable {
     limits: RpcLimits,
     kept: Mutex<HashMap<String, Kept>>,
+    backing: Option<Arc<dyn RefBacking>>,
 }
 
 impl std::fmt::Debug for RefTable {
@@ -151,7 +170,21 @@ fn epoch_ms(at: Instant, now: Instant) -> u64 {
 impl RefTable {
     /// An empty table bounded by `limits`.
     pub fn new(limits: RpcLimits) -> Arc<RefTable> {
-        Arc::new(RefTable { limits, kept: Mutex::new(HashMap::new()) })
+        Arc::new(RefTable { limits, kept: Mutex::new(HashMap::new()), backing: None })
+    }
+
+    /// An empty table bounded by `limits` whose tensors `backing` holds.
+    pub fn with_backing(limits: RpcLimits, backing: Arc<dyn RefBacking>) -> Arc<RefTable> {
+        Arc::new(RefTable { limits, kept: Mutex::new(HashMap::new()), backing: Some(backing) })
+    }
+
+    /// Tells the backing that `ids` were freed.
+    fn freed(&self, ids: Vec<String>) {
+        if let Some(b) = &self.backing {
+            for id in ids {
+                b.free(&id);
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Kept>> {
@@ -183,23 +216,25 @@ impl RefTable {
         let expires = ttl.map(|t| now + t);
         let id = crate::task::random_id('r', "a reference id")?;
         let mut kept = self.lock();
-        purge(&mut kept, now);
+        let expired = purge(&mut kept, now);
         let l = &self.limits;
         if kept.len() >= l.max_refs {
-            return Err(ErrorObject::limit(
-                "max_refs",
-                "tensor references held",
-                kept.len() as u64 + 1,
-                l.max_refs as u64,
-            ));
+            let n = kept.len() as u64 + 1;
+            drop(kept);
+            self.freed(expired);
+            return Err(ErrorObject::limit("max_refs", "tensor references held", n, l.max_refs as u64));
         }
         let mine = kept.values().filter(|k| &k.owner == owner).count();
         if mine >= l.max_refs_per_identity {
+            drop(kept);
+            self.freed(expired);
             let (v, max) = (mine as u64 + 1, l.max_refs_per_identity as u64);
             return Err(ErrorObject::limit("max_refs_per_identity", "tensor references held by one identity", v, max));
         }
         let used: u64 = kept.values().map(|k| k.info.bytes).sum();
         if used + bytes > l.max_ref_bytes {
+            drop(kept);
+            self.freed(expired);
             return Err(ErrorObject::limit(
                 "max_ref_bytes",
                 "bytes held by tensor references",
@@ -216,47 +251,82 @@ impl RefTable {
             expires_ms: expires.map(|e| epoch_ms(e, now)),
             published: false,
         };
-        kept.insert(id, Kept { tensor, owner: owner.clone(), conn, expires, info: info.clone() });
+        let held = if self.backing.is_some() { None } else { Some(tensor.clone()) };
+        kept.insert(id.clone(), Kept { tensor: held, owner: owner.clone(), conn, expires, info: info.clone() });
+        drop(kept);
+        self.freed(expired);
+        if let Some(b) = &self.backing
+            && let Err(e) = b.keep(&id, tensor)
+        {
+            self.lock().remove(&id);
+            return Err(e);
+        }
         Ok(TensorRef(info))
     }
 
     /// The tensor `id` names, if `who` owns it.
     pub fn get(&self, id: &str, who: &Identity, now: Instant) -> Result<Tensor, ErrorObject> {
         let mut kept = self.lock();
-        purge(&mut kept, now);
-        kept.get(id).filter(|k| &k.owner == who).map(|k| k.tensor.clone()).ok_or_else(|| not_found(id))
+        let expired = purge(&mut kept, now);
+        let held = kept.get(id).filter(|k| &k.owner == who).map(|k| k.tensor.clone());
+        drop(kept);
+        self.freed(expired);
+        match (held, &self.backing) {
+            (Some(Some(t)), _) => Ok(t),
+            (Some(None), Some(b)) => b.open(id),
+            _ => Err(not_found(id)),
+        }
+    }
+
+    /// What reference `id` says of its tensor, if `who` owns it (no use of the tensor).
+    pub fn info(&self, id: &str, who: &Identity, now: Instant) -> Result<RefInfo, ErrorObject> {
+        let mut kept = self.lock();
+        let expired = purge(&mut kept, now);
+        let info = kept.get(id).filter(|k| &k.owner == who).map(|k| k.info.clone());
+        drop(kept);
+        self.freed(expired);
+        info.ok_or_else(|| not_found(id))
     }
 
     /// Frees the references `ids` that `who` owns; the count freed (unknown ids are skipped:
     /// freeing is idempotent).
     pub fn free(&self, ids: &[String], who: &Identity, now: Instant) -> usize {
         let mut kept = self.lock();
-        purge(&mut kept, now);
+        let mut gone = purge(&mut kept, now);
         let mut n = 0;
         for id in ids {
             if kept.get(id).is_some_and(|k| &k.owner == who) {
                 kept.remove(id);
+                gone.push(id.clone());
                 n += 1;
             }
         }
+        drop(kept);
+        self.freed(gone);
         n
     }
 
     /// Lets `id` outlive its connection (its TTL, if any, still holds).
     pub fn publish(&self, id: &str, who: &Identity, now: Instant) -> Result<TensorRef, ErrorObject> {
         let mut kept = self.lock();
-        purge(&mut kept, now);
-        let k = kept.get_mut(id).filter(|k| &k.owner == who).ok_or_else(|| not_found(id))?;
-        k.conn = None;
-        k.info.published = true;
-        Ok(TensorRef(k.info.clone()))
+        let expired = purge(&mut kept, now);
+        let r = kept.get_mut(id).filter(|k| &k.owner == who).map(|k| {
+            k.conn = None;
+            k.info.published = true;
+            TensorRef(k.info.clone())
+        });
+        drop(kept);
+        self.freed(expired);
+        r.ok_or_else(|| not_found(id))
     }
 
     /// `who`'s references.
     pub fn list(&self, who: &Identity, now: Instant) -> Vec<TensorRef> {
         let mut kept = self.lock();
-        purge(&mut kept, now);
+        let expired = purge(&mut kept, now);
         let mut out: Vec<_> = kept.values().filter(|k| &k.owner == who).map(|k| TensorRef(k.info.clone())).collect();
+        drop(kept);
+        self.freed(expired);
         out.sort_by(|a, b| a.0.id.cmp(&b.0.id));
         out
     }
@@ -269,9 +339,14 @@ impl RefTable {
     /// Connection `conn` closed: its unpublished references are freed; the count.
     pub fn connection_closed(&self, conn: u64) -> usize {
         let mut kept = self.lock();
-        let before = kept.len();
-        kept.retain(|_, k| k.conn != Some(conn));
-        before - kept.len()
+        let gone: Vec<String> = kept.iter().filter(|(_, k)| k.conn == Some(conn)).map(|(id, _)| id.clone()).collect();
+        for id in &gone {
+            kept.remove(id);
+        }
+        drop(kept);
+        let n = gone.len();
+        self.freed(gone);
+        n
     }
 
     /// Replaces every `{"$tensor_ref": {"id"}}` in `params` by `{"$tensor": i}`, the kept
@@ -312,10 +387,14 @@ fn visit(v: &mut Value, f: &mut impl FnMut(&mut Value) -> Result<bool, ErrorObje
     }
 }
 
-fn purge(kept: &mut HashMap<String, Kept>, now: Instant) -> usize {
-    let before = kept.len();
-    kept.retain(|_, k| k.expires.is_none_or(|e| e > now));
-    before - kept.len()
+/// Drops the expired references; their ids.
+fn purge(kept: &mut HashMap<String, Kept>, now: Instant) -> Vec<String> {
+    let gone: Vec<String> =
+        kept.iter().filter(|(_, k)| k.expires.is_some_and(|e| e <= now)).map(|(id, _)| id.clone()).collect();
+    for id in &gone {
+        kept.remove(id);
+    }
+    gone
 }
 
 /// Params of `ferry.ref.keep`.

@@ -39,6 +39,7 @@ pub struct ServerBuilder {
     api: ApiInfo,
     spawner: Option<Spawner>,
     ref_copy: Option<RefCopy>,
+    ref_backing: Option<Arc<dyn crate::remote::RefBacking>>,
 }
 
 /// Runs answers (a call's handler, then writing its response) that do not finish at once,
@@ -61,6 +62,13 @@ impl ServerBuilder {
     /// write the response themselves instead of waking a runtime worker to).
     pub fn spawner(mut self, spawner: Spawner) -> Self {
         self.spawner = Some(spawner);
+        self
+    }
+
+    /// Where kept tensors live ([`crate::remote::RefBacking`]: ferry-store's placement
+    /// moves them between a cpu and a disk tier); default: in memory, as kept.
+    pub fn ref_backing(mut self, b: Arc<dyn crate::remote::RefBacking>) -> Self {
+        self.ref_backing = Some(b);
         self
     }
 
@@ -98,7 +106,10 @@ impl ServerBuilder {
         Server {
             shared: Arc::new(Shared {
                 tasks: TaskTable::new(self.limits),
-                refs: crate::remote::RefTable::new(self.limits),
+                refs: match self.ref_backing {
+                    Some(b) => crate::remote::RefTable::with_backing(self.limits, b),
+                    None => crate::remote::RefTable::new(self.limits),
+                },
                 ref_copy: self.ref_copy.unwrap_or_else(|| Arc::new(copy_to_host)),
                 methods: self.methods,
                 limits: self.limits,
@@ -146,7 +157,14 @@ pub struct Server {
 impl Server {
     /// A builder serving `methods`.
     pub fn builder(methods: Methods) -> ServerBuilder {
-        ServerBuilder { methods, limits: RpcLimits::default(), api: ApiInfo::default(), spawner: None, ref_copy: None }
+        ServerBuilder {
+            methods,
+            limits: RpcLimits::default(),
+            api: ApiInfo::default(),
+            spawner: None,
+            ref_copy: None,
+            ref_backing: None,
+        }
     }
 
     /// A server with default limits.

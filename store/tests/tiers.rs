@@ -1,9 +1,15 @@
 //! The cpu and disk tiers with real files: placement follows the policy, bytes come back
 //! intact, a held tensor is never changed under its holder, a declared schedule prefetches,
-//! the disk budget is named when full.
+//! the disk budget is named when full, tensors placed by hand stay put, moves run in the
+//! background.
+
+use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_store::placement::{Flow, FlowOptions, Lru, Tier, TierError, TierOptions, Tiers};
+use ferry_store::placement::{Flow, FlowOptions, Genoa, Lru, Pin, Tier, TierError, TierOptions, Tiers};
+
+/// Long enough for any move here to end (it is waited for, not slept).
+const SETTLE: Duration = Duration::from_secs(60);
 
 const MB: usize = 1 << 20;
 
@@ -18,7 +24,9 @@ fn lru_keeps_the_budget_and_every_tensor_comes_back_intact() {
     let keys: Vec<_> = (0..10).map(|i| tiers.put(tensor(i)).unwrap()).collect();
     let (cpu, disk) = tiers.usage();
     assert!(cpu <= 3 * MB as u64, "cpu tier over budget: {cpu}");
-    assert_eq!(disk, 7 * MB as u64, "the seven demoted tensors are written once each");
+    assert_eq!(disk, 10 * MB as u64, "the disk tier counts every tensor");
+    assert!(tiers.settle(SETTLE));
+    assert_eq!(tiers.stats().bytes_written, 7 * MB as u64, "the seven demoted tensors are written once each");
     assert_eq!(tiers.placement(keys[0]).unwrap(), Tier::Disk);
     assert_eq!(tiers.placement(keys[9]).unwrap(), Tier::Cpu);
     for (i, &k) in keys.iter().enumerate() {
@@ -29,7 +37,8 @@ fn lru_keeps_the_budget_and_every_tensor_comes_back_intact() {
     assert_eq!(tiers.placement(keys[9]).unwrap(), Tier::Cpu);
     assert_eq!(tiers.placement(keys[0]).unwrap(), Tier::Disk);
     // Each tensor was written to disk at most once: demoting again drops only the cpu copy.
-    assert_eq!(tiers.usage().1, 10 * MB as u64, "every tensor has been demoted once, none twice");
+    assert!(tiers.settle(SETTLE));
+    assert_eq!(tiers.stats().bytes_written, 10 * MB as u64, "every tensor has been demoted once, none twice");
 }
 
 #[test]
@@ -76,8 +85,7 @@ fn a_full_disk_tier_is_named_and_unknown_keys_are_errors() {
     let tiers = Tiers::new(opts, Box::new(Lru::default())).unwrap();
     tiers.put(tensor(0)).unwrap();
     tiers.put(tensor(1)).unwrap();
-    tiers.put(tensor(2)).unwrap();
-    let e = tiers.put(tensor(3)).unwrap_err();
+    let e = tiers.put(tensor(2)).unwrap_err();
     assert!(matches!(e, TierError::DiskFull { .. }) && e.to_string().contains("TierOptions::disk_budget"), "{e}");
     assert!(matches!(tiers.get(999), Err(TierError::Unknown(999))));
 }
@@ -89,7 +97,69 @@ fn dropping_the_tiers_removes_their_files() {
     for i in 0..4 {
         tiers.put(tensor(i)).unwrap();
     }
+    assert!(tiers.settle(SETTLE));
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
     drop(tiers);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn tensors_placed_by_hand_stay_put_and_removed_ones_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = Tiers::new(TierOptions::new(3 * MB as u64, dir.path()), Box::new(Lru::default())).unwrap();
+    let keys: Vec<_> = (0..6).map(|i| tiers.put(tensor(i)).unwrap()).collect();
+    // Pinned in the cpu tier: read in (in the background), never evicted by the policy.
+    tiers.place(keys[0], Pin::Cpu).unwrap();
+    assert!(tiers.settle(SETTLE));
+    let s = tiers.state(keys[0]).unwrap();
+    assert_eq!((s.tier, s.pin, s.moving), (Tier::Cpu, Pin::Cpu, false));
+    for &k in &keys[1..] {
+        tiers.get(k).unwrap();
+        assert!(tiers.usage().0 <= 3 * MB as u64);
+    }
+    assert_eq!(tiers.placement(keys[0]).unwrap(), Tier::Cpu, "the policy never moved it");
+    assert_eq!(tiers.get(keys[0]).unwrap().bytes, tensor(0));
+    // Pinned on disk: used from its file, never kept.
+    tiers.place(keys[5], Pin::Disk).unwrap();
+    assert_eq!(tiers.get(keys[5]).unwrap().bytes, tensor(5));
+    assert!(tiers.settle(SETTLE));
+    assert_eq!(tiers.placement(keys[5]).unwrap(), Tier::Disk);
+    // More pinned than the cpu tier holds: named.
+    for &k in &keys[1..3] {
+        tiers.place(k, Pin::Cpu).unwrap();
+    }
+    let e = tiers.place(keys[3], Pin::Cpu).unwrap_err();
+    assert!(matches!(e, TierError::CpuFull { .. }) && e.to_string().contains("TierOptions::cpu_budget"), "{e}");
+    let e = tiers.set_budgets(2 * MB as u64, u64::MAX).unwrap_err();
+    assert!(e.to_string().contains("cpu_budget"), "{e}");
+    // Removed: its file goes, its disk bytes too.
+    assert!(tiers.settle(SETTLE));
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    tiers.remove(keys[5]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), files - 1);
+    assert_eq!(tiers.usage().1, 5 * MB as u64);
+    assert!(matches!(tiers.get(keys[5]), Err(TierError::Unknown(_))));
+}
+
+#[test]
+fn a_used_tensor_is_in_use_while_held_and_genoa_keeps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = Tiers::new(TierOptions::new(3 * MB as u64, dir.path()), Box::new(Genoa)).unwrap();
+    let k = tiers.put(tensor(1)).unwrap();
+    assert!(tiers.settle(SETTLE));
+    assert_eq!(tiers.placement(k).unwrap(), Tier::Disk, "genoa keeps nothing in the cpu tier");
+    let held = tiers.get(k).unwrap();
+    assert!(tiers.settle(SETTLE));
+    let s = tiers.state(k).unwrap();
+    assert_eq!((s.tier, s.in_use), (Tier::Disk, true), "promoted for the use, demoted after it, still held");
+    drop(held);
+    assert!(!tiers.state(k).unwrap().in_use);
+    // A policy change starts the cpu tier over.
+    tiers.set_policy(Box::new(Lru::default()));
+    tiers.get(k).unwrap();
+    assert_eq!(tiers.placement(k).unwrap(), Tier::Cpu);
+    tiers.set_policy(Box::new(Genoa));
+    assert!(tiers.settle(SETTLE));
+    assert_eq!(tiers.placement(k).unwrap(), Tier::Disk);
+    assert_eq!(tiers.usage().0, 0);
 }

@@ -70,6 +70,8 @@ pub struct Flow {
     place: HashMap<Key, (Queue, u64)>,
     generation: u64,
     small_bytes: u64,
+    /// The size of each tensor in the probation queue.
+    small_sizes: HashMap<Key, u64>,
     freq: HashMap<Key, u8>,
     ghost: VecDeque<Key>,
     ghosts: HashSet<Key>,
@@ -94,6 +96,7 @@ impl Flow {
             place: HashMap::new(),
             generation: 0,
             small_bytes: 0,
+            small_sizes: HashMap::new(),
             freq: HashMap::new(),
             ghost: VecDeque::new(),
             ghosts: HashSet::new(),
@@ -120,7 +123,8 @@ impl Flow {
         q.front().copied().unwrap_or(usize::MAX)
     }
 
-    fn forget(&mut self, key: Key, bytes: u64) {
+    fn unqueue(&mut self, key: Key, bytes: u64) {
+        self.small_sizes.remove(&key);
         if let Some((Queue::Small, _)) = self.place.remove(&key) {
             self.small_bytes -= bytes;
         }
@@ -165,6 +169,7 @@ impl Flow {
             match which {
                 Queue::Small if f > 0 => {
                     self.small_bytes -= bytes;
+                    self.small_sizes.remove(&k);
                     self.freq.insert(k, 0);
                     self.enqueue(k, Queue::Main);
                 }
@@ -178,12 +183,12 @@ impl Flow {
                     return Victim::Refuse;
                 }
                 Queue::Small => {
-                    self.forget(k, bytes);
+                    self.unqueue(k, bytes);
                     self.remember_ghost(k);
                     return Victim::Evict(k);
                 }
                 Queue::Main => {
-                    self.forget(k, bytes);
+                    self.unqueue(k, bytes);
                     return Victim::Evict(k);
                 }
             }
@@ -234,6 +239,7 @@ impl Flow {
         let q = if self.ghosts.remove(&key) { Queue::Main } else { Queue::Small };
         if q == Queue::Small {
             self.small_bytes += bytes;
+            self.small_sizes.insert(key, bytes);
         }
         self.freq.insert(key, 0);
         self.enqueue(key, q);
@@ -354,12 +360,12 @@ impl Flow {
         }
         // The queues follow, so that S3-FIFO takes over where the schedule ends.
         for &v in &d.evict {
-            self.forget(v, view.bytes_of(v).unwrap_or(0));
+            self.unqueue(v, view.bytes_of(v).unwrap_or(0));
         }
         if d.keep {
             self.admit(key, bytes);
         } else if view.contains(key) {
-            self.forget(key, bytes);
+            self.unqueue(key, bytes);
         }
         for &(k, b) in &d.prefetch {
             self.admit(k, b);
@@ -392,5 +398,16 @@ impl Policy for Flow {
             return self.after_use_scheduled(key, bytes, view);
         }
         self.after_use_fifo(key, bytes, hit, view)
+    }
+
+    fn forget(&mut self, key: Key) {
+        // (Its queue entry turns stale; the probation bytes it counted are let go.)
+        if let Some((Queue::Small, _)) = self.place.get(&key) {
+            let b = self.small_sizes.get(&key).copied().unwrap_or(0);
+            self.small_bytes = self.small_bytes.saturating_sub(b);
+        }
+        self.place.remove(&key);
+        self.freq.remove(&key);
+        self.small_sizes.remove(&key);
     }
 }

@@ -40,7 +40,7 @@ use std::collections::HashMap;
 pub use flow::{Flow, FlowOptions};
 pub use min::Min;
 pub use policies::{Genoa, Lru, Pinned};
-pub use tiers::{Held, Tier, TierError, TierOptions, Tiers};
+pub use tiers::{Held, Pin, TensorState, Tier, TierError, TierOptions, TierStats, Tiers};
 
 /// A tensor's key in a trace (a reference id, a parameter's index).
 pub type Key = u64;
@@ -119,6 +119,16 @@ impl View {
         Ok(())
     }
 
+    /// Changes the budget (the tiers' owner made room first, or will).
+    pub(crate) fn set_budget(&mut self, budget: u64) {
+        self.budget = budget;
+    }
+
+    /// Drops `key` from the tier outside a policy's decision (freed, pinned elsewhere).
+    pub(crate) fn take(&mut self, key: Key) -> Option<u64> {
+        self.remove(key)
+    }
+
     fn insert(&mut self, key: Key, bytes: u64) {
         let old = self.resident.insert(key, bytes).unwrap_or(0);
         self.used = self.used - old + bytes;
@@ -158,6 +168,10 @@ pub trait Policy {
     /// `key` (of `bytes`) was just used at step `t`; `hit` says whether it was resident.
     /// `view` is the fast tier before the decision.
     fn after_use(&mut self, t: usize, key: Key, bytes: u64, hit: bool, view: &View) -> Decision;
+
+    /// `key` left the fast tier without the policy deciding it (its reference was freed, it
+    /// was placed by hand, the tier shrank): forget what is known of it as resident.
+    fn forget(&mut self, _key: Key) {}
 }
 
 /// The policies by name (`pinned`, `genoa`, `lru`, `flow`), for the benchmark and the

@@ -79,4 +79,10 @@ impl Policy for Lru {
         }
         Decision { keep: need == 0, evict, prefetch: Vec::new() }
     }
+
+    fn forget(&mut self, key: Key) {
+        if let Some(at) = self.last.remove(&key) {
+            self.order.remove(&at);
+        }
+    }
 }

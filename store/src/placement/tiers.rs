@@ -1,27 +1,39 @@
 //! Tensors placed across a cpu tier (memory, with a byte budget) and a disk tier (one file
 //! per tensor in a directory, with a byte budget), moved by a [`Policy`].
 //!
-//! - [`Tiers::put`] stores a tensor (immutable from then on) and returns its key; it lands
-//!   in the cpu tier when the policy keeps it there, else on disk.
-//! - [`Tiers::get`] returns a [`Held`] tensor in cpu memory: a tensor on disk is read in
-//!   (a real copy), or waited for when a prefetch is already reading it. After the use the
-//!   policy decides what the cpu tier keeps; its prefetches are read by a background thread,
-//!   so that with a declared [`Tiers::schedule`] copies overlap the caller's compute.
+//! - [`Tiers::put`] stores a tensor (immutable from then on) and returns its key. The disk
+//!   tier is the slow tier that can hold everything: each tensor counts toward its budget
+//!   from its `put` (a put past it is [`TierError::DiskFull`]); its file is written on its
+//!   first move down. The cpu tier holds what the policy keeps.
+//! - [`Tiers::get`] returns a [`Held`] tensor in cpu memory (shared memory on Linux, so
+//!   that a fetch over shm lends it): a tensor on disk is read in (a real copy), or waited
+//!   for when a prefetch is already reading it. After the use the policy decides what the
+//!   cpu tier keeps.
+//! - **Moves are asynchronous**: demotions (file writes) and prefetches (file reads) run on
+//!   a background thread; a tensor on its way down stays readable from memory until its
+//!   file is written, so with a declared [`Tiers::schedule`] copies overlap the caller's
+//!   compute and no use waits for a write.
 //! - **Never moved under its user**: a [`Held`] tensor keeps its bytes alive and unchanged
-//!   until dropped, even when the policy moves the tensor to disk meanwhile (its memory is
-//!   then freed when the last holder lets go; the budget counts it from the move).
-//! - A tensor demoted for the first time is written to disk once; later demotions only drop
-//!   the cpu copy (the file stays: tensors are immutable).
+//!   until dropped (a reader's lease on them too), even when the tensor moves to disk
+//!   meanwhile: its memory is then freed when the last holder lets go.
+//!   [`TensorState::in_use`] says whether anyone holds it.
+//! - **Placed by hand** ([`Tiers::place`]): a tensor pinned to the cpu tier stays there
+//!   (outside the policy, its bytes taken from the policy's share of the cpu budget), one
+//!   pinned to disk is read from its file for each use and never kept; [`Pin::Auto`] gives
+//!   it back to the policy.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::{Decision, Key, Policy, View};
+use crate::bucket::{Bucket, WeakBucket};
+
+mod io;
 
 /// Where a tensor lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +41,28 @@ pub enum Tier {
     /// In memory.
     Cpu,
     /// In a file of the disk tier (being read in, when a prefetch is on its way).
+    Disk,
+}
+
+impl Tier {
+    /// `"cpu"` or `"disk"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Cpu => "cpu",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
+/// Where a tensor was placed by hand ([`Tiers::place`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pin {
+    /// Where the policy decides.
+    #[default]
+    Auto,
+    /// Pinned in the cpu tier.
+    Cpu,
+    /// Pinned on disk: each use reads it from its file.
     Disk,
 }
 
@@ -46,6 +80,18 @@ pub enum TierError {
         /// `TierOptions::disk_budget`.
         budget: u64,
         /// The tensor that did not fit.
+        more: u64,
+    },
+    /// Tensors pinned in the cpu tier would exceed its budget.
+    #[error(
+        "the cpu tier's budget is {budget} bytes; {pinned} are pinned there, {more} more do not fit (TierOptions::cpu_budget)"
+    )]
+    CpuFull {
+        /// Bytes pinned in the cpu tier.
+        pinned: u64,
+        /// `TierOptions::cpu_budget`.
+        budget: u64,
+        /// The tensor (or the shortfall) that did not fit.
         more: u64,
     },
     /// Reading or writing the disk tier failed.
@@ -79,36 +125,102 @@ impl TierOptions {
     }
 }
 
-struct Entry {
-    bytes: u64,
-    /// The cpu copy, when the tensor is in the cpu tier and has arrived.
-    cpu: Option<Bytes>,
-    /// Whether its file exists.
-    on_disk: bool,
+/// What the tiers did so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Uses ([`Tiers::get`]).
+    pub uses: u64,
+    /// Uses of a tensor the cpu tier held (or was already reading in).
+    pub hits: u64,
+    /// Bytes read from disk into memory (uses and prefetches).
+    pub bytes_read: u64,
+    /// Bytes written to disk (each tensor at most once).
+    pub bytes_written: u64,
+    /// Prefetches started.
+    pub prefetches: u64,
+    /// Time uses spent waiting for bytes from disk (read themselves, or a prefetch).
+    pub stalled: Duration,
+    /// The last background move that failed, if any (the tensor stayed where it was).
+    pub last_error: Option<String>,
 }
 
-struct State {
+/// Where one tensor is ([`Tiers::state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorState {
+    /// Its tier now (what its next use finds, once `moving` ends).
+    pub tier: Tier,
+    /// How it was placed by hand.
+    pub pin: Pin,
+    /// A move to or from disk is under way.
+    pub moving: bool,
+    /// Someone holds its bytes (a use, a reader's mapping).
+    pub in_use: bool,
+    /// Its size.
+    pub bytes: u64,
+}
+
+/// A tensor's bytes in memory: a range of a bucket (shared memory on Linux).
+#[derive(Clone)]
+struct Mem {
+    bucket: Bucket,
+    off: usize,
+    len: usize,
+}
+
+impl Mem {
+    fn bytes(&self) -> Bytes {
+        self.bucket.bytes(self.off, self.len).unwrap_or_default()
+    }
+}
+
+struct Entry {
+    bytes: u64,
+    /// The cpu copy, while in the cpu tier or on its way down.
+    cpu: Option<Mem>,
+    /// The memory last handed to a user (alive while anyone holds it).
+    lent: Option<WeakBucket>,
+    /// Whether its file exists.
+    on_disk: bool,
+    pin: Pin,
+    last_use: usize,
+}
+
+/// A move for the background thread.
+enum Job {
+    Up(Key),
+    Down(Key),
+}
+
+pub(super) struct State {
+    /// The policy's share of the cpu tier (budget: `cpu_budget` less the pinned bytes).
     view: View,
     policy: Box<dyn Policy + Send>,
     entries: HashMap<Key, Entry>,
     next_key: Key,
+    /// Bytes counted on disk: every tensor's, from its put.
     disk_used: u64,
+    cpu_budget: u64,
+    disk_budget: u64,
+    pinned_cpu: u64,
     step: usize,
-    /// Prefetches decided and not done: a use of one waits for it.
-    pending: std::collections::HashSet<Key>,
+    /// Reads in flight: a use of one waits for it.
+    reading: HashSet<Key>,
+    /// Writes in flight.
+    writing: HashSet<Key>,
+    stats: TierStats,
 }
 
-struct Shared {
+pub(super) struct Shared {
     state: Mutex<State>,
-    /// Signalled when a prefetch arrives.
-    arrived: Condvar,
-    opts: TierOptions,
+    /// Signalled when a move ends.
+    moved: Condvar,
+    dir: PathBuf,
 }
 
 /// Tensors across a cpu and a disk tier (see the module docs).
 pub struct Tiers {
     shared: Arc<Shared>,
-    prefetch: Mutex<Option<mpsc::Sender<Key>>>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
     worker: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -121,6 +233,9 @@ pub struct Held {
     pub bytes: Bytes,
 }
 
+/// Longest a use waits for a prefetch before reading the file itself.
+const PREFETCH_WAIT: Duration = Duration::from_secs(60);
+
 impl Tiers {
     /// Tiers with these options and placement policy.
     pub fn new(opts: TierOptions, policy: Box<dyn Policy + Send>) -> Result<Tiers, TierError> {
@@ -132,119 +247,297 @@ impl Tiers {
             entries: HashMap::new(),
             next_key: 0,
             disk_used: 0,
+            cpu_budget: opts.cpu_budget,
+            disk_budget: opts.disk_budget,
+            pinned_cpu: 0,
             step: 0,
-            pending: Default::default(),
+            reading: HashSet::new(),
+            writing: HashSet::new(),
+            stats: TierStats::default(),
         };
-        let shared = Arc::new(Shared { state: Mutex::new(state), arrived: Condvar::new(), opts });
-        let (tx, rx) = mpsc::channel::<Key>();
+        let shared = Arc::new(Shared { state: Mutex::new(state), moved: Condvar::new(), dir: opts.disk_dir });
+        let (tx, rx) = mpsc::channel::<Job>();
         let worker_shared = shared.clone();
         let worker = std::thread::Builder::new()
-            .name("ferry-tiers-prefetch".into())
+            .name("ferry-tiers-mover".into())
             .spawn(move || {
-                for key in rx {
-                    worker_shared.read_in(key);
+                for job in rx {
+                    match job {
+                        Job::Up(k) => worker_shared.read_in(k),
+                        Job::Down(k) => worker_shared.write_out(k),
+                    }
                 }
             })
-            .map_err(|source| TierError::Io { path: PathBuf::from("<prefetch thread>"), source })?;
-        Ok(Tiers { shared, prefetch: Mutex::new(Some(tx)), worker: Some(worker) })
+            .map_err(|source| TierError::Io { path: PathBuf::from("<mover thread>"), source })?;
+        Ok(Tiers { shared, jobs: Mutex::new(Some(tx)), worker: Some(worker) })
     }
 
     /// Stores a tensor; returns its key. Its placement is the policy's decision after this
-    /// first "use"; a tensor the cpu tier does not keep is written to disk.
+    /// first "use"; a tensor the cpu tier does not keep is written to disk in the
+    /// background. Bytes already in a shared segment are kept where they are; others are
+    /// copied once into one.
     pub fn put(&self, data: Bytes) -> Result<Key, TierError> {
         let bytes = data.len() as u64;
+        let mem = io::to_mem(&data).map_err(|source| TierError::Io { path: PathBuf::from("<memory>"), source })?;
         let mut st = self.shared.lock();
+        if st.disk_used.saturating_add(bytes) > st.disk_budget {
+            return Err(TierError::DiskFull { used: st.disk_used, budget: st.disk_budget, more: bytes });
+        }
+        st.disk_used += bytes;
         let key = st.next_key;
         st.next_key += 1;
-        st.entries.insert(key, Entry { bytes, cpu: Some(data), on_disk: false });
+        let entry = Entry { bytes, cpu: Some(mem), lent: None, on_disk: false, pin: Pin::Auto, last_use: st.step };
+        st.entries.insert(key, entry);
         let d = st.decide(key, bytes, false);
+        let jobs = st.apply(key, d);
         drop(st);
-        self.apply(key, d)?;
+        self.send(jobs);
         Ok(key)
     }
 
     /// The tensor `key` in cpu memory, for a use (see the module docs).
     pub fn get(&self, key: Key) -> Result<Held, TierError> {
         let mut st = self.shared.lock();
-        let bytes = st.entries.get(&key).ok_or(TierError::Unknown(key))?.bytes;
-        let hit = st.view.contains(key);
-        let data = loop {
+        let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
+        let (bytes, pin) = (e.bytes, e.pin);
+        let hit = st.view.contains(key) || (pin == Pin::Cpu && e.cpu.is_some()) || st.reading.contains(&key);
+        let started = Instant::now();
+        let mut waited = false;
+        let mut read_here = false;
+        let deadline = started + PREFETCH_WAIT;
+        let mem = loop {
             let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
-            if let Some(b) = &e.cpu {
-                break b.clone();
+            if let Some(m) = &e.cpu {
+                break m.clone();
             }
-            if !st.pending.contains(&key) {
+            if !st.reading.contains(&key) || Instant::now() >= deadline {
                 // On disk and nobody reading it in: read it here (outside the lock).
                 drop(st);
-                let b = self.shared.read_file(key)?;
+                let m = self.shared.read_file(key, bytes)?;
+                read_here = true;
                 st = self.shared.lock();
-                break b;
+                break m;
             }
-            // A prefetch is reading it in: wait for it (it always ends: `read_in`).
+            waited = true;
+            // A prefetch is reading it in: wait for it (bounded by `deadline`).
             st = self
                 .shared
-                .arrived
-                .wait_timeout(st, Duration::from_secs(1))
+                .moved
+                .wait_timeout(st, Duration::from_millis(100))
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         };
-        let d = st.decide(key, bytes, hit);
-        if d.keep
-            && let Some(e) = st.entries.get_mut(&key)
-        {
-            e.cpu = Some(data.clone());
+        st.stats.uses += 1;
+        st.stats.hits += u64::from(hit);
+        if read_here {
+            st.stats.bytes_read += bytes;
+        }
+        if waited || read_here {
+            st.stats.stalled += started.elapsed();
+        }
+        let jobs = match pin {
+            Pin::Auto => {
+                let d = st.decide(key, bytes, hit);
+                let keep = d.keep;
+                let jobs = st.apply(key, d);
+                if keep && let Some(e) = st.entries.get_mut(&key) {
+                    e.cpu.get_or_insert_with(|| mem.clone());
+                }
+                jobs
+            }
+            Pin::Cpu => {
+                if let Some(e) = st.entries.get_mut(&key) {
+                    e.cpu.get_or_insert_with(|| mem.clone());
+                }
+                Vec::new()
+            }
+            Pin::Disk => Vec::new(),
+        };
+        let step = st.step;
+        if let Some(e) = st.entries.get_mut(&key) {
+            e.last_use = step;
+            e.lent = Some(mem.bucket.downgrade());
         }
         drop(st);
-        self.apply(key, d)?;
-        Ok(Held { key, bytes: data })
+        self.send(jobs);
+        Ok(Held { key, bytes: mem.bytes() })
     }
 
     /// Where `key` lives now.
     pub fn placement(&self, key: Key) -> Result<Tier, TierError> {
+        self.state(key).map(|s| s.tier)
+    }
+
+    /// Where `key` is, how it was placed, whether it is moving or in use.
+    pub fn state(&self, key: Key) -> Result<TensorState, TierError> {
         let st = self.shared.lock();
-        st.entries.get(&key).ok_or(TierError::Unknown(key))?;
-        Ok(if st.view.contains(key) { Tier::Cpu } else { Tier::Disk })
+        let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
+        let tier = if st.view.contains(key) || e.pin == Pin::Cpu { Tier::Cpu } else { Tier::Disk };
+        let in_use = match &e.cpu {
+            Some(m) => !m.bucket.is_last(),
+            None => e.lent.as_ref().is_some_and(|w| w.live_bytes().is_some()),
+        };
+        let moving = st.reading.contains(&key) || st.writing.contains(&key);
+        Ok(TensorState { tier, pin: e.pin, moving, in_use, bytes: e.bytes })
+    }
+
+    /// Places `key` by hand (see the module docs); the move runs in the background.
+    /// Pinning to the cpu tier past its budget is [`TierError::CpuFull`].
+    pub fn place(&self, key: Key, pin: Pin) -> Result<(), TierError> {
+        let mut st = self.shared.lock();
+        let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
+        let (bytes, was) = (e.bytes, e.pin);
+        if was == pin {
+            return Ok(());
+        }
+        if pin == Pin::Cpu && st.pinned_cpu + bytes > st.cpu_budget {
+            return Err(TierError::CpuFull { pinned: st.pinned_cpu, budget: st.cpu_budget, more: bytes });
+        }
+        let mut jobs = Vec::new();
+        if st.view.take(key).is_some() {
+            st.policy.forget(key);
+        }
+        if was == Pin::Cpu {
+            st.pinned_cpu -= bytes;
+        }
+        if pin == Pin::Cpu {
+            st.pinned_cpu += bytes;
+        }
+        if let Some(e) = st.entries.get_mut(&key) {
+            e.pin = pin;
+        }
+        match pin {
+            Pin::Cpu => jobs.extend(st.start_read(key)),
+            // (Given back to the policy from memory: it goes down, and comes back by the policy.)
+            Pin::Disk | Pin::Auto => jobs.extend(st.start_write(key)),
+        }
+        jobs.extend(st.fit_view());
+        drop(st);
+        self.send(jobs);
+        Ok(())
+    }
+
+    /// Forgets `key`: its memory is freed once no user holds it, its file removed.
+    pub fn remove(&self, key: Key) {
+        let mut st = self.shared.lock();
+        let Some(e) = st.entries.remove(&key) else { return };
+        if st.view.take(key).is_some() {
+            st.policy.forget(key);
+        }
+        if e.pin == Pin::Cpu {
+            st.pinned_cpu -= e.bytes;
+        }
+        st.disk_used -= e.bytes;
+        let budget = st.cpu_budget - st.pinned_cpu;
+        st.view.set_budget(budget);
+        drop(st);
+        if e.on_disk {
+            let _ = std::fs::remove_file(self.shared.path(key));
+        }
     }
 
     /// Declares the order of upcoming uses (the policy prefetches ahead when it can).
     pub fn schedule(&self, upcoming: &[Key]) {
         let mut st = self.shared.lock();
-        let with_sizes: Vec<(Key, u64)> =
-            upcoming.iter().filter_map(|k| st.entries.get(k).map(|e| (*k, e.bytes))).collect();
+        let with_sizes: Vec<(Key, u64)> = upcoming
+            .iter()
+            .filter_map(|k| st.entries.get(k).filter(|e| e.pin == Pin::Auto).map(|e| (*k, e.bytes)))
+            .collect();
         st.policy.schedule(&with_sizes);
     }
 
-    /// Bytes in the cpu tier and on disk.
-    pub fn usage(&self) -> (u64, u64) {
-        let st = self.shared.lock();
-        (st.view.used(), st.disk_used)
+    /// The policy's name.
+    pub fn policy_name(&self) -> String {
+        self.shared.lock().policy.name()
     }
 
-    /// Applies a decision made under the lock: demotions write files (once), prefetches go
-    /// to the background thread.
-    fn apply(&self, key: Key, d: Decision) -> Result<(), TierError> {
-        let mut demote: Vec<Key> = d.evict.clone();
-        if !d.keep {
-            demote.push(key);
+    /// Replaces the policy. The cpu tier starts over: every tensor the old policy kept goes
+    /// down (those already on disk cost nothing) and the new one decides from the next use;
+    /// tensors placed by hand stay.
+    pub fn set_policy(&self, policy: Box<dyn Policy + Send>) {
+        let mut st = self.shared.lock();
+        let resident: Vec<Key> = st.view.resident().map(|(k, _)| k).collect();
+        let mut jobs = Vec::new();
+        for k in resident {
+            st.view.take(k);
+            jobs.extend(st.start_write(k));
         }
-        for k in demote {
-            self.shared.demote(k)?;
+        st.policy = policy;
+        drop(st);
+        self.send(jobs);
+    }
+
+    /// The budgets (cpu, disk) in bytes.
+    pub fn budgets(&self) -> (u64, u64) {
+        let st = self.shared.lock();
+        (st.cpu_budget, st.disk_budget)
+    }
+
+    /// Changes the budgets. A smaller cpu tier moves its least recently used tensors down
+    /// (in the background); a cpu budget below the bytes pinned there, or a disk budget
+    /// below the bytes stored, is refused.
+    pub fn set_budgets(&self, cpu: u64, disk: u64) -> Result<(), TierError> {
+        let mut st = self.shared.lock();
+        if cpu < st.pinned_cpu {
+            return Err(TierError::CpuFull { pinned: st.pinned_cpu, budget: cpu, more: st.pinned_cpu - cpu });
         }
-        if !d.prefetch.is_empty() {
-            let tx = self.prefetch.lock().unwrap_or_else(|e| e.into_inner());
-            for &(k, _) in &d.prefetch {
-                if let Some(tx) = tx.as_ref() {
-                    let _ = tx.send(k);
-                }
+        if disk < st.disk_used {
+            return Err(TierError::DiskFull { used: st.disk_used, budget: disk, more: 0 });
+        }
+        st.cpu_budget = cpu;
+        st.disk_budget = disk;
+        let jobs = st.fit_view();
+        drop(st);
+        self.send(jobs);
+        Ok(())
+    }
+
+    /// Bytes in the cpu tier (kept by the policy and pinned) and counted on disk.
+    pub fn usage(&self) -> (u64, u64) {
+        let st = self.shared.lock();
+        (st.view.used() + st.pinned_cpu, st.disk_used)
+    }
+
+    /// What the tiers did so far.
+    pub fn stats(&self) -> TierStats {
+        self.shared.lock().stats.clone()
+    }
+
+    /// Waits until no move is under way (at most `timeout`); whether none is.
+    pub fn settle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        while !st.reading.is_empty() || !st.writing.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .shared
+                .moved
+                .wait_timeout(st, left.min(Duration::from_millis(100)))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+
+    fn send(&self, jobs: Vec<Job>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = tx.as_ref() {
+            for j in jobs {
+                let _ = tx.send(j);
             }
         }
-        Ok(())
     }
 }
 
 impl Drop for Tiers {
     fn drop(&mut self) {
-        self.prefetch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
@@ -264,94 +557,70 @@ impl State {
         self.step += 1;
         let d = self.policy.after_use(step, key, bytes, hit, &self.view);
         match self.view.apply(&d, key, bytes) {
-            Ok(()) => {
-                self.pending.extend(d.prefetch.iter().map(|&(k, _)| k));
-                d
-            }
+            Ok(()) => d,
             Err(e) => {
                 // A policy bug: keep the tier consistent by letting this tensor go.
                 tracing::error!("placement policy {}: {e}", self.policy.name());
+                self.view.take(key);
                 Decision { keep: false, ..Decision::default() }
             }
         }
     }
-}
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn path(&self, key: Key) -> PathBuf {
-        self.opts.disk_dir.join(format!("{key}.tensor"))
-    }
-
-    fn read_file(&self, key: Key) -> Result<Bytes, TierError> {
-        let path = self.path(key);
-        std::fs::read(&path).map(Bytes::from).map_err(|source| TierError::Io { path, source })
-    }
-
-    /// Moves `key` to disk: its file written the first time, its cpu copy dropped (memory a
-    /// holder still uses is freed when it lets go).
-    fn demote(&self, key: Key) -> Result<(), TierError> {
-        let mut st = self.lock();
-        let Some(e) = st.entries.get(&key) else { return Ok(()) };
-        if st.view.contains(key) {
-            // Kept again meanwhile (a later decision).
-            return Ok(());
+    /// The moves a decision (applied to the view) needs.
+    fn apply(&mut self, key: Key, d: Decision) -> Vec<Job> {
+        let mut jobs = Vec::new();
+        for k in d.evict.into_iter().chain((!d.keep).then_some(key)) {
+            jobs.extend(self.start_write(k));
         }
-        let (bytes, on_disk, cpu) = (e.bytes, e.on_disk, e.cpu.clone());
-        if !on_disk {
-            if st.disk_used + bytes > self.opts.disk_budget {
-                return Err(TierError::DiskFull { used: st.disk_used, budget: self.opts.disk_budget, more: bytes });
-            }
-            let Some(data) = cpu else { return Ok(()) };
-            st.disk_used += bytes;
-            drop(st);
-            let written = write_file(&self.path(key), &data);
-            st = self.lock();
-            if let Err(e) = written {
-                st.disk_used -= bytes;
-                return Err(e);
-            }
+        for (k, _) in d.prefetch {
+            self.stats.prefetches += 1;
+            jobs.extend(self.start_read(k));
         }
-        let resident = st.view.contains(key);
-        if let Some(e) = st.entries.get_mut(&key) {
-            e.on_disk = true;
-            if !resident {
-                e.cpu = None;
-            }
-        }
-        Ok(())
+        jobs
     }
 
-    /// The prefetch thread: reads `key` in if the cpu tier still wants it; either way the
-    /// prefetch ends (a use waiting for it wakes).
-    fn read_in(&self, key: Key) {
-        let wanted = {
-            let st = self.lock();
-            st.entries.get(&key).is_some_and(|e| e.cpu.is_none()) && st.view.contains(key)
-        };
-        let read = wanted.then(|| self.read_file(key));
-        let mut st = self.lock();
-        match read {
-            Some(Ok(b)) => {
-                if st.view.contains(key)
-                    && let Some(e) = st.entries.get_mut(&key)
-                {
-                    e.cpu = Some(b);
-                }
-            }
-            // The use reads it itself, and reports the error.
-            Some(Err(e)) => tracing::warn!("prefetch of tensor {key}: {e}"),
-            None => {}
+    /// Starts moving `key` down (unless it belongs in the cpu tier or has no cpu copy).
+    fn start_write(&mut self, key: Key) -> Option<Job> {
+        let cpu_tier = self.view.contains(key);
+        let e = self.entries.get(&key)?;
+        if cpu_tier || e.pin == Pin::Cpu || e.cpu.is_none() || !self.writing.insert(key) {
+            return None;
         }
-        st.pending.remove(&key);
-        drop(st);
-        self.arrived.notify_all();
+        Some(Job::Down(key))
     }
-}
 
-fn write_file(path: &Path, data: &[u8]) -> Result<(), TierError> {
-    std::fs::write(path, data).map_err(|source| TierError::Io { path: path.to_owned(), source })
+    /// Starts reading `key` in (unless its bytes are in memory or already coming).
+    fn start_read(&mut self, key: Key) -> Option<Job> {
+        let e = self.entries.get(&key)?;
+        if e.cpu.is_some() || !self.reading.insert(key) {
+            return None;
+        }
+        Some(Job::Up(key))
+    }
+
+    /// Shrinks the policy's view to its budget (the cpu budget less the pinned bytes),
+    /// moving the least recently used tensors down.
+    fn fit_view(&mut self) -> Vec<Job> {
+        let budget = self.cpu_budget - self.pinned_cpu;
+        let mut jobs = Vec::new();
+        let mut resident: Vec<(usize, Key)> =
+            self.view.resident().map(|(k, _)| (self.entries.get(&k).map_or(0, |e| e.last_use), k)).collect();
+        resident.sort_unstable();
+        for (_, k) in resident {
+            if self.view.used() <= budget {
+                break;
+            }
+            self.view.take(k);
+            self.policy.forget(k);
+            jobs.extend(self.start_write(k));
+        }
+        self.view.set_budget(budget.max(self.view.used()));
+        jobs
+    }
+
+    /// Whether `key`'s bytes belong in memory now.
+    fn wants_cpu(&self, key: Key) -> bool {
+        self.view.contains(key) || self.entries.get(&key).is_some_and(|e| e.pin == Pin::Cpu)
+    }
 }
