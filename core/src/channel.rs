@@ -18,50 +18,49 @@ use crate::frame::OutFrame;
 use crate::meta::TensorMeta;
 use crate::tensor::TensorMut;
 use crate::tensor::{ALIGN, Tensor};
+use crate::ticket::{SendTicket, Tickets};
 use crate::transport::ConnInfo;
 use crate::wire::{ChannelOffer, InlineRef, Location};
 
-/// A CONTROL frame a session wants sent to its peer session.
-#[derive(Debug)]
+/// A CONTROL frame a session has for its peer session, pulled by the pipe's writer
+/// ([`ChannelSession::poll_control`]). CONTROL frames carry no descriptors.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ControlOut {
     /// The sending channel's name.
     pub channel: &'static str,
     /// Channel-specific body.
     pub body: serde_json::Value,
-    /// Descriptors to attach (unix).
-    #[cfg(unix)]
-    pub fds: Vec<std::os::fd::OwnedFd>,
 }
 
 impl ControlOut {
-    /// A CONTROL body with no descriptors (builds on every platform).
+    /// A CONTROL body of channel `channel`.
     pub fn new(channel: &'static str, body: serde_json::Value) -> Self {
-        ControlOut {
-            channel,
-            body,
-            #[cfg(unix)]
-            fds: Vec::new(),
-        }
+        ControlOut { channel, body }
     }
 }
 
-/// Sends CONTROL frames on behalf of a session; they go out in order, after any frame
-/// already being written. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct ControlSender {
-    tx: tokio::sync::mpsc::UnboundedSender<ControlOut>,
+/// Tells the pipe's writer that a session has CONTROL frames due (or a new time to be asked
+/// again): the writer then pulls them ([`ChannelSession::poll_control`]) as soon as it
+/// holds the write side. Waking is cheap and idempotent. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct ControlWaker {
+    notify: Arc<tokio::sync::Notify>,
 }
 
-impl ControlSender {
-    /// A sender and the receiving end the pipe drains.
-    pub fn channel() -> (ControlSender, tokio::sync::mpsc::UnboundedReceiver<ControlOut>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        (ControlSender { tx }, rx)
+impl ControlWaker {
+    /// A new waker (the pipe holds its own clone and waits on it).
+    pub fn new() -> Self {
+        ControlWaker::default()
     }
 
-    /// Queues a CONTROL frame. Fails once the pipe is gone.
-    pub fn send(&self, msg: ControlOut) -> Result<(), ChannelError> {
-        self.tx.send(msg).map_err(|_| ChannelError::Closed)
+    /// Asks the writer to pull.
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Waits for a [`ControlWaker::wake`] (one given while nobody waited counts too).
+    pub async fn woken(&self) {
+        self.notify.notified().await;
     }
 }
 
@@ -70,8 +69,8 @@ impl ControlSender {
 pub struct SessionCtx {
     /// The connection.
     pub conn: ConnInfo,
-    /// Sends CONTROL frames to the peer's session.
-    pub control: ControlSender,
+    /// Asks the pipe's writer to pull this session's due CONTROL frames.
+    pub control: ControlWaker,
     /// Becomes `true` when the pipe closes (for waits that must end then).
     pub closed: tokio::sync::watch::Receiver<bool>,
     /// True on the accepting side.
@@ -148,14 +147,23 @@ pub trait ChannelSession: Send + Sync + 'static {
             reason: "this channel takes no control messages".into(),
         })
     }
-    /// A CONTROL body that is due now and may ride behind the message frame being written
-    /// (e.g. the leases its tensors held, released as the message is sent), so that it
-    /// costs no write of its own. `None` when nothing is due. Only bodies without
-    /// descriptors; the pipe calls it while it holds the write side, after the message's
-    /// own tensors are dropped.
-    fn due_control(&self) -> Option<serde_json::Value> {
+    /// The CONTROL frames due now, appended to `out` (e.g. releases of the peer's leases
+    /// this side dropped), and when to be asked again though no [`ControlWaker::wake`]
+    /// comes (e.g. a release batch's delay ends); `None`: only a wake makes more due.
+    ///
+    /// The pipe calls it only while it holds the write side (as quinn's `poll_transmit`):
+    /// before writing each MESSAGE frame, after that message's [`crate::SendTicket::placed`]
+    /// and after its tensors are dropped, so what is due rides behind the frame in the same
+    /// write; and whenever a wake comes or the time returned passes with no message going
+    /// out. A frame pulled here is written, never lost (unless the pipe closes).
+    fn poll_control(&self, now: std::time::Instant, out: &mut Vec<ControlOut>) -> Option<std::time::Instant> {
+        let _ = (now, out);
         None
     }
+    /// The pipe has closed (called once, by whichever side noticed first): end every lease
+    /// both ways, so that memory lent to the peer comes back and the peer's is unmapped
+    /// once no tensor of this side uses it.
+    fn close(&self) {}
 }
 
 /// The message frame being built: payload parts and descriptors to send.
@@ -163,9 +171,7 @@ pub trait ChannelSession: Send + Sync + 'static {
 pub struct Outgoing {
     frame: OutFrame,
     len: u64,
-    on_abort: Vec<Box<dyn FnOnce() + Send>>,
-    on_commit: Vec<Box<dyn FnOnce() + Send>>,
-    on_ordered: Vec<Box<dyn FnOnce() + Send>>,
+    tickets: Tickets,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -211,77 +217,23 @@ impl Outgoing {
         0
     }
 
-    /// Registers an undo action, run if the message is not sent after all (a later tensor
-    /// or a limit check failed): e.g. forget a lease granted or a segment announced.
-    pub fn on_abort(&mut self, f: impl FnOnce() + Send + 'static) {
-        self.on_abort.push(Box::new(f));
+    /// The session's ticket of type `T` for this message, made with `make` on first use: a
+    /// session keeps one ticket per message and records in it what it must do as the
+    /// message goes out or does not (see [`crate::ticket`]).
+    pub fn ticket<T: SendTicket>(&mut self, make: impl FnOnce() -> T) -> &mut T {
+        self.tickets.get_or_insert(make)
     }
 
-    /// Registers an action to run once the message frame has been written (e.g. start
-    /// sending bytes that travel apart from the frame).
-    pub fn on_commit(&mut self, f: impl FnOnce() + Send + 'static) {
-        self.on_commit.push(Box::new(f));
+    /// The message will not be sent: every ticket is placed, then aborted.
+    pub fn abort(self) {
+        self.tickets.aborted();
     }
 
-    /// Registers an action to run once nothing can reach the wire before this message any
-    /// more (the pipe holds the write side for it), or once it will not be sent at all.
-    /// E.g. let a lease that the message names go: its release may now be written, since it
-    /// can only follow the message.
-    pub fn on_ordered(&mut self, f: impl FnOnce() + Send + 'static) {
-        self.on_ordered.push(Box::new(f));
-    }
-
-    /// The message will not be sent: runs the undo actions, newest first, then the
-    /// [`Outgoing::on_ordered`] ones.
-    pub fn abort(mut self) {
-        while let Some(f) = self.on_abort.pop() {
-            f();
-        }
-        for f in std::mem::take(&mut self.on_ordered) {
-            f();
-        }
-    }
-
-    /// Finishes with the JSON header.
-    pub fn finish(mut self, header: Vec<u8>) -> (OutFrame, Committed) {
-        self.frame.header = header;
-        let committed =
-            Committed { after: std::mem::take(&mut self.on_commit), ordered: std::mem::take(&mut self.on_ordered) };
-        (self.frame, committed)
-    }
-}
-
-/// The actions to run once a message frame is written (see [`Outgoing::on_commit`]), and
-/// those to run once its place on the wire is fixed ([`Outgoing::on_ordered`]; run when
-/// this is dropped if they have not been).
-#[must_use = "run() it once the frame is written"]
-pub struct Committed {
-    after: Vec<Box<dyn FnOnce() + Send>>,
-    ordered: Vec<Box<dyn FnOnce() + Send>>,
-}
-
-impl Committed {
-    /// Runs the [`Outgoing::on_ordered`] actions (the pipe holds the write side).
-    pub fn run_ordered(&mut self) {
-        for f in std::mem::take(&mut self.ordered) {
-            f();
-        }
-    }
-
-    /// Runs the actions, oldest first (the ordered ones first, if they have not run).
-    pub fn run(mut self) {
-        self.run_ordered();
-        for f in std::mem::take(&mut self.after) {
-            f();
-        }
-    }
-}
-
-impl Drop for Committed {
-    fn drop(&mut self) {
-        // Not written after all: the ordered actions still run (they let go of what the
-        // message held); the after-write ones do not.
-        self.run_ordered();
+    /// Finishes with the JSON header: the frame to write and the tickets to settle.
+    pub fn finish(self, header: Vec<u8>) -> (OutFrame, Tickets) {
+        let Outgoing { mut frame, tickets, .. } = self;
+        frame.header = header;
+        (frame, tickets)
     }
 }
 

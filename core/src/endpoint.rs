@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::channel::{Channel, ControlOut, ControlSender, SessionCtx};
+use crate::channel::{Channel, ControlWaker, SessionCtx};
 use crate::error::{PipeError, ProtocolError, TransportError};
 use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
 use crate::handshake::{ServerPolicy, client_accept, client_hello, server_decide};
@@ -390,7 +390,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         }
     };
     let open = client_accept(&cfg.channels, &hello, &welcome)?;
-    let (ctx, closed_tx, control_rx) = session_ctx(&info, false, &welcome.features);
+    let (ctx, closed_tx) = session_ctx(&info, false, &welcome.features);
     let mut sessions = BTreeMap::new();
     for (kind, c) in open {
         sessions.insert(kind, c.open(ctx.clone())?);
@@ -405,7 +405,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         token_verified: false,
     };
     reader.set_limits(cfg.limits);
-    Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, (ctx.control, control_rx)))
+    Ok(Pipe::start(reader, writer, sessions, pipe_info, welcome.limits, &cfg, closed_tx, ctx.control))
 }
 
 /// The one line a plain JSON peer gets from a listener that requires a bearer token: a
@@ -448,7 +448,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             Err(PipeError::Refused(refusal))
         }
         Ok((welcome, hello)) => {
-            let (ctx, closed_tx, control_rx) = session_ctx(&info, true, &welcome.features);
+            let (ctx, closed_tx) = session_ctx(&info, true, &welcome.features);
             let mut sessions = BTreeMap::new();
             for (kind, name) in &welcome.channels {
                 if let Some(c) = cfg.channels.iter().find(|c| c.name() == name) {
@@ -476,18 +476,20 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
                 peer_limits,
                 &cfg,
                 closed_tx,
-                (ctx.control, control_rx),
+                ctx.control,
             )))
         }
     }
 }
 
-type CtxParts = (SessionCtx, watch::Sender<bool>, mpsc::UnboundedReceiver<ControlOut>);
-
-fn session_ctx(info: &crate::transport::ConnInfo, is_server: bool, features: &[String]) -> CtxParts {
-    let (control, control_rx) = ControlSender::channel();
+fn session_ctx(
+    info: &crate::transport::ConnInfo,
+    is_server: bool,
+    features: &[String],
+) -> (SessionCtx, watch::Sender<bool>) {
+    let control = ControlWaker::new();
     let (closed_tx, closed) = watch::channel(false);
-    (SessionCtx { conn: info.clone(), control, closed, is_server, features: features.to_vec() }, closed_tx, control_rx)
+    (SessionCtx { conn: info.clone(), control, closed, is_server, features: features.to_vec() }, closed_tx)
 }
 
 /// Compares two secrets (bearer tokens) in time that does not depend on where they differ

@@ -475,18 +475,52 @@ impl OutFrame {
     }
 }
 
+/// Writes all of `buf`, marking the writer `torn` from its first byte on (the caller clears
+/// it once the last byte of its frames is written).
+async fn put(inner: &mut Box<dyn AsyncWrite + Send + Unpin>, torn: &mut bool, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        let n = inner.write(buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        *torn = true;
+        buf = &buf[n..];
+    }
+    Ok(())
+}
+
 /// Writes frames to a connection's write half.
 pub struct FrameWriter {
     inner: Box<dyn AsyncWrite + Send + Unpin>,
     #[cfg_attr(not(unix), allow(dead_code))]
     fds: Option<FdQueue>,
     scratch: Vec<u8>,
+    /// A write stopped part-way through its frames (it failed, or its future was dropped):
+    /// the stream has no frame boundary any more, so nothing more may be written.
+    torn: bool,
+    /// Writes finished whole ([`FrameWriter::writes_done`]).
+    done: u64,
 }
 
 impl FrameWriter {
     /// Wraps a write half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(write: Box<dyn AsyncWrite + Send + Unpin>, fds: Option<FdQueue>) -> Self {
-        FrameWriter { inner: write, fds, scratch: Vec::new() }
+        FrameWriter { inner: write, fds, scratch: Vec::new(), torn: false, done: 0 }
+    }
+
+    /// True when a write stopped after some but not all of its bytes went to the transport
+    /// (it failed, or the future was dropped): every later write fails, and the connection
+    /// should be closed.
+    pub fn is_torn(&self) -> bool {
+        self.torn
+    }
+
+    /// How many writes ([`FrameWriter::write_frame_then`] and the like) handed all their
+    /// bytes to the transport. Compared before and after a write whose future may have been
+    /// dropped, it tells whether that write's frames went out whole (it went up), or not
+    /// at all (it did not, and the writer is not torn).
+    pub fn writes_done(&self) -> u64 {
+        self.done
     }
 
     /// The byte stream underneath.
@@ -514,6 +548,14 @@ impl FrameWriter {
         #[cfg_attr(not(unix), allow(unused_mut))] mut frame: OutFrame,
         trailing: &[(FrameKind, &[u8])],
     ) -> Result<(), PipeError> {
+        if self.torn {
+            return Err(PipeError::Transport(crate::error::TransportError::Io(std::sync::Arc::new(
+                std::io::Error::other(
+                    "an earlier write stopped part-way through a frame (it failed, or its send was dropped): \
+                     the stream has lost its frame boundaries",
+                ),
+            ))));
+        }
         let header_len =
             u32::try_from(frame.header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
         #[cfg(unix)]
@@ -560,9 +602,9 @@ impl FrameWriter {
                 self.scratch.extend_from_slice(p);
             }
         } else {
-            self.inner.write_all(&self.scratch).await?;
+            put(&mut self.inner, &mut self.torn, &self.scratch).await?;
             for p in &frame.payload {
-                self.inner.write_all(p).await?;
+                put(&mut self.inner, &mut self.torn, p).await?;
             }
             self.scratch.clear();
         }
@@ -574,8 +616,11 @@ impl FrameWriter {
             self.scratch.extend_from_slice(header);
         }
         if !self.scratch.is_empty() {
-            self.inner.write_all(&self.scratch).await?;
+            put(&mut self.inner, &mut self.torn, &self.scratch).await?;
         }
+        // Every byte is the transport's now: the frames are whole on the stream.
+        self.torn = false;
+        self.done += 1;
         self.inner.flush().await?;
         Ok(())
     }

@@ -15,18 +15,22 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{Mutex, mpsc, watch};
 
-use crate::channel::{ChannelSession, Committed, ControlOut, ControlSender, Incoming, Outgoing};
+use crate::channel::{ChannelSession, ControlWaker, Outgoing};
 use crate::compact::DescsOut;
 use crate::dtype::DeviceKind;
 use crate::endpoint::Config;
-use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
-use crate::frame::{Frame, FrameKind, FrameReader, FrameWriter, OutFrame};
+use crate::error::{ChannelError, LimitError, PipeError};
+use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
 use crate::message::Message;
 use crate::meta::TensorMeta;
 use crate::tensor::{Tensor, TensorMut};
 use crate::transport::ConnInfo;
 use crate::wire::FEATURE_COMPACT_TENSORS;
-use crate::wire::{Close, ControlHeader, Limits, MessageHeader, TensorDesc};
+use crate::wire::{Close, Limits, TensorDesc};
+
+mod read;
+mod write;
+use write::WriteSide;
 
 /// What was negotiated for a pipe.
 #[derive(Debug, Clone)]
@@ -48,7 +52,8 @@ pub struct PipeInfo {
 }
 
 struct Shared {
-    writer: Mutex<FrameWriter>,
+    /// The write side ([`write`]: the send sequence).
+    writer: Mutex<WriteSide>,
     /// Held from the first tensor encoded to the frame written, so that messages reach the
     /// wire in the order their tensors were encoded (channels may rely on it).
     send_order: Mutex<()>,
@@ -60,8 +65,8 @@ struct Shared {
     closed_tx: watch::Sender<bool>,
     error: StdMutex<Option<PipeError>>,
     handler: StdMutex<HandlerSlot>,
-    /// For due CONTROL bodies a cancelled or failed `write_message` took but did not write.
-    control: ControlSender,
+    /// Woken by a session with CONTROL frames due ([`crate::SessionCtx::control`]).
+    control: ControlWaker,
     /// The peer takes compact tensor descriptors ([`crate::compact`]).
     compact: bool,
 }
@@ -98,7 +103,6 @@ pub struct Pipe {
     shared: Arc<Shared>,
     rx: Mutex<mpsc::Receiver<Result<Message, PipeError>>>,
     reader: tokio::task::JoinHandle<()>,
-    control: tokio::task::JoinHandle<()>,
     info: PipeInfo,
 }
 
@@ -118,10 +122,10 @@ impl Pipe {
         peer_limits: Limits,
         cfg: &Config,
         closed_tx: watch::Sender<bool>,
-        (control, control_rx): (ControlSender, mpsc::UnboundedReceiver<ControlOut>),
+        control: ControlWaker,
     ) -> Pipe {
         let shared = Arc::new(Shared {
-            writer: Mutex::new(writer),
+            writer: Mutex::new(WriteSide::new(writer)),
             send_order: Mutex::new(()),
             sessions,
             peer_limits,
@@ -134,9 +138,10 @@ impl Pipe {
             compact: info.features.iter().any(|f| f == FEATURE_COMPACT_TENSORS),
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);
-        let task = tokio::spawn(read_loop(reader, shared.clone(), tx));
-        let control = tokio::spawn(control_loop(control_rx, shared.clone()));
-        Pipe { shared, rx: Mutex::new(rx), reader: task, control, info }
+        let task = tokio::spawn(read::read_loop(reader, shared.clone(), tx));
+        // Ends by itself when the pipe closes (after the sessions' `close`).
+        tokio::spawn(write::control_task(shared.clone()));
+        Pipe { shared, rx: Mutex::new(rx), reader: task, info }
     }
 
     /// What was negotiated.
@@ -159,7 +164,9 @@ impl Pipe {
         *self.shared.closed_tx.borrow()
     }
 
-    /// Sends a message. Returns once it is handed to the transport.
+    /// Sends a message. Returns once it is handed to the transport. Dropping the future
+    /// before then is safe: the message goes out whole or not at all (a write dropped
+    /// part-way closes the pipe; [`write`] has the sequence).
     pub async fn send(&self, msg: Message) -> Result<(), PipeError> {
         if self.is_closed() {
             return Err(self.shared.closed_error());
@@ -177,10 +184,8 @@ impl Pipe {
         let mut out = Outgoing::default();
         match self.encode(&msg, &mut out).await {
             Ok(header) => {
-                let (frame, mut committed) = out.finish(header);
-                self.shared.write_message(frame, msg, &mut committed).await?;
-                committed.run();
-                Ok(())
+                let (frame, tickets) = out.finish(header);
+                self.shared.write_message(frame, msg, tickets).await
             }
             Err(e) => {
                 out.abort();
@@ -320,7 +325,7 @@ impl Pipe {
         }
         self.shared.mark_closed(PipeError::Closed);
         let mut w = self.shared.writer.lock().await;
-        w.shutdown().await;
+        w.frames.shutdown().await;
     }
 
     fn session_for(&self, t: &Tensor) -> Result<&Arc<dyn ChannelSession>, PipeError> {
@@ -341,7 +346,6 @@ impl Pipe {
 impl Drop for Pipe {
     fn drop(&mut self) {
         self.reader.abort();
-        self.control.abort();
         self.shared.mark_closed(PipeError::Closed);
     }
 }
@@ -393,73 +397,12 @@ impl Shared {
         if slot.is_none() || (bare && matches!(e, PipeError::ClosedByPeer(_))) {
             *slot = Some(e);
         }
-        self.closed_tx.send_replace(true);
-    }
-
-    /// Writes a MESSAGE frame. Once the write side is ours, the ordered actions run
-    /// ([`Outgoing::on_ordered`]: leases the frame names may be released again), the message
-    /// (its tensors) is dropped, so a lease on the peer's memory that only it held is
-    /// released now, and the channels' due CONTROL bodies (such releases) go behind the frame
-    /// in the same write: after the frame that may still name the lease (`shm_return`),
-    /// never before it.
-    async fn write_message(&self, frame: OutFrame, msg: Message, committed: &mut Committed) -> Result<(), PipeError> {
-        let mut closed = self.closed_tx.subscribe();
-        if *closed.borrow() {
-            return Err(self.closed_error());
-        }
-        let r = tokio::select! {
-            r = async {
-                let mut w = self.writer.lock().await;
-                committed.run_ordered();
-                drop(msg);
-                let mut due = DueControls { taken: self.due_controls(), control: &self.control };
-                let trailing: Vec<(FrameKind, &[u8])> =
-                    due.taken.iter().map(|(_, h)| (FrameKind::Control, h.as_slice())).collect();
-                let r = w.write_frame_then(FrameKind::Message, frame, &trailing).await;
-                if r.is_ok() {
-                    due.taken.clear();
-                }
-                r
-            } => r,
-            _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
-        };
-        if let Err(e) = &r
-            && e.is_closed()
-        {
-            self.mark_closed(e.clone());
-        }
-        r
-    }
-
-    /// The channels' due CONTROL bodies (see [`ChannelSession::due_control`]), each with
-    /// its frame header.
-    fn due_controls(&self) -> Vec<(ControlOut, Vec<u8>)> {
-        let mut out = Vec::new();
-        for s in self.sessions.values() {
-            if let Some(body) = s.due_control() {
-                let header = serde_json::to_vec(&ControlHeader { channel: s.name().to_string(), body: body.clone() })
-                    .unwrap_or_default();
-                out.push((ControlOut::new(s.name(), body), header));
+        drop(slot);
+        if !self.closed_tx.send_replace(true) {
+            for s in self.sessions.values() {
+                s.close();
             }
         }
-        out
-    }
-
-    async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
-        let mut closed = self.closed_tx.subscribe();
-        if *closed.borrow() {
-            return Err(self.closed_error());
-        }
-        let r = tokio::select! {
-            r = async { self.writer.lock().await.write_frame(kind, frame).await } => r,
-            _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
-        };
-        if let Err(e) = &r
-            && e.is_closed()
-        {
-            self.mark_closed(e.clone());
-        }
-        r
     }
 
     /// The peer broke the protocol: say why (best effort) and close.
@@ -471,238 +414,9 @@ impl Shared {
         let bye = Close { code: code.into(), message: e.to_string() };
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             let mut w = self.writer.lock().await;
-            let _ = w.write_frame(FrameKind::Close, OutFrame::json(&bye)).await;
-            w.shutdown().await;
+            let _ = w.frames.write_frame(FrameKind::Close, OutFrame::json(&bye)).await;
+            w.frames.shutdown().await;
         })
         .await;
     }
-}
-
-/// Due CONTROL bodies taken for a write: any not written (the send was cancelled, or the
-/// write failed) go out through the control queue instead, never lost.
-struct DueControls<'a> {
-    taken: Vec<(ControlOut, Vec<u8>)>,
-    control: &'a ControlSender,
-}
-
-impl Drop for DueControls<'_> {
-    fn drop(&mut self) {
-        for (c, _) in self.taken.drain(..) {
-            let _ = self.control.send(c);
-        }
-    }
-}
-
-async fn read_loop(reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sender<Result<Message, PipeError>>) {
-    let end = read_frames(reader, &shared, &tx).await;
-    // The handler may hold what holds this pipe: let it go before waiting for room in the
-    // queue (whose reader may be what the handler keeps alive).
-    shared.replace_handler(None);
-    if let Some(e) = end {
-        let _ = tx.send(Err(e)).await;
-    }
-}
-
-/// Reads until the pipe ends; returns the error to report to `recv` (`None`: `recv`'s side
-/// is gone).
-async fn read_frames(
-    mut reader: FrameReader,
-    shared: &Shared,
-    tx: &mpsc::Sender<Result<Message, PipeError>>,
-) -> Option<PipeError> {
-    loop {
-        let result = match reader.read_frame().await {
-            Err(e) => Err(e),
-            Ok(frame) => handle_frame(shared, frame).await,
-        };
-        match result {
-            Ok(Some(msg)) => {
-                // The handler is taken out while it runs, so that it may use the pipe freely.
-                let (handler, generation) = {
-                    let mut slot = shared.handler_slot();
-                    (slot.handler.take(), slot.generation)
-                };
-                let Some(mut handler) = handler else {
-                    reader.arm_busy_poll(false);
-                    if tx.send(Ok(msg)).await.is_err() {
-                        return None;
-                    }
-                    continue;
-                };
-                let pause = match handler(msg) {
-                    Handled::Done => {
-                        reader.arm_busy_poll(true);
-                        None
-                    }
-                    Handled::Started => {
-                        reader.arm_busy_poll(false);
-                        None
-                    }
-                    Handled::Pause(until) => {
-                        reader.arm_busy_poll(false);
-                        Some(until)
-                    }
-                };
-                {
-                    let mut slot = shared.handler_slot();
-                    // Unless it was replaced or cleared meanwhile.
-                    if slot.generation == generation && slot.handler.is_none() {
-                        slot.handler = Some(handler);
-                    } else {
-                        drop(slot);
-                        drop(handler);
-                    }
-                }
-                if let Some(until) = pause {
-                    until.await;
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                let peer_fault = !matches!(e, PipeError::Closed | PipeError::ClosedByPeer(_) | PipeError::Transport(_));
-                reader.arm_busy_poll(false);
-                if peer_fault {
-                    tracing::warn!(error = %e, "closing pipe: peer sent bad data");
-                    shared.fail(&e).await;
-                }
-                shared.mark_closed(e.clone());
-                return Some(e);
-            }
-        }
-    }
-}
-
-async fn control_loop(mut rx: mpsc::UnboundedReceiver<ControlOut>, shared: Arc<Shared>) {
-    while let Some(c) = rx.recv().await {
-        let header =
-            serde_json::to_vec(&ControlHeader { channel: c.channel.to_string(), body: c.body }).unwrap_or_default();
-        let frame = OutFrame {
-            header,
-            payload: Vec::new(),
-            #[cfg(unix)]
-            fds: c.fds,
-        };
-        if shared.write(FrameKind::Control, frame).await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
-    match frame.kind {
-        FrameKind::Message => decode_message(shared, frame).await.map(Some),
-        FrameKind::Control => {
-            let c: ControlHeader = frame.parse()?;
-            let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
-                ProtocolError::BadHeader(format!(
-                    "control frame for channel {:?}, which this pipe does not use",
-                    c.channel
-                ))
-            })?;
-            let mut incoming = Incoming::new(
-                frame.payload,
-                #[cfg(unix)]
-                frame.fds,
-            );
-            session.control(c.body, &mut incoming)?;
-            Ok(None)
-        }
-        FrameKind::Close => {
-            let c: Close =
-                frame.parse().unwrap_or_else(|e| Close { code: "unreadable".into(), message: e.to_string() });
-            if c.code == "normal" {
-                Err(PipeError::Closed)
-            } else {
-                Err(PipeError::ClosedByPeer(format!("{}: {}", c.code, c.message)))
-            }
-        }
-        k => Err(ProtocolError::UnexpectedFrame { kind: k as u8, context: "after the handshake" }.into()),
-    }
-}
-
-/// Headers at least this long are counted before they are parsed
-/// ([`crate::json_shape::check`]); shorter ones cannot hold a harmful number of values.
-const COUNT_HEADER_FROM: usize = 64 << 10;
-
-/// Headers at least this long are parsed on the blocking pool, not on the runtime worker
-/// that other connections' readers need.
-const PARSE_OFF_WORKER_FROM: usize = 1 << 20;
-
-/// Parses a MESSAGE frame's header, after counting its values when it is big; a header of
-/// [`PARSE_OFF_WORKER_FROM`] bytes or more is counted and parsed on the blocking pool.
-async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHeader, PipeError> {
-    let max = shared.max_header_values;
-    if frame.header.len() < PARSE_OFF_WORKER_FROM {
-        count_header_values(&frame.header, max)?;
-        return Ok(frame.parse()?);
-    }
-    let header = std::mem::take(&mut frame.header);
-    tokio::task::spawn_blocking(move || {
-        crate::compute::enter();
-        count_header_values(&header, max)?;
-        Ok(crate::frame::parse_header::<MessageHeader>(&header)?)
-    })
-    .await
-    .map_err(|e| ProtocolError::BadHeader(format!("parsing the header: {e}")))?
-}
-
-/// Checks a header of [`COUNT_HEADER_FROM`] bytes or more against `max` values (and the
-/// parser's depth) before it is parsed.
-fn count_header_values(text: &[u8], max: usize) -> Result<(), PipeError> {
-    if text.len() < COUNT_HEADER_FROM {
-        return Ok(());
-    }
-    let Err(e) = crate::json_shape::check(text, usize::MAX, max) else { return Ok(()) };
-    let (what, value, max) = match e {
-        crate::json_shape::ShapeError::Depth(d) => {
-            return Err(ProtocolError::BadHeader(format!(
-                "the message header nests {d} deep, over the parser's {}",
-                crate::json_shape::MAX_DEPTH
-            ))
-            .into());
-        }
-        crate::json_shape::ShapeError::Batch(n) | crate::json_shape::ShapeError::Values(n) => {
-            ("JSON values in a received message header", n as u64, max as u64)
-        }
-    };
-    Err(PipeError::Limit(LimitError {
-        limit: "max_header_values",
-        what,
-        value,
-        max,
-        hint: "send big arrays as tensors, or raise it with EndpointBuilder::max_header_values on the receiving side"
-            .into(),
-    }))
-}
-
-async fn decode_message(shared: &Shared, mut frame: Frame) -> Result<Message, PipeError> {
-    let h = message_header(shared, &mut frame).await?;
-    if h.tensors.len() as u64 > u64::from(shared.limits.max_tensors) {
-        return Err(PipeError::Limit(LimitError {
-            limit: "max_tensors",
-            what: "tensors in a received message",
-            value: h.tensors.len() as u64,
-            max: shared.limits.max_tensors.into(),
-            hint: "raise it with Limits::max_tensors (EndpointBuilder::limits) on the receiving side".into(),
-        }));
-    }
-    let mut incoming = Incoming::new(
-        frame.payload,
-        #[cfg(unix)]
-        frame.fds,
-    );
-    let mut tensors = Vec::with_capacity(h.tensors.len());
-    for (index, d) in h.tensors.into_iter().enumerate() {
-        let kind = d.meta.device.kind();
-        let session = shared.sessions.get(&kind).ok_or_else(|| ProtocolError::BadTensor {
-            index,
-            reason: format!("no channel was negotiated for {kind:?} tensors"),
-        })?;
-        let t = session.decode(d.meta, &d.data, &mut incoming).await.map_err(|e| match e {
-            ChannelError::Limit(l) => PipeError::Limit(l),
-            e => ProtocolError::BadTensor { index, reason: e.to_string() }.into(),
-        })?;
-        tensors.push(t);
-    }
-    Ok(Message { header: h.header, tensors })
 }

@@ -14,10 +14,9 @@ use std::sync::{Arc, Mutex, Weak};
 use async_trait::async_trait;
 use ferry_core::wire::{CudaIpcRef, CudaIpcReturnRef, Location};
 use ferry_core::{
-    ChannelError, ChannelSession, ControlOut, Device, DeviceBuffer, Incoming, LimitError, Outgoing, SessionCtx,
-    Storage, Tensor, TensorMeta,
+    ChannelError, ChannelSession, ControlOut, ControlWaker, Device, DeviceBuffer, Incoming, LimitError, Outgoing,
+    SendTicket, SessionCtx, Storage, Tensor, TensorMeta,
 };
-use tokio::sync::Notify;
 
 use crate::cache::{AllocCache, CacheError, EventCache};
 use crate::descriptor::{self, Control, Desc, ReturnDesc};
@@ -98,7 +97,7 @@ struct Counters {
     retires_received: AtomicU64,
 }
 
-/// What a session, its buffers and its flush task share.
+/// What a session and its buffers share.
 pub(crate) struct Core {
     driver: Arc<dyn Driver>,
     alive: AtomicBool,
@@ -106,7 +105,8 @@ pub(crate) struct Core {
     peer: Mutex<PeerState>,
     own_events: Mutex<HashMap<u32, Arc<EventGuard>>>,
     pending: Mutex<Pending>,
-    notify: Notify,
+    /// Tells the pipe's writer that releases or retirements are pending.
+    waker: ControlWaker,
     counters: Counters,
 }
 
@@ -114,7 +114,7 @@ impl RetireSink for Core {
     fn retire(&self, alloc_id: u64) {
         if self.alive.load(Ordering::Acquire) {
             lock(&self.pending).retire(alloc_id);
-            self.notify.notify_one();
+            self.waker.wake();
         }
     }
 }
@@ -215,7 +215,7 @@ impl Drop for LeaseBuffer {
         {
             lock(&core.peer).held.remove(self.lease);
             lock(&core.pending).release(self.mapping.dev, self.lease);
-            core.notify.notify_one();
+            core.waker.wake();
         }
     }
 }
@@ -248,10 +248,9 @@ impl CudaSession {
             }),
             own_events: Mutex::default(),
             pending: Mutex::default(),
-            notify: Notify::new(),
+            waker: ctx.control.clone(),
             counters: Counters::default(),
         });
-        tokio::spawn(flush_loop(ctx.clone(), core.clone(), devices.clone()));
         Arc::new(CudaSession { ctx, pool, opts, devices, core })
     }
 
@@ -284,8 +283,7 @@ impl CudaSession {
         let (mem, alloc_id, alloc_size, offset) = (slot.mem.handle, slot.mem.id, slot.mem.size, slot.offset + start);
         let lease = lock(&self.core.granted).grant(Granted { slot, start, len, _buf: buf });
         // Not sent after all (a later tensor failed): the peer never hears of the lease.
-        let core = self.core.clone();
-        out.on_abort(move || drop(lock(&core.granted).release(&[lease])));
+        out.ticket(|| CudaTicket { core: self.core.clone(), leases: Vec::new() }).leases.push(lease);
         let d = Desc { uuid, mem, alloc_id, alloc_size, offset, len, event, lease };
         Ok(Location::CudaIpc(descriptor::encode(&d)))
     }
@@ -481,6 +479,15 @@ impl ChannelSession for CudaSession {
         })
     }
 
+    fn poll_control(&self, _now: std::time::Instant, out: &mut Vec<ControlOut>) -> Option<std::time::Instant> {
+        self.pending_controls(out);
+        None
+    }
+
+    fn close(&self) {
+        self.core.close();
+    }
+
     fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
         let c = descriptor::decode_control(body).map_err(bad)?;
         if !c.release.is_empty() {
@@ -495,19 +502,26 @@ impl ChannelSession for CudaSession {
     }
 }
 
-/// Sends batched releases (with an event recorded after this side's last use) and
-/// retirements; when the pipe closes, ends every lease both ways.
-async fn flush_loop(ctx: SessionCtx, core: Arc<Core>, devices: Vec<DeviceInfo>) {
-    let mut closed = ctx.closed.clone();
-    'outer: loop {
-        tokio::select! {
-            _ = core.notify.notified() => {}
-            _ = closed.wait_for(|c| *c) => break,
-        }
-        let (releases, retires) = lock(&core.pending).take();
+/// The leases one message grants: forgotten if it is not sent (the peer never hears of them).
+struct CudaTicket {
+    core: Arc<Core>,
+    leases: Vec<u64>,
+}
+
+impl SendTicket for CudaTicket {
+    fn aborted(self: Box<Self>) {
+        drop(lock(&self.core.granted).release(&self.leases));
+    }
+}
+
+impl CudaSession {
+    /// The batched releases (each with an event recorded after this side's last use of the
+    /// leases) and retirements, as CONTROL frames.
+    fn pending_controls(&self, out: &mut Vec<ControlOut>) {
+        let (releases, retires) = lock(&self.core.pending).take();
         for (dev, leases) in releases {
-            let Some(uuid) = devices.iter().find(|d| d.ordinal == dev).map(|d| d.uuid.clone()) else { continue };
-            let event = match core.record(dev) {
+            let Some(uuid) = self.uuid(dev).map(str::to_string) else { continue };
+            let event = match self.core.record(dev) {
                 Ok(h) => descriptor::handle_to_b64(&h),
                 Err(e) => {
                     // Without an event the owner could overwrite memory still being read:
@@ -518,19 +532,13 @@ async fn flush_loop(ctx: SessionCtx, core: Arc<Core>, devices: Vec<DeviceInfo>) 
             };
             let n = leases.len() as u64;
             let body = Control { release: leases, device: Some(uuid), event: Some(event), retire: Vec::new() };
-            if ctx.control.send(control_out(&body)).is_err() {
-                break 'outer;
-            }
-            core.counters.releases_sent.fetch_add(n, Ordering::Relaxed);
+            out.push(control_out(&body));
+            self.core.counters.releases_sent.fetch_add(n, Ordering::Relaxed);
         }
         if !retires.is_empty() {
-            let body = Control { retire: retires, ..Default::default() };
-            if ctx.control.send(control_out(&body)).is_err() {
-                break;
-            }
+            out.push(control_out(&Control { retire: retires, ..Default::default() }));
         }
     }
-    core.close();
 }
 
 /// True when `t` was received over a pipe that has since closed.

@@ -3,16 +3,16 @@
 //! process on one simulated machine.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use bytes::Bytes;
 use ferry_core::wire::Location;
 use ferry_core::{
-    Channel, ChannelError, ChannelSession, ConnInfo, ControlOut, ControlSender, DType, Device, DeviceBuffer, Incoming,
-    Outgoing, SessionCtx, Tensor, TensorMeta,
+    Channel, ChannelError, ChannelSession, ConnInfo, ControlWaker, DType, Device, DeviceBuffer, Incoming, Outgoing,
+    SessionCtx, Tensor, TensorMeta,
 };
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::fake::{FakeDriver, FakeGpu};
 use crate::{CudaIpcChannel, CudaIpcOptions, WaitMode, is_orphaned};
@@ -22,8 +22,8 @@ struct End {
     chan: CudaIpcChannel,
     drv: Arc<FakeDriver>,
     session: Arc<dyn ChannelSession>,
-    control: mpsc::UnboundedReceiver<ControlOut>,
-    closed: watch::Sender<bool>,
+    /// Kept for the sessions' waits that end when the pipe closes.
+    _closed: watch::Sender<bool>,
 }
 
 fn end(drv: Arc<FakeDriver>, opts: CudaIpcOptions) -> End {
@@ -32,12 +32,12 @@ fn end(drv: Arc<FakeDriver>, opts: CudaIpcOptions) -> End {
 }
 
 fn session_of(chan: CudaIpcChannel, drv: Arc<FakeDriver>) -> End {
-    let (control, rx) = ControlSender::channel();
+    let control = ControlWaker::new();
     let (closed, closed_rx) = watch::channel(false);
     let ctx =
         SessionCtx { conn: ConnInfo::default(), control, closed: closed_rx, is_server: false, features: Vec::new() };
     let session = chan.open(ctx).expect("open");
-    End { chan, drv, session, control: rx, closed }
+    End { chan, drv, session, _closed: closed }
 }
 
 fn pair(gpu: &Arc<FakeGpu>) -> (End, End) {
@@ -61,7 +61,8 @@ async fn send(from: &End, to: &End, t: &Tensor) -> Result<(Tensor, Location), Ch
 async fn encode(from: &End, t: &Tensor) -> Result<Location, ChannelError> {
     let mut out = Outgoing::default();
     let loc = from.session.encode(t, &mut out).await?;
-    drop(out.finish(Vec::new()));
+    let (_frame, tickets) = out.finish(Vec::new());
+    tickets.sent();
     Ok(loc)
 }
 
@@ -70,14 +71,14 @@ async fn decode_raw(to: &End, meta: TensorMeta, loc: Value) -> Result<Tensor, Ch
     to.session.decode(meta, &loc, &mut incoming()).await
 }
 
-/// Lets the flush tasks run, then delivers `from`'s CONTROL frames to `to`.
+/// Pulls `from`'s due CONTROL frames (as its pipe's writer would) and delivers them to `to`.
 async fn pump(from: &mut End, to: &End) -> Result<usize, ChannelError> {
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    let mut n = 0;
-    while let Ok(c) = from.control.try_recv() {
+    let mut due = Vec::new();
+    assert_eq!(from.session.poll_control(Instant::now(), &mut due), None, "cuda-ipc asks for no timer");
+    let n = due.len();
+    for c in due {
         assert_eq!(c.channel, "cuda-ipc");
         to.session.control(c.body, &mut incoming())?;
-        n += 1;
     }
     Ok(n)
 }
@@ -363,14 +364,12 @@ async fn close_reclaims_leases_and_orphans_received_tensors() {
     let copy = got.clone();
     assert!(!is_orphaned(&got));
     // The consumer goes away: the producer reclaims every lease it held.
-    a.closed.send_replace(true);
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    a.session.close();
     assert_eq!(stat(&a, "leases_granted"), 0);
     assert!(matches!(encode(&a, &t).await, Err(ChannelError::Closed)));
     // The producer goes away: the consumer's tensors are orphaned; ferry operations on them
     // fail with Closed, and dropping them closes the mapping.
-    b.closed.send_replace(true);
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    b.session.close();
     assert!(is_orphaned(&got) && is_orphaned(&copy));
     assert!(matches!(b.chan.copy_to_host(&got), Err(ChannelError::Closed)));
     let other = end(gpu.process(3), CudaIpcOptions::default());
@@ -462,8 +461,12 @@ async fn not_viable_without_a_driver_and_never_with_itself() {
 #[tokio::test]
 async fn pool_limits_name_the_option() {
     let gpu = FakeGpu::new(1);
-    let opts =
-        CudaIpcOptions { pool_limit: 4 << 20, slab_bytes: 2 << 20, full_wait: Duration::ZERO, ..Default::default() };
+    let opts = CudaIpcOptions {
+        pool_limit: 4 << 20,
+        slab_bytes: 2 << 20,
+        full_wait: std::time::Duration::ZERO,
+        ..Default::default()
+    };
     let a = end(gpu.process(1), opts);
     let e = a
         .session
@@ -503,7 +506,7 @@ async fn the_real_channel_without_a_driver_is_not_viable() {
     let gpu = FakeGpu::new(1);
     let offer = CudaIpcChannel::with_driver(gpu.process(7), Default::default()).offer(&conn).unwrap();
     assert!(!real.accepts(&offer, &conn));
-    let (control, _rx) = ControlSender::channel();
+    let control = ControlWaker::new();
     let (_tx, closed) = watch::channel(false);
     assert!(real.open(SessionCtx { conn, control, closed, is_server: true, features: Vec::new() }).is_err());
     let m = TensorMeta::new(DType::U8, vec![4]).with_device(Device::Cuda(0));

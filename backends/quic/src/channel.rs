@@ -12,8 +12,8 @@ use bytes::Bytes;
 use ferry_core::inline::decode_inline;
 use ferry_core::wire::{ChannelOffer, Location, QuicStreamRef};
 use ferry_core::{
-    Channel, ChannelError, ChannelSession, ConnInfo, Device, DeviceKind, Incoming, LimitError, Outgoing, SessionCtx,
-    Storage, Tensor, TensorMeta,
+    Channel, ChannelError, ChannelSession, ConnInfo, Device, DeviceKind, Incoming, LimitError, Outgoing, SendTicket,
+    SessionCtx, Storage, Tensor, TensorMeta,
 };
 use tokio::sync::Notify;
 
@@ -329,34 +329,9 @@ impl ChannelSession for StreamSession {
         }
         let send = self.conn.open_uni().await.map_err(|_| ChannelError::Closed)?;
         let id = u64::from(send.id());
-        let bytes = bytes.clone();
-        let slot = Arc::new(Mutex::new(Some(send)));
-        // If the message is not sent after all, the stream never carries a byte: reset it
-        // (the receiver discards reset streams).
-        let undo = slot.clone();
-        out.on_abort(move || {
-            if let Some(mut s) = lock(&undo).take() {
-                let _ = s.reset(STREAM_UNUSED);
-            }
-        });
-        // Once the frame is out, the bytes follow, in parallel with other tensors' streams.
-        out.on_commit(move || {
-            let Some(mut send) = lock(&slot).take() else { return };
-            tokio::spawn(async move {
-                let r = async {
-                    send.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
-                    // Hand quinn the tensor's own bytes: no copy into its send buffer.
-                    send.write_chunk(bytes).await?;
-                    send.finish().map_err(std::io::Error::other)?;
-                    Ok::<(), std::io::Error>(())
-                }
-                .await;
-                if let Err(e) = r {
-                    tracing::warn!(stream = id, "tensor stream not sent: {e}");
-                }
-            });
-        });
-        Ok(Location::QuicStream(QuicStreamRef { stream: id, len: bytes_len(tensor) }))
+        let len = bytes_len(tensor);
+        out.ticket(|| StreamTicket { streams: Vec::new() }).streams.push((send, bytes.clone()));
+        Ok(Location::QuicStream(QuicStreamRef { stream: id, len }))
     }
 
     async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
@@ -401,4 +376,38 @@ impl ChannelSession for StreamSession {
 
 fn bytes_len(t: &Tensor) -> u64 {
     t.nbytes() as u64
+}
+
+/// The streams one message's tensors travel on: once the frame is out, the bytes follow
+/// (each stream in parallel with the others); if it is not sent, each stream is reset
+/// without carrying a byte (the receiver discards reset streams).
+struct StreamTicket {
+    streams: Vec<(quinn::SendStream, Bytes)>,
+}
+
+impl SendTicket for StreamTicket {
+    fn sent(self: Box<Self>) {
+        for (mut send, bytes) in self.streams {
+            let id = u64::from(send.id());
+            tokio::spawn(async move {
+                let r = async {
+                    send.write_all(&(bytes.len() as u64).to_le_bytes()).await?;
+                    // Hand quinn the tensor's own bytes: no copy into its send buffer.
+                    send.write_chunk(bytes).await?;
+                    send.finish().map_err(std::io::Error::other)?;
+                    Ok::<(), std::io::Error>(())
+                }
+                .await;
+                if let Err(e) = r {
+                    tracing::warn!(stream = id, "tensor stream not sent: {e}");
+                }
+            });
+        }
+    }
+
+    fn aborted(self: Box<Self>) {
+        for (mut send, _) in self.streams {
+            let _ = send.reset(STREAM_UNUSED);
+        }
+    }
 }

@@ -36,6 +36,7 @@ use ferry_core::wire::ChannelOffer;
 use ferry_core::{Channel, ChannelError, ChannelSession, ConnInfo, DeviceKind, SessionCtx};
 
 #[cfg(target_os = "linux")]
+mod batch;
 mod pool;
 #[cfg(target_os = "linux")]
 mod session;

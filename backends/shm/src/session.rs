@@ -4,19 +4,19 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use ferry_core::inline::decode_inline;
 use ferry_core::wire::{Location, SegmentAnnounce, ShmControl, ShmRef, ShmReturnRef};
 use ferry_core::{
-    ChannelError, ChannelSession, ControlOut, Device, Incoming, LimitError, Outgoing, SessionCtx, Storage, Tensor,
-    TensorMeta, TensorMut,
+    ChannelError, ChannelSession, ControlOut, Device, Incoming, LimitError, Outgoing, SendTicket, SessionCtx, Storage,
+    Tensor, TensorMeta, TensorMut,
 };
-use tokio::sync::Notify;
 
 use crate::ShmOptions;
+use crate::batch::Batcher;
 use crate::pool::{Pool, PoolSlotMut, SlotCore};
 use crate::shared::{self, Forgets, SharedSegment};
 use crate::sys::{PeerSegment, PeerSegmentError};
@@ -69,70 +69,6 @@ struct PeerState {
     deferred: HashMap<u64, usize>,
 }
 
-/// Releases waiting to be sent.
-#[derive(Default)]
-struct Batcher {
-    pending: Mutex<Pending>,
-    notify: Notify,
-    /// The pipe is gone: releases have nowhere to go.
-    closed: std::sync::atomic::AtomicBool,
-    /// [`ShmOptions::release_batch`] (at least 1).
-    batch: usize,
-    /// [`ShmOptions::release_batch_bytes`].
-    batch_bytes: u64,
-    /// [`ShmOptions::release_delay`].
-    delay: Duration,
-}
-
-/// Releases not sent yet.
-#[derive(Default)]
-struct Pending {
-    ids: Vec<u64>,
-    /// Bytes the leases in `ids` cover.
-    bytes: u64,
-}
-
-impl Pending {
-    fn take(&mut self) -> Vec<u64> {
-        self.bytes = 0;
-        std::mem::take(&mut self.ids)
-    }
-}
-
-impl Batcher {
-    fn new(opts: &ShmOptions) -> Self {
-        Batcher {
-            batch: opts.release_batch.max(1),
-            batch_bytes: opts.release_batch_bytes,
-            delay: opts.release_delay,
-            ..Batcher::default()
-        }
-    }
-
-    /// Queues the release of `lease` (counting `len` bytes toward the batch), waking the flush task when it
-    /// starts a batch or makes the pending ones due.
-    fn push(&self, lease: u64, len: usize) {
-        if self.closed.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut pending = lock(&self.pending);
-        let was_due = self.due(&pending);
-        pending.ids.push(lease);
-        pending.bytes = pending.bytes.saturating_add(len as u64);
-        // The first starts the delay; a full batch ends it.
-        let wake = pending.ids.len() == 1 || (!was_due && self.due(&pending));
-        drop(pending);
-        if wake {
-            self.notify.notify_one();
-        }
-    }
-
-    /// Whether the pending releases are due now.
-    fn due(&self, p: &Pending) -> bool {
-        !p.ids.is_empty() && (p.ids.len() >= self.batch || p.bytes >= self.batch_bytes || self.delay.is_zero())
-    }
-}
-
 /// One pipe's session.
 pub(crate) struct ShmSession {
     ctx: SessionCtx,
@@ -155,25 +91,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl ShmSession {
     pub(crate) fn new(ctx: SessionCtx, opts: ShmOptions) -> Arc<Self> {
         let ctx_forget_ok = ctx.has_feature(ferry_core::wire::FEATURE_SHM_FORGET);
-        let s = Arc::new(ShmSession {
+        Arc::new(ShmSession {
             pool: Pool::new(opts.clone()),
+            batcher: Arc::new(Batcher::new(&opts, ctx.control.clone())),
+            forgets: Arc::new(Forgets::new(ctx.control.clone())),
             ctx,
-            batcher: Arc::new(Batcher::new(&opts)),
             opts,
             granted: Arc::default(),
             next_lease: AtomicU64::new(1),
             peer: Arc::default(),
             forget_ok: ctx_forget_ok,
-            forgets: Arc::default(),
-        });
-        tokio::spawn(flush_loop(
-            s.ctx.clone(),
-            s.batcher.clone(),
-            s.granted.clone(),
-            s.peer.clone(),
-            s.forgets.clone(),
-        ));
-        s
+        })
+    }
+
+    /// This session's ticket in the message being built.
+    fn ticket<'o>(&self, out: &'o mut Outgoing) -> &'o mut ShmTicket {
+        out.ticket(|| ShmTicket {
+            granted: Arc::downgrade(&self.granted),
+            pool: Arc::downgrade(&self.pool),
+            forgets: self.forgets.clone(),
+            peer: Arc::downgrade(&self.peer),
+            batcher: Arc::downgrade(&self.batcher),
+            grants: Vec::new(),
+            pool_announced: Vec::new(),
+            shared_announced: Vec::new(),
+            named: Vec::new(),
+        })
     }
 
     /// Lends `len` bytes at `start` of a shared segment.
@@ -187,19 +130,7 @@ impl ShmSession {
         let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
         let id = seg.id();
         let announce = if lock(&self.forgets.announced).insert(id) {
-            let forgets = Arc::downgrade(&self.forgets);
-            out.on_abort(move || {
-                if let Some(f) = forgets.upgrade() {
-                    lock(&f.announced).remove(&id);
-                }
-            });
-            // Told to forget it only once the announcement is on its way.
-            let (weak, forgets) = (Arc::downgrade(&seg), self.forgets.clone());
-            out.on_commit(move || {
-                if let Some(seg) = weak.upgrade() {
-                    seg.announced_to(&forgets);
-                }
-            });
+            self.ticket(out).shared_announced.push((id, Arc::downgrade(&seg)));
             let fd = seg.dup_fd().map_err(|e| ChannelError::Backend(Arc::new(e)))?;
             let idx = out.attach_fd(fd);
             Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
@@ -219,12 +150,7 @@ impl ShmSession {
 
     fn record_grant(&self, lease: u64, g: Granted, out: &mut Outgoing) {
         lock(&self.granted).insert(lease, g);
-        let granted = Arc::downgrade(&self.granted);
-        out.on_abort(move || {
-            if let Some(g) = granted.upgrade() {
-                lock(&g).remove(&lease);
-            }
-        });
+        self.ticket(out).grants.push(lease);
     }
 
     fn grant(
@@ -241,13 +167,7 @@ impl ShmSession {
             None
         } else {
             let seg = self.pool.segment(segment).ok_or_else(|| bad("unknown own segment"))?;
-            let pool = Arc::downgrade(&self.pool);
-            // If the message is not sent after all, the peer has not seen the segment.
-            out.on_abort(move || {
-                if let Some(p) = pool.upgrade() {
-                    p.mark_announced(segment, false);
-                }
-            });
+            self.ticket(out).pool_announced.push(segment);
             let fd = seg.dup_fd().map_err(|e| ChannelError::Backend(Arc::new(e)))?;
             let idx = out.attach_fd(fd);
             Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
@@ -272,8 +192,7 @@ impl ShmSession {
         let (lease, offset) = Self::find_held(&peer, ptr, len)?;
         *peer.named.entry(lease).or_insert(0) += 1;
         drop(peer);
-        let (peer, batcher) = (Arc::downgrade(&self.peer), Arc::downgrade(&self.batcher));
-        out.on_ordered(move || unname(&peer, &batcher, lease));
+        self.ticket(out).named.push(lease);
         Some((lease, offset))
     }
 
@@ -486,13 +405,28 @@ impl ChannelSession for ShmSession {
         })
     }
 
-    fn due_control(&self) -> Option<serde_json::Value> {
-        let mut pending = lock(&self.batcher.pending);
-        if !self.batcher.due(&pending) {
-            return None;
+    fn poll_control(&self, now: Instant, out: &mut Vec<ControlOut>) -> Option<Instant> {
+        let (release, next) = match self.batcher.poll(now) {
+            Ok(ids) => (ids, None),
+            Err(next) => (Vec::new(), next),
+        };
+        let forget = self.forgets.take();
+        if !release.is_empty() || !forget.is_empty() {
+            let body = serde_json::to_value(ShmControl { release, forget }).unwrap_or_default();
+            out.push(ControlOut::new(NAME, body));
         }
-        let ids = pending.take();
-        serde_json::to_value(ShmControl { release: ids, forget: Vec::new() }).ok()
+        next
+    }
+
+    fn close(&self) {
+        self.batcher.closed.store(true, Ordering::Relaxed);
+        lock(&self.batcher.pending).take();
+        let leases = std::mem::take(&mut *lock(&self.granted));
+        tracing::debug!(reclaimed = leases.len(), "shm pipe closed: reclaiming leases the peer held");
+        drop(leases);
+        // Tensors still held keep their own mapping alive; forget the rest.
+        let peer = std::mem::take(&mut *lock(&self.peer));
+        drop(peer);
     }
 
     fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
@@ -514,59 +448,57 @@ impl ChannelSession for ShmSession {
     }
 }
 
-/// Sends batched releases (those that no message took along first: see
-/// [`ShmOptions::release_batch`]); when the pipe closes, forgets every lease the peer held
-/// (reclaiming the slots) and the peer's segments.
-async fn flush_loop(
-    ctx: SessionCtx,
-    batcher: Arc<Batcher>,
-    granted: Arc<Mutex<HashMap<u64, Granted>>>,
-    peer: Arc<Mutex<PeerState>>,
+/// What one message did in this session, settled as it goes out or does not
+/// ([`ferry_core::ticket`]).
+struct ShmTicket {
+    granted: Weak<Mutex<HashMap<u64, Granted>>>,
+    pool: Weak<Pool>,
     forgets: Arc<Forgets>,
-) {
-    let mut closed = ctx.closed.clone();
-    loop {
-        tokio::select! {
-            _ = batcher.notify.notified() => {}
-            _ = forgets.notify.notified() => {}
-            _ = closed.wait_for(|c| *c) => break,
-        }
-        // Give later releases `delay` to join this one (a full batch cuts it short).
-        let waiting = {
-            let p = lock(&batcher.pending);
-            !p.ids.is_empty() && !batcher.due(&p)
-        };
-        if waiting {
-            tokio::select! {
-                _ = tokio::time::sleep(batcher.delay) => {}
-                _ = batcher.notify.notified() => {}
-                _ = closed.wait_for(|c| *c) => break,
-            }
-        }
-        let ids = lock(&batcher.pending).take();
-        let forget = std::mem::take(&mut *lock(&forgets.ids));
-        {
-            let mut announced = lock(&forgets.announced);
-            for id in &forget {
-                announced.remove(id);
-            }
-        }
-        if ids.is_empty() && forget.is_empty() {
-            continue;
-        }
-        let body = serde_json::to_value(ShmControl { release: ids, forget }).unwrap_or_default();
-        let msg = ControlOut::new(NAME, body);
-        if ctx.control.send(msg).is_err() {
-            break;
+    peer: Weak<Mutex<PeerState>>,
+    batcher: Weak<Batcher>,
+    /// Leases it grants: forgotten if it is not sent.
+    grants: Vec<u64>,
+    /// Pool segments it announces: not announced after all if it is not sent.
+    pool_announced: Vec<u32>,
+    /// Shared segments it announces: once it is sent, the peer is told to forget each when
+    /// it goes; if it is not sent, not announced after all.
+    shared_announced: Vec<(u64, Weak<SharedSegment>)>,
+    /// The peer's leases it names (`shm_return`): their release waits until it is placed.
+    named: Vec<u64>,
+}
+
+impl SendTicket for ShmTicket {
+    fn placed(&mut self) {
+        for &lease in &self.named {
+            unname(&self.peer, &self.batcher, lease);
         }
     }
-    batcher.closed.store(true, Ordering::Relaxed);
-    lock(&batcher.pending).take();
-    let leases = std::mem::take(&mut *lock(&granted));
-    tracing::debug!(reclaimed = leases.len(), "shm pipe closed: reclaiming leases the peer held");
-    drop(leases);
-    // Tensors still held keep their own mapping alive; forget the rest.
-    *lock(&peer) = PeerState::default();
+
+    fn sent(self: Box<Self>) {
+        for (_, seg) in &self.shared_announced {
+            if let Some(seg) = seg.upgrade() {
+                seg.announced_to(&self.forgets);
+            }
+        }
+    }
+
+    fn aborted(self: Box<Self>) {
+        if let Some(g) = self.granted.upgrade() {
+            let mut g = lock(&g);
+            for lease in &self.grants {
+                g.remove(lease);
+            }
+        }
+        if let Some(p) = self.pool.upgrade() {
+            for &segment in &self.pool_announced {
+                p.mark_announced(segment, false);
+            }
+        }
+        let mut announced = lock(&self.forgets.announced);
+        for (id, _) in &self.shared_announced {
+            announced.remove(id);
+        }
+    }
 }
 
 /// Owner of a received tensor's bytes: a lease on the peer's memory.

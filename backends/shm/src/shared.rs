@@ -26,12 +26,29 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A session's shared segments: those announced to its peer, those it must tell its peer to
-/// forget, and how to wake its sender.
-#[derive(Default)]
+/// forget, and how to wake its pipe's writer.
 pub(crate) struct Forgets {
     pub(crate) announced: Mutex<std::collections::HashSet<u64>>,
-    pub(crate) ids: Mutex<Vec<u64>>,
-    pub(crate) notify: tokio::sync::Notify,
+    ids: Mutex<Vec<u64>>,
+    waker: ferry_core::ControlWaker,
+}
+
+impl Forgets {
+    pub(crate) fn new(waker: ferry_core::ControlWaker) -> Self {
+        Forgets { announced: Mutex::default(), ids: Mutex::default(), waker }
+    }
+
+    /// The segments to tell the peer to forget now (no longer announced from here on).
+    pub(crate) fn take(&self) -> Vec<u64> {
+        let ids = std::mem::take(&mut *lock(&self.ids));
+        if !ids.is_empty() {
+            let mut announced = lock(&self.announced);
+            for id in &ids {
+                announced.remove(id);
+            }
+        }
+        ids
+    }
 }
 
 /// A shared segment being filled: writable by its owner alone, not yet lendable.
@@ -161,7 +178,7 @@ impl Drop for SharedSegment {
         for w in lock(&self.announced).drain(..) {
             if let Some(f) = w.upgrade() {
                 lock(&f.ids).push(self.id);
-                f.notify.notify_one();
+                f.waker.wake();
             }
         }
     }

@@ -3,7 +3,7 @@
 //! processes on one simulated GPU.
 
 use bytes::Bytes;
-use ferry_core::channel::{ControlSender, Incoming, Outgoing, SessionCtx};
+use ferry_core::channel::{ControlWaker, Incoming, Outgoing, SessionCtx};
 use ferry_core::wire::{CudaIpcRef, Location, TensorDesc};
 use ferry_core::{Channel, ChannelSession, ConnInfo, DType, Device, TensorMeta};
 use ferry_cuda_ipc::fake::FakeGpu;
@@ -42,7 +42,7 @@ pub fn cuda_descriptor(data: &[u8]) {
         let (closed_tx, closed) = tokio::sync::watch::channel(false);
         let ctx = |is_server| SessionCtx {
             conn: ConnInfo { transport: "mem", same_host: true, ..ConnInfo::default() },
-            control: ControlSender::channel().0,
+            control: ControlWaker::new(),
             closed: closed.clone(),
             is_server,
             features: Vec::new(),
@@ -70,6 +70,9 @@ pub fn cuda_descriptor(data: &[u8]) {
                 }
             }
         }
+        // The pipe's part: close the sessions, then say so.
+        session.close();
+        peer.close();
         let _ = closed_tx.send(true);
         crate::settle().await;
     });
@@ -82,8 +85,8 @@ async fn send(session: &dyn ChannelSession, chan: &CudaIpcChannel) -> Location {
     chan.copy_from_host(&t, &pattern(TENSOR_LEN)).expect("copying to the device");
     let mut out = Outgoing::default();
     let loc = session.encode(&t, &mut out).await.expect("sending a device tensor");
-    let (_frame, committed) = out.finish(Vec::new());
-    committed.run();
+    let (_frame, tickets) = out.finish(Vec::new());
+    tickets.sent();
     loc
 }
 

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_core::channel::{ControlSender, Incoming, SessionCtx};
+use ferry_core::channel::{ControlWaker, Incoming, SessionCtx};
 use ferry_core::wire::{Location, TensorDesc};
 use ferry_core::{Address, Channel, ChannelSession, Connection, Listener, Transport};
 use ferry_quic::{IdentitySource, QuicChannel, QuicConn, QuicOptions, QuicTransport, StreamOptions};
@@ -110,7 +110,7 @@ fn accepted(data: &[u8], wait: Duration) -> usize {
         let (closed_tx, closed) = tokio::sync::watch::channel(false);
         let ctx = SessionCtx {
             conn: accepted.info().clone(),
-            control: ControlSender::channel().0,
+            control: ControlWaker::new(),
             closed,
             is_server: true,
             features: Vec::new(),
@@ -148,6 +148,8 @@ fn accepted(data: &[u8], wait: Duration) -> usize {
                 }
             }
         }
+        // The pipe's part: close the sessions, then say so.
+        session.close();
         let _ = closed_tx.send(true);
         drop(open);
         conn.close(0u32.into(), b"input done");

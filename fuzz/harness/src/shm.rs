@@ -3,7 +3,7 @@
 //! returns), with real sealed memfds attached to each message.
 
 use bytes::Bytes;
-use ferry_core::channel::{ControlSender, Incoming, Outgoing, SessionCtx};
+use ferry_core::channel::{ControlWaker, Incoming, Outgoing, SessionCtx};
 use ferry_core::wire::FEATURE_SHM_FORGET;
 use ferry_core::wire::{Location, TensorDesc};
 use ferry_core::{Channel, ChannelSession, ConnInfo, DType, Tensor, TensorMeta};
@@ -53,7 +53,7 @@ pub(crate) fn pattern(len: usize) -> Vec<u8> {
 pub fn shm_descriptor(data: &[u8]) {
     let Ok(steps) = serde_json::from_slice::<Vec<Step>>(data) else { return };
     block_on(async {
-        let (control, _control_rx) = ControlSender::channel();
+        let control = ControlWaker::new();
         let (closed_tx, closed) = tokio::sync::watch::channel(false);
         let ctx = SessionCtx {
             conn: ConnInfo { transport: "mem", fd_passing: true, same_host: true, ..ConnInfo::default() },
@@ -73,8 +73,8 @@ pub fn shm_descriptor(data: &[u8]) {
             .expect("a u8 tensor");
         let mut out = Outgoing::default();
         session.encode(&own, &mut out).await.expect("sending a tensor through the pool");
-        let (_frame, committed) = out.finish(Vec::new());
-        committed.run();
+        let (_frame, tickets) = out.finish(Vec::new());
+        tickets.sent();
         for step in steps.into_iter().take(MAX_STEPS) {
             match step {
                 Step::Message { tensors } => message(&*session, tensors).await,
@@ -83,6 +83,8 @@ pub fn shm_descriptor(data: &[u8]) {
                 }
             }
         }
+        // The pipe's part: close the sessions, then say so.
+        session.close();
         let _ = closed_tx.send(true);
         crate::settle().await;
     });

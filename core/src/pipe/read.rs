@@ -1,0 +1,213 @@
+//! The pipe's read side: the reader task reads frames, decodes MESSAGE frames (validating
+//! every descriptor through the channel sessions), hands CONTROL frames to their session,
+//! and gives each message to the handler or the `recv` queue.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::channel::Incoming;
+use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
+use crate::frame::{Frame, FrameKind, FrameReader};
+use crate::message::Message;
+use crate::wire::{Close, ControlHeader, MessageHeader};
+
+use super::{Handled, Shared};
+
+pub(super) async fn read_loop(reader: FrameReader, shared: Arc<Shared>, tx: mpsc::Sender<Result<Message, PipeError>>) {
+    let end = read_frames(reader, &shared, &tx).await;
+    // The handler may hold what holds this pipe: let it go before waiting for room in the
+    // queue (whose reader may be what the handler keeps alive).
+    shared.replace_handler(None);
+    if let Some(e) = end {
+        let _ = tx.send(Err(e)).await;
+    }
+}
+
+/// Reads until the pipe ends; returns the error to report to `recv` (`None`: `recv`'s side
+/// is gone).
+async fn read_frames(
+    mut reader: FrameReader,
+    shared: &Shared,
+    tx: &mpsc::Sender<Result<Message, PipeError>>,
+) -> Option<PipeError> {
+    loop {
+        let result = match reader.read_frame().await {
+            Err(e) => Err(e),
+            Ok(frame) => handle_frame(shared, frame).await,
+        };
+        match result {
+            Ok(Some(msg)) => {
+                // The handler is taken out while it runs, so that it may use the pipe freely.
+                let (handler, generation) = {
+                    let mut slot = shared.handler_slot();
+                    (slot.handler.take(), slot.generation)
+                };
+                let Some(mut handler) = handler else {
+                    reader.arm_busy_poll(false);
+                    if tx.send(Ok(msg)).await.is_err() {
+                        return None;
+                    }
+                    continue;
+                };
+                let pause = match handler(msg) {
+                    Handled::Done => {
+                        reader.arm_busy_poll(true);
+                        None
+                    }
+                    Handled::Started => {
+                        reader.arm_busy_poll(false);
+                        None
+                    }
+                    Handled::Pause(until) => {
+                        reader.arm_busy_poll(false);
+                        Some(until)
+                    }
+                };
+                {
+                    let mut slot = shared.handler_slot();
+                    // Unless it was replaced or cleared meanwhile.
+                    if slot.generation == generation && slot.handler.is_none() {
+                        slot.handler = Some(handler);
+                    } else {
+                        drop(slot);
+                        drop(handler);
+                    }
+                }
+                if let Some(until) = pause {
+                    until.await;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let peer_fault = !matches!(e, PipeError::Closed | PipeError::ClosedByPeer(_) | PipeError::Transport(_));
+                reader.arm_busy_poll(false);
+                if peer_fault {
+                    tracing::warn!(error = %e, "closing pipe: peer sent bad data");
+                    shared.fail(&e).await;
+                }
+                shared.mark_closed(e.clone());
+                return Some(e);
+            }
+        }
+    }
+}
+
+async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
+    match frame.kind {
+        FrameKind::Message => decode_message(shared, frame).await.map(Some),
+        FrameKind::Control => {
+            let c: ControlHeader = frame.parse()?;
+            let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
+                ProtocolError::BadHeader(format!(
+                    "control frame for channel {:?}, which this pipe does not use",
+                    c.channel
+                ))
+            })?;
+            let mut incoming = Incoming::new(
+                frame.payload,
+                #[cfg(unix)]
+                frame.fds,
+            );
+            session.control(c.body, &mut incoming)?;
+            Ok(None)
+        }
+        FrameKind::Close => {
+            let c: Close =
+                frame.parse().unwrap_or_else(|e| Close { code: "unreadable".into(), message: e.to_string() });
+            if c.code == "normal" {
+                Err(PipeError::Closed)
+            } else {
+                Err(PipeError::ClosedByPeer(format!("{}: {}", c.code, c.message)))
+            }
+        }
+        k => Err(ProtocolError::UnexpectedFrame { kind: k as u8, context: "after the handshake" }.into()),
+    }
+}
+
+/// Headers at least this long are counted before they are parsed
+/// ([`crate::json_shape::check`]); shorter ones cannot hold a harmful number of values.
+const COUNT_HEADER_FROM: usize = 64 << 10;
+
+/// Headers at least this long are parsed on the blocking pool, not on the runtime worker
+/// that other connections' readers need.
+const PARSE_OFF_WORKER_FROM: usize = 1 << 20;
+
+/// Parses a MESSAGE frame's header, after counting its values when it is big; a header of
+/// [`PARSE_OFF_WORKER_FROM`] bytes or more is counted and parsed on the blocking pool.
+async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHeader, PipeError> {
+    let max = shared.max_header_values;
+    if frame.header.len() < PARSE_OFF_WORKER_FROM {
+        count_header_values(&frame.header, max)?;
+        return Ok(frame.parse()?);
+    }
+    let header = std::mem::take(&mut frame.header);
+    tokio::task::spawn_blocking(move || {
+        crate::compute::enter();
+        count_header_values(&header, max)?;
+        Ok(crate::frame::parse_header::<MessageHeader>(&header)?)
+    })
+    .await
+    .map_err(|e| ProtocolError::BadHeader(format!("parsing the header: {e}")))?
+}
+
+/// Checks a header of [`COUNT_HEADER_FROM`] bytes or more against `max` values (and the
+/// parser's depth) before it is parsed.
+fn count_header_values(text: &[u8], max: usize) -> Result<(), PipeError> {
+    if text.len() < COUNT_HEADER_FROM {
+        return Ok(());
+    }
+    let Err(e) = crate::json_shape::check(text, usize::MAX, max) else { return Ok(()) };
+    let (what, value, max) = match e {
+        crate::json_shape::ShapeError::Depth(d) => {
+            return Err(ProtocolError::BadHeader(format!(
+                "the message header nests {d} deep, over the parser's {}",
+                crate::json_shape::MAX_DEPTH
+            ))
+            .into());
+        }
+        crate::json_shape::ShapeError::Batch(n) | crate::json_shape::ShapeError::Values(n) => {
+            ("JSON values in a received message header", n as u64, max as u64)
+        }
+    };
+    Err(PipeError::Limit(LimitError {
+        limit: "max_header_values",
+        what,
+        value,
+        max,
+        hint: "send big arrays as tensors, or raise it with EndpointBuilder::max_header_values on the receiving side"
+            .into(),
+    }))
+}
+
+async fn decode_message(shared: &Shared, mut frame: Frame) -> Result<Message, PipeError> {
+    let h = message_header(shared, &mut frame).await?;
+    if h.tensors.len() as u64 > u64::from(shared.limits.max_tensors) {
+        return Err(PipeError::Limit(LimitError {
+            limit: "max_tensors",
+            what: "tensors in a received message",
+            value: h.tensors.len() as u64,
+            max: shared.limits.max_tensors.into(),
+            hint: "raise it with Limits::max_tensors (EndpointBuilder::limits) on the receiving side".into(),
+        }));
+    }
+    let mut incoming = Incoming::new(
+        frame.payload,
+        #[cfg(unix)]
+        frame.fds,
+    );
+    let mut tensors = Vec::with_capacity(h.tensors.len());
+    for (index, d) in h.tensors.into_iter().enumerate() {
+        let kind = d.meta.device.kind();
+        let session = shared.sessions.get(&kind).ok_or_else(|| ProtocolError::BadTensor {
+            index,
+            reason: format!("no channel was negotiated for {kind:?} tensors"),
+        })?;
+        let t = session.decode(d.meta, &d.data, &mut incoming).await.map_err(|e| match e {
+            ChannelError::Limit(l) => PipeError::Limit(l),
+            e => ProtocolError::BadTensor { index, reason: e.to_string() }.into(),
+        })?;
+        tensors.push(t);
+    }
+    Ok(Message { header: h.header, tensors })
+}

@@ -1,0 +1,231 @@
+//! The pipe's write side: whoever holds it writes, and everything that must be ordered on
+//! the wire happens while it is held.
+//!
+//! Sending a message (`Pipe::send`), step by step:
+//!
+//! 1. Take `send_order`, so that messages reach the wire in the order their tensors were
+//!    encoded.
+//! 2. Each tensor's session encodes it into the [`Outgoing`](crate::Outgoing) being built,
+//!    and notes in its ticket what it did ([`crate::ticket`]).
+//! 3. Check the peer's limits. On any failure the tickets are aborted; nothing was written.
+//! 4. Wait for the write side ([`Shared::write_message`]). Holding it:
+//!    a. settle what an earlier, dropped write left ([`WriteSide::settle`]);
+//!    b. the tickets are *placed*: a lease this message names may be released now;
+//!    c. the message itself is dropped: a lease on the peer's memory that only its tensors
+//!    held is released now;
+//!    d. every session is asked for its due CONTROL frames
+//!    ([`crate::ChannelSession::poll_control`]): such releases among them;
+//!    e. the MESSAGE frame is written, the CONTROL frames behind it, in one write where they
+//!    fit: a release never reaches the peer before a frame that names its lease.
+//! 5. The tickets are *sent* (or, if the write failed, *aborted*).
+//!
+//! CONTROL frames have this one route. When no message goes out, the pipe's control task
+//! takes the write side and pulls them the same way, when a session wakes it
+//! ([`crate::ControlWaker`]) or when the time a session asked for comes.
+//!
+//! A dropped `send` future is safe at every step: before 4e its tickets abort; during 4e
+//! its tickets and pulled frames stay in the write side, and the next holder settles them
+//! by whether the write went out whole ([`crate::frame::FrameWriter::writes_done`]) or not
+//! at all; a write that stopped part-way tore the stream, and the pipe closes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::channel::ControlOut;
+use crate::error::PipeError;
+use crate::frame::{FrameKind, FrameWriter, OutFrame};
+use crate::message::Message;
+use crate::ticket::Tickets;
+use crate::wire::ControlHeader;
+
+use super::Shared;
+
+/// The write half and the sending state that only its holder may touch.
+pub(super) struct WriteSide {
+    pub(super) frames: FrameWriter,
+    /// CONTROL frame headers pulled from the sessions and not written yet.
+    pulled: Vec<Vec<u8>>,
+    /// The tickets of the message being written, while its write may still be dropped.
+    in_flight: Option<Tickets>,
+    /// [`FrameWriter::writes_done`] when the write now carrying `pulled` and `in_flight`
+    /// began.
+    carrying_since: Option<u64>,
+    /// The soonest time a session asked to be polled again.
+    next_poll: Option<Instant>,
+}
+
+impl WriteSide {
+    pub(super) fn new(frames: FrameWriter) -> Self {
+        WriteSide { frames, pulled: Vec::new(), in_flight: None, carrying_since: None, next_poll: None }
+    }
+
+    /// Settles what a write whose future was dropped left behind: if it went out whole, its
+    /// message was sent and its CONTROL frames are written; if it never began, its message
+    /// was not sent and its CONTROL frames wait for this write. A write that stopped
+    /// part-way tore the stream: an error, and the pipe must close.
+    fn settle(&mut self) -> Result<(), PipeError> {
+        if let Some(before) = self.carrying_since.take() {
+            let tickets = self.in_flight.take();
+            if self.frames.writes_done() > before {
+                self.pulled.clear();
+                if let Some(t) = tickets {
+                    t.sent();
+                }
+            } else if let Some(t) = tickets {
+                t.aborted();
+            }
+        }
+        if self.frames.is_torn() {
+            return Err(PipeError::Transport(crate::error::TransportError::Io(Arc::new(std::io::Error::other(
+                "a send was dropped part-way through writing its frame: the stream has lost its frame boundaries",
+            )))));
+        }
+        Ok(())
+    }
+
+    /// Writes `frame` (or, when `None`, the first pulled CONTROL frame) with the pulled
+    /// CONTROL frames behind it, then settles `tickets` by the outcome.
+    async fn write(&mut self, frame: Option<(FrameKind, OutFrame)>, tickets: Option<Tickets>) -> Result<(), PipeError> {
+        let (kind, frame, skip) = match frame {
+            Some((kind, frame)) => (kind, frame, 0),
+            None => match self.pulled.first() {
+                Some(h) => (FrameKind::Control, OutFrame { header: h.clone(), ..OutFrame::default() }, 1),
+                None => return Ok(()),
+            },
+        };
+        self.in_flight = tickets;
+        self.carrying_since = Some(self.frames.writes_done());
+        let trailing: Vec<(FrameKind, &[u8])> =
+            self.pulled[skip..].iter().map(|h| (FrameKind::Control, h.as_slice())).collect();
+        let r = self.frames.write_frame_then(kind, frame, &trailing).await;
+        // Finished either way: settle now (a failed write's tickets abort).
+        let settled = self.settle();
+        r.and(settled)
+    }
+}
+
+impl Shared {
+    /// Steps 4 and 5 of sending a message (module docs). Ends early with the pipe's error
+    /// if it closes meanwhile.
+    pub(super) async fn write_message(&self, frame: OutFrame, msg: Message, tickets: Tickets) -> Result<(), PipeError> {
+        self.until_closed(async {
+            let mut side = self.writer.lock().await;
+            let mut tickets = tickets;
+            self.check_torn(&mut side).await?;
+            tickets.placed();
+            drop(msg);
+            self.pull(&mut side);
+            let r = side.write(Some((FrameKind::Message, frame)), Some(tickets)).await;
+            self.close_if_torn(&mut side, r).await
+        })
+        .await
+    }
+
+    /// Writes a frame of another kind (CLOSE), with any pulled CONTROL frames behind it.
+    pub(super) async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
+        self.until_closed(async {
+            let mut side = self.writer.lock().await;
+            self.check_torn(&mut side).await?;
+            let r = side.write(Some((kind, frame)), None).await;
+            self.close_if_torn(&mut side, r).await
+        })
+        .await
+    }
+
+    /// The control task's turn: takes the write side, pulls every session's due CONTROL
+    /// frames and writes them. Returns when to pull again though no wake comes.
+    async fn write_controls(&self) -> Result<Option<Instant>, PipeError> {
+        self.until_closed(async {
+            let mut side = self.writer.lock().await;
+            self.check_torn(&mut side).await?;
+            self.pull(&mut side);
+            let r = side.write(None, None).await;
+            self.close_if_torn(&mut side, r).await?;
+            Ok(side.next_poll)
+        })
+        .await
+    }
+
+    /// Asks every session for its due CONTROL frames (the writer holds the write side).
+    fn pull(&self, side: &mut WriteSide) {
+        let now = Instant::now();
+        let mut due: Vec<ControlOut> = Vec::new();
+        let mut next: Option<Instant> = None;
+        for s in self.sessions.values() {
+            if let Some(t) = s.poll_control(now, &mut due) {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        for c in due {
+            let header = ControlHeader { channel: c.channel.to_string(), body: c.body };
+            side.pulled.push(serde_json::to_vec(&header).unwrap_or_default());
+        }
+        // A sooner time than the control task waits for: it must look again.
+        if next.is_some_and(|t| side.next_poll.is_none_or(|n| t < n)) {
+            self.control.wake();
+        }
+        side.next_poll = next;
+    }
+
+    /// Fails (and closes the pipe) when an earlier dropped write tore the stream.
+    async fn check_torn(&self, side: &mut WriteSide) -> Result<(), PipeError> {
+        let r = side.settle();
+        self.close_if_torn(side, r).await
+    }
+
+    /// Passes `r` on; when the stream is torn, first closes the pipe (the peer sees the end
+    /// of the stream, not a frame it cannot find the start of).
+    async fn close_if_torn<T>(&self, side: &mut WriteSide, r: Result<T, PipeError>) -> Result<T, PipeError> {
+        if let Err(e) = &r
+            && side.frames.is_torn()
+        {
+            tracing::warn!(error = %e, "closing pipe: a write stopped part-way through a frame");
+            // The end of the stream first, so that this write's own error is what it returns.
+            side.frames.shutdown().await;
+            self.mark_closed(e.clone());
+        }
+        r
+    }
+
+    /// Runs `f` unless the pipe closes first; a closed error from `f` closes the pipe.
+    async fn until_closed<T>(&self, f: impl Future<Output = Result<T, PipeError>>) -> Result<T, PipeError> {
+        let mut closed = self.closed_tx.subscribe();
+        if *closed.borrow() {
+            return Err(self.closed_error());
+        }
+        let r = tokio::select! {
+            r = f => r,
+            _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
+        };
+        if let Err(e) = &r
+            && e.is_closed()
+        {
+            self.mark_closed(e.clone());
+        }
+        r
+    }
+}
+
+/// Writes the sessions' CONTROL frames when no message takes them along: when a session
+/// wakes it, or when the time one asked for comes. Ends when the pipe closes.
+pub(super) async fn control_task(shared: Arc<Shared>) {
+    let mut closed = shared.closed_tx.subscribe();
+    let mut next: Option<Instant> = None;
+    loop {
+        let due = async {
+            match next {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shared.control.woken() => {}
+            _ = due => {}
+            _ = closed.wait_for(|c| *c) => return,
+        }
+        match shared.write_controls().await {
+            Ok(n) => next = n,
+            Err(_) => return,
+        }
+    }
+}
