@@ -1,0 +1,398 @@
+//! The two halves of a connection's rings: [`Sender`] (producer of one ring) and
+//! [`Receiver`] (consumer of the other), and the waiting both share.
+//!
+//! Publishing and waking (the producer; the consumer's side is symmetric with `head` and
+//! `producer_sleeping`):
+//!
+//! 1. write the record's bytes, then store `tail` (Release);
+//! 2. a SeqCst fence, then read `consumer_sleeping`; only when it is non-zero, swap it to 0
+//!    and `FUTEX_WAKE` it.
+//!
+//! A waiter stores 1 into its `*_sleeping` word, fences (SeqCst), looks at the indices
+//! (and its local state) once more, and only then sleeps with `FUTEX_WAIT(word, 1)`. One of
+//! the two always sees the other's store (the fences order the store before the load on both
+//! sides), so a wake-up is never lost; a spinning waiter costs the producer no system call.
+//!
+//! Every index and length read from the shared memory is checked before use (see
+//! [`take`] and [`Sender::free`]); a check that fails poisons the half, marks the connection
+//! corrupt (the other half fails too) and tells the peer the rings are closed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering, fence};
+use std::time::{Duration, Instant};
+
+use crate::RingError;
+use crate::layout::{self, CONSUMER_CLOSED, PRODUCER_CLOSED, RingLayout};
+use crate::spin::{SpinWindow, Waited};
+use crate::sys::{self, SharedMap};
+
+/// The connection is usable.
+const OPEN: u8 = 0;
+/// The death notice arrived ([`PeerNotice::peer_gone`]).
+const PEER_GONE: u8 = 1;
+/// One half found the shared memory corrupt.
+const CORRUPT: u8 = 2;
+
+/// What both halves of a connection share in this process.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) map: SharedMap,
+    /// The ring this side produces into.
+    pub(crate) tx: RingLayout,
+    /// The ring this side consumes from.
+    pub(crate) rx: RingLayout,
+    state: AtomicU8,
+}
+
+impl Shared {
+    pub(crate) fn new(map: SharedMap, tx: RingLayout, rx: RingLayout) -> Shared {
+        Shared { map, tx, rx, state: AtomicU8::new(OPEN) }
+    }
+
+    fn check_state(&self) -> Result<(), RingError> {
+        match self.state.load(Ordering::SeqCst) {
+            OPEN => Ok(()),
+            PEER_GONE => Err(RingError::PeerGone),
+            _ => Err(RingError::Corrupt("the other direction of this connection was corrupted by the peer".into())),
+        }
+    }
+
+    /// Moves the connection out of `OPEN` (first reason wins) and wakes this process's
+    /// waiters, which then see the state.
+    fn end(&self, reason: u8) {
+        let _ = self.state.compare_exchange(OPEN, reason, Ordering::SeqCst, Ordering::SeqCst);
+        self.wake(self.rx.consumer_sleeping);
+        self.wake(self.tx.producer_sleeping);
+    }
+
+    /// Swaps the futex word at `offset` to 0 and wakes its sleepers if it was set.
+    fn wake(&self, offset: usize) {
+        if let Some(word) = self.map.u32_at(offset)
+            && word.load(Ordering::SeqCst) != 0
+            && word.swap(0, Ordering::SeqCst) != 0
+        {
+            sys::futex_wake(word);
+        }
+    }
+
+    /// Sets `bits` in a ring's `closed` word and wakes the peer's waiter on that ring.
+    fn close_ring(&self, ring: &RingLayout, bits: u32, wake: usize) {
+        if let Some(w) = self.map.u32_at(ring.closed) {
+            w.fetch_or(bits, Ordering::SeqCst);
+        }
+        self.wake(wake);
+    }
+
+    fn closed_bits(&self, ring: &RingLayout) -> u32 {
+        self.map.u32_at(ring.closed).map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    /// A corrupt ring: the connection is over. The peer is told (closed bits) in case it is
+    /// merely confused rather than hostile.
+    fn corrupt(&self, what: String) -> RingError {
+        self.end(CORRUPT);
+        self.close_ring(&self.tx, PRODUCER_CLOSED, self.tx.consumer_sleeping);
+        self.close_ring(&self.rx, CONSUMER_CLOSED, self.rx.producer_sleeping);
+        RingError::Corrupt(what.into())
+    }
+
+    fn u64(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        self.map.u64_at(offset).expect("ring words are in bounds and aligned (layout tests)")
+    }
+
+    /// Waits until `ready` says so, spinning up to the window, then sleeping on the futex
+    /// word at `sleeping` until woken or `deadline`. `ready` returns `Ok(true)` when done and
+    /// an error for a closed or corrupt ring; the local state is checked too.
+    fn wait_until(
+        &self,
+        sleeping: usize,
+        spin: &mut SpinWindow,
+        deadline: Instant,
+        mut ready: impl FnMut() -> Result<bool, RingError>,
+    ) -> Result<(), RingError> {
+        let start = Instant::now();
+        let window = spin.window();
+        if !window.is_zero() {
+            let mut polls = 0u32;
+            loop {
+                std::hint::spin_loop();
+                if ready()? {
+                    spin.record(Waited::Spun(start.elapsed()));
+                    return Ok(());
+                }
+                polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(32) {
+                    self.check_state()?;
+                    let now = Instant::now();
+                    if now.duration_since(start) >= window || now >= deadline {
+                        break;
+                    }
+                }
+            }
+        }
+        let word = self.map.u32_at(sleeping).expect("futex words are in bounds and aligned (layout tests)");
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                spin.record(Waited::Slept(now.duration_since(start)));
+                return Err(RingError::Timeout);
+            }
+            word.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let r = ready().and_then(|done| self.check_state().map(|()| done));
+            if !matches!(r, Ok(false)) {
+                word.store(0, Ordering::Relaxed);
+                spin.record(Waited::Slept(start.elapsed()));
+                return r.map(|_| ());
+            }
+            sys::futex_wait(word, 1, deadline.saturating_duration_since(now));
+        }
+    }
+}
+
+/// A handle that ends the connection from outside its halves: the death notice (socket EOF,
+/// see [`crate::DeathWatch`]) calls [`PeerNotice::peer_gone`], which wakes this process's
+/// waiters; every wait and every later call then fails with [`RingError::PeerGone`] (frames
+/// already published are still received first).
+#[derive(Debug, Clone)]
+pub struct PeerNotice(pub(crate) Arc<Shared>);
+
+impl PeerNotice {
+    /// The peer is gone: fail every wait of this connection.
+    pub fn peer_gone(&self) {
+        self.0.end(PEER_GONE);
+    }
+
+    /// Whether the connection is still open (no death notice, no corruption).
+    pub fn is_open(&self) -> bool {
+        self.0.check_state().is_ok()
+    }
+}
+
+/// The producing half: sends frames into this side's outgoing ring. One per connection
+/// (single producer); `Send`, so it can live on its own thread.
+#[derive(Debug)]
+pub struct Sender {
+    pub(crate) sh: Arc<Shared>,
+    /// Bytes ever published (this side is the only writer of `tail`; the shared copy is
+    /// never read back).
+    tail: u64,
+    /// A `head` seen earlier and checked: the space it proves free is still free.
+    head_seen: u64,
+    spin: SpinWindow,
+    poisoned: Option<RingError>,
+}
+
+impl Sender {
+    pub(crate) fn new(sh: Arc<Shared>, spin: Duration) -> Sender {
+        Sender { sh, tail: 0, head_seen: 0, spin: SpinWindow::new(spin), poisoned: None }
+    }
+
+    /// The largest payload one frame can carry; larger ones get [`RingError::TooLarge`].
+    pub fn max_frame(&self) -> usize {
+        layout::max_frame(self.sh.tx.capacity)
+    }
+
+    /// Sends `payload` with tag 0. See [`Sender::send_tagged`].
+    pub fn send(&mut self, payload: &[u8], deadline: Instant) -> Result<(), RingError> {
+        self.send_tagged(0, payload, deadline)
+    }
+
+    /// Sends one frame: `tag` (a number for the caller's protocol, e.g. "the next frame is on
+    /// the socket") and `payload`. Waits for room until `deadline` (spinning, then sleeping).
+    /// A payload over [`Sender::max_frame`] is refused with [`RingError::TooLarge`] and the
+    /// ring is unchanged (send it over the socket instead).
+    pub fn send_tagged(&mut self, tag: u32, payload: &[u8], deadline: Instant) -> Result<(), RingError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let r = self.send_inner(tag, payload, deadline);
+        if let Err(e @ RingError::Corrupt(_)) = &r {
+            self.poisoned = Some(e.clone());
+        }
+        r
+    }
+
+    fn send_inner(&mut self, tag: u32, payload: &[u8], deadline: Instant) -> Result<(), RingError> {
+        let (sh, ring) = (&*self.sh, self.sh.tx);
+        let max = layout::max_frame(ring.capacity);
+        let len32 = u32::try_from(payload.len()).ok().filter(|_| payload.len() <= max);
+        let Some(len32) = len32 else { return Err(RingError::TooLarge { len: payload.len(), max }) };
+        sh.check_state()?;
+        if sh.closed_bits(&ring) & CONSUMER_CLOSED != 0 {
+            return Err(RingError::Closed);
+        }
+        let need = layout::record_len(payload.len()) as u64;
+        let cap = ring.capacity as u64;
+        if cap - (self.tail - self.head_seen) < need {
+            let (tail, head_seen) = (self.tail, &mut self.head_seen);
+            let mut room = || -> Result<bool, RingError> {
+                *head_seen = Sender::free(sh, tail)?;
+                if cap - (tail - *head_seen) >= need {
+                    return Ok(true);
+                }
+                if sh.closed_bits(&ring) & CONSUMER_CLOSED != 0 {
+                    return Err(RingError::Closed);
+                }
+                Ok(false)
+            };
+            if !room()? {
+                sh.wait_until(ring.producer_sleeping, &mut self.spin, deadline, room)?;
+            }
+        }
+        let at = (self.tail % cap) as usize;
+        let header = u64::from(len32) | (u64::from(tag) << 32);
+        sh.u64(ring.data + at).store(header, Ordering::Relaxed);
+        let start = (at + layout::RECORD_HEADER) % ring.capacity;
+        let first = payload.len().min(ring.capacity - start);
+        let ok = sh
+            .map
+            .write(ring.data + start, &payload[..first])
+            .and_then(|()| sh.map.write(ring.data, &payload[first..]));
+        debug_assert!(ok.is_some(), "record inside the data area");
+        self.tail += need;
+        sh.u64(ring.tail).store(self.tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        sh.wake(ring.consumer_sleeping);
+        Ok(())
+    }
+
+    /// Reads and checks the consumer's `head`: at most `tail`, at most a capacity behind it,
+    /// a multiple of 8. Returns it.
+    fn free(sh: &Shared, tail: u64) -> Result<u64, RingError> {
+        let ring = sh.tx;
+        let head = sh.u64(ring.head).load(Ordering::Acquire);
+        let used = tail.wrapping_sub(head);
+        if used > ring.capacity as u64 || !head.is_multiple_of(8) {
+            return Err(sh.corrupt(format!(
+                "the consumer's head index {head} is not within {} bytes behind the tail {tail}, or misaligned",
+                ring.capacity
+            )));
+        }
+        Ok(head)
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        let ring = self.sh.tx;
+        self.sh.close_ring(&ring, PRODUCER_CLOSED, ring.consumer_sleeping);
+    }
+}
+
+/// The consuming half: receives frames from this side's incoming ring. One per connection
+/// (single consumer); `Send`, so it can live on its own thread, or be moved into a blocking
+/// pool by an async caller (see the crate docs).
+#[derive(Debug)]
+pub struct Receiver {
+    pub(crate) sh: Arc<Shared>,
+    /// Bytes ever consumed (this side is the only writer of `head`).
+    head: u64,
+    spin: SpinWindow,
+    poisoned: Option<RingError>,
+}
+
+impl Receiver {
+    pub(crate) fn new(sh: Arc<Shared>, spin: Duration) -> Receiver {
+        Receiver { sh, head: 0, spin: SpinWindow::new(spin), poisoned: None }
+    }
+
+    /// Receives the next frame into `buf` (cleared first) and returns its tag, waiting until
+    /// `deadline` (spinning for the adaptive window, then sleeping on the futex). Frames
+    /// published before the peer closed or died are received before [`RingError::Closed`] or
+    /// [`RingError::PeerGone`].
+    pub fn recv(&mut self, buf: &mut Vec<u8>, deadline: Instant) -> Result<u32, RingError> {
+        self.guard(|rx| {
+            let (sh, head) = (&*rx.sh, &mut rx.head);
+            let mut tag = None;
+            let mut ready = || -> Result<bool, RingError> {
+                tag = take(sh, head, buf)?;
+                if tag.is_none() && sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0 {
+                    // Closed after its last publish: look once more, then report the close.
+                    tag = take(sh, head, buf)?;
+                    if tag.is_none() {
+                        return Err(RingError::Closed);
+                    }
+                }
+                Ok(tag.is_some())
+            };
+            if !ready()? {
+                sh.check_state()?;
+                sh.wait_until(sh.rx.consumer_sleeping, &mut rx.spin, deadline, ready)?;
+            }
+            Ok(tag.unwrap_or_default())
+        })
+    }
+
+    /// Receives a frame if one is there, without waiting: `Ok(None)` when the ring is empty.
+    pub fn try_recv(&mut self, buf: &mut Vec<u8>) -> Result<Option<u32>, RingError> {
+        self.guard(|rx| {
+            let tag = take(&rx.sh, &mut rx.head, buf)?;
+            if tag.is_none() {
+                rx.sh.check_state()?;
+                if rx.sh.closed_bits(&rx.sh.rx) & PRODUCER_CLOSED != 0 {
+                    return take(&rx.sh, &mut rx.head, buf)?.map(Some).ok_or(RingError::Closed);
+                }
+            }
+            Ok(tag)
+        })
+    }
+
+    fn guard<T>(&mut self, f: impl FnOnce(&mut Receiver) -> Result<T, RingError>) -> Result<T, RingError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let r = f(self);
+        if let Err(e @ RingError::Corrupt(_)) = &r {
+            self.poisoned = Some(e.clone());
+        }
+        r
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let ring = self.sh.rx;
+        self.sh.close_ring(&ring, CONSUMER_CLOSED, ring.producer_sleeping);
+    }
+}
+
+/// Takes the next record of the incoming ring into `buf`, if one is published. Checks, in
+/// order: the producer's `tail` is ahead of `head` by at most the capacity and by a
+/// multiple of 8; the record's length is at most the largest frame and its record lies
+/// within the published bytes. Each shared word is read once.
+fn take(sh: &Shared, head: &mut u64, buf: &mut Vec<u8>) -> Result<Option<u32>, RingError> {
+    let ring = sh.rx;
+    let cap = ring.capacity;
+    let tail = sh.u64(ring.tail).load(Ordering::Acquire);
+    let avail = tail.wrapping_sub(*head);
+    if avail == 0 {
+        return Ok(None);
+    }
+    if avail > cap as u64 || !avail.is_multiple_of(8) {
+        return Err(sh.corrupt(format!(
+            "the producer's tail index {tail} is not within {cap} bytes ahead of the head {head}, or misaligned"
+        )));
+    }
+    let at = (*head % cap as u64) as usize;
+    let header = sh.u64(ring.data + at).load(Ordering::Relaxed);
+    let len = (header & 0xffff_ffff) as usize;
+    let tag = (header >> 32) as u32;
+    let max = layout::max_frame(cap);
+    if len > max || layout::record_len(len) as u64 > avail {
+        return Err(sh.corrupt(format!("a frame claims {len} bytes but {avail} are published (largest frame {max})")));
+    }
+    buf.clear();
+    buf.resize(len, 0);
+    let start = (at + layout::RECORD_HEADER) % cap;
+    let first = len.min(cap - start);
+    let ok = sh.map.read(ring.data + start, &mut buf[..first]).and_then(|()| sh.map.read(ring.data, &mut buf[first..]));
+    if ok.is_none() {
+        return Err(sh.corrupt("a frame outside the data area".into()));
+    }
+    *head += layout::record_len(len) as u64;
+    sh.u64(ring.head).store(*head, Ordering::Release);
+    fence(Ordering::SeqCst);
+    sh.wake(ring.producer_sleeping);
+    Ok(Some(tag))
+}
