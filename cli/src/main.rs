@@ -121,11 +121,13 @@ enum Cmd {
     },
     /// Publish `.safetensors` checkpoints in a tensor store and serve it: readers open the
     /// bundle zero-copy (Python: `ferry_client.open_weights(ADDR, NAME)`), `store.publish`
-    /// makes new versions.
+    /// makes new versions. With `--placement`, the tensor references clients keep
+    /// (`ferry.ref.keep`) live in a cpu tier above a disk tier, moved by that policy.
     #[cfg(feature = "rpc")]
     ServeWeights {
-        /// The checkpoint files (`.safetensors`), published together as one bundle.
-        #[arg(required = true, value_name = "FILE")]
+        /// The checkpoint files (`.safetensors`), published together as one bundle (none:
+        /// an empty store).
+        #[arg(value_name = "FILE")]
         files: Vec<std::path::PathBuf>,
         /// The bundle's name.
         #[arg(long)]
@@ -144,6 +146,22 @@ enum Cmd {
         /// Do not compute BLAKE3 digests of versions (readers cannot then check one).
         #[arg(long)]
         no_digest: bool,
+        /// Place tensor references in a cpu tier above a disk tier, moved by this policy:
+        /// pinned, genoa, lru or flow (default: no tiers, references stay in memory).
+        #[arg(long, value_name = "POLICY")]
+        placement: Option<String>,
+        /// With --placement: MiB of references the cpu tier holds (default: a quarter of
+        /// this machine's memory).
+        #[arg(long, value_name = "MIB")]
+        cpu_budget_mib: Option<u64>,
+        /// With --placement: MiB of references the disk tier holds (default: the space free
+        /// in --disk-dir).
+        #[arg(long, value_name = "MIB")]
+        disk_budget_mib: Option<u64>,
+        /// With --placement: the disk tier's directory (default: a new one in the temp
+        /// directory, removed on exit).
+        #[arg(long, value_name = "DIR")]
+        disk_dir: Option<std::path::PathBuf>,
         /// Require this bearer token from every client.
         #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -386,7 +404,40 @@ fn main() -> ExitCode {
                 ferry_cli::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await
             }
             #[cfg(feature = "rpc")]
-            Cmd::ServeWeights { files, name, addr, budget_mib, bucket_mib, no_digest, token, max_connections } => {
+            Cmd::ServeWeights {
+                files,
+                name,
+                addr,
+                budget_mib,
+                bucket_mib,
+                no_digest,
+                placement,
+                cpu_budget_mib,
+                disk_budget_mib,
+                disk_dir,
+                token,
+                max_connections,
+            } => {
+                let placement = match placement {
+                    Some(policy) => {
+                        ferry_store::placement_policy(&policy).map_err(|e| anyhow::anyhow!("--placement: {e}"))?;
+                        let mut p = ferry_store::PlacementOptions { policy, disk_dir, ..Default::default() };
+                        if let Some(m) = cpu_budget_mib {
+                            p.cpu_budget_bytes = m.saturating_mul(1 << 20);
+                        }
+                        p.disk_budget_bytes = disk_budget_mib.map(|m| m.saturating_mul(1 << 20));
+                        Some(p)
+                    }
+                    None => {
+                        if cpu_budget_mib.is_some() || disk_budget_mib.is_some() || disk_dir.is_some() {
+                            anyhow::bail!(
+                                "--cpu-budget-mib, --disk-budget-mib and --disk-dir need --placement POLICY \
+                                 (pinned, genoa, lru or flow)"
+                            );
+                        }
+                        None
+                    }
+                };
                 let mut store = ferry_store::StoreOptions { digest: !no_digest, ..Default::default() };
                 if let Some(m) = budget_mib {
                     store.budget_bytes = m.saturating_mul(1 << 20);
@@ -410,6 +461,7 @@ fn main() -> ExitCode {
                     name,
                     addr,
                     store,
+                    placement,
                     busy_poll,
                     access,
                 })

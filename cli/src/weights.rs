@@ -26,6 +26,8 @@ pub struct WeightsOptions {
     pub addr: String,
     /// The store's options (budget, bucket size, digests).
     pub store: StoreOptions,
+    /// How tensor references are placed in tiers (`None`: kept in memory).
+    pub placement: Option<ferry_store::PlacementOptions>,
     /// How long a connection busy-polls after an answer.
     pub busy_poll: std::time::Duration,
     /// Who may call.
@@ -34,9 +36,13 @@ pub struct WeightsOptions {
 
 /// The store's server: its methods, titled.
 pub fn server(store: Arc<Store>, limits: ferry_rpc::RpcLimits) -> anyhow::Result<Server> {
+    let backing = store.placement().cloned();
     let methods = ferry_store::rpc::methods(store).context("registering the store's methods")?;
-    Ok(Server::builder(methods)
-        .limits(limits)
+    let mut b = Server::builder(methods);
+    if let Some(p) = backing {
+        b = b.ref_backing(p);
+    }
+    Ok(b.limits(limits)
         // (kept tensors in shared segments: ferry.ref.fetch lends them over shm)
         .ref_copy(std::sync::Arc::new(ferry_store::shared_copy))
         .title("ferry weights")
@@ -51,6 +57,20 @@ pub fn server(store: Arc<Store>, limits: ferry_rpc::RpcLimits) -> anyhow::Result
 /// Publishes the files (with a progress bar on a terminal), then serves until interrupted.
 pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
     let store = Store::new(o.store.clone());
+    if let Some(p) = &o.placement {
+        let placed = store.enable_placement(p)?;
+        let (cpu, disk) = placed.tiers().budgets();
+        eprintln!(
+            "ferry serve-weights: references placed by {} in a cpu tier of {:.1} MiB above a disk tier of {:.1} MiB in {}",
+            p.policy,
+            cpu as f64 / (1 << 20) as f64,
+            disk as f64 / (1 << 20) as f64,
+            placed.disk_dir().display()
+        );
+    }
+    if o.files.is_empty() {
+        return serve(store, o).await;
+    }
     let total: u64 = o.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new(total);
@@ -90,6 +110,11 @@ pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
             eprintln!("ferry serve-weights: {:?} version {} digest {d}", m.name, m.version);
         }
     });
+    serve(store, o).await
+}
+
+/// Serves `store` until interrupted.
+async fn serve(store: Arc<Store>, o: WeightsOptions) -> anyhow::Result<()> {
     let limits = ferry_rpc::RpcLimits::default()
         .max_connections(o.access.max_connections)
         .max_queued_answers(o.access.max_queued_answers)

@@ -24,12 +24,15 @@
 //! - **Placement** ([`placement`]): the policies that decide which tensors stay in a fast
 //!   tier (pinned, genoa, lru, flow, and Belady's MIN as the limit), replayed on traces by
 //!   `cargo xtask placement-bench`, and [`placement::Tiers`], which places real tensors
-//!   in a cpu tier above a disk tier by one of them. Not yet wired to the store's
-//!   references or to Python.
+//!   in a cpu tier above a disk tier by one of them. [`Store::enable_placement`] puts the
+//!   server's tensor references there ([`PlacedRefs`]; `ferry serve-weights --placement
+//!   POLICY`); `store.placement.*` and `store.ref.*` ([`rpc::methods`]) show and set a
+//!   reference's placement, the policy and the budgets, and declare a schedule.
 
 mod bucket;
 mod device;
 mod manifest;
+mod placed;
 pub mod placement;
 mod refs;
 pub mod rpc;
@@ -38,6 +41,7 @@ pub mod weights;
 
 pub use device::{DeviceView, device_slice, plan_layout};
 pub use manifest::{Columns, Entry};
+pub use placed::{PlacedRefs, PlacementOptions, RefState, policy as placement_policy};
 pub use refs::{shared_copy, shared_tensor_mut};
 pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 
@@ -61,7 +65,7 @@ impl Default for StoreOptions {
 }
 
 /// Half of `MemTotal`, or 16 GiB.
-fn default_budget() -> u64 {
+pub(crate) fn default_budget() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {

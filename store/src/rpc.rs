@@ -1,5 +1,6 @@
 //! The store over JSON-RPC: `store.publish`, `store.open`, `store.list`, `store.unpublish`
-//! (PROTOCOL.md §20).
+//! (PROTOCOL.md §20), and the placement of its tensor references ([`placement`]:
+//! `store.placement.get/set`, `store.ref.placement/place/schedule`).
 //!
 //! `store.open` answers with the version's manifest and its buckets as `u8` tensors: over
 //! the shm channel each bucket is lent, not copied (a lease the reader holds until it drops
@@ -15,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{Entry, Manifest, Store, StoreError};
+
+pub mod placement;
 
 /// Params of `store.publish`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -259,6 +262,7 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
     })?
     .summary("The bundles in the store")
     .inline();
+    placement::register(&mut m, &store)?;
     let s = store;
     m.register_ctx("store.unpublish", move |p: UnpublishParams, ctx: CallContext| {
         let s = s.clone();

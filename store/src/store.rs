@@ -169,6 +169,7 @@ impl State {
 pub struct Store {
     opts: StoreOptions,
     state: Mutex<State>,
+    pub(crate) placement: OnceLock<Arc<crate::PlacedRefs>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -189,7 +190,7 @@ pub struct BundleStatus {
 impl Store {
     /// An empty store.
     pub fn new(opts: StoreOptions) -> Arc<Store> {
-        Arc::new(Store { opts, state: Mutex::new(State::default()) })
+        Arc::new(Store { opts, state: Mutex::new(State::default()), placement: OnceLock::new() })
     }
 
     /// Its options.
