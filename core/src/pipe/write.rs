@@ -225,7 +225,12 @@ pub(super) async fn control_task(shared: Arc<Shared>) {
         }
         match shared.write_controls().await {
             Ok(n) => next = n,
-            Err(_) => return,
+            Err(e) => {
+                // A connection that cannot take a CONTROL frame is broken: the sessions'
+                // releases would never reach the peer again. Close the pipe.
+                shared.mark_closed(e);
+                return;
+            }
         }
     }
 }
