@@ -70,6 +70,10 @@ commands:
                            on synthetic traces (bytes moved, hit rate, modelled stall), then
                            the layer trace with real copies between a disk and a cpu tier
                            (store/examples/placement.rs; --quick, --trace FILE)
+  bench-ring [ARGS..]      64-byte round trips between two processes in one run: ferry-ring
+                           (spinning on and off), iceoryx2 request-response, a unix socket;
+                           p50/p99 and the ratios (bench/iceoryx2-peer, its own workspace;
+                           --iters N, --json)
   bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
                            bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
@@ -122,6 +126,11 @@ fn try_main() -> anyhow::Result<()> {
             typescript_sdk::test(&sh)
         }
         Some("bench-sdk") => python_sdk::BenchSdk::parse(flags)?.run(&sh),
+        Some("bench-ring") => {
+            let args = flags.into_rest();
+            let manifest = "bench/iceoryx2-peer/Cargo.toml";
+            Ok(cmd!(sh, "cargo run --release --locked --manifest-path {manifest} -- {args...}").run()?)
+        }
         Some("placement-bench") => {
             let args = flags.into_rest();
             Ok(cmd!(sh, "cargo run --release --locked -p ferry-store --example placement -- {args...}").run()?)

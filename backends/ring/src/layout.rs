@@ -11,16 +11,17 @@
 //! 4096 + capacity   data of ring 1 (capacity bytes)
 //! ```
 //!
-//! A control block, each line written mostly by one side (128 bytes apart, so the
-//! producer's and the consumer's stores never share a cache line or an adjacent-line
-//! prefetch pair):
+//! A control block, one word per 128 bytes (so no two words share a cache line or an
+//! adjacent-line prefetch pair: the producer's `tail` store never invalidates the line the
+//! consumer's `head` is on, and the sleeping words, read after every publish, change only
+//! when a side goes to sleep or is woken):
 //!
 //! ```text
 //! +0    tail: u64, bytes ever published (producer)
-//! +8    producer_sleeping: u32 futex word (producer sets 1 before sleeping on a full ring)
 //! +128  head: u64, bytes ever consumed (consumer)
-//! +136  consumer_sleeping: u32 futex word (consumer sets 1 before sleeping on an empty ring)
-//! +256  closed: u32, PRODUCER_CLOSED | CONSUMER_CLOSED (orderly close, either side)
+//! +256  consumer_sleeping: u32 futex word (consumer sets 1 before sleeping on an empty ring)
+//! +384  producer_sleeping: u32 futex word (producer sets 1 before sleeping on a full ring)
+//! +512  closed: u32, PRODUCER_CLOSED | CONSUMER_CLOSED (orderly close, either side)
 //! ```
 //!
 //! A record in the data area is an 8-byte header (`len: u32` in the low half, `tag: u32`
@@ -79,10 +80,10 @@ impl RingLayout {
         let ctrl = 1024 * (index + 1);
         RingLayout {
             tail: ctrl,
-            producer_sleeping: ctrl + 8,
             head: ctrl + 128,
-            consumer_sleeping: ctrl + 136,
-            closed: ctrl + 256,
+            consumer_sleeping: ctrl + 256,
+            producer_sleeping: ctrl + 384,
+            closed: ctrl + 512,
             data: HEADER_LEN + index * capacity,
             capacity,
         }

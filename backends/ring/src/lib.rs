@@ -223,6 +223,11 @@ impl Ring {
         Ring { tx: Sender::new(sh.clone(), spin), rx: Receiver::new(sh, spin) }
     }
 
+    /// Bytes of each ring (what the opener must be told with the descriptor).
+    pub fn capacity(&self) -> usize {
+        self.tx.sh.tx.capacity
+    }
+
     /// The largest payload one frame can carry.
     pub fn max_frame(&self) -> usize {
         self.tx.max_frame()

@@ -1,0 +1,285 @@
+//! 64-byte round trips between two processes, in one run: ferry-ring with spinning on and
+//! off, iceoryx2 request-response (busy-polling, the way its own benchmarks wait), and a
+//! bare unix stream socket (blocking read/write, the floor under today's socket path).
+//!
+//! ```sh
+//! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--json]
+//! ```
+//!
+//! The parent is the client and times every round trip (`Instant` around send + receive);
+//! the peer is this binary re-executed (`--peer KIND`), its stdin a unix socket to the
+//! parent: the ring file crosses it, and its EOF tells the peer to stop. iceoryx2 leaves
+//! files in /dev/shm and /tmp/iceoryx2 (more of them when a process dies): what appeared
+//! there during the run, under iceoryx2's prefix, is removed at the end.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ferry_ring::handoff::{recv_ring_fd, send_ring_fd};
+use ferry_ring::{Ring, RingError, RingOptions, deadline_in};
+use iceoryx2::prelude::*;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const SIZE: usize = 64;
+const BOUND: Duration = Duration::from_secs(30);
+const SPIN_ON: Duration = Duration::from_micros(50);
+/// Where iceoryx2 keeps its node and service files.
+const TMP_DIR: &str = "/tmp/iceoryx2";
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(kind) = flag(&args, "--peer") {
+        return peer(&kind, flag(&args, "--arg").unwrap_or_default());
+    }
+    let iters: usize = flag(&args, "--iters").map(|s| s.parse()).transpose()?.unwrap_or(100_000);
+    let json = args.iter().any(|a| a == "--json");
+    set_log_level(LogLevel::Error);
+    let before = iceoryx_files();
+    let tmp_existed = std::path::Path::new(TMP_DIR).exists();
+    let slow = (iters / 5).max(100);
+    let rows = vec![
+        ("ferry-ring spin on", iters, ring_rtt(SPIN_ON, iters)),
+        ("ferry-ring spin off", slow, ring_rtt(Duration::ZERO, slow)),
+        ("iceoryx2 request-response", iters, iceoryx_rtt(iters)),
+        ("unix socket (blocking)", slow, socket_rtt(slow)),
+    ];
+    let mut removed = remove_new(&before);
+    if !tmp_existed {
+        // The run made /tmp/iceoryx2: remove its (now empty) directories too; a directory
+        // still holding something (another iceoryx2 user's files) stays.
+        for d in [format!("{TMP_DIR}/nodes"), format!("{TMP_DIR}/services"), TMP_DIR.to_string()] {
+            if std::fs::remove_dir(&d).is_ok() {
+                removed.push(d);
+            }
+        }
+    }
+    let mut p50 = std::collections::HashMap::new();
+    if !json {
+        println!("{:<28} {:>8} {:>9} {:>9}", "case (64-byte round trip)", "iters", "p50_us", "p99_us");
+    }
+    for (name, n, r) in rows {
+        let mut t = r?;
+        t.sort_unstable();
+        let q = |f: f64| t[((t.len() as f64 * f) as usize).min(t.len() - 1)].as_secs_f64() * 1e6;
+        let (a, b) = (q(0.50), q(0.99));
+        p50.insert(name, a);
+        if json {
+            println!("{{\"case\":\"{name}\",\"bytes\":{SIZE},\"iters\":{n},\"p50_us\":{a:.3},\"p99_us\":{b:.3}}}");
+        } else {
+            println!("{name:<28} {n:>8} {a:>9.3} {b:>9.3}");
+        }
+    }
+    let ice = p50["iceoryx2 request-response"];
+    let (on, off, sock) = (p50["ferry-ring spin on"], p50["ferry-ring spin off"], p50["unix socket (blocking)"]);
+    if json {
+        println!(
+            "{{\"ratio_ring_spin_on_over_iceoryx2\":{:.3},\"ratio_ring_spin_off_over_socket\":{:.3}}}",
+            on / ice,
+            off / sock
+        );
+    } else {
+        println!("ratio p50 ferry-ring spin on / iceoryx2 request-response: {:.2}", on / ice);
+        println!("ratio p50 ferry-ring spin off / unix socket: {:.2}", off / sock);
+        println!("iceoryx2 files left behind, now removed: {removed:?}");
+    }
+    Ok(())
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+/// Starts this binary as `--peer kind --arg arg`, its stdin a socket to the returned end.
+fn spawn(kind: &str, arg: &str) -> Res<(Child, UnixStream)> {
+    let (mine, theirs) = UnixStream::pair()?;
+    let child = Command::new(std::env::current_exe()?)
+        .args(["--peer", kind, "--arg", arg])
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .spawn()?;
+    Ok((child, mine))
+}
+
+/// Closes the peer's socket and waits for it (it exits at EOF).
+fn finish(mut child: Child, sock: UnixStream) -> Res<()> {
+    sock.shutdown(std::net::Shutdown::Both)?;
+    let s = child.wait()?;
+    if !s.success() {
+        return Err(format!("peer exited with {s}").into());
+    }
+    Ok(())
+}
+
+fn ring_rtt(spin: Duration, iters: usize) -> Res<Vec<Duration>> {
+    let (child, sock) = spawn("ring", &spin.as_nanos().to_string())?;
+    let (mut ring, fd) = Ring::create(&RingOptions::new().spin(spin))?;
+    send_ring_fd(&sock, &fd, ring.capacity())?;
+    let _watch = ring.watch_socket(OwnedFd::from(sock.try_clone()?))?;
+    let msg = [7u8; SIZE];
+    let mut buf = Vec::with_capacity(SIZE);
+    let mut times = Vec::with_capacity(iters);
+    for i in 0..iters + iters / 10 {
+        let t = Instant::now();
+        ring.send(&msg, deadline_in(BOUND))?;
+        ring.recv(&mut buf, deadline_in(BOUND))?;
+        if i >= iters / 10 {
+            times.push(t.elapsed());
+        }
+    }
+    drop(ring);
+    finish(child, sock)?;
+    Ok(times)
+}
+
+fn iceoryx_rtt(iters: usize) -> Res<Vec<Duration>> {
+    let name = format!("ferry-bench/rtt-{}", std::process::id());
+    let (child, mut sock) = spawn("iceoryx2", &name)?;
+    sock.read_exact(&mut [0u8; 1])?; // the server exists
+    let node = NodeBuilder::new().create::<ipc::Service>()?;
+    let service = node
+        .service_builder(&name.as_str().try_into()?)
+        .request_response::<[u8; SIZE], [u8; SIZE]>()
+        .open_or_create()?;
+    let client = service.client_builder().create()?;
+    let msg = [7u8; SIZE];
+    let mut times = Vec::with_capacity(iters);
+    let mut i = 0;
+    while times.len() < iters {
+        let t = Instant::now();
+        let pending = client.send_copy(msg)?;
+        let give_up = t + BOUND;
+        let mut answered = false;
+        while Instant::now() < give_up {
+            if let Some(r) = pending.receive()? {
+                answered = r.payload()[0] == 7;
+                break;
+            }
+        }
+        if !answered {
+            return Err("iceoryx2: no response".into());
+        }
+        if i >= iters / 10 {
+            times.push(t.elapsed());
+        }
+        i += 1;
+    }
+    drop((client, service, node));
+    finish(child, sock)?;
+    Ok(times)
+}
+
+fn socket_rtt(iters: usize) -> Res<Vec<Duration>> {
+    let (child, mut sock) = spawn("socket", "")?;
+    let msg = [7u8; SIZE];
+    let mut buf = [0u8; SIZE];
+    let mut times = Vec::with_capacity(iters);
+    for i in 0..iters + iters / 10 {
+        let t = Instant::now();
+        sock.write_all(&msg)?;
+        sock.read_exact(&mut buf)?;
+        if i >= iters / 10 {
+            times.push(t.elapsed());
+        }
+    }
+    finish(child, sock)?;
+    Ok(times)
+}
+
+// ---------------------------------------------------------------------------------------
+// The peer
+
+fn peer(kind: &str, arg: String) -> Res<()> {
+    let sock = UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    match kind {
+        "ring" => {
+            let spin = Duration::from_nanos(arg.parse()?);
+            let (fd, cap) = recv_ring_fd(&sock)?;
+            let mut ring = Ring::open(fd, cap, &RingOptions::new().spin(spin))?;
+            let _watch = ring.watch_socket(OwnedFd::from(sock.try_clone()?))?;
+            let mut buf = Vec::new();
+            loop {
+                match ring.recv(&mut buf, deadline_in(Duration::from_secs(3600))) {
+                    Ok(tag) => ring.send_tagged(tag, &buf, deadline_in(BOUND))?,
+                    Err(RingError::Closed | RingError::PeerGone) => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        "iceoryx2" => {
+            set_log_level(LogLevel::Error);
+            let node = NodeBuilder::new().create::<ipc::Service>()?;
+            let service = node
+                .service_builder(&arg.as_str().try_into()?)
+                .request_response::<[u8; SIZE], [u8; SIZE]>()
+                .open_or_create()?;
+            let server = service.server_builder().create()?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let (stop2, mut sock2) = (stop.clone(), sock.try_clone()?);
+            let eof = std::thread::spawn(move || {
+                let _ = std::io::copy(&mut sock2, &mut std::io::sink());
+                stop2.store(true, Ordering::Relaxed);
+            });
+            (&sock).write_all(b"r")?;
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(req) = server.receive()? {
+                    let payload = *req.payload();
+                    req.send_copy(payload)?;
+                }
+            }
+            let _ = eof.join();
+            drop((server, service, node));
+            Ok(())
+        }
+        "socket" => {
+            let mut s = sock;
+            let mut buf = [0u8; SIZE];
+            loop {
+                match s.read_exact(&mut buf) {
+                    Ok(()) => s.write_all(&buf)?,
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        _ => Err(format!("unknown peer {kind}").into()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// iceoryx2's files
+
+/// iceoryx2's entries in /dev/shm (prefix `iox2_`) and under /tmp/iceoryx2.
+fn iceoryx_files() -> BTreeSet<std::path::PathBuf> {
+    let mut out = BTreeSet::new();
+    if let Ok(rd) = std::fs::read_dir("/dev/shm") {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("iox2_") {
+                out.insert(e.path());
+            }
+        }
+    }
+    let mut stack = vec![std::path::PathBuf::from(TMP_DIR)];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            } else {
+                out.insert(e.path());
+            }
+        }
+    }
+    out
+}
+
+/// Removes iceoryx2's files that were not there `before`; returns them.
+fn remove_new(before: &BTreeSet<std::path::PathBuf>) -> Vec<String> {
+    let new = iceoryx_files().difference(before).cloned().collect::<Vec<_>>();
+    new.into_iter().filter(|p| std::fs::remove_file(p).is_ok()).map(|p| p.display().to_string()).collect()
+}
