@@ -91,7 +91,7 @@ impl SdkPython {
         let _dir = sh.push_dir(root.join("sdks/python"));
         let snapshots: Vec<PathBuf> = python_snapshots(&root)?;
         let snaps = &snapshots;
-        let checked = ["ferry_client", "tests", "bench"];
+        let checked = ["ferry_client", "tests", "bench", "examples"];
         // (setup.py: linted, not type-checked: setuptools ships no types in every version.)
         cmd!(sh, "{python} -m ruff format --check {checked...} setup.py {snaps...}").run()?;
         cmd!(sh, "{python} -m ruff check {checked...} setup.py {snaps...}").run()?;

@@ -130,8 +130,11 @@ impl TierOptions {
 pub struct TierStats {
     /// Uses ([`Tiers::get`]).
     pub uses: u64,
-    /// Uses of a tensor the cpu tier held (or was already reading in).
+    /// Uses of a tensor placed in the cpu tier (kept there, pinned, or prefetched ahead of
+    /// the use): the policy's hits, whether or not its bytes had arrived.
     pub hits: u64,
+    /// Uses that waited for bytes from disk (read them, or waited for a prefetch).
+    pub waits: u64,
     /// Bytes read from disk into memory (uses and prefetches).
     pub bytes_read: u64,
     /// Bytes written to disk (each tensor at most once).
@@ -300,7 +303,7 @@ impl Tiers {
         let mut st = self.shared.lock();
         let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
         let (bytes, pin) = (e.bytes, e.pin);
-        let hit = st.view.contains(key) || (pin == Pin::Cpu && e.cpu.is_some()) || st.reading.contains(&key);
+        let hit = st.view.contains(key) || pin == Pin::Cpu;
         let started = Instant::now();
         let mut waited = false;
         let mut read_here = false;
@@ -333,6 +336,7 @@ impl Tiers {
             st.stats.bytes_read += bytes;
         }
         if waited || read_here {
+            st.stats.waits += 1;
             st.stats.stalled += started.elapsed();
         }
         let jobs = match pin {

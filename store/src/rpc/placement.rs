@@ -43,8 +43,10 @@ pub struct PlacementSetParams {
 pub struct PlacementStats {
     /// Uses of references (calls taking them, fetches).
     pub uses: u64,
-    /// Uses that found the reference in the cpu tier (or on its way there).
+    /// Uses of a reference placed in the cpu tier (kept, pinned, or prefetched ahead).
     pub hits: u64,
+    /// Uses that waited for bytes from disk (read them, or waited for a prefetch).
+    pub waits: u64,
     /// Bytes read from disk into memory.
     pub bytes_read: u64,
     /// Bytes written to disk (each reference at most once).
@@ -165,6 +167,7 @@ fn info(p: Option<&Arc<PlacedRefs>>) -> PlacementInfo {
         stats: Some(PlacementStats {
             uses: s.uses,
             hits: s.hits,
+            waits: s.waits,
             bytes_read: s.bytes_read,
             bytes_written: s.bytes_written,
             prefetches: s.prefetches,

@@ -1,0 +1,226 @@
+"""Where a tensor store keeps tensor references: a cpu tier (shared memory) above a disk
+tier, each with a byte budget, and the policy that moves references between them
+(`ferry serve-weights --placement flow --cpu-budget-mib 512`; PROTOCOL.md section 20).
+
+    r = keep(client, weights)                  # a TensorRef (ferry_client.refs)
+    placement(client, r).placement             # "cpu" or "disk"
+    place(client, r, "cpu")                    # pinned in the cpu tier (moved in the background)
+    schedule(client, [r1, r2, r3, r1, r2, r3]) # the next uses: the policy prefetches ahead
+    set_store_placement(client, policy="lru", cpu_budget_bytes=1 << 30)
+
+A use of a reference (a call taking it, `fetch`) reads it in from disk when it is there;
+what the cpu tier keeps afterwards is the policy's choice (`pinned`, `genoa`, `lru`,
+`flow`). An array `fetch` returned keeps its bytes valid and unchanged while it lives,
+whatever moves on the server meanwhile (`RefPlacement.in_use`). On a store started
+without `--placement`, references stay in memory as kept: `store_placement` says
+`tiers=False` and the setters raise `InvalidParamsError`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from .errors import ResultError
+from .refs import TensorRef
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = [
+    "PlacementStats",
+    "RefPlacement",
+    "StorePlacement",
+    "place",
+    "placement",
+    "schedule",
+    "set_store_placement",
+    "store_placement",
+    "wait_placed",
+]
+
+Where = Literal["cpu", "disk", "auto"]
+
+
+def _dict(r: object, method: str) -> dict[str, object]:
+    if not isinstance(r, dict):
+        raise ResultError(f"{method} answered {r!r:.100}")
+    return r
+
+
+def _int(d: dict[str, object], key: str, method: str) -> int:
+    v = d.get(key)
+    if type(v) is not int:
+        raise ResultError(f"{method}: {key} is {v!r:.40}, not an integer")
+    return v
+
+
+def _opt_int(d: dict[str, object], key: str, method: str) -> int | None:
+    return None if d.get(key) is None else _int(d, key, method)
+
+
+@dataclass(frozen=True)
+class RefPlacement:
+    """Where a reference is."""
+
+    id: str
+    placement: str
+    """`cpu`, `disk`, or the device it stays on (`cuda:0`)."""
+    pinned: str
+    """How it was placed by hand: `auto` (by the policy), `cpu` or `disk`."""
+    moving: bool
+    """A move to or from disk is under way."""
+    in_use: bool
+    """A call or a reader (an array `fetch` returned) holds its bytes."""
+    nbytes: int
+
+    @staticmethod
+    def from_json(r: object, method: str) -> RefPlacement:
+        """Parses an answer; `ResultError` when malformed."""
+        d = _dict(r, method)
+        if not all(isinstance(d.get(k), str) for k in ("id", "placement", "pinned")):
+            raise ResultError(f"{method} answered {d!r:.100}")
+        return RefPlacement(
+            id=str(d["id"]),
+            placement=str(d["placement"]),
+            pinned=str(d["pinned"]),
+            moving=bool(d.get("moving")),
+            in_use=bool(d.get("in_use")),
+            nbytes=_int(d, "bytes", method),
+        )
+
+
+@dataclass(frozen=True)
+class PlacementStats:
+    """What the store's tiers did so far."""
+
+    uses: int
+    hits: int
+    """Uses of a reference placed in the cpu tier (kept, pinned, or prefetched ahead)."""
+    waits: int
+    """Uses that waited for bytes from disk (read them, or waited for a prefetch)."""
+    bytes_read: int
+    """Bytes read from disk into memory."""
+    bytes_written: int
+    """Bytes written to disk (each reference at most once)."""
+    prefetches: int
+    stalled_ms: float
+    """Milliseconds uses waited for bytes from disk."""
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class StorePlacement:
+    """The store's placement: policy, budgets, usage."""
+
+    tiers: bool
+    """False: references stay in memory as kept (no `--placement`)."""
+    policy: str
+    cpu_budget_bytes: int | None
+    disk_budget_bytes: int | None
+    cpu_used_bytes: int
+    disk_used_bytes: int
+    disk_dir: str | None
+    stats: PlacementStats | None
+
+    @staticmethod
+    def from_json(r: object, method: str) -> StorePlacement:
+        """Parses an answer; `ResultError` when malformed."""
+        d = _dict(r, method)
+        s = d.get("stats")
+        stats = None
+        if s is not None:
+            sd = _dict(s, method)
+            stalled = sd.get("stalled_ms")
+            if not isinstance(stalled, (int, float)):
+                raise ResultError(f"{method}: stalled_ms is {stalled!r:.40}")
+            err = sd.get("last_error")
+            stats = PlacementStats(
+                uses=_int(sd, "uses", method),
+                hits=_int(sd, "hits", method),
+                waits=_int(sd, "waits", method),
+                bytes_read=_int(sd, "bytes_read", method),
+                bytes_written=_int(sd, "bytes_written", method),
+                prefetches=_int(sd, "prefetches", method),
+                stalled_ms=float(stalled),
+                last_error=None if err is None else str(err),
+            )
+        disk_dir = d.get("disk_dir")
+        return StorePlacement(
+            tiers=bool(d.get("tiers")),
+            policy=str(d.get("policy")),
+            cpu_budget_bytes=_opt_int(d, "cpu_budget_bytes", method),
+            disk_budget_bytes=_opt_int(d, "disk_budget_bytes", method),
+            cpu_used_bytes=_int(d, "cpu_used_bytes", method),
+            disk_used_bytes=_int(d, "disk_used_bytes", method),
+            disk_dir=None if disk_dir is None else str(disk_dir),
+            stats=stats,
+        )
+
+
+def placement(client: Client, ref: TensorRef) -> RefPlacement:
+    """Where `ref` is (looking is not a use)."""
+    r = client.call("store.ref.placement", {"id": ref.id})
+    return RefPlacement.from_json(r, "store.ref.placement")
+
+
+def place(client: Client, ref: TensorRef, where: Where) -> RefPlacement:
+    """Places `ref` by hand: `cpu` (pinned in the cpu tier, within its budget), `disk`
+    (pinned on disk: each use reads it) or `auto` (back to the policy). The move runs in
+    the background (`moving`); `wait_placed` waits for it."""
+    r = client.call("store.ref.place", {"id": ref.id, "placement": where})
+    return RefPlacement.from_json(r, "store.ref.place")
+
+
+def wait_placed(client: Client, ref: TensorRef, timeout: float = 30.0) -> RefPlacement:
+    """Waits until no move of `ref` is under way (at most `timeout` seconds, then
+    `TimeoutError`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        p = placement(client, ref)
+        if not p.moving:
+            return p
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reference {ref.id} still moving after {timeout} s")
+        time.sleep(0.005)
+
+
+def schedule(client: Client, refs: Iterable[TensorRef]) -> int:
+    """Declares the order of the next uses of `refs` (repeats allowed: a model's layers,
+    pass after pass), replacing the one declared before; the `flow` policy then reads the
+    next ones in while the caller computes. The count scheduled (0 without tiers)."""
+    r = _dict(
+        client.call("store.ref.schedule", {"ids": [x.id for x in refs]}),
+        "store.ref.schedule",
+    )
+    return _int(r, "scheduled", "store.ref.schedule")
+
+
+def store_placement(client: Client) -> StorePlacement:
+    """The store's policy, budgets, usage and counts."""
+    r = client.call("store.placement.get", {})
+    return StorePlacement.from_json(r, "store.placement.get")
+
+
+def set_store_placement(
+    client: Client,
+    *,
+    policy: str | None = None,
+    cpu_budget_bytes: int | None = None,
+    disk_budget_bytes: int | None = None,
+) -> StorePlacement:
+    """Changes the policy (`pinned`, `genoa`, `lru`, `flow`; a change starts the cpu tier
+    over) and the budgets, each when given. `InvalidParamsError` for an unknown policy or
+    a store without tiers, `LimitExceededError` naming `cpu_budget_bytes` / `disk_budget_bytes`
+    for a budget below what is pinned or stored."""
+    params: dict[str, object] = {}
+    if policy is not None:
+        params["policy"] = policy
+    if cpu_budget_bytes is not None:
+        params["cpu_budget_bytes"] = cpu_budget_bytes
+    if disk_budget_bytes is not None:
+        params["disk_budget_bytes"] = disk_budget_bytes
+    r = client.call("store.placement.set", params)
+    return StorePlacement.from_json(r, "store.placement.set")
