@@ -54,3 +54,16 @@ pub fn unsealed_memfd(len: u64) -> std::io::Result<std::os::fd::OwnedFd> {
 pub fn sealed_memfd(len: usize) -> std::io::Result<std::os::fd::OwnedFd> {
     crate::sys::SharedMap::create(len).map(|(_map, fd)| fd)
 }
+
+/// Stores `value` at byte `offset` of the ring file (8-aligned; ignored when out of bounds):
+/// a peer scribbling over the shared memory.
+pub fn scribble(ring: &Ring, offset: usize, value: u64) {
+    if let Some(w) = ring.tx.sh.map.u64_at(offset) {
+        w.store(value, Ordering::Relaxed);
+    }
+}
+
+/// Bytes in the ring file.
+pub fn file_len(ring: &Ring) -> usize {
+    crate::layout::HEADER_LEN + 2 * ring.tx.sh.tx.capacity
+}
