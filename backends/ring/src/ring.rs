@@ -139,7 +139,11 @@ impl Shared {
             }
             word.store(1, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            let r = ready().and_then(|done| self.check_state().map(|()| done));
+            // A frame (or room) that is there wins over a death notice that came with it.
+            let r = match ready() {
+                Ok(false) => self.check_state().map(|()| false),
+                other => other,
+            };
             if !matches!(r, Ok(false)) {
                 word.store(0, Ordering::Relaxed);
                 spin.record(Waited::Slept(start.elapsed()));

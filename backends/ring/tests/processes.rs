@@ -35,7 +35,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Case; 15] = [
+    let tests: [Case; 16] = [
         ("round_trips_of_many_sizes_wrap_around", || round_trips(Duration::from_micros(50))),
         ("round_trips_with_spinning_off_sleep_on_the_futex", || round_trips(Duration::ZERO)),
         ("a_frame_too_large_is_refused_and_the_ring_goes_on", too_large),
@@ -46,6 +46,7 @@ fn main() -> ExitCode {
         ("a_head_past_the_tail_is_corrupt", corrupt_head),
         ("sigkill_of_the_opener_mid_write_is_noticed", kill_opener_mid_write),
         ("sigkill_of_the_creator_wakes_a_blocked_sender_and_receiver", kill_creator),
+        ("frames_published_before_a_sigkill_are_received_first", kill_after_frames),
         ("an_orderly_close_is_seen_after_the_last_frame", orderly_close),
         ("an_idle_waiter_sleeps_in_the_kernel", idle_waiter_sleeps),
         ("open_refuses_bad_files", open_refusals),
@@ -256,6 +257,19 @@ fn kill_opener_mid_write() -> Outcome {
     check(matches!(r, Err(RingError::PeerGone)), format!("{r:?}"))?;
     let s = ring.send(b"anyone?", deadline_in(BOUND));
     check(matches!(s, Err(RingError::PeerGone)), format!("{s:?}"))
+}
+
+fn kill_after_frames() -> Outcome {
+    let (mut peer, mut ring, _watch) = Peer::create("send-3", Duration::from_micros(50), CAP)?;
+    peer.await_signal()?;
+    peer.kill()?;
+    let mut buf = Vec::new();
+    for i in 0..3u32 {
+        let r = ring.recv(&mut buf, deadline_in(BOUND));
+        check(matches!(r, Ok(t) if t == i) && buf == pattern(u64::from(i), 10), format!("frame {i}: {r:?}"))?;
+    }
+    let r = ring.recv(&mut buf, deadline_in(BOUND));
+    check(matches!(r, Err(RingError::PeerGone)), format!("after the frames: {r:?}"))
 }
 
 fn kill_creator() -> Outcome {
@@ -492,6 +506,12 @@ fn peer(role: &str) -> Result<(), Box<dyn std::error::Error>> {
         }
         "die-mid-write" => {
             testing::write_unpublished(&ring, &[0xff; 64]);
+            idle_until_eof(sock, true) // killed here
+        }
+        "send-3" => {
+            for i in 0..3u32 {
+                ring.send_tagged(i, &pattern(u64::from(i), 10), deadline_in(BOUND))?;
+            }
             idle_until_eof(sock, true) // killed here
         }
         "close-after-5" => {
