@@ -35,9 +35,11 @@ fn main() -> ExitCode {
             }
         };
     }
-    let tests: [Case; 16] = [
+    let tests: [Case; 18] = [
         ("round_trips_of_many_sizes_wrap_around", || round_trips(Duration::from_micros(50))),
         ("round_trips_with_spinning_off_sleep_on_the_futex", || round_trips(Duration::ZERO)),
+        ("pipelined_frames_both_ways_spinning", || pipelined(Duration::from_micros(50))),
+        ("pipelined_frames_both_ways_sleeping_every_wait", || pipelined(Duration::ZERO)),
         ("a_frame_too_large_is_refused_and_the_ring_goes_on", too_large),
         ("a_full_ring_blocks_the_sender_until_the_consumer_reads", full_ring),
         ("a_tail_past_the_capacity_is_corrupt", || corrupt_recv("liar-tail")),
@@ -171,6 +173,30 @@ fn round_trips(spin: Duration) -> Outcome {
     check(testing::tail(&ring) == sent as u64, "tail is the sum of the records")?;
     check(sent > 100 * CAP, "the ring wrapped around many times")?;
     drop(ring);
+    peer.success()
+}
+
+fn pipelined(spin: Duration) -> Outcome {
+    // A sender thread streams frames while a receiver thread takes the echoes: both rings
+    // fill, and the producers and consumers of both processes sleep and wake each other
+    // (spinning off: every wait sleeps). A lost wake-up would end in Timeout at BOUND.
+    let (peer, ring, _watch) = Peer::create("echo", spin, CAP)?;
+    let (mut tx, mut rx) = ring.into_split();
+    const N: u64 = 20_000;
+    let len = |i: u64| (i as usize * 131) % 1000;
+    let sender = std::thread::spawn(move || -> Result<(), RingError> {
+        for i in 0..N {
+            tx.send_tagged(i as u32, &pattern(i, len(i)), deadline_in(BOUND))?;
+        }
+        Ok(())
+    });
+    let mut buf = Vec::new();
+    for i in 0..N {
+        let tag = rx.recv(&mut buf, deadline_in(BOUND))?;
+        check(u64::from(tag) == i && buf == pattern(i, len(i)), format!("frame {i} out of order or changed"))?;
+    }
+    sender.join().map_err(|_| "sender panicked")??;
+    drop(rx);
     peer.success()
 }
 
