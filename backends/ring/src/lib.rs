@@ -46,8 +46,28 @@
 //! `AsyncFd` can wait on) is the upgrade when many idle async connections matter.
 //!
 //! What it is not (yet): a [`ferry_core`-style] `Channel` or part of the handshake. The
-//! crate is the foundation; integrating it into the Pipe (negotiating a `ring` feature,
-//! keeping order with socket frames) is the rest of issue 22.
+//! crate is the foundation; integrating it into the Pipe is the rest of issue 22. The plan:
+//!
+//! - **Negotiation**: a protocol feature `ring` (beside the others in core's `wire.rs`),
+//!   offered by a client whose transport passes descriptors and whose domain matches the
+//!   server's as for shm (boot id, IPC namespace), accepted by the server in its WELCOME.
+//!   The server then creates the file and sends a CONTROL `ring-open {capacity}` with the
+//!   memfd attached; the client opens it ([`Ring::open`] does every check) and answers
+//!   `ring-ready`, or `ring-refused {reason}`, and both stay on the socket.
+//! - **Switching in order**: each direction switches at a marker on the socket. The server
+//!   writes into the ring only after `ring-open` went out, the client only after
+//!   `ring-ready`; each reader reads the socket until it has read the peer's marker, then
+//!   the ring.
+//! - **One ordered path**: once switched, every frame goes through the ring, except one that
+//!   cannot ([`RingError::TooLarge`], or one carrying descriptors: a new shm segment). That
+//!   frame is written to the socket, then a record with a reserved tag ("divert") takes its
+//!   place in the ring; a reader meeting it takes the next frame from the socket (a FIFO the
+//!   socket reader fills; otherwise it only waits for EOF). No sequence numbers, no merge.
+//! - **Death**: the socket reader's EOF calls [`PeerNotice::peer_gone`] (no [`DeathWatch`]
+//!   thread).
+//! - **Spinning** follows core's busy-poll policy (`ferry_core::spin`): its window and its
+//!   cap on spinners per listener become [`RingOptions::spin`], so a ring never spins
+//!   where a socket reader would not.
 //!
 //! Unsafe code lives only in the `sys` module (the shared mapping and its atomic
 //! accesses).
