@@ -240,7 +240,7 @@ impl PlacedRefs {
 impl crate::Store {
     /// Places the tensor references of this store's server in tiers ([`PlacedRefs`]:
     /// a cpu tier above a disk tier, moved by `opts.policy`); give the server
-    /// [`Store::placement`] as its [`ferry_rpc::ServerBuilder::ref_backing`]. Once per
+    /// [`crate::Store::placement`] as its [`ferry_rpc::ServerBuilder::ref_backing`]. Once per
     /// store; an unknown policy or a disk directory that cannot be made is an error naming
     /// the option.
     pub fn enable_placement(&self, opts: &crate::PlacementOptions) -> Result<Arc<PlacedRefs>, crate::StoreError> {
@@ -251,7 +251,7 @@ impl crate::Store {
         Ok(self.placement.get_or_init(|| p).clone())
     }
 
-    /// Where this store places its references, once [`Store::enable_placement`] ran
+    /// Where this store places its references, once [`crate::Store::enable_placement`] ran
     /// (`None`: they stay in memory as kept).
     pub fn placement(&self) -> Option<&Arc<PlacedRefs>> {
         self.placement.get()
