@@ -6,10 +6,15 @@
 //!   turns spinning off (every wait sleeps at once).
 //! - A wait that the spin ended keeps the window (and grows it to twice that wait, up to the
 //!   maximum): the peer answers within it.
-//! - A wait that slept but ended within the maximum doubles the window (up to the
-//!   maximum): a longer spin would have caught it.
-//! - A wait longer than the maximum halves the window, down to [`MIN_WINDOW`] (or zero when
-//!   the maximum is below it): the peer is idle or slow, and spinning would only burn CPU.
+//! - A wait that slept but ended within [`LONG_WAIT_FACTOR`] times the maximum doubles the
+//!   window (at least twice that wait, up to the maximum): the peer answered soon, and a
+//!   longer spin might have caught it. The factor is there because a wait that sleeps is
+//!   lengthened by the wake-ups themselves (one for the peer, one for the waiter: about 50
+//!   µs here between vCPUs); judged against the maximum alone, two sleeping sides would see
+//!   every round trip as "long", shrink, and stay asleep for good (measured: a 64-byte round
+//!   trip of 45 µs instead of 0.4).
+//! - A longer wait halves the window, down to [`MIN_WINDOW`] (or the maximum when that is
+//!   below it): the peer is idle or slow, and spinning would only burn CPU.
 //!
 //! So a side never spins longer than the maximum for one wait, and an idle peer costs at
 //! most a shrinking window after each message, then nothing: the waiter sleeps in the
@@ -19,6 +24,8 @@ use std::time::Duration;
 
 /// The smallest window an adaptive spin shrinks to.
 pub const MIN_WINDOW: Duration = Duration::from_micros(2);
+/// A wait that slept counts as long (the peer idle) only past this many times the maximum.
+pub const LONG_WAIT_FACTOR: u32 = 8;
 
 /// A side's spin window.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +61,9 @@ impl SpinWindow {
         }
         self.window = match waited {
             Waited::Spun(t) => self.window.max(t.saturating_mul(2)).min(self.max),
-            Waited::Slept(t) if t <= self.max => self.window.saturating_mul(2).max(t.saturating_mul(2)).min(self.max),
+            Waited::Slept(t) if t <= self.max.saturating_mul(LONG_WAIT_FACTOR) => {
+                self.window.saturating_mul(2).max(t.saturating_mul(2)).min(self.max)
+            }
             Waited::Slept(_) => (self.window / 2).max(MIN_WINDOW.min(self.max)),
         };
     }
@@ -77,6 +86,9 @@ mod tests {
             (us(50), us(40), Waited::Spun(us(30)), us(50)),
             (us(50), us(8), Waited::Slept(us(20)), us(40)),
             (us(50), us(8), Waited::Slept(us(9)), us(18)),
+            (us(50), us(2), Waited::Slept(us(90)), us(50)),
+            (us(50), us(2), Waited::Slept(us(400)), us(50)),
+            (us(50), us(50), Waited::Slept(us(401)), us(25)),
             (us(50), us(50), Waited::Slept(us(5_000)), us(25)),
             (us(50), us(3), Waited::Slept(us(5_000)), MIN_WINDOW),
             (us(1), us(1), Waited::Slept(us(5_000)), us(1)),

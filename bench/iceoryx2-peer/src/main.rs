@@ -132,9 +132,37 @@ fn ring_rtt(spin: Duration, iters: usize) -> Res<Vec<Duration>> {
             times.push(t.elapsed());
         }
     }
+    // Idle for a second: this thread waits for a frame that never comes, the peer waits for
+    // the next request. Both should spin at most their window, then sleep.
+    // Idle for a second: this thread waits for a frame that never comes, the peer waits for
+    // the next request. Both should spin at most their window, then sleep.
+    let peer_stat = format!("/proc/{}/schedstat", child.id());
+    let (me0, peer0) = (thread_cpu_ns(), cpu_ns(&peer_stat));
+    let idle = ring.recv(&mut buf, deadline_in(Duration::from_secs(1)));
+    let (me1, peer1) = (thread_cpu_ns(), cpu_ns(&peer_stat));
+    if !matches!(idle, Err(RingError::Timeout)) {
+        return Err(format!("idle wait ended with {idle:?}").into());
+    }
+    eprintln!(
+        "ferry-ring spin {spin:?}: idle 1 s after the last round trip: {} us CPU in the waiting thread, {} us in the peer",
+        (me1 - me0) / 1000,
+        (peer1 - peer0) / 1000
+    );
     drop(ring);
     finish(child, sock)?;
     Ok(times)
+}
+
+/// CPU time (ns) of the calling thread, exact (`CLOCK_THREAD_CPUTIME_ID`; `schedstat` of a
+/// running thread lags by up to a scheduler tick).
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// CPU time (ns) of a sleeping thread, from its `schedstat` file (the first field).
+fn cpu_ns(path: &str) -> u64 {
+    std::fs::read_to_string(path).ok().and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or(0)
 }
 
 fn iceoryx_rtt(iters: usize) -> Res<Vec<Duration>> {
