@@ -43,7 +43,9 @@
 //! correct and idle-free, and a blocking-pool thread sleeping on the futex is both, with no
 //! more shared state. What it costs is a pool thread per waiting connection; an eventfd
 //! "doorbell" (a third value of the sleeping word meaning "write my eventfd", which tokio's
-//! `AsyncFd` can wait on) is the upgrade when many idle async connections matter.
+//! `AsyncFd` can wait on) is the upgrade when many idle async connections matter. Its trap:
+//! the waker writes a descriptor the peer handed over, so it must check that it is an
+//! eventfd and never block on it (a peer can fill an eventfd's counter, or hand a pipe).
 //!
 //! What it is not (yet): a [`ferry_core`-style] `Channel` or part of the handshake. The
 //! crate is the foundation; integrating it into the Pipe is the rest of issue 22. The plan:
