@@ -179,8 +179,10 @@ impl RingOptions {
         RingOptions::default()
     }
 
-    /// Bytes of each ring (a power of two from 4 KiB to 1 GiB; creator only: the opener is
-    /// told the creator's). The largest frame is this minus 8.
+    /// Bytes of each ring (a power of two from 4 KiB to 1 GiB). The creator makes rings of
+    /// this size; the opener is told the creator's and accepts at most this (a peer cannot
+    /// make it map, or buffer frames of, more than it chose). The largest frame is this
+    /// minus 8.
     pub fn capacity(mut self, bytes: usize) -> RingOptions {
         self.capacity = bytes;
         self
@@ -221,9 +223,15 @@ impl Ring {
 
     /// Opens a ring file received from the peer, which said its rings hold `capacity` bytes:
     /// checks the capacity, the seals, the size and the header, then maps it (this side
-    /// produces into ring 1 and consumes ring 0). `opts`' capacity is not used.
+    /// produces into ring 1 and consumes ring 0). A capacity over `opts`' is refused.
     pub fn open(fd: std::os::fd::OwnedFd, capacity: usize, opts: &RingOptions) -> Result<Ring, OpenError> {
         use std::sync::atomic::Ordering;
+        if capacity > opts.capacity {
+            return Err(OpenError::BadCapacity(format!(
+                "ring capacity {capacity} is over this side's limit ({})",
+                opts.capacity
+            )));
+        }
         let len = layout::file_len(capacity).map_err(OpenError::BadCapacity)?;
         let map = sys::SharedMap::open(fd, len)?;
         let read = |at| map.u64_at(at).map_or(0, |w| w.load(Ordering::Relaxed));

@@ -374,6 +374,8 @@ fn open_refusals() -> Outcome {
     let (_ring, fd) = Ring::create(&RingOptions::new().capacity(CAP))?;
     let r = Ring::open(fd.try_clone()?, 2 * CAP, &opts);
     check(matches!(r, Err(OpenError::WrongSize { .. })), format!("capacity lie: {r:?}"))?;
+    let r = Ring::open(fd.try_clone()?, 2 * CAP, &RingOptions::new().capacity(CAP));
+    check(matches!(r, Err(OpenError::BadCapacity(_))), format!("over this side's limit: {r:?}"))?;
     let r = Ring::open(fd.try_clone()?, 5000, &opts);
     check(matches!(r, Err(OpenError::BadCapacity(_))), format!("not a power of two: {r:?}"))?;
     let r = Ring::create(&RingOptions::new().capacity(1 << 31));
