@@ -34,8 +34,8 @@ pub fn main() -> ExitCode {
     let tests: [Case; 18] = [
         ("round_trips_of_many_sizes_wrap_around", || round_trips(Duration::from_micros(50))),
         ("round_trips_with_spinning_off_sleep_on_the_futex", || round_trips(Duration::ZERO)),
-        ("pipelined_frames_both_ways_spinning", || pipelined(Duration::from_micros(50))),
-        ("pipelined_frames_both_ways_sleeping_every_wait", || pipelined(Duration::ZERO)),
+        ("pipelined_frames_both_ways_spinning", || pipelined(Duration::from_micros(50), 20_000)),
+        ("pipelined_frames_both_ways_sleeping_every_wait", || pipelined(Duration::ZERO, 20_000)),
         ("a_frame_too_large_is_refused_and_the_ring_goes_on", too_large),
         ("a_full_ring_blocks_the_sender_until_the_consumer_reads", full_ring),
         ("a_tail_past_the_capacity_is_corrupt", || corrupt_recv("liar-tail")),
@@ -51,7 +51,18 @@ pub fn main() -> ExitCode {
         ("a_peer_scribbling_over_the_file_gets_typed_errors_only", scribbling_peer),
         ("an_async_caller_waits_in_the_blocking_pool", async_caller),
     ];
-    let trials = tests.into_iter().map(|(name, f)| Trial::test(name, f)).collect();
+    let mut trials: Vec<Trial> = tests.into_iter().map(|(name, f)| Trial::test(name, f)).collect();
+    // Stress, run by name: `cargo test -p ferry-ring --test processes -- --ignored stress`.
+    trials.push(
+        Trial::test("stress_a_million_pipelined_frames_with_every_wait_sleeping", || {
+            pipelined(Duration::ZERO, 1_000_000)
+        })
+        .with_ignored_flag(true),
+    );
+    trials.push(
+        Trial::test("stress_a_million_pipelined_frames_spinning", || pipelined(Duration::from_micros(50), 1_000_000))
+            .with_ignored_flag(true),
+    );
     libtest_mimic::run(&Arguments::from_args(), trials).exit_code()
 }
 
@@ -172,22 +183,21 @@ fn round_trips(spin: Duration) -> Outcome {
     peer.success()
 }
 
-fn pipelined(spin: Duration) -> Outcome {
+fn pipelined(spin: Duration, n: u64) -> Outcome {
     // A sender thread streams frames while a receiver thread takes the echoes: both rings
     // fill, and the producers and consumers of both processes sleep and wake each other
     // (spinning off: every wait sleeps). A lost wake-up would end in Timeout at BOUND.
     let (peer, ring, _watch) = Peer::create("echo", spin, CAP)?;
     let (mut tx, mut rx) = ring.into_split();
-    const N: u64 = 20_000;
     let len = |i: u64| (i as usize * 131) % 1000;
     let sender = std::thread::spawn(move || -> Result<(), RingError> {
-        for i in 0..N {
+        for i in 0..n {
             tx.send_tagged(i as u32, &pattern(i, len(i)), deadline_in(BOUND))?;
         }
         Ok(())
     });
     let mut buf = Vec::new();
-    for i in 0..N {
+    for i in 0..n {
         let tag = rx.recv(&mut buf, deadline_in(BOUND))?;
         check(u64::from(tag) == i && buf == pattern(i, len(i)), format!("frame {i} out of order or changed"))?;
     }
