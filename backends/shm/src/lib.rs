@@ -37,6 +37,7 @@ use ferry_core::{Channel, ChannelError, ChannelSession, ConnInfo, DeviceKind, Se
 
 #[cfg(target_os = "linux")]
 mod batch;
+#[cfg(target_os = "linux")]
 mod pool;
 #[cfg(target_os = "linux")]
 mod session;
