@@ -45,18 +45,16 @@ pub(super) struct WriteSide {
     pub(super) frames: FrameWriter,
     /// CONTROL frame headers pulled from the sessions and not written yet.
     pulled: Vec<Vec<u8>>,
-    /// The tickets of the message being written, while its write may still be dropped.
-    in_flight: Option<Tickets>,
-    /// [`FrameWriter::writes_done`] when the write now carrying `pulled` and `in_flight`
-    /// began.
-    carrying_since: Option<u64>,
+    /// The write under way (its future may be dropped): [`FrameWriter::writes_done`] when
+    /// it began, and its message's tickets (none for CONTROL frames alone).
+    in_flight: Option<(u64, Option<Tickets>)>,
     /// The soonest time a session asked to be polled again.
     next_poll: Option<Instant>,
 }
 
 impl WriteSide {
     pub(super) fn new(frames: FrameWriter) -> Self {
-        WriteSide { frames, pulled: Vec::new(), in_flight: None, carrying_since: None, next_poll: None }
+        WriteSide { frames, pulled: Vec::new(), in_flight: None, next_poll: None }
     }
 
     /// Settles what a write whose future was dropped left behind: if it went out whole, its
@@ -64,8 +62,7 @@ impl WriteSide {
     /// was not sent and its CONTROL frames wait for this write. A write that stopped
     /// part-way tore the stream: an error, and the pipe must close.
     fn settle(&mut self) -> Result<(), PipeError> {
-        if let Some(before) = self.carrying_since.take() {
-            let tickets = self.in_flight.take();
+        if let Some((before, tickets)) = self.in_flight.take() {
             if self.frames.writes_done() > before {
                 self.pulled.clear();
                 if let Some(t) = tickets {
@@ -93,8 +90,7 @@ impl WriteSide {
                 None => return Ok(()),
             },
         };
-        self.in_flight = tickets;
-        self.carrying_since = Some(self.frames.writes_done());
+        self.in_flight = Some((self.frames.writes_done(), tickets));
         let trailing: Vec<(FrameKind, &[u8])> =
             self.pulled[skip..].iter().map(|h| (FrameKind::Control, h.as_slice())).collect();
         let r = self.frames.write_frame_then(kind, frame, &trailing).await;
