@@ -30,10 +30,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::{Decision, Key, Policy, View};
-use crate::bucket::{Bucket, WeakBucket};
+use super::{Key, Policy, View};
 
-mod io;
+mod mover;
+mod state;
+
+use state::{Entry, Job, Shared, State};
 
 /// Where a tensor lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,64 +164,6 @@ pub struct TensorState {
     pub bytes: u64,
 }
 
-/// A tensor's bytes in memory: a range of a bucket (shared memory on Linux).
-#[derive(Clone)]
-struct Mem {
-    bucket: Bucket,
-    off: usize,
-    len: usize,
-}
-
-impl Mem {
-    fn bytes(&self) -> Bytes {
-        self.bucket.bytes(self.off, self.len).unwrap_or_default()
-    }
-}
-
-struct Entry {
-    bytes: u64,
-    /// The cpu copy, while in the cpu tier or on its way down.
-    cpu: Option<Mem>,
-    /// The memory last handed to a user (alive while anyone holds it).
-    lent: Option<WeakBucket>,
-    /// Whether its file exists.
-    on_disk: bool,
-    pin: Pin,
-    last_use: usize,
-}
-
-/// A move for the background thread.
-enum Job {
-    Up(Key),
-    Down(Key),
-}
-
-pub(super) struct State {
-    /// The policy's share of the cpu tier (budget: `cpu_budget` less the pinned bytes).
-    view: View,
-    policy: Box<dyn Policy + Send>,
-    entries: HashMap<Key, Entry>,
-    next_key: Key,
-    /// Bytes counted on disk: every tensor's, from its put.
-    disk_used: u64,
-    cpu_budget: u64,
-    disk_budget: u64,
-    pinned_cpu: u64,
-    step: usize,
-    /// Reads in flight: a use of one waits for it.
-    reading: HashSet<Key>,
-    /// Writes in flight.
-    writing: HashSet<Key>,
-    stats: TierStats,
-}
-
-pub(super) struct Shared {
-    state: Mutex<State>,
-    /// Signalled when a move ends.
-    moved: Condvar,
-    dir: PathBuf,
-}
-
 /// Tensors across a cpu and a disk tier (see the module docs).
 pub struct Tiers {
     shared: Arc<Shared>,
@@ -260,17 +204,7 @@ impl Tiers {
         };
         let shared = Arc::new(Shared { state: Mutex::new(state), moved: Condvar::new(), dir: opts.disk_dir });
         let (tx, rx) = mpsc::channel::<Job>();
-        let worker_shared = shared.clone();
-        let worker = std::thread::Builder::new()
-            .name("ferry-tiers-mover".into())
-            .spawn(move || {
-                for job in rx {
-                    match job {
-                        Job::Up(k) => worker_shared.read_in(k),
-                        Job::Down(k) => worker_shared.write_out(k),
-                    }
-                }
-            })
+        let worker = mover::spawn(shared.clone(), rx)
             .map_err(|source| TierError::Io { path: PathBuf::from("<mover thread>"), source })?;
         Ok(Tiers { shared, jobs: Mutex::new(Some(tx)), worker: Some(worker) })
     }
@@ -281,7 +215,7 @@ impl Tiers {
     /// copied once into one.
     pub fn put(&self, data: Bytes) -> Result<Key, TierError> {
         let bytes = data.len() as u64;
-        let mem = io::to_mem(&data).map_err(|source| TierError::Io { path: PathBuf::from("<memory>"), source })?;
+        let mem = mover::to_mem(&data).map_err(|source| TierError::Io { path: PathBuf::from("<memory>"), source })?;
         let mut st = self.shared.lock();
         if st.disk_used.saturating_add(bytes) > st.disk_budget {
             return Err(TierError::DiskFull { used: st.disk_used, budget: st.disk_budget, more: bytes });
@@ -551,80 +485,5 @@ impl Drop for Tiers {
                 let _ = std::fs::remove_file(self.shared.path(*k));
             }
         }
-    }
-}
-
-impl State {
-    /// Asks the policy after a use and applies the decision to the view.
-    fn decide(&mut self, key: Key, bytes: u64, hit: bool) -> Decision {
-        let step = self.step;
-        self.step += 1;
-        let d = self.policy.after_use(step, key, bytes, hit, &self.view);
-        match self.view.apply(&d, key, bytes) {
-            Ok(()) => d,
-            Err(e) => {
-                // A policy bug: keep the tier consistent by letting this tensor go.
-                tracing::error!("placement policy {}: {e}", self.policy.name());
-                self.view.take(key);
-                Decision { keep: false, ..Decision::default() }
-            }
-        }
-    }
-
-    /// The moves a decision (applied to the view) needs.
-    fn apply(&mut self, key: Key, d: Decision) -> Vec<Job> {
-        let mut jobs = Vec::new();
-        for k in d.evict.into_iter().chain((!d.keep).then_some(key)) {
-            jobs.extend(self.start_write(k));
-        }
-        for (k, _) in d.prefetch {
-            self.stats.prefetches += 1;
-            jobs.extend(self.start_read(k));
-        }
-        jobs
-    }
-
-    /// Starts moving `key` down (unless it belongs in the cpu tier or has no cpu copy).
-    fn start_write(&mut self, key: Key) -> Option<Job> {
-        let cpu_tier = self.view.contains(key);
-        let e = self.entries.get(&key)?;
-        if cpu_tier || e.pin == Pin::Cpu || e.cpu.is_none() || !self.writing.insert(key) {
-            return None;
-        }
-        Some(Job::Down(key))
-    }
-
-    /// Starts reading `key` in (unless its bytes are in memory or already coming).
-    fn start_read(&mut self, key: Key) -> Option<Job> {
-        let e = self.entries.get(&key)?;
-        if e.cpu.is_some() || !self.reading.insert(key) {
-            return None;
-        }
-        Some(Job::Up(key))
-    }
-
-    /// Shrinks the policy's view to its budget (the cpu budget less the pinned bytes),
-    /// moving the least recently used tensors down.
-    fn fit_view(&mut self) -> Vec<Job> {
-        let budget = self.cpu_budget - self.pinned_cpu;
-        let mut jobs = Vec::new();
-        let mut resident: Vec<(usize, Key)> =
-            self.view.resident().map(|(k, _)| (self.entries.get(&k).map_or(0, |e| e.last_use), k)).collect();
-        resident.sort_unstable();
-        for (_, k) in resident {
-            if self.view.used() <= budget {
-                break;
-            }
-            self.view.take(k);
-            self.policy.forget(k);
-            jobs.extend(self.start_write(k));
-        }
-        self.view.set_budget(budget.max(self.view.used()));
-        jobs
-    }
-
-    /// Whether `key`'s bytes belong in memory now.
-    fn wants_cpu(&self, key: Key) -> bool {
-        self.view.contains(key) || self.entries.get(&key).is_some_and(|e| e.pin == Pin::Cpu)
     }
 }

@@ -2,12 +2,26 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::MutexGuard;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 
-use super::{Key, Mem, Shared, State, TierError};
+use super::state::{Job, Mem, Shared, State};
+use super::{Key, TierError};
 use crate::bucket::{Bucket, BucketMut};
+
+/// Starts the mover thread: it carries out the moves sent on `jobs` until the sender goes.
+pub(super) fn spawn(shared: Arc<Shared>, jobs: Receiver<Job>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("ferry-tiers-mover".into()).spawn(move || {
+        for job in jobs {
+            match job {
+                Job::Up(k) => shared.read_in(k),
+                Job::Down(k) => shared.write_out(k),
+            }
+        }
+    })
+}
 
 /// `data` as memory of the tiers: where it lies when that is a shared segment, else copied
 /// once into a new one.

@@ -1,0 +1,146 @@
+//! The tiers' bookkeeping: where each tensor is, what the policy holds, which moves are
+//! under way. Everything here runs under the tiers' lock and does no I/O: it decides the
+//! moves ([`Job`]s) that the mover thread ([`super::mover`]) carries out.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex};
+
+use bytes::Bytes;
+
+use super::{Pin, TierStats};
+use crate::bucket::{Bucket, WeakBucket};
+use crate::placement::{Decision, Key, Policy, View};
+
+/// A tensor's bytes in memory: a range of a bucket (shared memory on Linux).
+#[derive(Clone)]
+pub(super) struct Mem {
+    pub(super) bucket: Bucket,
+    pub(super) off: usize,
+    pub(super) len: usize,
+}
+
+impl Mem {
+    pub(super) fn bytes(&self) -> Bytes {
+        self.bucket.bytes(self.off, self.len).unwrap_or_default()
+    }
+}
+
+pub(super) struct Entry {
+    pub(super) bytes: u64,
+    /// The cpu copy, while in the cpu tier or on its way down.
+    pub(super) cpu: Option<Mem>,
+    /// The memory last handed to a user (alive while anyone holds it).
+    pub(super) lent: Option<WeakBucket>,
+    /// Whether its file exists.
+    pub(super) on_disk: bool,
+    pub(super) pin: Pin,
+    pub(super) last_use: usize,
+}
+
+/// A move for the background thread.
+pub(super) enum Job {
+    Up(Key),
+    Down(Key),
+}
+
+pub(super) struct State {
+    /// The policy's share of the cpu tier (budget: `cpu_budget` less the pinned bytes).
+    pub(super) view: View,
+    pub(super) policy: Box<dyn Policy + Send>,
+    pub(super) entries: HashMap<Key, Entry>,
+    pub(super) next_key: Key,
+    /// Bytes counted on disk: every tensor's, from its put.
+    pub(super) disk_used: u64,
+    pub(super) cpu_budget: u64,
+    pub(super) disk_budget: u64,
+    pub(super) pinned_cpu: u64,
+    pub(super) step: usize,
+    /// Reads in flight: a use of one waits for it.
+    pub(super) reading: HashSet<Key>,
+    /// Writes in flight.
+    pub(super) writing: HashSet<Key>,
+    pub(super) stats: TierStats,
+}
+
+pub(super) struct Shared {
+    pub(super) state: Mutex<State>,
+    /// Signalled when a move ends.
+    pub(super) moved: Condvar,
+    pub(super) dir: PathBuf,
+}
+
+impl State {
+    /// Asks the policy after a use and applies the decision to the view.
+    pub(super) fn decide(&mut self, key: Key, bytes: u64, hit: bool) -> Decision {
+        let step = self.step;
+        self.step += 1;
+        let d = self.policy.after_use(step, key, bytes, hit, &self.view);
+        match self.view.apply(&d, key, bytes) {
+            Ok(()) => d,
+            Err(e) => {
+                // A policy bug: keep the tier consistent by letting this tensor go.
+                tracing::error!("placement policy {}: {e}", self.policy.name());
+                self.view.take(key);
+                Decision { keep: false, ..Decision::default() }
+            }
+        }
+    }
+
+    /// The moves a decision (applied to the view) needs.
+    pub(super) fn apply(&mut self, key: Key, d: Decision) -> Vec<Job> {
+        let mut jobs = Vec::new();
+        for k in d.evict.into_iter().chain((!d.keep).then_some(key)) {
+            jobs.extend(self.start_write(k));
+        }
+        for (k, _) in d.prefetch {
+            self.stats.prefetches += 1;
+            jobs.extend(self.start_read(k));
+        }
+        jobs
+    }
+
+    /// Starts moving `key` down (unless it belongs in the cpu tier or has no cpu copy).
+    pub(super) fn start_write(&mut self, key: Key) -> Option<Job> {
+        let cpu_tier = self.view.contains(key);
+        let e = self.entries.get(&key)?;
+        if cpu_tier || e.pin == Pin::Cpu || e.cpu.is_none() || !self.writing.insert(key) {
+            return None;
+        }
+        Some(Job::Down(key))
+    }
+
+    /// Starts reading `key` in (unless its bytes are in memory or already coming).
+    pub(super) fn start_read(&mut self, key: Key) -> Option<Job> {
+        let e = self.entries.get(&key)?;
+        if e.cpu.is_some() || !self.reading.insert(key) {
+            return None;
+        }
+        Some(Job::Up(key))
+    }
+
+    /// Shrinks the policy's view to its budget (the cpu budget less the pinned bytes),
+    /// moving the least recently used tensors down.
+    pub(super) fn fit_view(&mut self) -> Vec<Job> {
+        let budget = self.cpu_budget - self.pinned_cpu;
+        let mut jobs = Vec::new();
+        let mut resident: Vec<(usize, Key)> =
+            self.view.resident().map(|(k, _)| (self.entries.get(&k).map_or(0, |e| e.last_use), k)).collect();
+        resident.sort_unstable();
+        for (_, k) in resident {
+            if self.view.used() <= budget {
+                break;
+            }
+            self.view.take(k);
+            self.policy.forget(k);
+            jobs.extend(self.start_write(k));
+        }
+        self.view.set_budget(budget.max(self.view.used()));
+        jobs
+    }
+
+    /// Whether `key`'s bytes belong in memory now.
+    pub(super) fn wants_cpu(&self, key: Key) -> bool {
+        self.view.contains(key) || self.entries.get(&key).is_some_and(|e| e.pin == Pin::Cpu)
+    }
+}
