@@ -14,7 +14,8 @@ use ferry_core::frame::{Frame, FrameKind, FramePrefix, FrameReader, PREFIX_LEN, 
 use ferry_core::handshake::{ServerPolicy, client_accept, server_decide};
 use ferry_core::inline::decode_inline;
 use ferry_core::wire::{
-    ChannelOffer, Close, ControlHeader, Hello, Limits, MessageHeader, PROTOCOL_VERSION, Refusal, TensorDesc, Welcome,
+    ChannelOffer, Close, ControlHeader, Hello, Limits, MessageHeader, PROTOCOL_VERSION, Refusal, RingAnswer,
+    TensorDesc, Welcome,
 };
 use ferry_core::{Channel, ConnInfo, Device, Incoming, InlineChannel, PipeError, ProtocolError};
 use ferry_rpc::ErrorObject;
@@ -77,6 +78,9 @@ fn typed_roundtrip(f: &Frame, compact: bool) -> Result<Vec<u8>, ProtocolError> {
         }
         FrameKind::Control => to(serde_json::to_vec(&f.parse::<ControlHeader>()?)),
         FrameKind::Close => to(serde_json::to_vec(&f.parse::<Close>()?)),
+        // The doorbell has no header; the handshake's answer has one.
+        FrameKind::Ring if f.header.is_empty() => Vec::new(),
+        FrameKind::Ring => to(serde_json::to_vec(&f.parse::<RingAnswer>()?)),
     })
 }
 

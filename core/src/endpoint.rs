@@ -16,6 +16,9 @@ use crate::pipe::{Pipe, PipeInfo};
 use crate::transport::{Address, Connection, Listener, Split, Transport};
 use crate::wire::{Hello, Limits, PROTOCOL_VERSION, Refusal, Welcome};
 
+#[cfg(all(feature = "ring", target_os = "linux"))]
+mod ring;
+
 /// Default time a handshake may take.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -42,6 +45,15 @@ pub(crate) struct Config {
     pub(crate) accept_foreign: bool,
     pub(crate) busy_poll: Duration,
     pub(crate) max_header_values: usize,
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    pub(crate) ring: Option<ferry_ring::RingOptions>,
+}
+
+impl Config {
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    fn ring(&self) -> Option<&ferry_ring::RingOptions> {
+        self.ring.as_ref()
+    }
 }
 
 /// Builds an [`Endpoint`]: `Endpoint::builder().transport(..).channel(..).build()`.
@@ -66,6 +78,8 @@ impl Default for EndpointBuilder {
                 accept_foreign: false,
                 busy_poll: Duration::ZERO,
                 max_header_values: DEFAULT_MAX_HEADER_VALUES,
+                #[cfg(all(feature = "ring", target_os = "linux"))]
+                ring: None,
             },
         }
     }
@@ -158,6 +172,21 @@ impl EndpointBuilder {
     /// answering a request-response peer (`ferry serve --busy-poll-us`).
     pub fn busy_poll(mut self, window: Duration) -> Self {
         self.cfg.busy_poll = window;
+        self
+    }
+
+    /// Use the same-host ring (feature `ring`, Linux; PROTOCOL.md §21) where the peer has
+    /// one too and the connection passes descriptors (unix sockets): after the handshake,
+    /// frames travel through two shared-memory rings (a sealed memfd the server makes)
+    /// instead of the socket, which carries only what the rings cannot (frames with
+    /// descriptors, frames larger than a ring's largest record) and the doorbell that wakes
+    /// a reader waiting on it. `opts` sets the capacity of each ring (the most this side
+    /// makes, or maps when the peer made it) and how long a blocking caller spins; the
+    /// pipe's own reader polls the ring only while busy polling is armed
+    /// ([`EndpointBuilder::busy_poll`]). `None` (the default) offers and grants no ring.
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    pub fn ring(mut self, opts: Option<ferry_ring::RingOptions>) -> Self {
+        self.cfg.ring = opts;
         self
     }
 
@@ -369,12 +398,17 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
 
 async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
     let (info, mut reader, mut writer) = halves(conn, &cfg);
-    let hello = client_hello(&cfg.channels, &info, cfg.version, cfg.token.clone(), cfg.limits);
+    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+    let mut hello = client_hello(&cfg.channels, &info, cfg.version, cfg.token.clone(), cfg.limits);
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    let ring_offered = ring::client_offer(cfg.ring(), &mut reader, &mut hello);
     writer.write_preamble(cfg.version).await?;
     writer.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await?;
     reader.read_preamble().await?;
-    let frame = reader.read_frame().await?;
-    let welcome: Welcome = match frame.kind {
+    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+    let mut frame = reader.read_frame().await?;
+    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+    let mut welcome: Welcome = match frame.kind {
         FrameKind::Welcome => frame.parse()?,
         FrameKind::Refuse => {
             let r: Refusal = frame.parse()?;
@@ -390,6 +424,13 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         }
     };
     let open = client_accept(&cfg.channels, &hello, &welcome)?;
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    {
+        let fds = std::mem::take(&mut frame.fds);
+        if !ring::client_finish(cfg.ring(), ring_offered, &welcome, fds, &mut reader, &mut writer).await? {
+            welcome.features.retain(|f| f != crate::wire::FEATURE_RING);
+        }
+    }
     let (ctx, closed_tx) = session_ctx(&info, false, &welcome.features);
     let mut sessions = BTreeMap::new();
     for (kind, c) in open {
@@ -447,7 +488,10 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             writer.shutdown().await;
             Err(PipeError::Refused(refusal))
         }
-        Ok((welcome, hello)) => {
+        #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+        Ok((mut welcome, hello)) => {
+            #[cfg(all(feature = "ring", target_os = "linux"))]
+            let made = ring::server_make(cfg.ring(), &hello, &reader, &mut welcome);
             let (ctx, closed_tx) = session_ctx(&info, true, &welcome.features);
             let mut sessions = BTreeMap::new();
             for (kind, name) in &welcome.channels {
@@ -455,7 +499,20 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
                     sessions.insert(*kind, c.open(ctx.clone())?);
                 }
             }
-            writer.write_frame(FrameKind::Welcome, OutFrame::json(&welcome)).await?;
+            #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+            let mut frame = OutFrame::json(&welcome);
+            #[cfg(all(feature = "ring", target_os = "linux"))]
+            let made = made.map(|(ring, fd)| {
+                frame.fds.push(fd);
+                ring
+            });
+            writer.write_frame(FrameKind::Welcome, frame).await?;
+            #[cfg(all(feature = "ring", target_os = "linux"))]
+            if let Some(ring) = made
+                && !ring::server_finish(ring, &mut reader, &mut writer).await?
+            {
+                welcome.features.retain(|f| f != crate::wire::FEATURE_RING);
+            }
             tracing::debug!(addr = %info.addr, peer = %hello.agent, channels = ?welcome.channels, "accepted");
             let pipe_info = PipeInfo {
                 conn: info,

@@ -176,6 +176,10 @@ pub enum ProtocolError {
     /// File descriptors were announced but not received, or sent where not allowed.
     #[error("file descriptor mismatch: {0}")]
     Fds(String),
+    /// The peer broke the same-host ring's rules (a corrupt index or length, a record that
+    /// is not whole frames, frames on the socket with no record pointing to them).
+    #[error("same-host ring: {0}")]
+    Ring(String),
 }
 
 /// A transport (moves frames) failed.

@@ -16,6 +16,9 @@ use crate::tensor::ALIGN;
 use crate::transport::FdQueueRef as FdQueue;
 use crate::wire::Limits;
 
+#[cfg(all(feature = "ring", target_os = "linux"))]
+mod ring;
+
 /// The first six bytes each side sends: `89 46 45 52 52 59` ("\x89FERRY"). The first byte
 /// is not ASCII, so it can never be `{` or `[` (plain JSON-RPC) or any text protocol.
 pub const MAGIC: [u8; 6] = [0x89, b'F', b'E', b'R', b'R', b'Y'];
@@ -65,6 +68,10 @@ pub enum FrameKind {
     Control = 5,
     /// The sender closes: [`crate::wire::Close`].
     Close = 6,
+    /// The same-host ring (PROTOCOL.md §21): during the handshake, the client's answer to
+    /// the ring the server offered ([`crate::wire::RingAnswer`]); after it, with no header,
+    /// the doorbell that wakes a reader waiting on the socket.
+    Ring = 7,
 }
 
 impl FrameKind {
@@ -77,6 +84,7 @@ impl FrameKind {
             4 => FrameKind::Message,
             5 => FrameKind::Control,
             6 => FrameKind::Close,
+            7 => FrameKind::Ring,
             _ => return None,
         })
     }
@@ -198,6 +206,9 @@ pub struct FrameReader {
     /// Once a frame has begun: the longest its prefix and header may take, and the longest
     /// its payload may go without a byte (none: no limit).
     frame_timeout: Option<Duration>,
+    /// The same-host ring, once the handshake agreed on one.
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    ring: Option<ring::RingRead>,
 }
 
 impl FrameReader {
@@ -209,6 +220,8 @@ impl FrameReader {
             limits,
             busy_poll: None,
             frame_timeout: None,
+            #[cfg(all(feature = "ring", target_os = "linux"))]
+            ring: None,
         };
         r.cap_unclaimed_fds();
         r
@@ -245,6 +258,12 @@ impl FrameReader {
         self
     }
 
+    /// Whether the connection passes file descriptors.
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    pub(crate) fn passes_fds(&self) -> bool {
+        self.fds.is_some()
+    }
+
     /// Allows (or forbids) the next reads to busy-poll, where the transport can.
     pub fn arm_busy_poll(&self, yes: bool) {
         if let Some(b) = &self.busy_poll {
@@ -275,6 +294,15 @@ impl FrameReader {
     /// Reads one whole frame. End of stream, at a frame boundary or inside a frame, is
     /// [`PipeError::Closed`]; a frame over the limits is refused before its body is read.
     pub async fn read_frame(&mut self) -> Result<Frame, PipeError> {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        if self.ring.is_some() {
+            return self.read_ring_frame().await;
+        }
+        self.read_socket_frame().await
+    }
+
+    /// [`FrameReader::read_frame`] from the byte stream.
+    async fn read_socket_frame(&mut self) -> Result<Frame, PipeError> {
         let limit = self.frame_timeout;
         // Idle between frames as long as it likes; from a frame's first byte on, timed.
         if limit.is_some() && self.peek_byte().await?.is_none() {
@@ -500,12 +528,23 @@ pub struct FrameWriter {
     torn: bool,
     /// Writes finished whole ([`FrameWriter::writes_done`]).
     done: u64,
+    /// The same-host ring, once the handshake agreed on one.
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    ring: Option<ring::RingWrite>,
 }
 
 impl FrameWriter {
     /// Wraps a write half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(write: Box<dyn AsyncWrite + Send + Unpin>, fds: Option<FdQueue>) -> Self {
-        FrameWriter { inner: write, fds, scratch: Vec::new(), torn: false, done: 0 }
+        FrameWriter {
+            inner: write,
+            fds,
+            scratch: Vec::new(),
+            torn: false,
+            done: 0,
+            #[cfg(all(feature = "ring", target_os = "linux"))]
+            ring: None,
+        }
     }
 
     /// True when a write stopped after some but not all of its bytes went to the transport
@@ -576,6 +615,13 @@ impl FrameWriter {
             };
             q.attach(std::mem::take(&mut frame.fds));
         }
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        let r = if self.ring.is_some() {
+            self.write_ring_parts(prefix, &frame, trailing).await
+        } else {
+            self.write_parts(prefix, &frame, trailing).await
+        };
+        #[cfg(not(all(feature = "ring", target_os = "linux")))]
         let r = self.write_parts(prefix, &frame, trailing).await;
         #[cfg(unix)]
         if r.is_err()

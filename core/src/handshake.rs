@@ -72,7 +72,7 @@ pub fn server_choose(
     }
     let features =
         FEATURES.iter().filter(|f| hello.features.iter().any(|h| h == *f)).map(|f| (*f).to_string()).collect();
-    Ok(Welcome { version, channels: chosen, limits, agent: agent(), features })
+    Ok(Welcome { version, channels: chosen, limits, agent: agent(), features, ring: None })
 }
 
 /// What a server holds to by: its channels (highest priority first), protocol version,

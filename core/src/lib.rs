@@ -18,7 +18,8 @@
 //! endpoint with every compiled-in backend.
 //!
 //! # Feature flags
-//! None.
+//! - `ring` (Linux): the same-host fast path, frames through shared-memory rings beside
+//!   the unix socket ([`EndpointBuilder::ring`], `ferry-ring`).
 #![forbid(unsafe_code)]
 
 pub mod channel;
@@ -58,3 +59,7 @@ pub use tensor::{ALIGN, AlignedBuf, DeviceBuffer, Storage, Tensor, TensorMut, Wr
 pub use ticket::{SendTicket, Tickets};
 pub use transport::{Address, ConnInfo, Connection, FdQueue, Listener, Split, Transport, TransportHandle};
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};
+
+/// The same-host ring's options ([`EndpointBuilder::ring`]).
+#[cfg(all(feature = "ring", target_os = "linux"))]
+pub use ferry_ring::RingOptions;

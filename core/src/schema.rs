@@ -4,7 +4,8 @@
 use schemars::schema_for;
 
 use crate::wire::{
-    Close, ControlHeader, CudaIpcControl, Hello, Limits, MessageHeader, Refusal, ShmControl, TensorDesc, Welcome,
+    Close, ControlHeader, CudaIpcControl, Hello, Limits, MessageHeader, Refusal, RingAnswer, ShmControl, TensorDesc,
+    Welcome,
 };
 use crate::{DType, Device, TensorMeta};
 
@@ -21,6 +22,7 @@ pub fn schemas() -> Vec<(&'static str, String)> {
         ("limits.json", serde_json::to_value(schema_for!(Limits))),
         ("message.json", serde_json::to_value(schema_for!(MessageHeader))),
         ("refusal.json", serde_json::to_value(schema_for!(Refusal))),
+        ("ring-answer.json", serde_json::to_value(schema_for!(RingAnswer))),
         ("tensor-desc.json", serde_json::to_value(schema_for!(TensorDesc))),
         ("tensor-meta.json", serde_json::to_value(schema_for!(TensorMeta))),
         ("welcome.json", serde_json::to_value(schema_for!(Welcome))),

@@ -23,6 +23,12 @@ pub const FEATURE_COMPACT_TENSORS: &str = "compact_tensors";
 /// peer that agreed to it.
 pub const FEATURE_SHM_FORGET: &str = "shm_forget";
 
+/// The handshake feature of the same-host ring (PROTOCOL.md §21): offered by a client whose
+/// endpoint has a ring configured and whose connection passes descriptors; a server that
+/// grants it makes the ring and sends it with the WELCOME ([`Welcome::ring`]). It is not in
+/// [`FEATURES`]: whether it is offered depends on the endpoint and the connection.
+pub const FEATURE_RING: &str = "ring";
+
 /// The protocol features this build understands, offered in HELLO and granted in WELCOME.
 pub const FEATURES: [&str; 2] = [FEATURE_COMPACT_TENSORS, FEATURE_SHM_FORGET];
 
@@ -145,6 +151,34 @@ pub struct Welcome {
     /// them on this connection.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
+    /// The same-host ring the server made for this connection (feature
+    /// [`FEATURE_RING`]): its memfd is the WELCOME frame's one descriptor. The client
+    /// answers with a RING frame ([`RingAnswer`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<RingOffer>,
+}
+
+/// The ring a server offers in its WELCOME.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RingOffer {
+    /// Bytes of each of the two rings in the file (a power of two); the client refuses
+    /// more than its own limit.
+    pub capacity: u64,
+}
+
+/// The client's answer to a [`RingOffer`]: the last frame of the handshake (kind RING).
+/// After `ready`, each side writes only through the ring (and the socket beside it, for
+/// what the ring cannot carry); after `refused`, both stay on the socket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum RingAnswer {
+    /// The client mapped the ring.
+    Ready,
+    /// The client could not or would not use it.
+    Refused {
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 /// The server's answer when it refuses (kind REFUSE); the connection closes after it.

@@ -100,7 +100,7 @@ pub mod testing;
 mod watch;
 
 #[cfg(target_os = "linux")]
-pub use ring::{PeerNotice, Receiver, Sender};
+pub use ring::{PeerNotice, Pushed, Receiver, Sender};
 #[cfg(target_os = "linux")]
 pub use watch::DeathWatch;
 

@@ -33,6 +33,25 @@ const PEER_GONE: u8 = 1;
 /// One half found the shared memory corrupt.
 const CORRUPT: u8 = 2;
 
+/// A `*_sleeping` word's value meaning "asleep on something else than the futex (an async
+/// reader waiting on its socket): tell the caller to ring the doorbell" (see
+/// [`Receiver::arm_doorbell`] and [`Pushed::Sent`]).
+const DOORBELL: u32 = 2;
+
+/// What [`Sender::try_send_parts`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// The record is published. `doorbell`: the consumer had armed its doorbell
+    /// ([`Receiver::arm_doorbell`]) and waits elsewhere; the caller must wake it (write the
+    /// doorbell on the socket).
+    Sent {
+        /// The consumer waits for a doorbell.
+        doorbell: bool,
+    },
+    /// No room now; nothing was written. Try again once the consumer made room.
+    Full,
+}
+
 /// What both halves of a connection share in this process.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -65,14 +84,21 @@ impl Shared {
         self.wake(self.tx.producer_sleeping);
     }
 
-    /// Swaps the futex word at `offset` to 0 and wakes its sleepers if it was set.
-    fn wake(&self, offset: usize) {
+    /// Swaps the sleeping word at `offset` to 0 and wakes its futex sleepers if it was set.
+    /// Returns true when it held [`DOORBELL`]: the waiter sleeps elsewhere and the caller
+    /// must ring its doorbell. (A hostile peer can store anything there; the worst it gets
+    /// is a futex wake or a doorbell it did not need.)
+    fn wake(&self, offset: usize) -> bool {
         if let Some(word) = self.map.u32_at(offset)
             && word.load(Ordering::SeqCst) != 0
-            && word.swap(0, Ordering::SeqCst) != 0
         {
-            sys::futex_wake(word);
+            match word.swap(0, Ordering::SeqCst) {
+                0 => {}
+                DOORBELL => return true,
+                _ => sys::futex_wake(word),
+            }
         }
+        false
     }
 
     /// Sets `bits` in a ring's `closed` word and wakes the peer's waiter on that ring.
@@ -217,16 +243,71 @@ impl Sender {
         r
     }
 
-    fn send_inner(&mut self, tag: u32, payload: &[u8], deadline: Instant) -> Result<(), RingError> {
+    /// Publishes one record made of `parts` (concatenated: a frame's prefix, header and
+    /// payload pieces, with no copy first) if there is room now, without waiting. A record
+    /// over [`Sender::max_frame`] is [`RingError::TooLarge`]; a full ring is
+    /// [`Pushed::Full`] (the consumer frees room as it reads; a caller that cannot block
+    /// tries again later). On success, [`Pushed::Sent`] says whether the consumer must be
+    /// woken through its doorbell.
+    pub fn try_send_parts(&mut self, tag: u32, parts: &[&[u8]]) -> Result<Pushed, RingError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let r = self.check_send(len).and_then(|(len32, need)| {
+            let cap = self.sh.tx.capacity as u64;
+            if cap - (self.tail - self.head_seen) < need {
+                self.head_seen = Sender::free(&self.sh, self.tail)?;
+                if cap - (self.tail - self.head_seen) < need {
+                    return Ok(Pushed::Full);
+                }
+            }
+            Ok(Pushed::Sent { doorbell: self.publish(tag, len32, need, parts) })
+        });
+        if let Err(e @ RingError::Corrupt(_)) = &r {
+            self.poisoned = Some(e.clone());
+        }
+        r
+    }
+
+    /// Checks that a record of `len` bytes may be sent now; returns its length as written
+    /// and the ring bytes it takes.
+    fn check_send(&self, len: usize) -> Result<(u32, u64), RingError> {
         let (sh, ring) = (&*self.sh, self.sh.tx);
         let max = layout::max_frame(ring.capacity);
-        let len32 = u32::try_from(payload.len()).ok().filter(|_| payload.len() <= max);
-        let Some(len32) = len32 else { return Err(RingError::TooLarge { len: payload.len(), max }) };
+        let len32 = u32::try_from(len).ok().filter(|_| len <= max);
+        let Some(len32) = len32 else { return Err(RingError::TooLarge { len, max }) };
         sh.check_state()?;
         if sh.closed_bits(&ring) & CONSUMER_CLOSED != 0 {
             return Err(RingError::Closed);
         }
-        let need = layout::record_len(payload.len()) as u64;
+        Ok((len32, layout::record_len(len) as u64))
+    }
+
+    /// Writes the record at the tail (room is checked), publishes it and wakes the
+    /// consumer; returns true when the consumer waits for its doorbell.
+    fn publish(&mut self, tag: u32, len32: u32, need: u64, parts: &[&[u8]]) -> bool {
+        let (sh, ring) = (&*self.sh, self.sh.tx);
+        let at = (self.tail % ring.capacity as u64) as usize;
+        let header = u64::from(len32) | (u64::from(tag) << 32);
+        sh.u64(ring.data + at).store(header, Ordering::Relaxed);
+        let mut pos = (at + layout::RECORD_HEADER) % ring.capacity;
+        for part in parts {
+            let first = part.len().min(ring.capacity - pos);
+            let ok =
+                sh.map.write(ring.data + pos, &part[..first]).and_then(|()| sh.map.write(ring.data, &part[first..]));
+            debug_assert!(ok.is_some(), "record inside the data area");
+            pos = (pos + part.len()) % ring.capacity;
+        }
+        self.tail += need;
+        sh.u64(ring.tail).store(self.tail, Ordering::Release);
+        fence(Ordering::SeqCst);
+        sh.wake(ring.consumer_sleeping)
+    }
+
+    fn send_inner(&mut self, tag: u32, payload: &[u8], deadline: Instant) -> Result<(), RingError> {
+        let (len32, need) = self.check_send(payload.len())?;
+        let (sh, ring) = (&*self.sh, self.sh.tx);
         let cap = ring.capacity as u64;
         if cap - (self.tail - self.head_seen) < need {
             let (tail, head_seen) = (self.tail, &mut self.head_seen);
@@ -244,20 +325,9 @@ impl Sender {
                 sh.wait_until(ring.producer_sleeping, &mut self.spin, deadline, room)?;
             }
         }
-        let at = (self.tail % cap) as usize;
-        let header = u64::from(len32) | (u64::from(tag) << 32);
-        sh.u64(ring.data + at).store(header, Ordering::Relaxed);
-        let start = (at + layout::RECORD_HEADER) % ring.capacity;
-        let first = payload.len().min(ring.capacity - start);
-        let ok = sh
-            .map
-            .write(ring.data + start, &payload[..first])
-            .and_then(|()| sh.map.write(ring.data, &payload[first..]));
-        debug_assert!(ok.is_some(), "record inside the data area");
-        self.tail += need;
-        sh.u64(ring.tail).store(self.tail, Ordering::Release);
-        fence(Ordering::SeqCst);
-        sh.wake(ring.consumer_sleeping);
+        // A blocking sender's consumer sleeps on the futex; one that armed a doorbell
+        // is served by the async senders (`try_send_parts`), which report it.
+        self.publish(tag, len32, need, &[payload]);
         Ok(())
     }
 
@@ -340,6 +410,42 @@ impl Receiver {
             }
             Ok(tag)
         })
+    }
+
+    /// Arms the doorbell before an async consumer waits somewhere else (its socket): stores
+    /// [`DOORBELL`] in this ring's sleeping word, then looks once more. Returns `Ok(true)`
+    /// when armed (nothing to read: the next [`Sender::try_send_parts`] reports
+    /// `doorbell: true` to the producer, which must then wake this side), `Ok(false)` when a
+    /// record, a close or a death notice is already there (not armed: read it). Call
+    /// [`Receiver::disarm`] after waking for any reason.
+    pub fn arm_doorbell(&mut self) -> Result<bool, RingError> {
+        self.guard(|rx| {
+            let sh = &*rx.sh;
+            let word = sh.map.u32_at(sh.rx.consumer_sleeping).expect("futex words are in bounds and aligned");
+            word.store(DOORBELL, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let tail = sh.u64(sh.rx.tail).load(Ordering::Acquire);
+            let closed = sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0;
+            if tail != rx.head || closed || sh.check_state().is_err() {
+                word.store(0, Ordering::SeqCst);
+                return Ok(false);
+            }
+            Ok(true)
+        })
+    }
+
+    /// Whether a record (or a close) is waiting, without taking it (for a caller that
+    /// polls before it sleeps).
+    pub fn has_data(&self) -> bool {
+        let sh = &*self.sh;
+        sh.u64(sh.rx.tail).load(Ordering::Acquire) != self.head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0
+    }
+
+    /// Takes the doorbell down again (after a wake-up, or when the wait was abandoned).
+    pub fn disarm(&mut self) {
+        if let Some(word) = self.sh.map.u32_at(self.sh.rx.consumer_sleeping) {
+            word.store(0, Ordering::SeqCst);
+        }
     }
 
     fn guard<T>(&mut self, f: impl FnOnce(&mut Receiver) -> Result<T, RingError>) -> Result<T, RingError> {

@@ -1,35 +1,45 @@
-//! The conformance suite for the ring. The ring is not a Channel yet (the handshake
-//! integration of issue 22 is still to come), so the suite is instantiated with the local
-//! transport and the inline channel and reported as not viable: every case is ignored, with
-//! the reason, in `cargo xtask conformance`'s table. The ring's own tests are in
-//! `tests/processes.rs`.
+//! The conformance suite over the same-host ring: the local transport (unix sockets) with
+//! the shm and inline channels, on endpoints that offer and grant the ring
+//! (`EndpointBuilder::ring`). Every frame after the handshake goes through the rings,
+//! except those carrying descriptors (new shm segments), which go over the socket with a
+//! divert record in their place: the suite checks that nothing is lost or reordered. The
+//! ring crate's own tests (hostile indices, SIGKILL) are `tests/processes/`.
 
 use std::sync::Arc;
 
 use ferry_conformance::Fixture;
-use ferry_core::{Channel, InlineChannel, Transport};
+use ferry_core::{Channel, EndpointBuilder, InlineChannel, Transport};
 
 #[derive(Default)]
 struct Ring;
 
 impl Fixture for Ring {
     const NAME: &'static str = "ring";
-    const PROCESS_PEERS: bool = false;
 
     fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(ferry_core::mem::MemTransport::new())
+        Arc::new(ferry_local::LocalTransport::new())
     }
 
     fn channels(&self) -> Vec<Arc<dyn Channel>> {
-        vec![Arc::new(InlineChannel)]
+        vec![Arc::new(ferry_shm::ShmChannel::new()), Arc::new(InlineChannel)]
     }
 
     fn addr(&self, tag: &str) -> String {
-        format!("mem:ferry-conf-ring-{}", ferry_conformance::unique(tag))
+        format!("unix:ferry-conf-ring-{}", ferry_conformance::unique(tag))
     }
 
+    #[cfg(target_os = "linux")]
+    fn endpoint(&self) -> EndpointBuilder {
+        let mut b = ferry_core::Endpoint::builder().transport(self.transport());
+        for c in self.channels() {
+            b = b.channel(c);
+        }
+        b.ring(Some(ferry_core::RingOptions::default()))
+    }
+
+    #[cfg(not(target_os = "linux"))]
     fn viability(&self) -> Result<(), String> {
-        Err("ferry-ring is not integrated into the handshake yet (issue 22): its tests are tests/processes.rs".into())
+        Err("the ring works on Linux only".into())
     }
 }
 

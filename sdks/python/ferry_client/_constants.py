@@ -29,6 +29,7 @@ REFUSE: Final = 3
 MESSAGE: Final = 4
 CONTROL: Final = 5
 CLOSE: Final = 6
+RING: Final = 7
 FRAME_KINDS: Final[dict[int, str]] = {
     1: "HELLO",
     2: "WELCOME",
@@ -36,6 +37,7 @@ FRAME_KINDS: Final[dict[int, str]] = {
     4: "MESSAGE",
     5: "CONTROL",
     6: "CLOSE",
+    7: "RING",
 }
 """The name of each frame kind."""
 

@@ -35,6 +35,7 @@ export const Kind = {
   MESSAGE: 4,
   CONTROL: 5,
   CLOSE: 6,
+  RING: 7,
 } as const;
 
 /** The default limits (PROTOCOL.md §6.2). */

@@ -1,0 +1,223 @@
+//! Pipes over the same-host ring (core's feature `ring`): what the handshake agrees on, the
+//! order of frames that take the ring and frames that take the socket, a full ring, a
+//! peer that lies in the ring, and a peer without a ring. Real unix sockets, real shared
+//! memory, one process (the conformance suite runs the ring with peers in processes and
+//! kills them).
+
+#![cfg(target_os = "linux")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{
+    Channel, DType, Endpoint, InlineChannel, Message, Pipe, PipeError, ProtocolError, RingOptions, Tensor, TensorMeta,
+};
+use ferry_local::LocalTransport;
+use ferry_shm::ShmChannel;
+use serde_json::json;
+
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn addr(tag: &str) -> String {
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("unix:ferry-ring-pipe-{tag}-{}-{n}", std::process::id())
+}
+
+fn endpoint(ring: Option<RingOptions>, shm: bool) -> Endpoint {
+    let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
+    if shm {
+        channels.push(Arc::new(ShmChannel::new()));
+    }
+    channels.push(Arc::new(InlineChannel));
+    let mut b = Endpoint::builder().transport(Arc::new(LocalTransport::new()));
+    for c in channels {
+        b = b.channel(c);
+    }
+    b.ring(ring).build()
+}
+
+/// A connected pair: (server side, client side).
+async fn pair(server: &Endpoint, client: &Endpoint, tag: &str) -> (Pipe, Pipe) {
+    let a = addr(tag);
+    let mut l = server.listen(&a).await.unwrap();
+    let (s, c) = tokio::join!(l.accept(), client.connect(&a));
+    (s.unwrap(), c.unwrap())
+}
+
+fn has_ring(p: &Pipe) -> bool {
+    p.info().features.iter().any(|f| f == "ring")
+}
+
+fn bytes_tensor(n: usize, seed: u8) -> Tensor {
+    let v: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    Tensor::from_slice(vec![n as u64], &v).unwrap()
+}
+
+fn check_bytes(t: &Tensor, n: usize, seed: u8) {
+    assert_eq!(t.meta().shape, vec![n as u64]);
+    let got = t.as_bytes();
+    assert!(
+        got.iter().enumerate().all(|(i, b)| *b == (i as u8).wrapping_mul(31).wrapping_add(seed)),
+        "tensor of {n} bytes (seed {seed}) came back changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_agree_on_the_ring_only_when_both_have_one() {
+    let with = endpoint(Some(RingOptions::default()), false);
+    let without = endpoint(None, false);
+    for (server, client, want) in [(&with, &with, true), (&with, &without, false), (&without, &with, false)] {
+        let (s, c) = pair(server, client, "agree").await;
+        assert_eq!((has_ring(&s), has_ring(&c)), (want, want), "server ring / client ring");
+        c.send(Message::new(json!({"n": 1}))).await.unwrap();
+        assert_eq!(s.recv().await.unwrap().header, json!({"n": 1}));
+        s.send(Message::new(json!({"n": 2}))).await.unwrap();
+        assert_eq!(c.recv().await.unwrap().header, json!({"n": 2}));
+    }
+}
+
+/// Small frames go through the ring, frames larger than its largest record and frames with
+/// descriptors (new shm segments) over the socket: the peer gets them all, in order, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_on_both_paths_keep_their_order() {
+    // 4 KiB rings: the largest record is under 4 KiB.
+    let small = RingOptions::default().capacity(4096);
+    for shm in [false, true] {
+        let ep = endpoint(Some(small.clone()), shm);
+        let (s, c) = pair(&ep, &ep, "order").await;
+        assert!(has_ring(&s) && has_ring(&c));
+        let sizes = [0usize, 10, 3000, 5000, 64, 200_000, 1, 4000, 70_000, 8];
+        let sender = async {
+            for round in 0..3u8 {
+                for (i, n) in sizes.iter().enumerate() {
+                    let seed = round * 16 + i as u8;
+                    let tensors = if *n == 0 { vec![] } else { vec![bytes_tensor(*n, seed)] };
+                    c.send(Message::with_tensors(json!({"round": round, "i": i}), tensors)).await.unwrap();
+                }
+            }
+        };
+        let receiver = async {
+            for round in 0..3u8 {
+                for (i, n) in sizes.iter().enumerate() {
+                    let m = s.recv().await.unwrap();
+                    assert_eq!(m.header, json!({"round": round, "i": i}), "shm {shm}");
+                    if *n > 0 {
+                        check_bytes(&m.tensors[0], *n, round * 16 + i as u8);
+                    }
+                }
+            }
+        };
+        tokio::join!(sender, receiver);
+        // And back the other way.
+        for i in 0..20u8 {
+            s.send(Message::with_tensors(json!(i), vec![bytes_tensor(100 + 700 * i as usize, i)])).await.unwrap();
+        }
+        for i in 0..20u8 {
+            let m = c.recv().await.unwrap();
+            assert_eq!(m.header, json!(i));
+            check_bytes(&m.tensors[0], 100 + 700 * i as usize, i);
+        }
+    }
+}
+
+/// A reader that does not read fills the ring: the writer waits (it neither fails nor
+/// drops frames) and goes on when the reader does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_ring_makes_the_writer_wait() {
+    let ep = endpoint(Some(RingOptions::default().capacity(4096)), false);
+    let (s, c) = pair(&ep, &ep, "full").await;
+    const N: u32 = 2000;
+    let writer = tokio::spawn(async move {
+        for i in 0..N {
+            c.send(Message::new(json!({"i": i, "pad": "x".repeat(100)}))).await.unwrap();
+        }
+        c
+    });
+    // Let the writer run into the full ring (the pipe's receive queue fills too).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!writer.is_finished(), "2000 frames cannot all fit in a 4 KiB ring and the receive queue");
+    for i in 0..N {
+        let m = tokio::time::timeout(Duration::from_secs(20), s.recv()).await.expect("frames keep coming").unwrap();
+        assert_eq!(m.header["i"], json!(i));
+    }
+    let _c = tokio::time::timeout(Duration::from_secs(20), writer).await.unwrap().unwrap();
+}
+
+/// The pipe's own CONTROL frames (shm releases) and messages share the ring; many
+/// round trips with tensors both ways leave nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_with_shm_tensors() {
+    let ep = endpoint(Some(RingOptions::default()), true);
+    let (s, c) = pair(&ep, &ep, "rtt").await;
+    let echo = tokio::spawn(async move {
+        for _ in 0..500 {
+            let m = s.recv().await.unwrap();
+            s.send(m).await.unwrap();
+        }
+        s
+    });
+    for i in 0..500u32 {
+        let mut t = c.alloc(TensorMeta::new(DType::U8, vec![4096])).await.unwrap();
+        t.as_mut_slice::<u8>().unwrap().fill(i as u8);
+        c.send(Message::with_tensors(json!(i), vec![t.freeze()])).await.unwrap();
+        let m = c.recv().await.unwrap();
+        assert_eq!(m.header, json!(i));
+        assert!(m.tensors[0].as_bytes().iter().all(|b| *b == i as u8));
+    }
+    echo.await.unwrap();
+}
+
+/// A hand-made client that does the handshake by the book, then lies in the ring (a record
+/// claiming a megabyte with 8 bytes published) and rings the doorbell: the server fails the
+/// pipe with a typed ring error, never reads out of bounds, and closes the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_record_fails_the_pipe_cleanly() {
+    use ferry_core::Transport;
+    use ferry_core::frame::{FrameKind, FrameReader, FrameWriter, HANDSHAKE_LIMITS, OutFrame};
+    use ferry_core::handshake::client_hello;
+    use ferry_core::wire::{Limits, PROTOCOL_VERSION, RingAnswer, Welcome};
+
+    let ep = endpoint(Some(RingOptions::default()), false);
+    let a = addr("lie");
+    let mut l = ep.listen(&a).await.unwrap();
+    let server = tokio::spawn(async move { l.accept().await });
+
+    let conn = LocalTransport::new().connect(&a.parse().unwrap()).await.unwrap();
+    let info = conn.info().clone();
+    let split = conn.split();
+    let mut r = FrameReader::new(split.read, split.fds.clone(), Limits { max_fds: 1, ..HANDSHAKE_LIMITS });
+    let mut w = FrameWriter::new(split.write, split.fds);
+    let chans: Vec<Arc<dyn Channel>> = vec![Arc::new(InlineChannel)];
+    let mut hello = client_hello(&chans, &info, PROTOCOL_VERSION, None, Limits::default());
+    hello.features.push("ring".into());
+    w.write_preamble(PROTOCOL_VERSION).await.unwrap();
+    w.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await.unwrap();
+    r.read_preamble().await.unwrap();
+    let mut welcome_frame = r.read_frame().await.unwrap();
+    let welcome: Welcome = welcome_frame.parse().unwrap();
+    let offer = welcome.ring.expect("the server offers a ring");
+    let fd = welcome_frame.fds.pop().expect("the ring file comes with the WELCOME");
+    let ring = ferry_ring::Ring::open(fd, offer.capacity as usize, &RingOptions::default()).unwrap();
+    w.write_frame(FrameKind::Ring, OutFrame::json(&RingAnswer::Ready)).await.unwrap();
+    let s = server.await.unwrap().unwrap();
+    assert!(has_ring(&s));
+
+    ferry_ring::testing::publish_header(&ring, 1 << 20, 0, 8);
+    w.write_frame(FrameKind::Ring, OutFrame::default()).await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), s.recv()).await.expect("the server notices").unwrap_err();
+    assert!(matches!(&e, PipeError::Protocol(ProtocolError::Ring(_))), "{e:?}");
+    assert!(e.to_string().contains("claims 1048576 bytes but 8 are published"), "{e}");
+    // The server closed the connection: the hand-made client reads to the end of the
+    // stream (a CLOSE frame may come first).
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match r.read_frame().await {
+                Ok(f) if f.kind == FrameKind::Close || f.kind == FrameKind::Ring => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the socket ends");
+    assert!(matches!(end, Err(PipeError::Closed)), "{end:?}");
+}

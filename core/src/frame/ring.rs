@@ -1,0 +1,350 @@
+//! The same-host fast path in the frame layer (feature `ring`, Linux): once both sides
+//! agreed in the handshake (PROTOCOL.md §21), frames travel through a pair of
+//! single-producer single-consumer rings in a sealed memfd (`ferry-ring`), and the unix
+//! socket beside them carries only what the rings cannot.
+//!
+//! - **One ordered path.** A writer puts each write (a frame and the CONTROL frames that
+//!   trail it) into one ring record ([`TAG_FRAMES`]). A frame the ring cannot carry (it
+//!   has descriptors, or it is larger than the ring's largest record) is written to the
+//!   socket first, then a [`TAG_DIVERT`] record per frame takes its place in the ring. The
+//!   reader reads the ring in order and, at a divert record, takes the next frame from the
+//!   socket. No sequence numbers, nothing to merge.
+//! - **The doorbell.** A reader with nothing to read arms its doorbell (the ring's sleeping
+//!   word, `ferry_ring::Receiver::arm_doorbell`) and waits on the socket as it would without
+//!   a ring, so an idle connection costs no CPU and no thread. A writer that finds the
+//!   doorbell armed after publishing writes a RING frame (a 16-byte prefix, nothing else)
+//!   to the socket, which wakes the reader's task through the runtime. While the pipe's
+//!   busy polling is armed ([`super::FrameReader::arm_busy_poll`]), the reader first polls
+//!   the ring for the busy-poll window, as it would poll the socket.
+//! - **Death and close.** The socket is the death notice: its end of stream, once the
+//!   ring is empty, ends the pipe ([`PipeError::Closed`]). A peer's orderly close of its
+//!   ring is the same.
+//! - **A full ring** (the reader is behind) makes the writer wait: it yields, then sleeps a
+//!   little between tries, as a writer whose socket buffer is full waits for room.
+//! - **Hostile peers.** Everything read from a ring record is checked as a socket frame is
+//!   (the same [`FramePrefix::check`] against the same limits); a frame in a record must lie
+//!   within it and announce no descriptors; indices and lengths are checked by `ferry-ring`,
+//!   whose findings are [`ProtocolError::Ring`]. A peer that puts frames on the socket with
+//!   no divert record for them may run at most [`MAX_EARLY`] ahead.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_ring::{Pushed, Receiver, RingError, Sender};
+
+use super::{ALIGN, Frame, FrameKind, FramePrefix, FrameReader, FrameWriter, OutFrame, PREFIX_LEN, put};
+use crate::error::{PipeError, ProtocolError};
+use crate::wire::Limits;
+
+/// A ring record holding whole frames.
+pub(crate) const TAG_FRAMES: u32 = 0;
+/// A ring record saying "the next frame is on the socket".
+pub(crate) const TAG_DIVERT: u32 = 1;
+
+/// Frames a peer may put on the socket ahead of their divert records (a writer publishes
+/// the divert right after the frame, so one is the most an honest peer gets ahead).
+pub(crate) const MAX_EARLY: usize = 4;
+
+/// Tries of a full ring that only yield before the writer starts sleeping between tries.
+const YIELDS_WHEN_FULL: u32 = 64;
+/// The writer's sleep between tries of a ring that stays full.
+const FULL_SLEEP: Duration = Duration::from_micros(200);
+
+/// The reading half of a pipe's ring.
+pub(crate) struct RingRead {
+    rx: Receiver,
+    /// The record being read, and how far.
+    record: Vec<u8>,
+    at: usize,
+    /// Frames read from the socket before their divert record.
+    early: VecDeque<Frame>,
+    /// The socket ended: the ring is read to its end, then the pipe is closed.
+    socket_ended: bool,
+}
+
+impl RingRead {
+    pub(crate) fn new(rx: Receiver) -> RingRead {
+        RingRead { rx, record: Vec::new(), at: 0, early: VecDeque::new(), socket_ended: false }
+    }
+
+    /// The next frame of the record being read, if it has one left.
+    fn next_in_record(&mut self, limits: &Limits) -> Result<Option<Frame>, PipeError> {
+        let rest = &self.record[self.at..];
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let bad = |what: String| PipeError::from(ProtocolError::Ring(what));
+        let Some(p) = rest.first_chunk::<PREFIX_LEN>() else {
+            return Err(bad(format!("a ring record ends {} bytes into a frame's prefix", rest.len())));
+        };
+        let prefix = FramePrefix::decode(p);
+        let kind = prefix.check(limits)?;
+        if prefix.fds != 0 {
+            return Err(bad(format!(
+                "a frame in the ring announces {} descriptors (they travel on the socket)",
+                prefix.fds
+            )));
+        }
+        let (header_len, payload_len) = (prefix.header_len as usize, prefix.payload_len);
+        let body = &rest[PREFIX_LEN..];
+        let fits = u64::try_from(body.len()).is_ok_and(|n| header_len as u64 + payload_len <= n);
+        if !fits {
+            return Err(bad(format!(
+                "a frame in the ring claims a {header_len}-byte header and a {payload_len}-byte payload, \
+                 but its record has {} bytes left",
+                body.len()
+            )));
+        }
+        let header = body[..header_len].to_vec();
+        let payload = aligned_copy(&body[header_len..header_len + payload_len as usize]);
+        self.at += PREFIX_LEN + header_len + payload_len as usize;
+        Ok(Some(Frame { kind, header, payload, fds: Vec::new() }))
+    }
+}
+
+/// `b` in fresh [`ALIGN`]-aligned memory (tensor payloads are viewed in place).
+fn aligned_copy(b: &[u8]) -> Bytes {
+    if b.is_empty() {
+        return Bytes::new();
+    }
+    let mut v: Vec<u8> = Vec::with_capacity(b.len() + ALIGN - 1);
+    let pad = v.as_ptr().align_offset(ALIGN).min(ALIGN - 1);
+    v.resize(pad, 0);
+    v.extend_from_slice(b);
+    Bytes::from(v).slice(pad..)
+}
+
+/// A ring's finding as a pipe error: an orderly close or a death is the end of the pipe,
+/// anything else is the peer's fault.
+fn ring_error(e: RingError) -> PipeError {
+    match e {
+        RingError::Closed | RingError::PeerGone => PipeError::Closed,
+        other => ProtocolError::Ring(other.to_string()).into(),
+    }
+}
+
+impl FrameReader {
+    /// Reads through the ring from now on (after the handshake agreed on one).
+    pub(crate) fn attach_ring(&mut self, rx: Receiver) {
+        self.ring = Some(RingRead::new(rx));
+    }
+
+    /// [`FrameReader::read_frame`] with a ring: the next frame of the ring's order.
+    pub(super) async fn read_ring_frame(&mut self) -> Result<Frame, PipeError> {
+        loop {
+            let limits = self.limits;
+            let ring = self.ring.as_mut().expect("read_ring_frame is called with a ring");
+            if let Some(f) = ring.next_in_record(&limits)? {
+                return Ok(f);
+            }
+            match ring.rx.try_recv(&mut ring.record) {
+                Ok(Some(TAG_FRAMES)) => {
+                    ring.at = 0;
+                    if ring.record.is_empty() {
+                        return Err(ProtocolError::Ring("an empty frames record".into()).into());
+                    }
+                    continue;
+                }
+                Ok(Some(TAG_DIVERT)) => {
+                    ring.record.clear();
+                    ring.at = 0;
+                    if let Some(f) = ring.early.pop_front() {
+                        return Ok(f);
+                    }
+                    return self.read_diverted().await;
+                }
+                Ok(Some(tag)) => {
+                    return Err(ProtocolError::Ring(format!("a ring record with unknown tag {tag}")).into());
+                }
+                Ok(None) => {}
+                Err(e) => return Err(ring_error(e)),
+            }
+            if ring.socket_ended {
+                return Err(PipeError::Closed);
+            }
+            if self.spin_on_ring() {
+                continue;
+            }
+            let ring = self.ring.as_mut().expect("still attached");
+            if !ring.rx.arm_doorbell().map_err(ring_error)? {
+                continue;
+            }
+            let got = self.read_socket_frame().await;
+            let ring = self.ring.as_mut().expect("still attached");
+            ring.rx.disarm();
+            match got {
+                Ok(f) if f.kind == FrameKind::Ring => {}
+                Ok(f) => {
+                    if ring.early.len() >= MAX_EARLY {
+                        return Err(ProtocolError::Ring(format!(
+                            "the peer wrote more than {MAX_EARLY} frames to the socket that no ring record points to"
+                        ))
+                        .into());
+                    }
+                    ring.early.push_back(f);
+                }
+                // The ring may still hold what was published before the end.
+                Err(PipeError::Closed) => ring.socket_ended = true,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The frame a divert record points to: the next one on the socket that is not a
+    /// doorbell.
+    async fn read_diverted(&mut self) -> Result<Frame, PipeError> {
+        loop {
+            let f = self.read_socket_frame().await?;
+            if f.kind != FrameKind::Ring {
+                return Ok(f);
+            }
+        }
+    }
+
+    /// Polls the ring for the busy-poll window when the pipe armed busy polling; true when
+    /// a record came.
+    fn spin_on_ring(&mut self) -> bool {
+        let Some(b) = self.busy_poll.as_ref().filter(|b| b.armed()) else { return false };
+        let window = b.window();
+        if window.is_zero() {
+            return false;
+        }
+        let ring = self.ring.as_mut().expect("still attached");
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            std::hint::spin_loop();
+            if ring.rx.has_data() {
+                return true;
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(64) && start.elapsed() >= window {
+                return false;
+            }
+        }
+    }
+}
+
+/// The writing half of a pipe's ring.
+pub(crate) struct RingWrite {
+    tx: Sender,
+    scratch: Vec<u8>,
+    /// A record went out while the peer waited for its doorbell, and the doorbell has not
+    /// been written yet.
+    doorbell_owed: bool,
+}
+
+impl FrameWriter {
+    /// Writes through the ring from now on (after the handshake agreed on one).
+    pub(crate) fn attach_ring(&mut self, tx: Sender) {
+        self.ring = Some(RingWrite { tx, scratch: Vec::new(), doorbell_owed: false });
+    }
+
+    /// [`FrameWriter::write_parts`] with a ring: one record when the frames fit and carry
+    /// no descriptors, else the socket and divert records.
+    pub(super) async fn write_ring_parts(
+        &mut self,
+        prefix: FramePrefix,
+        frame: &OutFrame,
+        trailing: &[(FrameKind, &[u8])],
+    ) -> Result<(), PipeError> {
+        self.pay_doorbell().await?;
+        let ring = self.ring.as_mut().expect("write_ring_parts is called with a ring");
+        let trailing_len: usize = trailing.iter().map(|(_, h)| PREFIX_LEN + h.len()).sum();
+        let len = (PREFIX_LEN + frame.header.len()) as u64 + prefix.payload_len + trailing_len as u64;
+        if prefix.fds != 0 || len > ring.tx.max_frame() as u64 {
+            // The socket carries the frames; a divert record per frame keeps their place.
+            // Until the last divert is published the stream is torn: a cut here would
+            // leave frames on the socket that the ring never points to.
+            self.write_parts(prefix, frame, trailing).await?;
+            self.torn = true;
+            for _ in 0..=trailing.len() {
+                self.push(TAG_DIVERT, None).await?;
+            }
+            self.torn = false;
+            return self.pay_doorbell().await;
+        }
+        let mut record = std::mem::take(&mut ring.scratch);
+        record.clear();
+        record.extend_from_slice(&prefix.encode());
+        record.extend_from_slice(&frame.header);
+        let small = record.len() + prefix.payload_len as usize <= super::COALESCE;
+        if small {
+            for p in &frame.payload {
+                record.extend_from_slice(p);
+            }
+        }
+        for (kind, header) in trailing {
+            let header_len =
+                u32::try_from(header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
+            let p = FramePrefix { kind: *kind as u8, flags: 0, fds: 0, header_len, payload_len: 0 };
+            record.extend_from_slice(&p.encode());
+            record.extend_from_slice(header);
+        }
+        let r = if small {
+            self.push(TAG_FRAMES, Some(&[&record])).await
+        } else {
+            // Large payload parts go in without a copy into a scratch buffer first.
+            let split = PREFIX_LEN + frame.header.len();
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(frame.payload.len() + 2);
+            parts.push(&record[..split]);
+            parts.extend(frame.payload.iter().map(|p| &p[..]));
+            parts.push(&record[split..]);
+            self.push(TAG_FRAMES, Some(&parts)).await
+        };
+        if let Some(ring) = self.ring.as_mut() {
+            ring.scratch = record;
+        }
+        r?;
+        // Published: the frames are the peer's now, whatever happens to the doorbell.
+        self.done += 1;
+        self.pay_doorbell().await
+    }
+
+    /// Publishes one record, waiting while the ring is full. When the peer waits for its
+    /// doorbell, a doorbell is owed ([`FrameWriter::pay_doorbell`]).
+    async fn push(&mut self, tag: u32, parts: Option<&[&[u8]]>) -> Result<(), PipeError> {
+        let mut tries = 0u32;
+        loop {
+            let ring = self.ring.as_mut().expect("still attached");
+            match ring.tx.try_send_parts(tag, parts.unwrap_or(&[])).map_err(ring_error)? {
+                Pushed::Sent { doorbell } => {
+                    ring.doorbell_owed |= doorbell;
+                    return Ok(());
+                }
+                Pushed::Full => {
+                    tries += 1;
+                    if tries < YIELDS_WHEN_FULL {
+                        tokio::task::yield_now().await;
+                    } else {
+                        tokio::time::sleep(FULL_SLEEP).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the doorbell the peer is owed, if any. A write dropped before its doorbell
+    /// went out leaves it owed, and the next write pays it first; one dropped part-way
+    /// through it tears the stream (the pipe closes).
+    async fn pay_doorbell(&mut self) -> Result<(), PipeError> {
+        if self.ring.as_ref().is_some_and(|r| r.doorbell_owed) {
+            self.ring_doorbell().await?;
+            if let Some(r) = self.ring.as_mut() {
+                r.doorbell_owed = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a RING frame (the doorbell) to the socket.
+    async fn ring_doorbell(&mut self) -> Result<(), PipeError> {
+        let p = FramePrefix { kind: FrameKind::Ring as u8, flags: 0, fds: 0, header_len: 0, payload_len: 0 };
+        let was = self.torn;
+        put(&mut self.inner, &mut self.torn, &p.encode()).await?;
+        self.torn = was;
+        tokio::io::AsyncWriteExt::flush(&mut self.inner).await?;
+        Ok(())
+    }
+}
