@@ -9,8 +9,10 @@
 //! - A use (a call taking the reference, `ferry.ref.fetch`) reads a tensor on disk into
 //!   shared memory (so a fetch over shm lends it, zero-copy), waiting for a prefetch already
 //!   reading it; then the policy decides what the cpu tier keeps.
-//! - A reference in use is never moved under its user: the bytes a call or a reader holds
-//!   stay valid and unchanged until let go, whatever moves meanwhile.
+//! - A reference in use is never moved under its user: while a call or a reader (a lease
+//!   on its shared memory) holds its bytes it stays in the cpu tier, unchanged; when the
+//!   policy lets it go meanwhile, its move down waits until the last user lets go
+//!   (`deferred`).
 //! - Moves are asynchronous (a background thread); a reference can be placed by hand
 //!   (`store.ref.place`), the caller can declare the order of its next uses
 //!   (`store.ref.schedule`), and the policy and budgets change at run time
@@ -78,6 +80,9 @@ pub struct RefState {
     pub moving: bool,
     /// A call or a reader holds its bytes.
     pub in_use: bool,
+    /// The cpu tier let it go while in use: it stays in memory until its users let go,
+    /// then goes down.
+    pub deferred: bool,
     /// Its size.
     pub bytes: u64,
 }
@@ -163,7 +168,7 @@ impl PlacedRefs {
             Some(Held::Fixed(t)) => {
                 let in_use = t.device_buffer().is_some_and(|b| Arc::strong_count(b) > 1);
                 let (placement, bytes) = (t.device().to_string(), t.nbytes() as u64);
-                return Ok(RefState { placement, pinned: "auto", moving: false, in_use, bytes });
+                return Ok(RefState { placement, pinned: "auto", moving: false, in_use, deferred: false, bytes });
             }
             Some(Held::Placed(k, _)) => *k,
         };
@@ -264,7 +269,14 @@ fn ref_state(s: &TensorState) -> RefState {
         Pin::Cpu => "cpu",
         Pin::Disk => "disk",
     };
-    RefState { placement: s.tier.name().into(), pinned, moving: s.moving, in_use: s.in_use, bytes: s.bytes }
+    RefState {
+        placement: s.tier.name().into(),
+        pinned,
+        moving: s.moving,
+        in_use: s.in_use,
+        deferred: s.deferred,
+        bytes: s.bytes,
+    }
 }
 
 impl RefBacking for PlacedRefs {

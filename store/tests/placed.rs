@@ -1,6 +1,7 @@
 //! Tensor references placed in the store's tiers, over real pipes with the shm channel: a
 //! reference lands in the cpu tier or on disk (real files) by the policy, comes back intact
-//! and zero-copy when fetched, is never moved under a reader mapping it, can be placed by
+//! and zero-copy when fetched, is never moved under a reader mapping it (its move down waits
+//! for the reader to let go), can be placed by
 //! hand, is prefetched by a declared schedule; the policy and budgets change at run time
 //! and errors name the option; a store without placement keeps today's behaviour.
 
@@ -130,16 +131,23 @@ async fn references_are_placed_by_the_policy_and_never_moved_under_a_reader() {
     assert_eq!(held.as_bytes().as_ptr(), again.as_bytes().as_ptr(), "lent, not copied");
     drop(again);
     let ptr = held.as_bytes().as_ptr();
-    // Other uses push it out of the cpu tier: it is on disk, and still in use.
+    // Other uses make the policy let it go: it stays in the cpu tier while the reader maps
+    // it (its file is written meanwhile), the move deferred.
     for r in &refs[3..6] {
         let _: Option<f32> = c.call("first", &json!({ "x": r })).await.unwrap();
     }
-    let p = until(&c, &refs[1], "moved down", |p| !p.moving).await;
-    assert_eq!((p.placement.as_str(), p.in_use), ("disk", true));
+    let p = until(&c, &refs[1], "deferred", |p| p.deferred && !p.moving).await;
+    assert_eq!((p.placement.as_str(), p.in_use), ("cpu", true));
+    let s = info(&c).await.stats.unwrap();
+    assert!(s.deferred >= 1 && s.held_over_bytes == MB as u64, "{s:?}");
+    assert_eq!(info(&c).await.cpu_used_bytes, 3 * MB as u64, "the policy's tier keeps its budget");
     assert_eq!(held.as_bytes().as_ptr(), ptr, "the reader's mapping stays");
     assert!(held.as_slice::<f32>().unwrap().iter().all(|&v| v == 1.0), "and its bytes unchanged");
+    // Let go (the lease's release reaches the server): it goes down.
     drop(held);
-    until(&c, &refs[1], "let go", |p| !p.in_use).await;
+    let p = until(&c, &refs[1], "moved down once let go", |p| !p.in_use && p.placement == "disk").await;
+    assert!(!p.deferred && !p.moving);
+    assert_eq!(info(&c).await.stats.unwrap().held_over_bytes, 0);
     // Every one comes back intact.
     for (i, r) in refs.iter().enumerate() {
         let t: RpcTensor = c.call("ferry.ref.fetch", &json!({ "ref": r })).await.unwrap();

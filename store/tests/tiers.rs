@@ -1,5 +1,6 @@
 //! The cpu and disk tiers with real files: placement follows the policy, bytes come back
-//! intact, a held tensor is never changed under its holder, a declared schedule prefetches,
+//! intact, a held tensor is never moved under its holder (its move down waits until it is
+//! let go), a declared schedule prefetches,
 //! the disk budget is named when full, tensors placed by hand stay put, moves run in the
 //! background.
 
@@ -42,18 +43,73 @@ fn lru_keeps_the_budget_and_every_tensor_comes_back_intact() {
 }
 
 #[test]
-fn a_held_tensor_is_never_changed_under_its_holder() {
+fn a_held_tensor_is_never_moved_under_its_holder_and_goes_down_when_let_go() {
     let dir = tempfile::tempdir().unwrap();
     let tiers = Tiers::new(TierOptions::new(2 * MB as u64, dir.path()), Box::new(Lru::default())).unwrap();
     let keys: Vec<_> = (0..6).map(|i| tiers.put(tensor(i)).unwrap()).collect();
+    assert!(tiers.settle(SETTLE));
     let held = tiers.get(keys[0]).unwrap();
     let ptr = held.bytes.as_ptr();
+    // LRU lets it go after two more uses: the policy evicts it, the move waits for its user.
     for &k in &keys[1..] {
-        tiers.get(k).unwrap();
+        assert_eq!(tiers.get(k).unwrap().bytes, tensor(keys.iter().position(|&x| x == k).unwrap()));
     }
-    assert_eq!(tiers.placement(keys[0]).unwrap(), Tier::Disk, "moved to disk meanwhile");
+    assert!(tiers.settle(SETTLE));
+    let s = tiers.state(keys[0]).unwrap();
+    assert_eq!((s.tier, s.in_use, s.deferred, s.moving), (Tier::Cpu, true, true, false), "stays while held");
+    let stats = tiers.stats();
+    assert!(stats.deferred >= 1, "{stats:?}");
+    assert_eq!(stats.held_over_bytes, MB as u64, "its bytes are in memory beyond the policy's budget");
+    assert!(tiers.usage().0 <= 2 * MB as u64, "the policy's cpu tier keeps its budget");
     assert_eq!(held.bytes.as_ptr(), ptr);
     assert_eq!(held.bytes, tensor(0));
+    // Another use of it meanwhile is served from the same memory, without a read.
+    let read = tiers.stats().bytes_read;
+    let again = tiers.get(keys[0]).unwrap();
+    assert_eq!((again.bytes.as_ptr(), tiers.stats().bytes_read), (ptr, read));
+    drop(again);
+    // LRU kept it on that use: push it out again while held.
+    for &k in &keys[4..] {
+        tiers.get(k).unwrap();
+    }
+    assert!(tiers.settle(SETTLE));
+    assert!(tiers.state(keys[0]).unwrap().deferred, "let go by the policy again while held");
+    // Let go: it goes down (its file was written meanwhile), and comes back intact.
+    drop(held);
+    assert!(tiers.settle(SETTLE));
+    let s = tiers.state(keys[0]).unwrap();
+    assert_eq!((s.tier, s.in_use, s.deferred), (Tier::Disk, false, false));
+    assert_eq!(tiers.stats().held_over_bytes, 0);
+    assert!(dir.path().join(format!("{}.tensor", keys[0])).exists(), "its file");
+    assert_eq!(tiers.get(keys[0]).unwrap().bytes, tensor(0));
+}
+
+#[test]
+fn a_tensor_pinned_to_disk_or_let_go_by_a_new_policy_waits_for_its_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiers = Tiers::new(TierOptions::new(4 * MB as u64, dir.path()), Box::new(Lru::default())).unwrap();
+    let keys: Vec<_> = (0..3).map(|i| tiers.put(tensor(i)).unwrap()).collect();
+    let held: Vec<_> = keys.iter().map(|&k| tiers.get(k).unwrap()).collect();
+    tiers.place(keys[0], Pin::Disk).unwrap();
+    tiers.set_policy(Box::new(Genoa));
+    assert!(tiers.settle(SETTLE));
+    for (i, &k) in keys.iter().enumerate() {
+        let s = tiers.state(k).unwrap();
+        assert_eq!((s.tier, s.deferred), (Tier::Cpu, true), "tensor {i} stays while held");
+        assert_eq!(held[i].bytes, tensor(i));
+    }
+    assert_eq!(tiers.usage().0, 0, "none is placed in the cpu tier");
+    assert_eq!(tiers.stats().held_over_bytes, 3 * MB as u64);
+    let mut held = held;
+    for (i, &k) in keys.iter().enumerate() {
+        drop(held.remove(0));
+        assert!(tiers.settle(SETTLE));
+        assert_eq!(tiers.placement(k).unwrap(), Tier::Disk, "tensor {i} went down when let go");
+        for &later in &keys[i + 1..] {
+            assert_eq!(tiers.placement(later).unwrap(), Tier::Cpu, "the others are still held");
+        }
+    }
+    assert_eq!(tiers.stats().held_over_bytes, 0);
 }
 
 #[test]
@@ -151,9 +207,11 @@ fn a_used_tensor_is_in_use_while_held_and_genoa_keeps_nothing() {
     let held = tiers.get(k).unwrap();
     assert!(tiers.settle(SETTLE));
     let s = tiers.state(k).unwrap();
-    assert_eq!((s.tier, s.in_use), (Tier::Disk, true), "promoted for the use, demoted after it, still held");
+    assert_eq!((s.tier, s.in_use, s.deferred), (Tier::Cpu, true, true), "promoted for the use, demoted once let go");
     drop(held);
-    assert!(!tiers.state(k).unwrap().in_use);
+    assert!(tiers.settle(SETTLE));
+    let s = tiers.state(k).unwrap();
+    assert_eq!((s.tier, s.in_use, s.deferred), (Tier::Disk, false, false));
     // A policy change starts the cpu tier over.
     tiers.set_policy(Box::new(Lru::default()));
     tiers.get(k).unwrap();

@@ -10,8 +10,10 @@ tier, each with a byte budget, and the policy that moves references between them
 
 A use of a reference (a call taking it, `fetch`) reads it in from disk when it is there;
 what the cpu tier keeps afterwards is the policy's choice (`pinned`, `genoa`, `lru`,
-`flow`). An array `fetch` returned keeps its bytes valid and unchanged while it lives,
-whatever moves on the server meanwhile (`RefPlacement.in_use`). On a store started
+`flow`). A reference in use is never moved under its user: while an array `fetch`
+returned (or a call) holds its bytes it stays in the cpu tier, unchanged
+(`RefPlacement.in_use`); a move down the policy decides meanwhile waits until it is let
+go (`RefPlacement.deferred`). On a store started
 without `--placement`, references stay in memory as kept: `store_placement` says
 `tiers=False` and the setters raise `InvalidParamsError`.
 """
@@ -75,6 +77,8 @@ class RefPlacement:
     in_use: bool
     """A call or a reader (an array `fetch` returned) holds its bytes."""
     nbytes: int
+    deferred: bool = False
+    """The policy let it go while in use: it stays in the cpu tier until let go."""
 
     @staticmethod
     def from_json(r: object, method: str) -> RefPlacement:
@@ -89,6 +93,7 @@ class RefPlacement:
             moving=bool(d.get("moving")),
             in_use=bool(d.get("in_use")),
             nbytes=_int(d, "bytes", method),
+            deferred=bool(d.get("deferred")),
         )
 
 
@@ -109,6 +114,10 @@ class PlacementStats:
     stalled_ms: float
     """Milliseconds uses waited for bytes from disk."""
     last_error: str | None
+    deferred: int = 0
+    """Moves down deferred because the reference was in use."""
+    held_over_bytes: int = 0
+    """Bytes of references waiting for their users to let go before going down."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,10 @@ class StorePlacement:
                 prefetches=_int(sd, "prefetches", method),
                 stalled_ms=float(stalled),
                 last_error=None if err is None else str(err),
+                deferred=_int(sd, "deferred", method) if "deferred" in sd else 0,
+                held_over_bytes=_int(sd, "held_over_bytes", method)
+                if "held_over_bytes" in sd
+                else 0,
             )
         disk_dir = d.get("disk_dir")
         return StorePlacement(

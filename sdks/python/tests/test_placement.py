@@ -92,14 +92,20 @@ def test_placement_is_visible_and_a_reader_is_never_moved_under(
         a = fetch(c, refs[0])
         assert not a.flags.writeable and np.all(a == 0.0)
         assert placement(c, refs[0]).placement == "cpu"
-        # Other uses push it down: on disk, in use, the reader's array unchanged.
+        # Other uses make the policy let it go: it stays in the cpu tier while the
+        # reader's array lives (the move deferred), the array unchanged.
         for r in refs[3:]:
             fetch(c, r)
         p = wait_placed(c, refs[0])
-        assert (p.placement, p.in_use) == ("disk", True)
+        assert (p.placement, p.in_use, p.deferred) == ("cpu", True, True)
+        stats = store_placement(c).stats
+        assert stats is not None and stats.held_over_bytes == MIB
         assert np.all(a == 0.0)
         del a
         until_let_go(c, refs[0])
+        # Let go: it went down.
+        p = placement(c, refs[0])
+        assert (p.placement, p.deferred) == ("disk", False)
         # Every one comes back intact.
         for i, r in enumerate(refs):
             assert np.all(fetch(c, r) == float(i)), i

@@ -13,10 +13,14 @@
 //!   a background thread; a tensor on its way down stays readable from memory until its
 //!   file is written, so with a declared [`Tiers::schedule`] copies overlap the caller's
 //!   compute and no use waits for a write.
-//! - **Never moved under its user**: a [`Held`] tensor keeps its bytes alive and unchanged
-//!   until dropped (a reader's lease on them too), even when the tensor moves to disk
-//!   meanwhile: its memory is then freed when the last holder lets go.
-//!   [`TensorState::in_use`] says whether anyone holds it.
+//! - **Never moved under its user**: while anyone holds a tensor's bytes (a [`Held`] use, a
+//!   tensor made of it, a reader's lease on its shared memory) it stays in the cpu tier,
+//!   unchanged. When the policy (or a placement by hand, a smaller budget, a new policy)
+//!   lets it go meanwhile, its file is written but the move itself is deferred: its memory
+//!   is dropped once the last user lets go (the mover thread looks for that), and it is then
+//!   on disk. [`TensorState::in_use`] says whether anyone holds it,
+//!   [`TensorState::deferred`] whether it waits to go down; its bytes count in
+//!   [`TierStats::held_over_bytes`] meanwhile, beyond the cpu budget the policy keeps to.
 //! - **Placed by hand** ([`Tiers::place`]): a tensor pinned to the cpu tier stays there
 //!   (outside the policy, its bytes taken from the policy's share of the cpu budget), one
 //!   pinned to disk is read from its file for each use and never kept; [`Pin::Auto`] gives
@@ -35,7 +39,7 @@ use super::{Key, Policy, View};
 mod mover;
 mod state;
 
-use state::{Entry, Job, Shared, State};
+use state::{Entry, Job, Mem, Shared, State};
 
 /// Where a tensor lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +151,11 @@ pub struct TierStats {
     pub stalled: Duration,
     /// The last background move that failed, if any (the tensor stayed where it was).
     pub last_error: Option<String>,
+    /// Moves down deferred because the tensor was in use (each counted once per deferral).
+    pub deferred: u64,
+    /// Bytes of tensors waiting for their users to let go before they go down: in memory
+    /// beyond the bytes the policy keeps in the cpu tier ([`Tiers::usage`]).
+    pub held_over_bytes: u64,
 }
 
 /// Where one tensor is ([`Tiers::state`]).
@@ -160,6 +169,9 @@ pub struct TensorState {
     pub moving: bool,
     /// Someone holds its bytes (a use, a reader's mapping).
     pub in_use: bool,
+    /// The cpu tier let it go while it was in use: it stays in memory (`tier` is
+    /// [`Tier::Cpu`]) and goes down when its users let go.
+    pub deferred: bool,
     /// Its size.
     pub bytes: u64,
 }
@@ -200,6 +212,7 @@ impl Tiers {
             step: 0,
             reading: HashSet::new(),
             writing: HashSet::new(),
+            deferred: HashSet::new(),
             stats: TierStats::default(),
         };
         let shared = Arc::new(Shared { state: Mutex::new(state), moved: Condvar::new(), dir: opts.disk_dir });
@@ -223,7 +236,7 @@ impl Tiers {
         st.disk_used += bytes;
         let key = st.next_key;
         st.next_key += 1;
-        let entry = Entry { bytes, cpu: Some(mem), lent: None, on_disk: false, pin: Pin::Auto, last_use: st.step };
+        let entry = Entry { bytes, cpu: Some(mem), on_disk: false, pin: Pin::Auto, last_use: st.step };
         st.entries.insert(key, entry);
         let d = st.decide(key, bytes, false);
         let jobs = st.apply(key, d);
@@ -273,28 +286,24 @@ impl Tiers {
             st.stats.waits += 1;
             st.stats.stalled += started.elapsed();
         }
+        // Every use is served from the entry's cpu copy, so that its users are seen (a
+        // prefetch that landed meanwhile is used instead of this read).
+        let mem = match st.entries.get_mut(&key) {
+            Some(e) => e.cpu.get_or_insert(mem).clone(),
+            None => mem,
+        };
         let jobs = match pin {
             Pin::Auto => {
                 let d = st.decide(key, bytes, hit);
-                let keep = d.keep;
-                let jobs = st.apply(key, d);
-                if keep && let Some(e) = st.entries.get_mut(&key) {
-                    e.cpu.get_or_insert_with(|| mem.clone());
-                }
-                jobs
+                st.apply(key, d)
             }
-            Pin::Cpu => {
-                if let Some(e) = st.entries.get_mut(&key) {
-                    e.cpu.get_or_insert_with(|| mem.clone());
-                }
-                Vec::new()
-            }
-            Pin::Disk => Vec::new(),
+            Pin::Cpu => Vec::new(),
+            // Used from its file: the copy goes once its users let go.
+            Pin::Disk => st.start_write(key).into_iter().collect(),
         };
         let step = st.step;
         if let Some(e) = st.entries.get_mut(&key) {
             e.last_use = step;
-            e.lent = Some(mem.bucket.downgrade());
         }
         drop(st);
         self.send(jobs);
@@ -308,15 +317,14 @@ impl Tiers {
 
     /// Where `key` is, how it was placed, whether it is moving or in use.
     pub fn state(&self, key: Key) -> Result<TensorState, TierError> {
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
+        st.release_deferred();
+        let wanted = st.wants_cpu(key);
         let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
-        let tier = if st.view.contains(key) || e.pin == Pin::Cpu { Tier::Cpu } else { Tier::Disk };
-        let in_use = match &e.cpu {
-            Some(m) => !m.bucket.is_last(),
-            None => e.lent.as_ref().is_some_and(|w| w.live_bytes().is_some()),
-        };
+        let in_use = e.cpu.as_ref().is_some_and(Mem::in_use);
+        let tier = if wanted || in_use { Tier::Cpu } else { Tier::Disk };
         let moving = st.reading.contains(&key) || st.writing.contains(&key);
-        Ok(TensorState { tier, pin: e.pin, moving, in_use, bytes: e.bytes })
+        Ok(TensorState { tier, pin: e.pin, moving, in_use, deferred: in_use && !wanted, bytes: e.bytes })
     }
 
     /// Places `key` by hand (see the module docs); the move runs in the background.
@@ -430,7 +438,9 @@ impl Tiers {
         Ok(())
     }
 
-    /// Bytes in the cpu tier (kept by the policy and pinned) and counted on disk.
+    /// Bytes in the cpu tier (kept by the policy and pinned) and counted on disk. Tensors
+    /// the cpu tier let go while in use stay in memory beyond this until their users let go
+    /// ([`TierStats::held_over_bytes`]).
     pub fn usage(&self) -> (u64, u64) {
         let st = self.shared.lock();
         (st.view.used() + st.pinned_cpu, st.disk_used)
@@ -438,13 +448,19 @@ impl Tiers {
 
     /// What the tiers did so far.
     pub fn stats(&self) -> TierStats {
-        self.shared.lock().stats.clone()
+        let mut st = self.shared.lock();
+        st.release_deferred();
+        let held_over_bytes = st.held_over();
+        TierStats { held_over_bytes, ..st.stats.clone() }
     }
 
-    /// Waits until no move is under way (at most `timeout`); whether none is.
+    /// Waits until no move is under way (at most `timeout`); whether none is. Moves
+    /// deferred for users who still hold their tensor do not count: those whose users let
+    /// go end here.
     pub fn settle(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.lock();
+        st.release_deferred();
         while !st.reading.is_empty() || !st.writing.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -57,6 +57,13 @@ pub struct PlacementStats {
     pub stalled_ms: f64,
     /// The last background move that failed (the reference stayed where it was).
     pub last_error: Option<String>,
+    /// Moves down deferred because the reference was in use.
+    #[serde(default)]
+    pub deferred: u64,
+    /// Bytes of references waiting for their users to let go before they go down: in
+    /// memory beyond `cpu_used_bytes`.
+    #[serde(default)]
+    pub held_over_bytes: u64,
 }
 
 /// The store's placement: its policy, budgets and usage.
@@ -112,6 +119,10 @@ pub struct RefPlacement {
     pub moving: bool,
     /// A call or a reader holds its bytes (it is never moved under them).
     pub in_use: bool,
+    /// The policy let it go while in use: it stays in the cpu tier until its users let go,
+    /// then goes down.
+    #[serde(default)]
+    pub deferred: bool,
     /// Its size in bytes.
     pub bytes: u64,
 }
@@ -173,6 +184,8 @@ fn info(p: Option<&Arc<PlacedRefs>>) -> PlacementInfo {
             prefetches: s.prefetches,
             stalled_ms: s.stalled.as_secs_f64() * 1e3,
             last_error: s.last_error,
+            deferred: s.deferred,
+            held_over_bytes: s.held_over_bytes,
         }),
     }
 }
@@ -188,6 +201,7 @@ fn ref_placement(store: &Store, ctx: &CallContext, id: &str) -> Result<RefPlacem
             pinned: "auto".into(),
             moving: false,
             in_use: false,
+            deferred: false,
             bytes: r.bytes,
         });
     };
@@ -198,6 +212,7 @@ fn ref_placement(store: &Store, ctx: &CallContext, id: &str) -> Result<RefPlacem
         pinned: s.pinned.into(),
         moving: s.moving,
         in_use: s.in_use,
+        deferred: s.deferred,
         bytes: s.bytes,
     })
 }

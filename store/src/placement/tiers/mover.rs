@@ -2,8 +2,9 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -12,12 +13,35 @@ use super::{Key, TierError};
 use crate::bucket::{Bucket, BucketMut};
 
 /// Starts the mover thread: it carries out the moves sent on `jobs` until the sender goes.
+/// While moves are deferred for their users, the mover looks this often whether they let go
+/// (nothing tells it: a reader's lease ends in the shm channel).
+const RELEASE_POLL: Duration = Duration::from_millis(10);
+
+/// Starts the mover thread: it carries out the moves sent on `jobs` until the sender goes,
+/// and ends deferred moves once their users let go.
 pub(super) fn spawn(shared: Arc<Shared>, jobs: Receiver<Job>) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name("ferry-tiers-mover".into()).spawn(move || {
-        for job in jobs {
+        loop {
+            let deferred = !shared.lock().deferred.is_empty();
+            let job = if deferred {
+                match jobs.recv_timeout(RELEASE_POLL) {
+                    Ok(j) => Some(j),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                match jobs.recv() {
+                    Ok(j) => Some(j),
+                    Err(_) => return,
+                }
+            };
             match job {
-                Job::Up(k) => shared.read_in(k),
-                Job::Down(k) => shared.write_out(k),
+                Some(Job::Up(k)) => shared.read_in(k),
+                Some(Job::Down(k)) => shared.write_out(k),
+                None => {}
+            }
+            if deferred && shared.lock().release_deferred() {
+                shared.moved.notify_all();
             }
         }
     })
@@ -87,8 +111,9 @@ impl Shared {
     }
 
     /// The mover: moves `key` down (its file written the first time, its cpu copy then
-    /// dropped; memory a user still holds is freed when it lets go), unless the cpu tier
-    /// wants it again meanwhile.
+    /// dropped), unless the cpu tier wants it again meanwhile. A tensor in use is never
+    /// moved under its user: its file is written (a copy out, nothing changes for the
+    /// user) but its cpu copy stays until the last user lets go ([`State::drop_cpu_copy`]).
     pub(super) fn write_out(&self, key: Key) {
         let mut st = self.lock();
         let todo = match st.entries.get(&key) {
@@ -117,14 +142,7 @@ impl Shared {
                 }
             }
         }
-        let wanted = st.wants_cpu(key);
-        if let Some(e) = st.entries.get_mut(&key)
-            && e.on_disk
-            && !wanted
-            && let Some(m) = e.cpu.take()
-        {
-            e.lent = Some(m.bucket.downgrade());
-        }
+        st.drop_cpu_copy(key);
         st.writing.remove(&key);
         drop(st);
         self.moved.notify_all();

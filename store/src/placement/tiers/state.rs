@@ -9,7 +9,7 @@ use std::sync::{Condvar, Mutex};
 use bytes::Bytes;
 
 use super::{Pin, TierStats};
-use crate::bucket::{Bucket, WeakBucket};
+use crate::bucket::Bucket;
 use crate::placement::{Decision, Key, Policy, View};
 
 /// A tensor's bytes in memory: a range of a bucket (shared memory on Linux).
@@ -24,14 +24,23 @@ impl Mem {
     pub(super) fn bytes(&self) -> Bytes {
         self.bucket.bytes(self.off, self.len).unwrap_or_default()
     }
+
+    /// Whether anyone besides the tiers holds this memory: a use's [`super::Held`] bytes, a
+    /// tensor made of them, a reader's lease on the shared segment (the shm channel keeps
+    /// the segment while its peer maps it). Memory that others hold for their own reasons
+    /// (a bundle's bucket a tensor was put from) counts too: dropping the tiers' copy would
+    /// free nothing. Elsewhere than Linux readers get copies and users' [`Bytes`] keep the
+    /// memory alive by themselves: nothing to wait for.
+    pub(super) fn in_use(&self) -> bool {
+        cfg!(target_os = "linux") && !self.bucket.is_last()
+    }
 }
 
 pub(super) struct Entry {
     pub(super) bytes: u64,
-    /// The cpu copy, while in the cpu tier or on its way down.
+    /// The cpu copy: while in the cpu tier, on its way down, or in use (every use is served
+    /// from it, so that its users are seen).
     pub(super) cpu: Option<Mem>,
-    /// The memory last handed to a user (alive while anyone holds it).
-    pub(super) lent: Option<WeakBucket>,
     /// Whether its file exists.
     pub(super) on_disk: bool,
     pub(super) pin: Pin,
@@ -60,6 +69,10 @@ pub(super) struct State {
     pub(super) reading: HashSet<Key>,
     /// Writes in flight.
     pub(super) writing: HashSet<Key>,
+    /// Tensors the cpu tier let go (the policy, a placement by hand) whose cpu copy stays
+    /// because a user holds it: dropped when the last user lets go
+    /// ([`State::release_deferred`]).
+    pub(super) deferred: HashSet<Key>,
     pub(super) stats: TierStats,
 }
 
@@ -137,6 +150,55 @@ impl State {
         }
         self.view.set_budget(budget.max(self.view.used()));
         jobs
+    }
+
+    /// Ends the deferred moves whose users let go: their cpu copies are dropped (their
+    /// files are written). A deferred tensor the cpu tier wants again stays. Whether any
+    /// copy was dropped.
+    pub(super) fn release_deferred(&mut self) -> bool {
+        if self.deferred.is_empty() {
+            return false;
+        }
+        let mut released = false;
+        let keys: Vec<Key> = self.deferred.iter().copied().collect();
+        for k in keys {
+            let wanted = self.wants_cpu(k);
+            match self.entries.get_mut(&k) {
+                Some(e) if !wanted && e.cpu.as_ref().is_some_and(Mem::in_use) => continue,
+                Some(e) if !wanted && e.on_disk => {
+                    e.cpu = None;
+                    released = true;
+                }
+                _ => {}
+            }
+            self.deferred.remove(&k);
+        }
+        released
+    }
+
+    /// Drops `key`'s cpu copy now that its file is written and the cpu tier does not want
+    /// it, or defers that until its users let go.
+    pub(super) fn drop_cpu_copy(&mut self, key: Key) {
+        if self.wants_cpu(key) {
+            return;
+        }
+        let Some(e) = self.entries.get_mut(&key) else { return };
+        if !e.on_disk {
+            return;
+        }
+        match &e.cpu {
+            Some(m) if m.in_use() => {
+                let newly = self.deferred.insert(key);
+                self.stats.deferred += u64::from(newly);
+            }
+            Some(_) => e.cpu = None,
+            None => {}
+        }
+    }
+
+    /// Bytes of deferred tensors still in memory beyond the cpu tier's placed bytes.
+    pub(super) fn held_over(&self) -> u64 {
+        self.deferred.iter().filter_map(|k| self.entries.get(k)).filter(|e| e.cpu.is_some()).map(|e| e.bytes).sum()
     }
 
     /// Whether `key`'s bytes belong in memory now.
