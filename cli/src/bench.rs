@@ -136,7 +136,11 @@ pub fn filled(meta: TensorMeta) -> anyhow::Result<Tensor> {
 /// The echo peer the benchmark starts in a second process (`ferry __echo ADDR`): serves
 /// every pipe, echoing each message, until stdin closes.
 pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
-    let mut listener = ferry::endpoint().build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
+    let ep = ferry::endpoint();
+    // Grants the same-host ring to a client that asks for it (the `+ring` rows).
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    let ep = ep.ring(Some(ferry_core::RingOptions::default()));
+    let mut listener = ep.build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
     // The real address (a port chosen by the OS, a QUIC pin) for the benchmark to use, and
     // with QUIC a bare quinn sink to compare against.
     #[cfg(feature = "quic")]
@@ -322,10 +326,13 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     let small =
         Message::with_tensors(serde_json::json!({"bench": "64B"}), vec![filled(TensorMeta::new(DType::U8, vec![64]))?]);
 
-    let pairs: Vec<(Arc<dyn Transport>, Arc<dyn Channel>)> = ferry::transports()
+    let pairs: Vec<Combination> = ferry::transports()
         .into_iter()
         .flat_map(|t| ferry::channels().into_iter().map(move |c| (t.clone(), c)))
-        .filter(|(t, c)| opts.only.is_empty() || opts.only.iter().any(|o| o == t.name() || o == c.name()))
+        .flat_map(|(t, c)| ring_variants(t.as_ref()).into_iter().map(move |ring| (t.clone(), c.clone(), ring)))
+        .filter(|(t, c, ring)| {
+            opts.only.is_empty() || opts.only.iter().any(|o| o == t.name() || o == c.name() || (*ring && o == "ring"))
+        })
         .collect();
     if pairs.is_empty() {
         bail!("no compiled-in backend matches {:?}", opts.only);
@@ -355,7 +362,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         emit(memcpy_row(&t, &s.label, s.iters, &bar), &mut rows);
     }
 
-    for (i, (t, c)) in pairs.iter().enumerate() {
+    for (i, (t, c, ring)) in pairs.iter().enumerate() {
         if !c.devices().contains(&ferry_core::DeviceKind::Cpu) {
             continue; // device-only channels (cuda-ipc) have their own rows below
         }
@@ -363,7 +370,7 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
         bar.set_message(format!("{} / {}", t.name(), c.name()));
         let (_peer, ready) = start_echo_peer(exe, &addr)?;
         let (addr, _sink) = split_ready(&ready);
-        let client = Endpoint::builder().transport(t.clone()).channel(c.clone()).build();
+        let client = with_ring(Endpoint::builder().transport(t.clone()).channel(c.clone()), *ring).build();
         let pipe = match client.connect(&addr).await {
             Ok(p) => p,
             // The channel cannot work over this transport (shm over QUIC, quic over unix).
@@ -376,7 +383,8 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
             }
             Err(e) => return Err(e).context(format!("connecting over {} / {}", t.name(), c.name())),
         };
-        let (backend, channel) = (t.name(), pipe.channel().to_string());
+        let label = if *ring { format!("{}+ring", t.name()) } else { t.name().to_string() };
+        let (backend, channel) = (label.as_str(), pipe.channel().to_string());
         checked(&pipe, &small, "64-byte message").await?;
         time_round_trips(&pipe, &small, opts.warmup, &bar).await?;
         let smp = time_round_trips(&pipe, &small, opts.small_iters, &bar).await?;
@@ -420,6 +428,29 @@ pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) 
     Ok(rows)
 }
 
+/// A transport, a channel, and whether the client asks for the same-host ring.
+type Combination = (Arc<dyn Transport>, Arc<dyn Channel>, bool);
+
+/// Whether to measure a transport without the same-host ring, and with it (unix sockets,
+/// where the feature is compiled in).
+fn ring_variants(t: &dyn Transport) -> Vec<bool> {
+    let mut v = vec![false];
+    if cfg!(all(feature = "ring", target_os = "linux")) && t.scheme() == "unix" {
+        v.push(true);
+    }
+    v
+}
+
+/// `b` asking for the same-host ring when `ring`.
+fn with_ring(b: ferry_core::EndpointBuilder, ring: bool) -> ferry_core::EndpointBuilder {
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    if ring {
+        return b.ring(Some(ferry_core::RingOptions::default()));
+    }
+    let _ = ring;
+    b
+}
+
 /// QUIC one-way throughput of the largest tensor (the peer acknowledges instead of
 /// echoing), beside a bare quinn stream moving the same bytes in the same run.
 #[cfg(feature = "quic")]
@@ -443,12 +474,12 @@ async fn quic_one_way(pipe: &Pipe, sizes: &[Size], sink: Option<&str>, bar: &Pro
 /// Formats rows as an aligned table.
 pub fn table(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<8} {:<8} {:<13} {:<18} {:>11} {:>6} {:>11} {:>11} {:>8}\n",
+        "{:<10} {:<8} {:<13} {:<18} {:>11} {:>6} {:>11} {:>11} {:>8}\n",
         "backend", "channel", "case", "tensor", "bytes", "iters", "p50_us", "p99_us", "GB/s"
     );
     for r in rows {
         out += &format!(
-            "{:<8} {:<8} {:<13} {:<18} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2}\n",
+            "{:<10} {:<8} {:<13} {:<18} {:>11} {:>6} {:>11.1} {:>11.1} {:>8.2}\n",
             r.backend, r.channel, r.case, r.tensor, r.bytes, r.iters, r.p50_us, r.p99_us, r.gbps
         );
     }
