@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 
 pub mod answer;
+pub mod json;
 pub mod pipe;
 pub mod pool;
 pub mod server;

@@ -3,9 +3,10 @@
 //! A handler is a Python callable made by `ferry.App` (it validates params with pydantic,
 //! calls the user's function, encodes the result):
 //!
-//! - sync: `call(params_json | None, [TensorRef], Context) -> outcome`, run on a thread
-//!   of [`crate::pool`] with the GIL;
-//! - async: `call(params_json | None, [TensorRef], Context, Done) -> handle`: it schedules
+//! - sync: `call(params | None, [TensorRef], Context) -> outcome`, run on a thread of
+//!   [`crate::pool`] with the GIL (`params`: a `dict` of the params by name, as
+//!   `json.loads` makes it, see [`crate::json`]);
+//! - async: `call(params | None, [TensorRef], Context, Done) -> handle`: it schedules
 //!   the coroutine on the app's asyncio loop and returns at once; the loop calls
 //!   `Done(outcome)` when it ends; dropping the call (cancelled, timed out, connection
 //!   gone) calls `handle.cancel()`, which raises `CancelledError` in the coroutine.
@@ -85,6 +86,14 @@ fn refs<'py>(py: Python<'py>, tensors: Vec<Tensor>) -> PyResult<Bound<'py, PyLis
     PyList::new(py, items)
 }
 
+/// A call's params for its handler: a `dict` by name, or `None` when there are none.
+fn py_params<'py>(py: Python<'py>, params: Option<&Value>) -> PyResult<Bound<'py, PyAny>> {
+    match params {
+        Some(v) => crate::json::to_py(py, v),
+        None => Ok(py.None().into_bound(py)),
+    }
+}
+
 /// A Python handler.
 struct PyHandler {
     call: Arc<Py<PyAny>>,
@@ -94,10 +103,10 @@ struct PyHandler {
 }
 
 impl PyHandler {
-    /// The params as a JSON object text for the app's validator: params given by
-    /// position are named here (cheaper than in Python), too many is an error.
-    fn params_text(&self, params: Value) -> Result<String, ErrorObject> {
-        let Value::Array(values) = params else { return Ok(params.to_string()) };
+    /// The params by name for the app's validator: params given by position are named
+    /// here (cheaper than in Python), too many is an error.
+    fn named_params(&self, params: Value) -> Result<Value, ErrorObject> {
+        let Value::Array(values) = params else { return Ok(params) };
         if values.len() > self.names.len() {
             return Err(ErrorObject::invalid_params(
                 "",
@@ -110,7 +119,7 @@ impl PyHandler {
             ));
         }
         let named: serde_json::Map<String, Value> = self.names.iter().cloned().zip(values).collect();
-        Ok(Value::Object(named).to_string())
+        Ok(Value::Object(named))
     }
 }
 
@@ -122,7 +131,7 @@ impl ErasedHandler for PyHandler {
                 // Plain JSON and HTTP callers send tensors inline: Python sees references only.
                 ferry_rpc::tensor::inline_to_refs(&mut v, &mut tensors)
                     .map_err(|e| ErrorObject::invalid_params("", e))?;
-                Some(self.params_text(v)?)
+                Some(self.named_params(v)?)
             }
             None => None,
         };
@@ -130,8 +139,8 @@ impl ErasedHandler for PyHandler {
         if !self.is_async {
             let (tx, rx) = tokio::sync::oneshot::channel();
             crate::pool::run(move |py| {
-                let r = match refs(py, tensors) {
-                    Ok(refs) => match call.call1(py, (params, refs, Context { ctx })) {
+                let r = match py_params(py, params.as_ref()).and_then(|p| Ok((p, refs(py, tensors)?))) {
+                    Ok((params, refs)) => match call.call1(py, (params, refs, Context { ctx })) {
                         Ok(o) => outcome(py, o.bind(py)),
                         Err(e) => Err(internal_from(py, &e)),
                     },
@@ -148,8 +157,10 @@ impl ErasedHandler for PyHandler {
         let (started_tx, started) = tokio::sync::oneshot::channel();
         crate::pool::run(move |py| {
             let done = Done { tx: Mutex::new(Some(tx)) };
-            let r = match refs(py, tensors) {
-                Ok(refs) => call.call1(py, (params, refs, Context { ctx }, done)).map_err(|e| internal_from(py, &e)),
+            let r = match py_params(py, params.as_ref()).and_then(|p| Ok((p, refs(py, tensors)?))) {
+                Ok((params, refs)) => {
+                    call.call1(py, (params, refs, Context { ctx }, done)).map_err(|e| internal_from(py, &e))
+                }
                 Err(e) => Err(internal_from(py, &e)),
             };
             // The handle travels armed: a call dropped (cancelled) before it took the handle

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
+import math
 import typing
 from collections.abc import Callable
 from typing import Annotated, Any, get_args, get_origin
@@ -208,21 +210,123 @@ class Signature:
     """`result`'s `dump_json` where it writes what `dump_python` + `json.dumps` would
     (plain types under `_RESULT_CONFIG`), else None."""
 
+    fast_params: dict[str, tuple[str, Any]] | None = None
+    """Where every param is a plain type (`_FAST`) with no default or an immutable one:
+    each param's kind and default (`_REQUIRED` if none), checked without pydantic for the
+    params that pass these checks as pydantic's strict JSON validation would; None
+    otherwise."""
+    fast_result: str | None = None
+    """The result's kind where it is a plain type (`_FAST`) or a numpy array, encoded
+    without pydantic when the value is exactly of that type; None otherwise."""
+
     def validate(
         self,
-        params_text: str | None,
+        params: object,
         refs: list[_native.TensorRef],
         given: _tensors.Given | None = None,
     ) -> dict[str, Any]:
         """The keyword arguments of a call, from its params by name (the server turns
-        params by position into names). Raises `pydantic.ValidationError`. Each numpy
-        array handed out for a received tensor is appended to `given` with its tensor
-        (a result that is one of them goes back as it is, without a look at its memory)."""
+        params by position into names), as the server parsed them from JSON (None: no
+        params). Raises `pydantic.ValidationError`. Each numpy array handed out for a
+        received tensor is appended to `given` with its tensor (a result that is one of
+        them goes back as it is, without a look at its memory)."""
+        fast = self.fast_params
+        if fast is not None and (params is None or type(params) is dict):
+            kwargs = _fast_kwargs(fast, params or {}, refs, given)
+            if kwargs is not None:
+                return kwargs
+        text = "{}" if params is None else json.dumps(params, allow_nan=False)
         m = self.model.model_validate_json(
-            params_text or "{}", strict=True, context={"tensors": refs, "given": given}
+            text, strict=True, context={"tensors": refs, "given": given}
         )
         # The model forbids extra fields: its fields are the params (callers do not change it).
         return m.__dict__
+
+    def encode_fast(self, result: object) -> str | None:
+        """The result's JSON where it is exactly the plain type of its annotation (what
+        pydantic would write, without it), else None (no tensors: see `_app`)."""
+        kind = self.fast_result
+        t = type(result)
+        if kind == "float":
+            if t is float and math.isfinite(result):  # type: ignore[arg-type]
+                return repr(result)
+        elif kind == "int":
+            if t is int:
+                return repr(result)
+        elif kind == "bool":
+            if t is bool:
+                return "true" if result else "false"
+        elif kind == "str" and t is str:
+            return json.dumps(result)
+        return None
+
+
+_REQUIRED: Any = object()
+"""A param with no default (in `Signature.fast_params`)."""
+
+_FAST: dict[Any, str] = {float: "float", int: "int", bool: "bool", str: "str"}
+"""The plain param and result types validated and encoded without pydantic (tensors
+too: `NDArray`, see `_fast_kind`)."""
+
+
+def _fast_kind(tp: Any) -> str | None:
+    """The fast path's kind of a (rewritten) type, if it has one."""
+    if tp is NDArray:
+        return "ndarray"
+    return _FAST.get(tp) if isinstance(tp, type) else None
+
+
+def _fast_kwargs(
+    fast: dict[str, tuple[str, Any]],
+    params: dict[str, Any],
+    refs: list[_native.TensorRef],
+    given: _tensors.Given | None,
+) -> dict[str, Any] | None:
+    """The keyword arguments when every param passes pydantic's strict JSON check for its
+    plain type (as pydantic would make them: an int for a float becomes a float, a
+    `{"$tensor": i}` a read-only numpy view), else None: pydantic then validates them and
+    names what is wrong."""
+    if len(params) > len(fast):
+        return None
+    kwargs: dict[str, Any] = {}
+    n = 0
+    for name, (kind, default) in fast.items():
+        if name not in params:
+            if default is _REQUIRED:
+                return None
+            kwargs[name] = default
+            continue
+        n += 1
+        v = params[name]
+        t = type(v)
+        if kind == "float":
+            if t is float:
+                kwargs[name] = v
+            elif t is int:
+                kwargs[name] = float(v)
+            else:
+                return None
+        elif kind == "ndarray":
+            if t is not dict or len(v) != 1:
+                return None
+            i = v.get("$tensor")
+            if type(i) is not int or not 0 <= i < len(refs):
+                return None
+            ref = refs[i]
+            a = _tensors.to_numpy(ref)
+            if given is not None:
+                given.append((a, ref))
+            kwargs[name] = a
+        elif t is _FAST_TYPES[kind]:
+            kwargs[name] = v
+        else:
+            return None
+    if n != len(params):  # an unknown param: pydantic's error names it
+        return None
+    return kwargs
+
+
+_FAST_TYPES: dict[str, type] = {v: k for k, v in _FAST.items()}
 
 
 def signature(fn: Callable[..., Any], context_type: type) -> Signature:
@@ -232,6 +336,7 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
     fields: dict[str, Any] = {}
     names: list[str] = []
     ctx_param = None
+    fast: dict[str, tuple[str, Any]] | None = {}
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise TypeError(
@@ -250,6 +355,11 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (rewrite(tp), default)
         names.append(p.name)
+        kind = _fast_kind(fields[p.name][0])
+        if fast is not None and kind is not None and (default is ... or _immutable(default)):
+            fast[p.name] = (kind, _REQUIRED if default is ... else default)
+        else:
+            fast = None
     model = pydantic.create_model(
         f"{fn.__name__}_params",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
@@ -260,6 +370,7 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
     params_schema.pop("title", None)
     ret = hints.get("return", sig.return_annotation)
     result_json = None
+    fast_result = _fast_kind(rewrite(ret)) if ret is not inspect.Signature.empty else None
     if ret is inspect.Signature.empty or ret is Any:
         result = None
         result_schema: dict[str, Any] = {}
@@ -272,8 +383,22 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
         if plain:
             result_json = result.dump_json
     return Signature(
-        names, ctx_param, model, result, params_schema, result_schema, defs, result_json
+        names,
+        ctx_param,
+        model,
+        result,
+        params_schema,
+        result_schema,
+        defs,
+        result_json,
+        fast,
+        fast_result,
     )
+
+
+def _immutable(v: object) -> bool:
+    """Whether a default can be handed to every call as it is (pydantic copies others)."""
+    return v is None or type(v) in (bool, int, float, str)
 
 
 _RESULT_CONFIG = ConfigDict(arbitrary_types_allowed=True, ser_json_inf_nan="constants")
