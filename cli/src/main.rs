@@ -162,6 +162,15 @@ enum Cmd {
         /// directory, removed on exit).
         #[arg(long, value_name = "DIR")]
         disk_dir: Option<std::path::PathBuf>,
+        /// With --placement: record every use of a reference the policy sees to FILE
+        /// (created or truncated), one JSON line {"key":..,"bytes":..} each, for `cargo
+        /// xtask placement-bench --trace FILE` to replay; written when its buffer fills
+        /// and on exit. A write error is logged and stops the recording, never a call.
+        #[arg(long, value_name = "FILE")]
+        record_trace: Option<std::path::PathBuf>,
+        /// With --record-trace: most uses recorded; then recording stops, with a log line.
+        #[arg(long, value_name = "N", default_value_t = ferry_store::placement::DEFAULT_TRACE_LIMIT)]
+        record_trace_limit: u64,
         /// Require this bearer token from every client.
         #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -415,13 +424,21 @@ fn main() -> ExitCode {
                 cpu_budget_mib,
                 disk_budget_mib,
                 disk_dir,
+                record_trace,
+                record_trace_limit,
                 token,
                 max_connections,
             } => {
                 let placement = match placement {
                     Some(policy) => {
                         ferry_store::placement_policy(&policy).map_err(|e| anyhow::anyhow!("--placement: {e}"))?;
-                        let mut p = ferry_store::PlacementOptions { policy, disk_dir, ..Default::default() };
+                        let mut p = ferry_store::PlacementOptions {
+                            policy,
+                            disk_dir,
+                            record_trace,
+                            trace_limit: record_trace_limit,
+                            ..Default::default()
+                        };
                         if let Some(m) = cpu_budget_mib {
                             p.cpu_budget_bytes = m.saturating_mul(1 << 20);
                         }
@@ -429,10 +446,14 @@ fn main() -> ExitCode {
                         Some(p)
                     }
                     None => {
-                        if cpu_budget_mib.is_some() || disk_budget_mib.is_some() || disk_dir.is_some() {
+                        if cpu_budget_mib.is_some()
+                            || disk_budget_mib.is_some()
+                            || disk_dir.is_some()
+                            || record_trace.is_some()
+                        {
                             anyhow::bail!(
-                                "--cpu-budget-mib, --disk-budget-mib and --disk-dir need --placement POLICY \
-                                 (pinned, genoa, lru or flow)"
+                                "--cpu-budget-mib, --disk-budget-mib, --disk-dir and --record-trace need --placement \
+                                 POLICY (pinned, genoa, lru or flow)"
                             );
                         }
                         None

@@ -67,6 +67,13 @@ pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
             disk as f64 / (1 << 20) as f64,
             placed.disk_dir().display()
         );
+        if let Some(f) = &p.record_trace {
+            eprintln!(
+                "ferry serve-weights: recording the references' uses to {} (at most {})",
+                f.display(),
+                p.trace_limit
+            );
+        }
     }
     if o.files.is_empty() {
         return serve(store, o).await;
@@ -119,15 +126,21 @@ async fn serve(store: Arc<Store>, o: WeightsOptions) -> anyhow::Result<()> {
         .max_connections(o.access.max_connections)
         .max_queued_answers(o.access.max_queued_answers)
         .max_queued_answer_bytes(o.access.max_queued_answer_bytes);
+    let placed = store.placement().cloned();
     let server = server(store, limits)?;
     let opts =
         ServeOptions { addrs: vec![o.addr], http: None, busy_poll: o.busy_poll, shm_pool: None, access: o.access };
     let bound = bind(&opts).await?;
     bound.announce()?;
-    run(bound, &server, async {
+    let served = run(bound, &server, async {
         stop_signal().await?;
         eprintln!("ferry serve-weights: interrupted, stopping");
         Ok(())
     })
-    .await
+    .await;
+    // The trace is complete on exit, whoever still holds the store.
+    if let Some(n) = placed.and_then(|p| p.tiers().flush_trace()) {
+        eprintln!("ferry serve-weights: {n} uses recorded");
+    }
+    served
 }

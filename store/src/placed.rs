@@ -44,6 +44,13 @@ pub struct PlacementOptions {
     /// The disk tier's directory (default: a new directory in the temp directory, removed
     /// with the store); its files are removed with the store either way.
     pub disk_dir: Option<PathBuf>,
+    /// Records every use of a reference the policy sees to this trace file (JSON lines
+    /// `{"key":..,"bytes":..}`, [`crate::placement::TierOptions::record_trace`]; default
+    /// none), for `cargo xtask placement-bench --trace FILE`.
+    pub record_trace: Option<PathBuf>,
+    /// Most uses recorded to `record_trace` (default
+    /// [`crate::placement::DEFAULT_TRACE_LIMIT`]); then recording stops, with a log line.
+    pub trace_limit: u64,
 }
 
 impl Default for PlacementOptions {
@@ -53,6 +60,8 @@ impl Default for PlacementOptions {
             cpu_budget_bytes: crate::default_budget() / 2,
             disk_budget_bytes: None,
             disk_dir: None,
+            record_trace: None,
+            trace_limit: placement::DEFAULT_TRACE_LIMIT,
         }
     }
 }
@@ -142,7 +151,13 @@ impl PlacedRefs {
             .map_err(|e| format!("disk tier {}: {e} (PlacementOptions::disk_dir)", dir.display()))?;
         let guard = DirGuard { path: dir.clone(), own: own_dir };
         let disk_budget = opts.disk_budget_bytes.unwrap_or_else(|| free_space(&dir));
-        let tier_opts = TierOptions { cpu_budget: opts.cpu_budget_bytes, disk_dir: dir.clone(), disk_budget };
+        let tier_opts = TierOptions {
+            cpu_budget: opts.cpu_budget_bytes,
+            disk_dir: dir.clone(),
+            disk_budget,
+            record_trace: opts.record_trace.clone(),
+            trace_limit: opts.trace_limit,
+        };
         let tiers = Tiers::new(tier_opts, policy).map_err(|e| e.to_string())?;
         Ok(PlacedRefs { tiers, refs: Mutex::new(HashMap::new()), dir: guard })
     }

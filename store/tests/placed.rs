@@ -44,6 +44,7 @@ async fn serve(policy: Option<&str>, cpu_mb: u64, dir: &std::path::Path, tag: &s
             cpu_budget_bytes: cpu_mb * MB as u64,
             disk_budget_bytes: Some(64 * MB as u64),
             disk_dir: Some(dir.to_owned()),
+            ..PlacementOptions::default()
         };
         store.enable_placement(&opts).unwrap()
     });

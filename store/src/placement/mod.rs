@@ -26,7 +26,8 @@
 //!
 //! [`Tiers`] applies a policy to real tensors: a cpu tier in memory above a disk tier of
 //! files, with copies between them, prefetches on a background thread, and tensors held
-//! for a use never changed under their holder.
+//! for a use never changed under their holder. It can record its uses as a trace
+//! ([`TierOptions::record_trace`]) for the benchmark to replay.
 
 mod flow;
 mod min;
@@ -40,7 +41,7 @@ use std::collections::HashMap;
 pub use flow::{Flow, FlowOptions};
 pub use min::Min;
 pub use policies::{Genoa, Lru, Pinned};
-pub use tiers::{Held, Pin, TensorState, Tier, TierError, TierOptions, TierStats, Tiers};
+pub use tiers::{DEFAULT_TRACE_LIMIT, Held, Pin, TensorState, Tier, TierError, TierOptions, TierStats, Tiers};
 
 /// A tensor's key in a trace (a reference id, a parameter's index).
 pub type Key = u64;

@@ -25,6 +25,10 @@
 //!   (outside the policy, its bytes taken from the policy's share of the cpu budget), one
 //!   pinned to disk is read from its file for each use and never kept; [`Pin::Auto`] gives
 //!   it back to the policy.
+//! - **Recorded**: with [`TierOptions::record_trace`], every use the policy sees (a put,
+//!   its first use, and each [`Tiers::get`] of a tensor not placed by hand) is appended to
+//!   a trace file that [`crate::placement::trace::Trace::load`] reads back (keys are the
+//!   tiers' keys, sizes the tensors' bytes), up to [`TierOptions::trace_limit`] uses.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -37,6 +41,7 @@ use bytes::Bytes;
 use super::{Key, Policy, View};
 
 mod mover;
+mod record;
 mod state;
 
 use state::{Entry, Job, Mem, Shared, State};
@@ -122,12 +127,30 @@ pub struct TierOptions {
     pub disk_dir: PathBuf,
     /// Bytes the disk tier may hold (default unlimited).
     pub disk_budget: u64,
+    /// Records every use the policy sees to this file (created, or truncated), one JSON
+    /// line `{"key":..,"bytes":..}` each as [`crate::placement::trace::Trace::save`]
+    /// writes: buffered, flushed by [`Tiers::flush_trace`] and when the tiers are dropped.
+    /// A write error is logged once and recording stops; a use never fails for it.
+    pub record_trace: Option<PathBuf>,
+    /// Most uses recorded to [`TierOptions::record_trace`]; then recording stops, with a
+    /// log line (default [`DEFAULT_TRACE_LIMIT`]).
+    pub trace_limit: u64,
 }
+
+/// Uses recorded to a trace file at most, unless [`TierOptions::trace_limit`] says
+/// otherwise: 10 million lines, about 300 MB.
+pub const DEFAULT_TRACE_LIMIT: u64 = 10_000_000;
 
 impl TierOptions {
     /// A cpu tier of `cpu_budget` bytes above an unlimited disk tier in `disk_dir`.
     pub fn new(cpu_budget: u64, disk_dir: impl Into<PathBuf>) -> TierOptions {
-        TierOptions { cpu_budget, disk_dir: disk_dir.into(), disk_budget: u64::MAX }
+        TierOptions {
+            cpu_budget,
+            disk_dir: disk_dir.into(),
+            disk_budget: u64::MAX,
+            record_trace: None,
+            trace_limit: DEFAULT_TRACE_LIMIT,
+        }
     }
 }
 
@@ -196,10 +219,18 @@ pub struct Held {
 const PREFETCH_WAIT: Duration = Duration::from_secs(60);
 
 impl Tiers {
-    /// Tiers with these options and placement policy.
+    /// Tiers with these options and placement policy. A trace file that cannot be created
+    /// ([`TierOptions::record_trace`]) is an error naming it.
     pub fn new(opts: TierOptions, policy: Box<dyn Policy + Send>) -> Result<Tiers, TierError> {
         std::fs::create_dir_all(&opts.disk_dir)
             .map_err(|source| TierError::Io { path: opts.disk_dir.clone(), source })?;
+        let recorder = match &opts.record_trace {
+            Some(path) => Some(
+                record::Recorder::create(path, opts.trace_limit)
+                    .map_err(|source| TierError::Io { path: path.clone(), source })?,
+            ),
+            None => None,
+        };
         let state = State {
             view: View::new(opts.cpu_budget),
             policy,
@@ -214,6 +245,7 @@ impl Tiers {
             writing: HashSet::new(),
             deferred: HashSet::new(),
             stats: TierStats::default(),
+            recorder,
         };
         let shared = Arc::new(Shared { state: Mutex::new(state), moved: Condvar::new(), dir: opts.disk_dir });
         let (tx, rx) = mpsc::channel::<Job>();
@@ -476,6 +508,15 @@ impl Tiers {
         true
     }
 
+    /// Writes the uses recorded so far to the trace file ([`TierOptions::record_trace`]);
+    /// how many were recorded (`None` when no trace is).
+    pub fn flush_trace(&self) -> Option<u64> {
+        let mut st = self.shared.lock();
+        let r = st.recorder.as_mut()?;
+        r.flush();
+        Some(r.lines())
+    }
+
     fn send(&self, jobs: Vec<Job>) {
         if jobs.is_empty() {
             return;
@@ -495,7 +536,10 @@ impl Drop for Tiers {
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
+        if let Some(r) = st.recorder.as_mut() {
+            r.flush();
+        }
         for (k, e) in &st.entries {
             if e.on_disk {
                 let _ = std::fs::remove_file(self.shared.path(*k));

@@ -8,6 +8,7 @@ use std::sync::{Condvar, Mutex};
 
 use bytes::Bytes;
 
+use super::record::Recorder;
 use super::{Pin, TierStats};
 use crate::bucket::Bucket;
 use crate::placement::{Decision, Key, Policy, View};
@@ -74,6 +75,8 @@ pub(super) struct State {
     /// ([`State::release_deferred`]).
     pub(super) deferred: HashSet<Key>,
     pub(super) stats: TierStats,
+    /// Where uses are recorded ([`super::TierOptions::record_trace`]).
+    pub(super) recorder: Option<Recorder>,
 }
 
 pub(super) struct Shared {
@@ -84,8 +87,12 @@ pub(super) struct Shared {
 }
 
 impl State {
-    /// Asks the policy after a use and applies the decision to the view.
+    /// Asks the policy after a use and applies the decision to the view. The use is
+    /// recorded when a trace is (every use the policy sees, in order).
     pub(super) fn decide(&mut self, key: Key, bytes: u64, hit: bool) -> Decision {
+        if let Some(r) = self.recorder.as_mut() {
+            r.record(key, bytes);
+        }
         let step = self.step;
         self.step += 1;
         let d = self.policy.after_use(step, key, bytes, hit, &self.view);
