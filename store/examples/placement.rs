@@ -1,9 +1,12 @@
 //! The placement benchmark (`cargo xtask placement-bench`): traces replayed through every
-//! policy against Belady's MIN, then the layer trace run for real between a disk tier (a
-//! file whose pages are dropped from the page cache after each read) and a cpu tier.
+//! policy against Belady's MIN (synthetic ones, and `recorded-mlp`: one recorded from a
+//! real run of the store, [`RECORDED_MLP`]), then the layer trace run for real between a
+//! disk tier (a file whose pages are dropped from the page cache after each read) and a
+//! cpu tier.
 //!
 //! `cargo run --release -p ferry-store --example placement -- [--quick] [--dir DIR]
-//! [--trace FILE]...` (`--trace`: a JSON-lines trace; `--quick`: small sizes; `--dir`: where
+//! [--trace FILE]...` (`--trace`: a JSON-lines trace, e.g. recorded by `ferry serve-weights
+//! --placement POLICY --record-trace FILE`; `--quick`: small sizes; `--dir`: where
 //! the disk tier's file goes, default the temp directory, which must not be tmpfs).
 
 use std::collections::HashMap;
@@ -18,6 +21,16 @@ use ferry_store::placement::trace::{self, Trace};
 use ferry_store::placement::{Flow, FlowOptions, Genoa, Key, Lru, Min, Pinned, Policy, View};
 
 const MIB: u64 = 1 << 20;
+
+/// A trace recorded from a real run of the store: `ferry serve-weights --placement flow
+/// --cpu-budget-mib 12 --record-trace` under sdks/python/examples/placement_mlp.py
+/// `--passes 20` (8 layers of 4 MiB kept as references, then 20 forward passes with `lru`
+/// and 20 with `flow` and the declared layer order; the trace holds the uses, not the
+/// policy). Relative to this crate's directory.
+const RECORDED_MLP: &str = "examples/traces/mlp.jsonl";
+
+/// The cpu tier that run had (`--cpu-budget-mib 12`).
+const RECORDED_MLP_BUDGET: u64 = 12 * MIB;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -48,6 +61,13 @@ fn main() -> Result<(), Error> {
     table(&zipf, 1000 / scale as u64 * MIB, None)?;
     table(&scans, 1000 / scale as u64 * MIB, None)?;
     table(&layers, 8 * layer_bytes, Some(link))?;
+    // The recorded MLP: its order is known (the example declares its layer schedule); a
+    // use computes for 1.25x a layer's copy, as above.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDED_MLP);
+    let mut mlp = Trace::load(&path, true).map_err(|e| format!("{}: {e}", path.display()))?;
+    mlp.name = format!("recorded-mlp ({RECORDED_MLP})");
+    let per_use = mlp.uses.iter().map(|u| u.bytes).max().unwrap_or(0) as f64 / bw;
+    table(&mlp, RECORDED_MLP_BUDGET, Some(Link { bytes_per_s: bw, compute_s: 1.25 * per_use }))?;
     for f in recorded {
         let t = Trace::load(Path::new(f), false)?;
         let (n, bytes) = t.footprint();

@@ -2,6 +2,7 @@
 
     python sdks/python/examples/placement_mlp.py             # starts `ferry serve-weights`
     python sdks/python/examples/placement_mlp.py --addr unix:ferry-weights   # a running one
+    python sdks/python/examples/placement_mlp.py --record-trace mlp.jsonl  # record its uses
 
 The layers' weights (8 x 4 MiB by default) are kept on a tensor store started with
 `--placement`: a cpu tier of 12 MiB (shared memory) above a disk tier (files). The
@@ -19,6 +20,10 @@ shows what the store counted (uses; hits, uses of a layer placed in the cpu tier
 uses that waited for bytes from disk; MiB read from disk; ms the uses waited) and the
 passes' wall time. On a machine with few cores, numpy's own threads compete with the
 store's copies (`OPENBLAS_NUM_THREADS=1` leaves them a core).
+
+With `--record-trace FILE` the store it starts records every use of a layer its policy
+sees (`ferry serve-weights --record-trace`) for `cargo xtask placement-bench --trace FILE`
+to replay; store/examples/traces/mlp.jsonl was recorded so.
 """
 
 from __future__ import annotations
@@ -149,11 +154,16 @@ def ferry_binary() -> str:
     )
 
 
-def serve(cpu_mib: int, disk_dir: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Starts `ferry serve-weights --placement flow` with an empty store; its address."""
+def serve(
+    cpu_mib: int, disk_dir: str, record_trace: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Starts `ferry serve-weights --placement flow` with an empty store (recording its
+    uses to `record_trace` when given); its address."""
     addr = f"unix:ferry-placement-mlp-{os.getpid()}"
     cmd = [ferry_binary(), "serve-weights", "--name", "mlp", "--placement", "flow"]
     cmd += ["--cpu-budget-mib", str(cpu_mib), "--disk-dir", disk_dir, "--addr", addr]
+    if record_trace is not None:
+        cmd += ["--record-trace", record_trace]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "listening on ..." once it is ready
@@ -175,9 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", type=int, default=3)
     p.add_argument("--cpu-budget-mib", type=int, default=12)
     p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.add_argument(
+        "--record-trace",
+        metavar="FILE",
+        help="the store started here records its uses to FILE (JSON lines)",
+    )
     a = p.parse_args(argv)
+    if a.addr and a.record_trace:
+        p.error("--record-trace needs a store started here (no --addr)")
     with tempfile.TemporaryDirectory(prefix="ferry-mlp-") as disk:
-        proc, addr = (None, a.addr) if a.addr else serve(a.cpu_budget_mib, disk)
+        proc, addr = (
+            (None, a.addr) if a.addr else serve(a.cpu_budget_mib, disk, a.record_trace)
+        )
         try:
             with Client.connect(addr) as c:
                 rows = example(c, a.layers, a.hidden, a.batch, a.passes)
