@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -232,3 +233,28 @@ def test_the_example_runs_as_a_script_and_starts_its_own_store(
     out = capsys.readouterr().out
     assert "4 layers of 1.0 MiB (4 MiB), cpu tier 2 MiB" in out, out
     assert "flow + schedule" in out and "False" not in out, out
+
+
+def test_the_example_records_the_stores_uses_as_a_trace(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """`--record-trace FILE`: the store it starts (`ferry serve-weights --record-trace`)
+    writes one JSON line per use its policy sees: each layer's keep, then every fetch in
+    order, with the layer's bytes (the format `cargo xtask placement-bench --trace`
+    replays)."""
+    monkeypatch.setenv("FERRY_BIN", ferry_bin())
+    mlp = load_example()
+    trace = tmp_path / "mlp.jsonl"
+    args = ["--layers", "4", "--hidden", "512", "--batch", "4", "--passes", "2"]
+    assert mlp.main([*args, "--cpu-budget-mib", "2", "--record-trace", str(trace)]) == 0
+    capsys.readouterr()
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert all(set(u) == {"key", "bytes"} for u in lines), lines[:3]
+    assert all(u["bytes"] == MIB for u in lines), "a 512x512 float32 layer each"
+    keys = [u["key"] for u in lines]
+    layers = keys[:4]
+    assert len(set(layers)) == 4, "the 4 keeps first, one key per layer"
+    # Then 2 runs (lru, flow) of 2 passes over the layers in order.
+    assert keys[4:] == layers * 4, keys
