@@ -67,8 +67,10 @@ commands:
                            Python-served vs Rust-served calls, echo, 16 clients, and
                            Python-to-Python pipes (bindings/python/bench/bench_server.py)
   placement-bench [ARGS..] placement policies (pinned, genoa, lru, flow) against Belady's MIN
-                           on synthetic traces (bytes moved, hit rate, modelled stall), then
-                           the layer trace with real copies between a disk and a cpu tier
+                           on synthetic traces and one recorded from a real store run
+                           (store/examples/traces/mlp.jsonl): bytes moved, hit rate, modelled
+                           stall; then the layer trace with real copies between a disk and a
+                           cpu tier
                            (store/examples/placement.rs; --quick, --trace FILE)
   bench-ring [ARGS..]      64-byte round trips between two processes in one run: ferry-ring
                            (spinning on and off), iceoryx2 request-response, a unix socket;
