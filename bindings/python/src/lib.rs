@@ -6,8 +6,9 @@
 //! and access rules, HTTP. Python owns the handlers and their schemas. This module is the
 //! seam:
 //!
-//! - [`server::Server`]: a method table whose handlers are Python callables, served on
-//!   addresses with `ferry serve`'s options ([`ferry_cli::cli_rpc::bind`] and `run`).
+//! - [`server::Server`]: a method table whose handlers are Python callables
+//!   ([`handler`]), served on addresses with `ferry serve`'s options
+//!   ([`ferry_cli::cli_rpc::bind`] and `run`).
 //! - [`tensors`]: received tensors as read-only zero-copy views (`__array_interface__`,
 //!   holding the Rust lease), result tensors allocated in the connection's memory.
 //! - [`pipe`]: `ferry.listen` / `ferry.connect`, messages of a header and tensors without
@@ -16,13 +17,14 @@
 //! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads
 //! (which keep their Python thread state; the GIL released whenever Rust waits), async
 //! handlers on the app's asyncio loop (its own thread), which reports back through
-//! [`server::Done`]. A sync handler's thread writes its response itself ([`answer`]).
+//! [`handler::Done`]. A sync handler's thread writes its response itself ([`answer`]).
 
 use std::sync::OnceLock;
 
 use pyo3::prelude::*;
 
 pub mod answer;
+pub mod handler;
 pub mod json;
 pub mod pipe;
 pub mod pool;
@@ -60,8 +62,8 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<server::Server>()?;
-    m.add_class::<server::Context>()?;
-    m.add_class::<server::Done>()?;
+    m.add_class::<handler::Context>()?;
+    m.add_class::<handler::Done>()?;
     m.add_class::<tensors::TensorRef>()?;
     m.add_class::<tensors::OutTensor>()?;
     m.add_class::<pipe::Pipe>()?;
