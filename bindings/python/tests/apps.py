@@ -305,6 +305,32 @@ def relabel(s: Sample, suffix: str) -> Sample:
     return Sample(x=s.x * 2, label=s.label + suffix)
 
 
+@dataclasses.dataclass
+class Frame:
+    """A plain dataclass with a numpy field (no `ferry.NDArray` needed)."""
+
+    pixels: np.ndarray
+    gain: float = 1.0
+
+    def brightness(self) -> float:
+        return float(self.pixels.mean()) * self.gain
+
+
+class Pair(TypedDict):
+    left: np.ndarray
+    right: np.ndarray
+
+
+@app.function
+def brighten(frame: Frame, pair: Pair) -> Frame:
+    """Tensors inside a dataclass and a TypedDict, in and out; the handler gets the
+    user's own class (its methods work)."""
+    assert isinstance(frame, Frame), type(frame)
+    assert not frame.pixels.flags.writeable  # a received, read-only view
+    level = frame.brightness()
+    return Frame(pixels=pair["left"] + pair["right"] + level, gain=frame.gain * 2)
+
+
 @app.function
 def kept_shared(key: str, n: int) -> np.ndarray:
     """A result in the connection's memory, kept here to be changed later (`poke`)."""

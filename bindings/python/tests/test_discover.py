@@ -143,6 +143,10 @@ def test_tensor_schemas(doc: dict[str, Any]) -> None:
     assert TENSOR in opt["result"]["schema"]["anyOf"]
     sample = schemas["Sample"]
     assert sample["properties"]["x"] == TENSOR
+    # Plain dataclasses and TypedDicts with numpy fields keep their names.
+    assert schemas["Frame"]["properties"]["pixels"] == TENSOR
+    assert schemas["Pair"]["properties"]["left"] == TENSOR
+    assert resolve(doc, m["brighten"]["result"]["schema"])["properties"]["pixels"] == TENSOR
     assert resolve(doc, m["relabel"]["result"]["schema"])["properties"]["x"] == TENSOR
 
 

@@ -225,6 +225,24 @@ def test_model_with_tensor_field(client: ferry.Client) -> None:
     np.testing.assert_array_equal(r["x"], x * 2)
 
 
+def test_tensors_in_dataclass_and_typeddict(client: ferry.Client) -> None:
+    px = np.arange(6, dtype=np.float32).reshape(2, 3)
+    left, right = np.ones(3, np.float32), np.full(3, 2.0, np.float32)
+    r = client.call(
+        "brighten",
+        {"frame": {"pixels": px, "gain": 2.0}, "pair": {"left": left, "right": right}},
+    )
+    assert r["gain"] == 4.0
+    np.testing.assert_array_equal(r["pixels"], left + right + px.mean() * 2.0)
+    # The dataclass's default applies; a missing tensor field is invalid params naming it.
+    r = client.call("brighten", {"frame": {"pixels": px}, "pair": {"left": left, "right": right}})
+    assert r["gain"] == 2.0
+    with pytest.raises(ferry.RpcError) as e:
+        client.call("brighten", {"frame": {"gain": 1.0}, "pair": {"left": left, "right": right}})
+    assert e.value.code == -32602
+    assert e.value.data["path"] == "frame.pixels"
+
+
 def test_bad_tensor_params(client: ferry.Client) -> None:
     with pytest.raises(ferry.RpcError) as e:
         client.call("scale", {"x": [1, 2, 3]})

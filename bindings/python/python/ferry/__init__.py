@@ -22,7 +22,8 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 - `listen` / `connect`: `Pipe`s of headers and tensors without JSON-RPC.
 - `Client`, `AsyncClient`: calling, from `ferry_client` (the runtime of the generated
   clients).
-- `NDArray`, `AnyTensor`: tensor types for fields of pydantic models and dataclasses.
+- `NDArray`, `AnyTensor`: tensor types for fields of pydantic models (dataclasses and
+  TypedDicts may use `np.ndarray` and `torch.Tensor` as they are).
 - `open_weights`, `open_bundle`, `Bundle`: versioned weight bundles from a ferry tensor
   store (`ferry serve-weights`), zero-copy numpy or torch; `TensorRef`: a tensor a server
   keeps (`ferry_client.refs`). Both from `ferry_client`.

@@ -20,6 +20,7 @@ from typing import Annotated, Any, get_args, get_origin
 
 import numpy as np
 import pydantic
+import typing_extensions
 from ferry_client.refs import SCHEMA_MARK, TensorRef
 from pydantic import ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -132,13 +133,15 @@ def _is_cupy(tp: Any) -> bool:
 
 def rewrite(tp: Any) -> Any:
     """`tp` with every tensor type replaced by its ferry-aware pydantic type, through
-    lists, dicts, tuples, unions and `Annotated`."""
+    lists, dicts, tuples, unions, `Annotated`, dataclasses and TypedDicts."""
     if tp is np.ndarray or get_origin(tp) is np.ndarray:
         return NDArray
     if _is_torch_tensor(tp):
         return tensor_type(tp, "torch")
     if _is_cupy(tp):
         return tensor_type(Any, "numpy")
+    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or is_typeddict(tp)):
+        return _rewrite_class(tp)
     origin = get_origin(tp)
     if origin is None:
         return tp
@@ -162,6 +165,69 @@ def rewrite(tp: Any) -> Any:
     except TypeError:
         base: Any = {list: typing.List, dict: typing.Dict, tuple: typing.Tuple}.get(origin)  # noqa: UP006
         return base[new] if base is not None else tp
+
+
+_REWRITTEN: dict[type, type] = {}
+"""Dataclasses and TypedDicts with tensor fields, and their ferry-aware counterparts (one
+each, so that a class used in several places is one schema)."""
+_REWRITING: set[type] = set()
+"""Classes being rewritten now (a class that refers to itself keeps its own type there)."""
+
+
+def _rewrite_class(cls: type) -> type:
+    """`cls` (a dataclass or a TypedDict) with its fields' tensor types rewritten: itself
+    when no field has one. A dataclass becomes a subclass of the same name, fields and
+    options (its instances are instances of `cls`, with `cls`'s methods, and instances of
+    `cls` are serialized by it); a TypedDict a TypedDict of the same name and keys."""
+    done = _REWRITTEN.get(cls)
+    if done is not None:
+        return done
+    if cls in _REWRITING:
+        return cls
+    _REWRITING.add(cls)
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        new = {name: rewrite(tp) for name, tp in hints.items()}
+    except (NameError, TypeError):
+        return cls  # hints that do not resolve here: pydantic names the problem
+    finally:
+        _REWRITING.discard(cls)
+    if all(new[n] is hints[n] for n in hints):
+        return cls
+    out: type
+    if is_typeddict(cls):
+        make_typeddict: Any = typing_extensions.TypedDict
+        out = make_typeddict(cls.__name__, new, total=getattr(cls, "__total__", True))
+    else:
+        params: Any = getattr(cls, "__dataclass_params__", None)
+        fields = [
+            (
+                f.name,
+                new.get(f.name, f.type),
+                dataclasses.field(
+                    default=f.default,
+                    default_factory=f.default_factory,
+                    init=f.init,
+                    repr=f.repr,
+                    compare=f.compare,
+                    metadata=f.metadata,
+                    kw_only=f.kw_only,
+                ),
+            )
+            for f in dataclasses.fields(cls)
+        ]
+        out = dataclasses.make_dataclass(
+            cls.__name__,
+            fields,
+            bases=(cls,),
+            frozen=bool(params and params.frozen),
+            eq=bool(params is None or params.eq),
+        )
+    out.__qualname__ = cls.__qualname__
+    out.__module__ = cls.__module__
+    out.__doc__ = cls.__doc__
+    _REWRITTEN[cls] = out
+    return out
 
 
 def _mentions(tp: Any, target: type) -> bool:
