@@ -260,7 +260,7 @@ mod tests {
     #[test]
     fn frame_kinds_are_the_protocols() {
         let names: Vec<String> = frame_kinds().into_iter().map(|(_, n)| n).collect();
-        assert_eq!(names, ["HELLO", "WELCOME", "REFUSE", "MESSAGE", "CONTROL", "CLOSE"]);
+        assert_eq!(names, ["HELLO", "WELCOME", "REFUSE", "MESSAGE", "CONTROL", "CLOSE", "RING"]);
         assert!(python().contains("MAGIC: Final = b\"\\x89FERRY\""), "{}", python());
     }
 }
