@@ -25,6 +25,7 @@ export declare const Kind: {
     readonly MESSAGE: 4;
     readonly CONTROL: 5;
     readonly CLOSE: 6;
+    readonly RING: 7;
 };
 /** The default limits (PROTOCOL.md §6.2). */
 export declare const WIRE_DEFAULT_LIMITS: {

@@ -26,6 +26,7 @@ export const Kind = {
     MESSAGE: 4,
     CONTROL: 5,
     CLOSE: 6,
+    RING: 7,
 };
 /** The default limits (PROTOCOL.md §6.2). */
 export const WIRE_DEFAULT_LIMITS = {
