@@ -104,7 +104,9 @@ def test_frames_decode_and_encode() -> None:
         assert frame(f.kind, header, len(f.payload)) + bytes(f.payload) == data, v[
             "name"
         ]
-    assert kinds == set(_constants.FRAME_KINDS)
+    # Every kind but RING (the same-host ring, which this client does not speak: it refuses
+    # the kind like an unknown one).
+    assert kinds == set(_constants.FRAME_KINDS) - {_constants.RING}
 
 
 def test_malformed_frames_are_refused() -> None:
@@ -112,6 +114,14 @@ def test_malformed_frames_are_refused() -> None:
         with pytest.raises(ProtocolError) as e:
             read_frame(bytes.fromhex(v["hex"]), limits_of(v))
         check_error(v["name"], e.value, v["error"])
+
+
+def test_ring_frames_are_refused() -> None:
+    """RING (7) is the same-host ring's kind, which this client never agrees to: a server
+    that sends one is refused as for an unknown kind."""
+    close = b'{"code":"normal","message":""}'
+    with pytest.raises(ProtocolError, match="unexpected frame kind 7"):
+        read_frame(frame(_constants.RING, json.loads(close), 0))
 
 
 def span_bytes(a: Any) -> bytes:
