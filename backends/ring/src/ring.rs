@@ -413,8 +413,8 @@ impl Receiver {
     }
 
     /// Arms the doorbell before an async consumer waits somewhere else (its socket): stores
-    /// [`DOORBELL`] in this ring's sleeping word, then looks once more. Returns `Ok(true)`
-    /// when armed (nothing to read: the next [`Sender::try_send_parts`] reports
+    /// the doorbell mark (`DOORBELL`) in this ring's sleeping word, then looks once more.
+    /// Returns `Ok(true)` when armed (nothing to read: the next [`Sender::try_send_parts`] reports
     /// `doorbell: true` to the producer, which must then wake this side), `Ok(false)` when a
     /// record, a close or a death notice is already there (not armed: read it). Call
     /// [`Receiver::disarm`] after waking for any reason.
