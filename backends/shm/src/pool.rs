@@ -192,9 +192,14 @@ impl Pool {
 
     /// The frozen slot whose bytes contain `[ptr, ptr + len)`, if any.
     pub(crate) fn find(&self, ptr: usize, len: usize) -> Option<Arc<SlotCore>> {
-        let st = self.lock();
-        let (_, w) = st.live.range(..=ptr).next_back()?;
-        let core = w.upgrade()?;
+        // The lock is let go before `core` can be dropped: when its last other holder let go
+        // meanwhile, this is the last reference, and `SlotCore`'s drop takes the lock (held
+        // here, that was a self-deadlock of the thread, a runtime worker).
+        let core = {
+            let st = self.lock();
+            let (_, w) = st.live.range(..=ptr).next_back()?;
+            w.upgrade()?
+        };
         let start = core.addr();
         (ptr >= start && ptr + len <= start + core.len).then_some(core)
     }
@@ -320,5 +325,66 @@ impl WritableStorage for PoolSlotMut {
             Some(core) => Bytes::from_owner(PoolBytes(core)),
             None => Bytes::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// `find` racing the drop of a slot's last other reference: a look-up just past the
+    /// slot's end upgrades it, fails the range check and drops it. That drop must not
+    /// happen under the pool's lock (it takes the lock: the thread deadlocked itself, seen
+    /// as a hung `send` in the ring conformance suite once in a few hundred runs). Bounded:
+    /// a watchdog fails the test if the threads are not done in time.
+    #[test]
+    fn a_find_that_drops_the_last_reference_does_not_deadlock() {
+        let pool = Pool::new(ShmOptions::default());
+        let (seg, range) = pool.try_alloc(64).unwrap().unwrap();
+        let core = PoolSlotMut::new(&pool, seg, 64, range).into_core().unwrap();
+        let addr = core.addr();
+        drop(core);
+        let done = Arc::new(AtomicBool::new(false));
+        let lookups = Arc::new(AtomicUsize::new(0));
+        let finder = {
+            let (pool, done, lookups) = (pool.clone(), done.clone(), lookups.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    // Longer than any slot: never a match, but a slot at `addr` is upgraded.
+                    assert!(pool.find(addr, 4096).is_none());
+                    lookups.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let maker = {
+            let (pool, done) = (pool.clone(), done.clone());
+            std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_secs(2);
+                let mut made = 0u64;
+                while Instant::now() < until {
+                    let (seg, range) = pool.try_alloc(64).unwrap().unwrap();
+                    // Mostly at `addr` again (the first fit), unless the finder holds that slot.
+                    drop(PoolSlotMut::new(&pool, seg, 64, range).into_core().unwrap());
+                    made += 1;
+                }
+                done.store(true, Ordering::Relaxed);
+                made
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(finder.is_finished() && maker.is_finished()) {
+            assert!(
+                Instant::now() < deadline,
+                "find and drop deadlocked ({} look-ups done)",
+                lookups.load(Ordering::Relaxed)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let made = maker.join().unwrap();
+        finder.join().unwrap();
+        assert!(made > 0 && lookups.load(Ordering::Relaxed) > 0);
     }
 }
