@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use ferry_conformance::Fixture;
-use ferry_core::{Channel, EndpointBuilder, InlineChannel, Transport};
+use ferry_core::{Channel, InlineChannel, Transport};
 
 #[derive(Default)]
 struct Ring;
@@ -29,7 +29,7 @@ impl Fixture for Ring {
     }
 
     #[cfg(target_os = "linux")]
-    fn endpoint(&self) -> EndpointBuilder {
+    fn endpoint(&self) -> ferry_core::EndpointBuilder {
         let mut b = ferry_core::Endpoint::builder().transport(self.transport());
         for c in self.channels() {
             b = b.channel(c);
