@@ -28,6 +28,7 @@ use crate::transport::ConnInfo;
 use crate::wire::FEATURE_COMPACT_TENSORS;
 use crate::wire::{Close, Limits, TensorDesc};
 
+mod blocking;
 mod read;
 mod write;
 use write::WriteSide;
@@ -69,6 +70,8 @@ struct Shared {
     control: ControlWaker,
     /// The peer takes compact tensor descriptors ([`crate::compact`]).
     compact: bool,
+    /// The reader's hand-over to blocking callers ([`blocking`]).
+    handover: blocking::Handover,
 }
 
 /// The handler and a count of `set_handler` / `clear_handler` calls, so that the reader,
@@ -104,6 +107,8 @@ pub struct Pipe {
     rx: Mutex<mpsc::Receiver<Result<Message, PipeError>>>,
     reader: tokio::task::JoinHandle<()>,
     info: PipeInfo,
+    /// The runtime the pipe's tasks run on (blocking calls wait through it).
+    handle: tokio::runtime::Handle,
 }
 
 #[derive(Serialize)]
@@ -136,12 +141,13 @@ impl Pipe {
             handler: StdMutex::new(HandlerSlot::default()),
             control,
             compact: info.features.iter().any(|f| f == FEATURE_COMPACT_TENSORS),
+            handover: blocking::Handover::default(),
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);
         let task = tokio::spawn(read::read_loop(reader, shared.clone(), tx));
         // Ends by itself when the pipe closes (after the sessions' `close`).
         tokio::spawn(write::control_task(shared.clone()));
-        Pipe { shared, rx: Mutex::new(rx), reader: task, info }
+        Pipe { shared, rx: Mutex::new(rx), reader: task, info, handle: tokio::runtime::Handle::current() }
     }
 
     /// What was negotiated.

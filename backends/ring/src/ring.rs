@@ -441,6 +441,40 @@ impl Receiver {
         sh.u64(sh.rx.tail).load(Ordering::Acquire) != self.head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0
     }
 
+    /// Polls for a record (or a close) for this side's adaptive spin window (see
+    /// [`crate::RingOptions::spin`]), for a caller that sleeps somewhere else when it finds
+    /// none (behind [`Receiver::arm_doorbell`]). True when one came; the window adapts as
+    /// in [`Receiver::recv`]. A caller that then slept reports how long the whole wait took
+    /// with [`Receiver::record_sleep`].
+    pub fn spin_for_data(&mut self) -> bool {
+        if self.has_data() {
+            return true;
+        }
+        let window = self.spin.window();
+        if window.is_zero() {
+            return false;
+        }
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            std::hint::spin_loop();
+            if self.has_data() {
+                self.spin.record(Waited::Spun(start.elapsed()));
+                return true;
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(32) && start.elapsed() >= window {
+                return false;
+            }
+        }
+    }
+
+    /// Tells the adaptive window that a wait which [`Receiver::spin_for_data`] did not end
+    /// slept and took `waited` in all.
+    pub fn record_sleep(&mut self, waited: Duration) {
+        self.spin.record(Waited::Slept(waited));
+    }
+
     /// Takes the doorbell down again (after a wake-up, or when the wait was abandoned).
     pub fn disarm(&mut self) {
         if let Some(word) = self.sh.map.u32_at(self.sh.rx.consumer_sleeping) {

@@ -191,6 +191,79 @@ impl FrameReader {
         }
     }
 
+    /// [`FrameReader::wait_readable`] with a ring: until the ring has a record (or a
+    /// close), or the socket has bytes other than doorbells, or it ended or failed.
+    /// Doorbells on the socket are consumed (a wait abandoned after the writer rang leaves
+    /// one there); a doorbell armed here is taken down however the wait ends.
+    pub(super) async fn wait_ring_readable(&mut self, spin: super::WaitSpin) -> Result<(), PipeError> {
+        let start = Instant::now();
+        let mut slept = false;
+        let done = |ring: &mut RingRead, slept: bool| {
+            if slept && spin == super::WaitSpin::Adaptive {
+                ring.rx.record_sleep(start.elapsed());
+            }
+        };
+        loop {
+            self.skip_doorbells();
+            let buffered = !self.inner.buffer().is_empty();
+            let ring = self.ring.as_mut().expect("wait_ring_readable is called with a ring");
+            if ring.at < ring.record.len()
+                || !ring.early.is_empty()
+                || ring.socket_ended
+                || buffered
+                || ring.rx.has_data()
+            {
+                done(ring, slept);
+                return Ok(());
+            }
+            let came = match spin {
+                super::WaitSpin::BusyPoll => self.spin_on_ring(),
+                super::WaitSpin::Adaptive => ring.rx.spin_for_data(),
+            };
+            let ring = self.ring.as_mut().expect("still attached");
+            // Not armed: something is there (a record, a close, a death): read it.
+            if came || !ring.rx.arm_doorbell().map_err(ring_error)? {
+                done(ring, slept);
+                return Ok(());
+            }
+            let armed = Armed(&mut ring.rx);
+            let got = {
+                use tokio::io::AsyncBufReadExt;
+                self.inner.fill_buf().await.map(|b| b.is_empty())
+            };
+            drop(armed);
+            slept = true;
+            match got {
+                // Looked at again above: a doorbell is skipped, anything else is read.
+                Ok(false) => {}
+                Ok(true) => {
+                    let ring = self.ring.as_mut().expect("still attached");
+                    done(ring, slept);
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Consumes the doorbells (RING frames: a prefix and nothing else) at the front of the
+    /// socket's buffer.
+    fn skip_doorbells(&mut self) {
+        use tokio::io::AsyncBufRead;
+        while let Some(p) = self.inner.buffer().first_chunk::<PREFIX_LEN>() {
+            let p = FramePrefix::decode(p);
+            let doorbell = p.kind == FrameKind::Ring as u8
+                && p.flags == 0
+                && p.fds == 0
+                && p.header_len == 0
+                && p.payload_len == 0;
+            if !doorbell {
+                return;
+            }
+            std::pin::Pin::new(&mut self.inner).consume(PREFIX_LEN);
+        }
+    }
+
     /// The frame a divert record points to: the next one on the socket that is not a
     /// doorbell.
     async fn read_diverted(&mut self) -> Result<Frame, PipeError> {
@@ -223,6 +296,15 @@ impl FrameReader {
                 return false;
             }
         }
+    }
+}
+
+/// A doorbell armed for one wait: taken down when the wait ends, or is abandoned.
+struct Armed<'a>(&'a mut Receiver);
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        self.0.disarm();
     }
 }
 

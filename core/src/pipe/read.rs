@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use crate::channel::Incoming;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
-use crate::frame::{Frame, FrameKind, FrameReader};
+use crate::frame::{Frame, FrameKind, FrameReader, WaitSpin};
 use crate::message::Message;
 use crate::wire::{Close, ControlHeader, MessageHeader};
 
@@ -22,19 +22,41 @@ pub(super) async fn read_loop(reader: FrameReader, shared: Arc<Shared>, tx: mpsc
     if let Some(e) = end {
         let _ = tx.send(Err(e)).await;
     }
+    drop(tx);
+    shared.handover.end();
 }
 
 /// Reads until the pipe ends; returns the error to report to `recv` (`None`: `recv`'s side
-/// is gone).
+/// is gone, or a blocking caller read the end and reported it).
 async fn read_frames(
     mut reader: FrameReader,
     shared: &Shared,
     tx: &mpsc::Sender<Result<Message, PipeError>>,
 ) -> Option<PipeError> {
     loop {
-        let result = match reader.read_frame().await {
-            Err(e) => Err(e),
-            Ok(frame) => handle_frame(shared, frame).await,
+        // Between frames, a blocking caller may take the reader over ([`super::blocking`]).
+        let ready = if shared.handover.wanted() {
+            None
+        } else {
+            tokio::select! {
+                biased;
+                r = reader.wait_readable(WaitSpin::BusyPoll) => Some(r),
+                () = shared.handover.asked() => None,
+            }
+        };
+        let result = match ready {
+            None => {
+                if shared.handover.wanted() {
+                    reader.arm_busy_poll(false);
+                    reader = shared.handover.park(reader).await?;
+                }
+                continue;
+            }
+            Some(Err(e)) => Err(e),
+            Some(Ok(())) => match reader.read_frame().await {
+                Err(e) => Err(e),
+                Ok(frame) => handle_frame(shared, frame).await,
+            },
         };
         match result {
             Ok(Some(msg)) => {
@@ -48,6 +70,7 @@ async fn read_frames(
                     if tx.send(Ok(msg)).await.is_err() {
                         return None;
                     }
+                    shared.handover.queued();
                     continue;
                 };
                 let pause = match handler(msg) {
@@ -80,20 +103,25 @@ async fn read_frames(
             }
             Ok(None) => {}
             Err(e) => {
-                let peer_fault = !matches!(e, PipeError::Closed | PipeError::ClosedByPeer(_) | PipeError::Transport(_));
                 reader.arm_busy_poll(false);
-                if peer_fault {
-                    tracing::warn!(error = %e, "closing pipe: peer sent bad data");
-                    shared.fail(&e).await;
-                }
-                shared.mark_closed(e.clone());
+                end_with(shared, &e).await;
                 return Some(e);
             }
         }
     }
 }
 
-async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
+/// The pipe ended with `e`: a peer at fault is told why, and the pipe is marked closed.
+pub(super) async fn end_with(shared: &Shared, e: &PipeError) {
+    let peer_fault = !matches!(e, PipeError::Closed | PipeError::ClosedByPeer(_) | PipeError::Transport(_));
+    if peer_fault {
+        tracing::warn!(error = %e, "closing pipe: peer sent bad data");
+        shared.fail(e).await;
+    }
+    shared.mark_closed(e.clone());
+}
+
+pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
     match frame.kind {
         FrameKind::Message => decode_message(shared, frame).await.map(Some),
         FrameKind::Control => {

@@ -1,0 +1,284 @@
+//! The blocking fast path (`Pipe::recv_blocking` / `Pipe::send_blocking`, issue 22 point
+//! 2): round trips from plain threads over the ring and over the bare socket, with shm
+//! tensors and frames the ring diverts to the socket; order with messages the pipe's task
+//! read; deadlines that lose nothing; the reader going back to the task; a peer that lies
+//! in the ring or goes away while a caller reads. Real unix sockets and shared memory.
+
+#![cfg(target_os = "linux")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{
+    Channel, DType, Endpoint, InlineChannel, Message, Pipe, PipeError, ProtocolError, RingOptions, Tensor, TensorMeta,
+};
+use ferry_local::LocalTransport;
+use ferry_shm::ShmChannel;
+use serde_json::json;
+
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn addr(tag: &str) -> String {
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("unix:ferry-ring-blocking-{tag}-{}-{n}", std::process::id())
+}
+
+fn endpoint(ring: Option<RingOptions>, shm: bool) -> Endpoint {
+    let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
+    if shm {
+        channels.push(Arc::new(ShmChannel::new()));
+    }
+    channels.push(Arc::new(InlineChannel));
+    let mut b = Endpoint::builder().transport(Arc::new(LocalTransport::new()));
+    for c in channels {
+        b = b.channel(c);
+    }
+    b.ring(ring).build()
+}
+
+/// A connected pair: (server side, client side).
+async fn pair(ep: &Endpoint, tag: &str) -> (Arc<Pipe>, Arc<Pipe>) {
+    let a = addr(tag);
+    let mut l = ep.listen(&a).await.unwrap();
+    let (s, c) = tokio::join!(l.accept(), ep.connect(&a));
+    (Arc::new(s.unwrap()), Arc::new(c.unwrap()))
+}
+
+fn has_ring(p: &Pipe) -> bool {
+    p.info().features.iter().any(|f| f == "ring")
+}
+
+fn bytes_tensor(n: usize, seed: u8) -> Tensor {
+    let v: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    Tensor::from_slice(vec![n as u64], &v).unwrap()
+}
+
+fn check_bytes(t: &Tensor, n: usize, seed: u8) {
+    assert_eq!(t.meta().shape, vec![n as u64]);
+    let got = t.as_bytes();
+    assert!(
+        got.iter().enumerate().all(|(i, b)| *b == (i as u8).wrapping_mul(31).wrapping_add(seed)),
+        "tensor of {n} bytes (seed {seed}) came back changed"
+    );
+}
+
+const LONG: Option<Duration> = Some(Duration::from_secs(20));
+
+/// An echo on a plain thread: `n` messages received and sent back with the blocking calls.
+fn blocking_echo(p: Arc<Pipe>, n: usize) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for _ in 0..n {
+            let m = p.recv_blocking(LONG).unwrap();
+            p.send_blocking(m).unwrap();
+        }
+    })
+}
+
+/// Both sides on plain threads, with and without a ring, with and without shm: small
+/// messages, shm tensors (the release CONTROL frames ride along), and sizes the ring
+/// diverts to the socket (over its largest record, or a new shm segment's descriptors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_from_plain_threads() {
+    let sizes = [0usize, 64, 3000, 5000, 200_000, 8, 70_000, 1];
+    for ring in [true, false] {
+        for shm in [false, true] {
+            let ep = endpoint(ring.then(|| RingOptions::default().capacity(4096)), shm);
+            let (s, c) = pair(&ep, "rtt").await;
+            assert_eq!(has_ring(&c), ring);
+            let rounds = 40;
+            let echo = blocking_echo(s.clone(), rounds * sizes.len());
+            let client = std::thread::spawn(move || {
+                for round in 0..rounds {
+                    for (i, n) in sizes.iter().enumerate() {
+                        let seed = (round * 16 + i) as u8;
+                        let tensors = if *n == 0 { vec![] } else { vec![bytes_tensor(*n, seed)] };
+                        c.send_blocking(Message::with_tensors(json!({"round": round, "i": i}), tensors)).unwrap();
+                        let m = c.recv_blocking(LONG).unwrap();
+                        assert_eq!(m.header, json!({"round": round, "i": i}), "ring {ring}, shm {shm}");
+                        if *n > 0 {
+                            check_bytes(&m.tensors[0], *n, seed);
+                        }
+                    }
+                }
+                c
+            });
+            let c = tokio::task::spawn_blocking(move || client.join().unwrap()).await.unwrap();
+            tokio::task::spawn_blocking(move || echo.join().unwrap()).await.unwrap();
+            // The async side still works after the blocking calls (the task takes the
+            // reader back once it lies unused).
+            s.send(Message::new(json!("after"))).await.unwrap();
+            let m = tokio::time::timeout(Duration::from_secs(10), c.recv()).await.expect("the task reads again");
+            assert_eq!(m.unwrap().header, json!("after"));
+        }
+    }
+}
+
+/// Messages the pipe's task read and queued come before what the blocking caller reads
+/// itself; a blocking call and async calls may alternate on one pipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_and_async_receives_keep_the_order() {
+    let ep = endpoint(Some(RingOptions::default()), false);
+    let (s, c) = pair(&ep, "order").await;
+    for i in 0..5 {
+        s.send(Message::new(json!(i))).await.unwrap();
+    }
+    // Let the task read them into the queue.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 5..10 {
+        s.send(Message::new(json!(i))).await.unwrap();
+    }
+    let c2 = c.clone();
+    let got: Vec<serde_json::Value> =
+        tokio::task::spawn_blocking(move || (0..7).map(|_| c2.recv_blocking(LONG).unwrap().header).collect())
+            .await
+            .unwrap();
+    let want: Vec<_> = (0..7).map(|i| json!(i)).collect::<Vec<_>>();
+    assert_eq!(got, want);
+    // The rest, by the async recv (the task takes the reader back after its linger).
+    for i in 7..10 {
+        let m = tokio::time::timeout(Duration::from_secs(10), c.recv()).await.expect("async recv").unwrap();
+        assert_eq!(m.header, json!(i));
+    }
+    // And blocking again.
+    s.send(Message::new(json!(10))).await.unwrap();
+    let c2 = c.clone();
+    let m = tokio::task::spawn_blocking(move || c2.recv_blocking(LONG)).await.unwrap().unwrap();
+    assert_eq!(m.header, json!(10));
+}
+
+/// A deadline that passes loses nothing: the message that comes later is received by the
+/// next call, blocking or async. The task takes the reader back after the linger and reads
+/// a CLOSE while no caller reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_loses_nothing() {
+    for ring in [true, false] {
+        let ep = endpoint(ring.then(RingOptions::default), false);
+        let (s, c) = pair(&ep, "deadline").await;
+        let c2 = c.clone();
+        let e = tokio::task::spawn_blocking(move || c2.recv_blocking(Some(Duration::from_millis(30))))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, PipeError::Timeout(_, "recv_blocking")), "{e:?}");
+        assert!(!c.is_closed());
+        s.send(Message::new(json!("late"))).await.unwrap();
+        let c2 = c.clone();
+        let m = tokio::task::spawn_blocking(move || c2.recv_blocking(LONG)).await.unwrap().unwrap();
+        assert_eq!(m.header, json!("late"));
+        // Nobody reads now: the task takes the reader back and notices the peer's close.
+        s.close().await;
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            while !c.is_closed() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the task read the CLOSE (ring {ring})");
+        let c2 = c.clone();
+        let e = tokio::task::spawn_blocking(move || c2.recv_blocking(LONG)).await.unwrap().unwrap_err();
+        assert!(matches!(e, PipeError::Closed), "{e:?}");
+    }
+}
+
+/// A peer that goes away while the caller waits: the call ends with `Closed` (the socket's
+/// end, read by the caller itself), and so do later calls, blocking or async.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_goes_away_ends_the_call() {
+    for ring in [true, false] {
+        let ep = endpoint(ring.then(RingOptions::default), true);
+        let (s, c) = pair(&ep, "gone").await;
+        let c2 = c.clone();
+        let call = tokio::task::spawn_blocking(move || c2.recv_blocking(LONG));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(s);
+        let e = tokio::time::timeout(Duration::from_secs(10), call).await.expect("the call ends").unwrap();
+        assert!(matches!(e, Err(PipeError::Closed | PipeError::ClosedByPeer(_))), "ring {ring}: {e:?}");
+        assert!(c.is_closed());
+        let later = tokio::time::timeout(Duration::from_secs(10), c.recv()).await.expect("async recv ends");
+        assert!(later.is_err());
+        let c2 = c.clone();
+        assert!(tokio::task::spawn_blocking(move || c2.recv_blocking(LONG)).await.unwrap().is_err());
+    }
+}
+
+/// A caller on a pipe with a handler is told so (the handler gets the messages).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipe_with_a_handler_refuses_blocking_receives() {
+    let ep = endpoint(Some(RingOptions::default()), false);
+    let (_s, c) = pair(&ep, "handler").await;
+    c.set_handler(Box::new(|_m| ferry_core::Handled::Done));
+    let c2 = c.clone();
+    let e = tokio::task::spawn_blocking(move || c2.recv_blocking(LONG)).await.unwrap().unwrap_err();
+    assert!(matches!(&e, PipeError::ApiMisuse(m) if m.contains("handler")), "{e:?}");
+}
+
+/// Zero-copy shm tensors both ways from plain threads: the tensor the peer sends back is
+/// the one sent (no copy), and many round trips leave the pool as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_copy_round_trips_from_plain_threads() {
+    let ep = endpoint(Some(RingOptions::default()), true);
+    let (s, c) = pair(&ep, "zc").await;
+    assert!(has_ring(&c));
+    let echo = blocking_echo(s.clone(), 300);
+    let mut t = c.alloc(TensorMeta::new(DType::U8, vec![1 << 20])).await.unwrap();
+    t.as_mut_slice::<u8>().unwrap().fill(7);
+    let t = t.freeze();
+    let addr = t.as_bytes().as_ptr() as usize;
+    let client = std::thread::spawn(move || {
+        for i in 0..300u32 {
+            c.send_blocking(Message::with_tensors(json!(i), vec![t.clone()])).unwrap();
+            let m = c.recv_blocking(LONG).unwrap();
+            assert_eq!(m.header, json!(i));
+            assert_eq!(m.tensors[0].as_bytes().as_ptr() as usize, addr, "the tensor came back without a copy");
+        }
+        c
+    });
+    let _c = tokio::task::spawn_blocking(move || client.join().unwrap()).await.unwrap();
+    tokio::task::spawn_blocking(move || echo.join().unwrap()).await.unwrap();
+}
+
+/// A peer lying in the ring while a blocking caller reads it: the caller gets the typed
+/// ring error, the pipe is closed for every later call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_record_fails_a_blocking_call_cleanly() {
+    use ferry_core::Transport;
+    use ferry_core::frame::{FrameKind, FrameReader, FrameWriter, HANDSHAKE_LIMITS, OutFrame};
+    use ferry_core::handshake::client_hello;
+    use ferry_core::wire::{Limits, PROTOCOL_VERSION, RingAnswer, Welcome};
+
+    let ep = endpoint(Some(RingOptions::default()), false);
+    let a = addr("lie");
+    let mut l = ep.listen(&a).await.unwrap();
+    let server = tokio::spawn(async move { l.accept().await });
+    let conn = LocalTransport::new().connect(&a.parse().unwrap()).await.unwrap();
+    let info = conn.info().clone();
+    let split = conn.split();
+    let mut r = FrameReader::new(split.read, split.fds.clone(), Limits { max_fds: 1, ..HANDSHAKE_LIMITS });
+    let mut w = FrameWriter::new(split.write, split.fds);
+    let chans: Vec<Arc<dyn Channel>> = vec![Arc::new(InlineChannel)];
+    let mut hello = client_hello(&chans, &info, PROTOCOL_VERSION, None, Limits::default());
+    hello.features.push("ring".into());
+    w.write_preamble(PROTOCOL_VERSION).await.unwrap();
+    w.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await.unwrap();
+    r.read_preamble().await.unwrap();
+    let mut welcome_frame = r.read_frame().await.unwrap();
+    let welcome: Welcome = welcome_frame.parse().unwrap();
+    let offer = welcome.ring.expect("the server offers a ring");
+    let fd = welcome_frame.fds.pop().expect("the ring file comes with the WELCOME");
+    let ring = ferry_ring::Ring::open(fd, offer.capacity as usize, &RingOptions::default()).unwrap();
+    w.write_frame(FrameKind::Ring, OutFrame::json(&RingAnswer::Ready)).await.unwrap();
+    let s = Arc::new(server.await.unwrap().unwrap());
+    assert!(has_ring(&s));
+
+    let s2 = s.clone();
+    let call = tokio::task::spawn_blocking(move || s2.recv_blocking(LONG));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    ferry_ring::testing::publish_header(&ring, 1 << 20, 0, 8);
+    w.write_frame(FrameKind::Ring, OutFrame::default()).await.unwrap();
+    let e =
+        tokio::time::timeout(Duration::from_secs(10), call).await.expect("the caller notices").unwrap().unwrap_err();
+    assert!(matches!(&e, PipeError::Protocol(ProtocolError::Ring(_))), "{e:?}");
+    assert!(s.is_closed());
+    let later = tokio::time::timeout(Duration::from_secs(10), s.recv()).await.expect("async recv ends");
+    assert!(later.is_err(), "{later:?}");
+}

@@ -1,0 +1,259 @@
+//! The blocking fast path (issue 22, point 2): [`Pipe::recv_blocking`] and
+//! [`Pipe::send_blocking`] for a request-response caller on a plain thread, who wants the
+//! latency that a runtime wake-up (microseconds by itself) would cost.
+//!
+//! A pipe's frames are read by its reader task. A blocking caller instead reads them on its
+//! own thread: it takes the pipe's [`FrameReader`] over (leader/follower), reads until a
+//! message comes (handling CONTROL frames on the way, as the task would), and parks the
+//! reader again. On a same-host ring the caller polls the ring itself for the ring's
+//! adaptive window ([`ferry_ring::RingOptions::spin`]), so an answer arriving within it
+//! costs no system call and no wake-up at all; past it, the caller sleeps on the socket
+//! (the ring's doorbell) like the task would.
+//!
+//! The hand-over:
+//!
+//! - **Asking.** The caller counts itself in `wanted` and notifies the task. The task
+//!   gives the reader up only between frames, at its wait for the next one
+//!   ([`FrameReader::wait_readable`], which is cancel-safe), after it has queued every
+//!   message read before: a caller first takes what is queued, then reads, so messages are
+//!   received in order.
+//! - **Lingering.** A caller parks the reader in the slot, not back in the task: the next
+//!   call takes it from there without a wake-up. The task takes it back once it has lain
+//!   unused for [`LINGER`] (so CONTROL frames, a CLOSE or the peer's death are read then,
+//!   when no caller is reading), and waits as before.
+//! - **Ending.** An error a caller reads closes the pipe as the task would (with a CLOSE
+//!   to a peer at fault); the task then ends too. A task that ends wakes waiting callers.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex as StdMutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::sync::mpsc::{self, error::TryRecvError};
+
+use crate::error::PipeError;
+use crate::frame::{FrameReader, WaitSpin};
+use crate::message::Message;
+
+use super::{Pipe, read};
+
+/// How long a reader parked by a blocking caller lies unused before the reader task takes
+/// it back (so the next blocking call within it takes it without a wake-up).
+pub(super) const LINGER: Duration = Duration::from_millis(10);
+
+/// The longest a waiting caller sleeps before it looks at the queue again (a backstop: the
+/// task wakes it when it queues a message or parks the reader).
+const RECHECK: Duration = Duration::from_millis(5);
+
+/// Where the pipe's reader goes between its task and blocking callers.
+#[derive(Default)]
+pub(super) struct Handover {
+    slot: StdMutex<Slot>,
+    /// Wakes a blocking caller: the reader is parked, a message was queued, or the task
+    /// ended.
+    parked: Condvar,
+    /// Wakes the reader task: a caller asks for the reader.
+    ask: Notify,
+    /// Blocking callers waiting for the reader or reading with it.
+    wanted: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The reader, when parked.
+    reader: Option<FrameReader>,
+    /// When a caller last parked it.
+    returned_at: Option<Instant>,
+    /// The task ended, or a caller's read closed the pipe: no reader will come.
+    ended: bool,
+}
+
+impl Handover {
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True while a blocking caller wants the reader (the task: give it up at the next wait).
+    pub(super) fn wanted(&self) -> bool {
+        self.wanted.load(Ordering::Acquire) > 0
+    }
+
+    /// Resolves when a caller asks for the reader (maybe one that no longer wants it:
+    /// check [`Handover::wanted`]).
+    pub(super) async fn asked(&self) {
+        self.ask.notified().await;
+    }
+
+    /// The task queued a message: a waiting caller takes it.
+    pub(super) fn queued(&self) {
+        if self.wanted() {
+            let _slot = self.lock();
+            self.parked.notify_all();
+        }
+    }
+
+    /// The task ended: waiting callers stop waiting for the reader.
+    pub(super) fn end(&self) {
+        let mut slot = self.lock();
+        slot.ended = true;
+        slot.reader = None;
+        self.parked.notify_all();
+    }
+
+    /// The task parks its reader for the callers that want it, and takes it back once it
+    /// has lain unused for [`LINGER`]; `None`: the pipe ended meanwhile.
+    pub(super) async fn park(&self, reader: FrameReader) -> Option<FrameReader> {
+        {
+            let mut slot = self.lock();
+            if slot.ended {
+                return None;
+            }
+            slot.reader = Some(reader);
+            slot.returned_at = Some(Instant::now());
+            self.parked.notify_all();
+        }
+        loop {
+            tokio::time::sleep(LINGER).await;
+            let mut slot = self.lock();
+            if slot.ended {
+                return None;
+            }
+            let idle = slot.returned_at.is_none_or(|t| t.elapsed() >= LINGER);
+            if !self.wanted() && idle && slot.reader.is_some() {
+                return slot.reader.take();
+            }
+        }
+    }
+}
+
+/// What a blocking caller got while it waited for the reader.
+enum Took {
+    Reader(FrameReader),
+    Queued(Result<Message, PipeError>),
+}
+
+impl Pipe {
+    /// [`Pipe::recv`] for a plain thread: waits on this thread (up to `timeout`; `None`:
+    /// until a message comes or the pipe ends) and reads the pipe's frames itself, so that
+    /// an answer costs no runtime wake-up. On a same-host ring
+    /// ([`crate::EndpointBuilder::ring`]) it polls the ring for the ring's adaptive spin
+    /// window before it sleeps: a peer answering within it is received with no system call.
+    ///
+    /// Messages arrive in order with those [`Pipe::recv`] gets (both may be used on one
+    /// pipe). After a blocking call the reader stays with this thread's side for a few
+    /// milliseconds ([`LINGER`]: the next call takes it without a wake-up); the pipe's task
+    /// reads again after that. A pipe with a handler ([`Pipe::set_handler`]) gives its
+    /// messages to the handler: `recv_blocking` on it is an error.
+    ///
+    /// # Panics
+    /// When called from an async task (as `tokio::runtime::Handle::block_on` does): use
+    /// [`Pipe::recv`] there, or call this from `tokio::task::spawn_blocking`.
+    pub fn recv_blocking(&self, timeout: Option<Duration>) -> Result<Message, PipeError> {
+        let deadline = timeout.map(|d| Instant::now().checked_add(d).unwrap_or_else(far_future));
+        let timed_out = || PipeError::Timeout(timeout.unwrap_or_default(), "recv_blocking");
+        let mut rx = self.rx.blocking_lock();
+        if let Ok(r) = rx.try_recv() {
+            return r;
+        }
+        if self.shared.handler_slot().handler.is_some() {
+            return Err(PipeError::ApiMisuse(
+                "recv_blocking on a pipe with a handler (set_handler): the handler gets its messages".into(),
+            ));
+        }
+        let h = &self.shared.handover;
+        h.wanted.fetch_add(1, Ordering::AcqRel);
+        let _unwant = Unwant(h);
+        h.ask.notify_one();
+        let mut reader = match self.take_reader(&mut rx, deadline) {
+            Some(Took::Reader(r)) => r,
+            Some(Took::Queued(r)) => return r,
+            None => return Err(timed_out()),
+        };
+        let shared = &*self.shared;
+        let got = self.handle.block_on(async {
+            loop {
+                let wait = reader.wait_readable(WaitSpin::Adaptive);
+                match deadline {
+                    Some(d) => match tokio::time::timeout_at(d.into(), wait).await {
+                        Ok(r) => r?,
+                        Err(_) => return Err(timed_out()),
+                    },
+                    None => wait.await?,
+                }
+                let frame = reader.read_frame().await?;
+                if let Some(msg) = read::handle_frame(shared, frame).await? {
+                    return Ok(msg);
+                }
+            }
+        });
+        match got {
+            Err(PipeError::Timeout(_, "recv_blocking")) | Ok(_) => {
+                let mut slot = h.lock();
+                slot.reader = Some(reader);
+                slot.returned_at = Some(Instant::now());
+                got
+            }
+            Err(e) => {
+                drop(reader);
+                self.handle.block_on(read::end_with(shared, &e));
+                h.end();
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Pipe::send`] for a plain thread: sends on this thread (a write into a same-host
+    /// ring, or to the socket), with no runtime wake-up when it does not have to wait.
+    ///
+    /// # Panics
+    /// When called from an async task, as [`Pipe::recv_blocking`].
+    pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
+        self.handle.block_on(self.send(msg))
+    }
+
+    /// Waits for the parked reader, or a queued message (which comes first); `None` at the
+    /// deadline.
+    fn take_reader(
+        &self,
+        rx: &mut mpsc::Receiver<Result<Message, PipeError>>,
+        deadline: Option<Instant>,
+    ) -> Option<Took> {
+        let h = &self.shared.handover;
+        let mut slot = h.lock();
+        loop {
+            match rx.try_recv() {
+                Ok(r) => return Some(Took::Queued(r)),
+                Err(TryRecvError::Disconnected) => return Some(Took::Queued(Err(self.shared.closed_error()))),
+                Err(TryRecvError::Empty) => {}
+            }
+            if let Some(r) = slot.reader.take() {
+                return Some(Took::Reader(r));
+            }
+            if slot.ended {
+                return Some(Took::Queued(Err(self.shared.closed_error())));
+            }
+            let mut wait = RECHECK;
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                wait = wait.min(left);
+            }
+            slot = h.parked.wait_timeout(slot, wait).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// Counts a caller out of [`Handover::wanted`] however its call ends.
+struct Unwant<'a>(&'a Handover);
+
+impl Drop for Unwant<'_> {
+    fn drop(&mut self) {
+        self.0.wanted.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 24 * 3600)
+}
