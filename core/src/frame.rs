@@ -196,15 +196,17 @@ const YIELD_EVERY: usize = 1 << 20;
 pub const HANDSHAKE_LIMITS: Limits =
     Limits { max_header_bytes: 64 << 10, max_payload_bytes: 0, max_tensors: 0, max_fds: 0 };
 
-/// How [`FrameReader::wait_readable`] may poll a same-host ring before it sleeps.
+/// How [`FrameReader::wait_readable`] waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WaitSpin {
-    /// As the pipe's busy polling allows ([`FrameReader::arm_busy_poll`]): the reader task.
+    /// In the runtime, polling a ring first as the pipe's busy polling allows
+    /// ([`FrameReader::arm_busy_poll`]): the reader task.
     BusyPoll,
-    /// For the ring's adaptive window ([`ferry_ring::RingOptions::spin`]): a blocking
-    /// caller on its own thread.
+    /// On the caller's own thread, until this deadline (none: for good): a ring is polled
+    /// for its adaptive window ([`ferry_ring::RingOptions::spin`]), then slept on (its
+    /// futex, woken by the writer directly).
     #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(dead_code))]
-    Adaptive,
+    Blocking(Option<std::time::Instant>),
 }
 
 /// Reads frames from a connection's read half.
@@ -305,8 +307,10 @@ impl FrameReader {
     /// Waits until the next frame has begun to arrive, or the stream ended or failed (the
     /// next [`FrameReader::read_frame`] then says which). Cancel-safe: it consumes nothing
     /// but doorbells, so a caller may give up waiting (a deadline, a hand-over of the
-    /// reader) and read later with nothing lost. `spin`: how it may poll a ring first.
-    pub(crate) async fn wait_readable(&mut self, spin: WaitSpin) -> Result<(), PipeError> {
+    /// reader) and read later with nothing lost. `spin`: how it waits. False: the deadline
+    /// of [`WaitSpin::Blocking`] passed first (a deadline of the bare socket is the
+    /// caller's: it drops this future).
+    pub(crate) async fn wait_readable(&mut self, spin: WaitSpin) -> Result<bool, PipeError> {
         #[cfg(all(feature = "ring", target_os = "linux"))]
         if self.ring.is_some() {
             return self.wait_ring_readable(spin).await;
@@ -314,7 +318,7 @@ impl FrameReader {
         let _ = spin;
         use tokio::io::AsyncBufReadExt;
         self.inner.fill_buf().await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Reads one whole frame. End of stream, at a frame boundary or inside a frame, is

@@ -441,38 +441,26 @@ impl Receiver {
         sh.u64(sh.rx.tail).load(Ordering::Acquire) != self.head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0
     }
 
-    /// Polls for a record (or a close) for this side's adaptive spin window (see
-    /// [`crate::RingOptions::spin`]), for a caller that sleeps somewhere else when it finds
-    /// none (behind [`Receiver::arm_doorbell`]). True when one came; the window adapts as
-    /// in [`Receiver::recv`]. A caller that then slept reports how long the whole wait took
-    /// with [`Receiver::record_sleep`].
-    pub fn spin_for_data(&mut self) -> bool {
-        if self.has_data() {
-            return true;
-        }
-        let window = self.spin.window();
-        if window.is_zero() {
-            return false;
-        }
-        let start = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            std::hint::spin_loop();
-            if self.has_data() {
-                self.spin.record(Waited::Spun(start.elapsed()));
-                return true;
+    /// Waits on this thread for a record (or a close) until `deadline`: spins for the
+    /// adaptive window, then sleeps on the futex, where the producer's next publish wakes it
+    /// directly (no doorbell: one wake-up, not a socket's two). `Ok(false)` at the deadline.
+    /// It does not notice a dead peer by itself (a futex cannot): wait in slices and look
+    /// at the socket between them, or give the ring a [`PeerNotice`].
+    pub fn wait_for_data(&mut self, deadline: Instant) -> Result<bool, RingError> {
+        self.guard(|rx| {
+            if rx.has_data() {
+                return Ok(true);
             }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(32) && start.elapsed() >= window {
-                return false;
+            let (sh, head) = (&*rx.sh, rx.head);
+            let ready = || {
+                Ok(sh.u64(sh.rx.tail).load(Ordering::Acquire) != head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0)
+            };
+            match sh.wait_until(sh.rx.consumer_sleeping, &mut rx.spin, deadline, ready) {
+                Ok(()) => Ok(true),
+                Err(RingError::Timeout) => Ok(false),
+                Err(e) => Err(e),
             }
-        }
-    }
-
-    /// Tells the adaptive window that a wait which [`Receiver::spin_for_data`] did not end
-    /// slept and took `waited` in all.
-    pub fn record_sleep(&mut self, waited: Duration) {
-        self.spin.record(Waited::Slept(waited));
+        })
     }
 
     /// Takes the doorbell down again (after a wake-up, or when the wait was abandoned).

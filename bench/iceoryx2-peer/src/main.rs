@@ -1,6 +1,9 @@
 //! 64-byte round trips between two processes, in one run: ferry-ring with spinning on and
 //! off, iceoryx2 request-response (busy-polling, the way its own benchmarks wait), and a
-//! bare unix stream socket (blocking read/write, the floor under today's socket path).
+//! bare unix stream socket (blocking read/write, the floor under today's socket path);
+//! then the same through ferry's `Pipe` (`src/pipe.rs`): the blocking calls over the ring
+//! (spinning on and off; 64 bytes, and a 24.9 MB shm tensor handed back and forth without
+//! a copy) and over the socket, and the async calls over the socket.
 //!
 //! ```sh
 //! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--json]
@@ -25,10 +28,13 @@ use ferry_ring::handoff::{recv_ring_fd, send_ring_fd};
 use ferry_ring::{Ring, RingError, RingOptions, deadline_in};
 use iceoryx2::prelude::*;
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+mod pipe;
+use pipe::Path;
+
+pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 const SIZE: usize = 64;
-const BOUND: Duration = Duration::from_secs(30);
+pub(crate) const BOUND: Duration = Duration::from_secs(30);
 const SPIN_ON: Duration = Duration::from_micros(50);
 /// Where iceoryx2 keeps its node and service files.
 const TMP_DIR: &str = "/tmp/iceoryx2";
@@ -44,12 +50,26 @@ fn main() -> Res<()> {
     let before = iceoryx_files();
     let tmp_existed = std::path::Path::new(TMP_DIR).exists();
     let slow = (iters / 5).max(100);
-    let rows = vec![
-        ("ferry-ring spin on", iters, ring_rtt(SPIN_ON, iters)),
-        ("ferry-ring spin off", slow, ring_rtt(Duration::ZERO, slow)),
-        ("iceoryx2 request-response", iters, iceoryx_rtt(iters)),
-        ("unix socket (blocking)", slow, socket_rtt(slow)),
+    let big = (iters / 20).max(100);
+    type Case<'a> = (&'a str, usize, Box<dyn Fn() -> Res<Vec<Duration>>>);
+    let cases: Vec<Case> = vec![
+        ("ferry-ring spin on", iters, Box::new(move || ring_rtt(SPIN_ON, iters))),
+        ("ferry-ring spin off", slow, Box::new(move || ring_rtt(Duration::ZERO, slow))),
+        ("iceoryx2 request-response", iters, Box::new(move || iceoryx_rtt(iters))),
+        ("unix socket (blocking)", slow, Box::new(move || socket_rtt(slow))),
+        ("pipe ring spin on", iters, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), false, iters))),
+        ("pipe ring spin on 24.9MB", big, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), true, big))),
+        ("pipe ring spin off", slow, Box::new(move || pipe::rtt(Path::Ring(Duration::ZERO), false, slow))),
+        ("pipe socket blocking", slow, Box::new(move || pipe::rtt(Path::SocketBlocking, false, slow))),
+        ("pipe socket async", slow, Box::new(move || pipe::rtt(Path::SocketAsync, false, slow))),
+        ("pipe socket async 24.9MB", big, Box::new(move || pipe::rtt(Path::SocketAsync, true, big))),
     ];
+    let only = flag(&args, "--only");
+    let rows: Vec<_> = cases
+        .into_iter()
+        .filter(|(name, _, _)| only.as_deref().is_none_or(|o| name.contains(o)))
+        .map(|(name, n, run)| (name, n, run()))
+        .collect();
     let mut removed = remove_new(&before);
     if !tmp_existed {
         // The run made /tmp/iceoryx2: remove its (now empty) directories too; a directory
@@ -62,7 +82,7 @@ fn main() -> Res<()> {
     }
     let mut p50 = std::collections::HashMap::new();
     if !json {
-        println!("{:<28} {:>8} {:>9} {:>9}", "case (64-byte round trip)", "iters", "p50_us", "p99_us");
+        println!("{:<30} {:>8} {:>9} {:>9}", "case (64-byte round trip)", "iters", "p50_us", "p99_us");
     }
     for (name, n, r) in rows {
         let mut t = r?;
@@ -73,23 +93,55 @@ fn main() -> Res<()> {
         if json {
             println!("{{\"case\":\"{name}\",\"bytes\":{SIZE},\"iters\":{n},\"p50_us\":{a:.3},\"p99_us\":{b:.3}}}");
         } else {
-            println!("{name:<28} {n:>8} {a:>9.3} {b:>9.3}");
+            println!("{name:<30} {n:>8} {a:>9.3} {b:>9.3}");
         }
     }
-    let ice = p50["iceoryx2 request-response"];
-    let (on, off, sock) = (p50["ferry-ring spin on"], p50["ferry-ring spin off"], p50["unix socket (blocking)"]);
+    let p = |k: &str| p50.get(k).copied();
+    let ratio = |a: &str, b: &str| Some(p(a)? / p(b)?);
+    let ratios = [
+        (
+            "ring_spin_on_over_iceoryx2",
+            "ferry-ring spin on / iceoryx2 request-response",
+            ratio("ferry-ring spin on", "iceoryx2 request-response"),
+        ),
+        (
+            "ring_spin_off_over_socket",
+            "ferry-ring spin off / unix socket",
+            ratio("ferry-ring spin off", "unix socket (blocking)"),
+        ),
+        (
+            "pipe_ring_spin_on_over_iceoryx2",
+            "pipe ring spin on / iceoryx2 request-response",
+            ratio("pipe ring spin on", "iceoryx2 request-response"),
+        ),
+        (
+            "pipe_zero_copy_over_64b",
+            "pipe ring 24.9MB zero-copy / pipe ring 64B",
+            ratio("pipe ring spin on 24.9MB", "pipe ring spin on"),
+        ),
+        (
+            "pipe_ring_spin_off_over_socket_async",
+            "pipe ring spin off / pipe socket async",
+            ratio("pipe ring spin off", "pipe socket async"),
+        ),
+    ];
+    let ratios: Vec<_> = ratios.into_iter().filter_map(|(k, w, v)| Some((k, w, v?))).collect();
     if json {
-        println!(
-            "{{\"ratio_ring_spin_on_over_iceoryx2\":{:.3},\"ratio_ring_spin_off_over_socket\":{:.3}}}",
-            on / ice,
-            off / sock
-        );
+        let fields: Vec<String> = ratios.iter().map(|(k, _, v)| format!("\"ratio_{k}\":{v:.3}")).collect();
+        println!("{{{}}}", fields.join(","));
     } else {
-        println!("ratio p50 ferry-ring spin on / iceoryx2 request-response: {:.2}", on / ice);
-        println!("ratio p50 ferry-ring spin off / unix socket: {:.2}", off / sock);
+        for (_, what, v) in ratios {
+            println!("ratio p50 {what}: {v:.2}");
+        }
         println!("iceoryx2 files left behind, now removed: {removed:?}");
     }
     Ok(())
+}
+
+/// A number for unique names within this run.
+pub(crate) fn next() -> usize {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
 }
 
 fn flag(args: &[String], name: &str) -> Option<String> {
@@ -97,7 +149,7 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 }
 
 /// Starts this binary as `--peer kind --arg arg`, its stdin a socket to the returned end.
-fn spawn(kind: &str, arg: &str) -> Res<(Child, UnixStream)> {
+pub(crate) fn spawn(kind: &str, arg: &str) -> Res<(Child, UnixStream)> {
     let (mine, theirs) = UnixStream::pair()?;
     let child = Command::new(std::env::current_exe()?)
         .args(["--peer", kind, "--arg", arg])
@@ -107,7 +159,7 @@ fn spawn(kind: &str, arg: &str) -> Res<(Child, UnixStream)> {
 }
 
 /// Closes the peer's socket and waits for it (it exits at EOF).
-fn finish(mut child: Child, sock: UnixStream) -> Res<()> {
+pub(crate) fn finish(mut child: Child, sock: UnixStream) -> Res<()> {
     sock.shutdown(std::net::Shutdown::Both)?;
     let s = child.wait()?;
     if !s.success() {
@@ -264,6 +316,7 @@ fn peer(kind: &str, arg: String) -> Res<()> {
             drop((server, service, node));
             Ok(())
         }
+        "pipe" => pipe::peer(&arg, sock),
         "socket" => {
             let mut s = sock;
             let mut buf = [0u8; SIZE];

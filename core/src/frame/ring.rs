@@ -48,6 +48,9 @@ pub(crate) const MAX_EARLY: usize = 4;
 
 /// Tries of a full ring that only yield before the writer starts sleeping between tries.
 const YIELDS_WHEN_FULL: u32 = 64;
+/// How long a blocking caller sleeps on the ring before it looks at the socket for the
+/// peer's end (a dead peer is noticed within this).
+const DEATH_CHECK: Duration = Duration::from_millis(50);
 /// The writer's sleep between tries of a ring that stays full.
 const FULL_SLEEP: Duration = Duration::from_micros(200);
 
@@ -194,56 +197,68 @@ impl FrameReader {
     /// [`FrameReader::wait_readable`] with a ring: until the ring has a record (or a
     /// close), or the socket has bytes other than doorbells, or it ended or failed.
     /// Doorbells on the socket are consumed (a wait abandoned after the writer rang leaves
-    /// one there); a doorbell armed here is taken down however the wait ends.
-    pub(super) async fn wait_ring_readable(&mut self, spin: super::WaitSpin) -> Result<(), PipeError> {
-        let start = Instant::now();
-        let mut slept = false;
-        let done = |ring: &mut RingRead, slept: bool| {
-            if slept && spin == super::WaitSpin::Adaptive {
-                ring.rx.record_sleep(start.elapsed());
-            }
-        };
+    /// one there).
+    ///
+    /// - The reader task polls the ring while busy polling is armed, then arms the doorbell
+    ///   and waits on the socket in the runtime; the doorbell is taken down however the
+    ///   wait ends.
+    /// - A blocking caller waits on the ring itself ([`Receiver::wait_for_data`]: its
+    ///   adaptive spin, then its futex, which the writer wakes directly) in slices of
+    ///   [`DEATH_CHECK`], looking at the socket between them without waiting: the socket's
+    ///   end is the only thing the ring cannot say (frames on the socket have divert
+    ///   records in the ring).
+    pub(super) async fn wait_ring_readable(&mut self, spin: super::WaitSpin) -> Result<bool, PipeError> {
         loop {
-            self.skip_doorbells();
-            let buffered = !self.inner.buffer().is_empty();
-            let ring = self.ring.as_mut().expect("wait_ring_readable is called with a ring");
-            if ring.at < ring.record.len()
-                || !ring.early.is_empty()
-                || ring.socket_ended
-                || buffered
-                || ring.rx.has_data()
-            {
-                done(ring, slept);
-                return Ok(());
+            if self.ring_readable() {
+                return Ok(true);
             }
-            let came = match spin {
-                super::WaitSpin::BusyPoll => self.spin_on_ring(),
-                super::WaitSpin::Adaptive => ring.rx.spin_for_data(),
-            };
+            let ring = self.ring.as_mut().expect("wait_ring_readable is called with a ring");
+            if let super::WaitSpin::Blocking(deadline) = spin {
+                let now = Instant::now();
+                if deadline.is_some_and(|d| d <= now) {
+                    return Ok(false);
+                }
+                let slice = now + DEATH_CHECK;
+                let until = deadline.map_or(slice, |d| d.min(slice));
+                if ring.rx.wait_for_data(until).map_err(ring_error)? {
+                    return Ok(true);
+                }
+                // The socket, without waiting: its end (or bytes) ends the wait.
+                let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner));
+                let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
+                match fill.as_mut().poll(cx) {
+                    std::task::Poll::Ready(Ok(b)) if b.is_empty() => return Ok(true),
+                    std::task::Poll::Ready(Err(e)) => return Err(e.into()),
+                    std::task::Poll::Ready(Ok(_)) | std::task::Poll::Pending => continue,
+                }
+            }
+            if self.spin_on_ring() {
+                return Ok(true);
+            }
             let ring = self.ring.as_mut().expect("still attached");
             // Not armed: something is there (a record, a close, a death): read it.
-            if came || !ring.rx.arm_doorbell().map_err(ring_error)? {
-                done(ring, slept);
-                return Ok(());
+            if !ring.rx.arm_doorbell().map_err(ring_error)? {
+                return Ok(true);
             }
             let armed = Armed(&mut ring.rx);
-            let got = {
-                use tokio::io::AsyncBufReadExt;
-                self.inner.fill_buf().await.map(|b| b.is_empty())
-            };
+            let got = tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner).await.map(|b| b.is_empty());
             drop(armed);
-            slept = true;
             match got {
                 // Looked at again above: a doorbell is skipped, anything else is read.
                 Ok(false) => {}
-                Ok(true) => {
-                    let ring = self.ring.as_mut().expect("still attached");
-                    done(ring, slept);
-                    return Ok(());
-                }
+                Ok(true) => return Ok(true),
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Skips the doorbells at the front of the socket's buffer; true when a frame can be
+    /// read without waiting for the peer (or the end is known).
+    fn ring_readable(&mut self) -> bool {
+        self.skip_doorbells();
+        let buffered = !self.inner.buffer().is_empty();
+        let ring = self.ring.as_mut().expect("ring_readable is called with a ring");
+        ring.at < ring.record.len() || !ring.early.is_empty() || ring.socket_ended || buffered || ring.rx.has_data()
     }
 
     /// Consumes the doorbells (RING frames: a prefix and nothing else) at the front of the

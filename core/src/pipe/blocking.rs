@@ -172,13 +172,13 @@ impl Pipe {
         let shared = &*self.shared;
         let got = self.handle.block_on(async {
             loop {
-                let wait = reader.wait_readable(WaitSpin::Adaptive);
-                match deadline {
-                    Some(d) => match tokio::time::timeout_at(d.into(), wait).await {
-                        Ok(r) => r?,
-                        Err(_) => return Err(timed_out()),
-                    },
+                let wait = reader.wait_readable(WaitSpin::Blocking(deadline));
+                let ready = match deadline {
+                    Some(d) => tokio::time::timeout_at(d.into(), wait).await.unwrap_or(Ok(false))?,
                     None => wait.await?,
+                };
+                if !ready {
+                    return Err(timed_out());
                 }
                 let frame = reader.read_frame().await?;
                 if let Some(msg) = read::handle_frame(shared, frame).await? {

@@ -40,7 +40,7 @@ async fn read_frames(
         } else {
             tokio::select! {
                 biased;
-                r = reader.wait_readable(WaitSpin::BusyPoll) => Some(r),
+                r = reader.wait_readable(WaitSpin::BusyPoll) => Some(r.map(drop)),
                 () = shared.handover.asked() => None,
             }
         };
