@@ -175,7 +175,7 @@ impl EndpointBuilder {
         self
     }
 
-    /// Use the same-host ring (feature `ring`, Linux; PROTOCOL.md §21) where the peer has
+    /// Use the same-host ring (feature `ring`, Linux; PROTOCOL.md §22) where the peer has
     /// one too and the connection passes descriptors (unix sockets): after the handshake,
     /// frames travel through two shared-memory rings (a sealed memfd the server makes)
     /// instead of the socket, which carries only what the rings cannot (frames with

@@ -68,7 +68,7 @@ pub enum FrameKind {
     Control = 5,
     /// The sender closes: [`crate::wire::Close`].
     Close = 6,
-    /// The same-host ring (PROTOCOL.md §21): during the handshake, the client's answer to
+    /// The same-host ring (PROTOCOL.md §22): during the handshake, the client's answer to
     /// the ring the server offered ([`crate::wire::RingAnswer`]); after it, with no header,
     /// the doorbell that wakes a reader waiting on the socket.
     Ring = 7,

@@ -23,7 +23,7 @@ pub const FEATURE_COMPACT_TENSORS: &str = "compact_tensors";
 /// peer that agreed to it.
 pub const FEATURE_SHM_FORGET: &str = "shm_forget";
 
-/// The handshake feature of the same-host ring (PROTOCOL.md §21): offered by a client whose
+/// The handshake feature of the same-host ring (PROTOCOL.md §22): offered by a client whose
 /// endpoint has a ring configured and whose connection passes descriptors; a server that
 /// grants it makes the ring and sends it with the WELCOME ([`Welcome::ring`]). It is not in
 /// [`FEATURES`]: whether it is offered depends on the endpoint and the connection.

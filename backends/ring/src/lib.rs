@@ -47,37 +47,19 @@
 //! the waker writes a descriptor the peer handed over, so it must check that it is an
 //! eventfd and never block on it (a peer can fill an eventfd's counter, or hand a pipe).
 //!
-//! What it is not (yet): a [`ferry_core`-style] `Channel` or part of the handshake. The
-//! crate is the foundation; integrating it into the Pipe is the rest of issue 22. The plan:
-//!
-//! - **Negotiation**: a protocol feature `ring` (beside the others in core's `wire.rs`),
-//!   offered by a client whose transport passes descriptors and whose domain matches the
-//!   server's as for shm (boot id, IPC namespace), accepted by the server in its WELCOME.
-//!   The server then creates the file and sends a CONTROL `ring-open {capacity}` with the
-//!   memfd attached; the client opens it ([`Ring::open`] does every check) and answers
-//!   `ring-ready`, or `ring-refused {reason}`, and both stay on the socket.
-//! - **Switching in order**: each direction switches at a marker on the socket. The server
-//!   writes into the ring only after `ring-open` went out, the client only after
-//!   `ring-ready`; each reader reads the socket until it has read the peer's marker, then
-//!   the ring.
-//! - **One ordered path**: once switched, every frame goes through the ring, except one that
-//!   cannot ([`RingError::TooLarge`], or one carrying descriptors: a new shm segment). That
-//!   frame is written to the socket, then a record with a reserved tag ("divert") takes its
-//!   place in the ring; a reader meeting it takes the next frame from the socket (a FIFO the
-//!   socket reader fills; otherwise it only waits for EOF). No sequence numbers, no merge.
-//! - **Death**: the socket reader's EOF calls [`PeerNotice::peer_gone`] (no [`DeathWatch`]
-//!   thread).
-//! - **Spinning** follows core's busy-poll policy (`ferry_core::spin`): its window and its
-//!   cap on spinners per listener become [`RingOptions::spin`], so a ring never spins
-//!   where a socket reader would not.
+//! **In ferry's Pipe** (core's feature `ring`, `EndpointBuilder::ring`): the handshake
+//! agrees on a ring (the server makes the file and sends it with its WELCOME), every frame
+//! then goes through the rings except those that cannot (descriptors, or larger than a
+//! record), which take the socket behind a divert record; an async reader with nothing to
+//! read arms a doorbell ([`Receiver::arm_doorbell`]) and waits on the socket; a blocking
+//! caller (`Pipe::recv_blocking`) waits on the ring itself ([`Receiver::wait_for_data`]).
+//! PROTOCOL.md §22 and core's `frame/ring.rs` have the details.
 //!
 //! Unsafe code lives only in the `sys` module (the shared mapping and its atomic
 //! accesses).
 //!
 //! # Feature flags
 //! None (`__testing` is for this crate's tests: hostile writes to the shared words).
-//!
-//! [`ferry_core`-style]: https://docs.rs/ferry-core
 #![cfg_attr(not(target_os = "linux"), allow(unused))]
 
 use std::io;

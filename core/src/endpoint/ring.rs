@@ -1,4 +1,4 @@
-//! The ring's part of the handshake (feature `ring`, Linux; PROTOCOL.md §21): the client
+//! The ring's part of the handshake (feature `ring`, Linux; PROTOCOL.md §22): the client
 //! offers feature `ring`; a server that grants it creates the ring file and sends its memfd
 //! with the WELCOME ([`crate::wire::Welcome::ring`]); the client maps it (`ferry-ring`
 //! checks the seals, the size and the header) and answers with a RING frame, the last of

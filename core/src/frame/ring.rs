@@ -1,5 +1,5 @@
 //! The same-host fast path in the frame layer (feature `ring`, Linux): once both sides
-//! agreed in the handshake (PROTOCOL.md §21), frames travel through a pair of
+//! agreed in the handshake (PROTOCOL.md §22), frames travel through a pair of
 //! single-producer single-consumer rings in a sealed memfd (`ferry-ring`), and the unix
 //! socket beside them carries only what the rings cannot.
 //!
@@ -16,6 +16,10 @@
 //!   to the socket, which wakes the reader's task through the runtime. While the pipe's
 //!   busy polling is armed ([`super::FrameReader::arm_busy_poll`]), the reader first polls
 //!   the ring for the busy-poll window, as it would poll the socket.
+//! - **Blocking callers** (`Pipe::recv_blocking`, on their own thread) wait on the ring
+//!   itself: its adaptive spin, then its futex, which the writer wakes directly (no
+//!   doorbell, one wake-up), in slices of [`DEATH_CHECK`] between which they look at the
+//!   socket for its end.
 //! - **Death and close.** The socket is the death notice: its end of stream, once the
 //!   ring is empty, ends the pipe ([`PipeError::Closed`]). A peer's orderly close of its
 //!   ring is the same.

@@ -141,7 +141,7 @@ impl Pipe {
     ///
     /// Messages arrive in order with those [`Pipe::recv`] gets (both may be used on one
     /// pipe). After a blocking call the reader stays with this thread's side for a few
-    /// milliseconds ([`LINGER`]: the next call takes it without a wake-up); the pipe's task
+    /// milliseconds (10 ms: the next call takes it without a wake-up); the pipe's task
     /// reads again after that. A pipe with a handler ([`Pipe::set_handler`]) gives its
     /// messages to the handler: `recv_blocking` on it is an error.
     ///

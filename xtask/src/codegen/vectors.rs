@@ -201,7 +201,7 @@ fn frames() -> Value {
     let limit = |c: &str| error("limit", Some(c));
     let malformed = vec![
         bad("kind_0", frame_bytes(0, 0, 0, close, &[]), None, proto("unexpected frame kind 0")),
-        // 7 is RING (the same-host ring, PROTOCOL.md §21): known, refused where no ring was agreed.
+        // 7 is RING (the same-host ring, PROTOCOL.md §22): known, refused where no ring was agreed.
         bad("kind_8", frame_bytes(8, 0, 0, close, &[]), None, proto("unexpected frame kind 8")),
         bad("kind_255", frame_bytes(255, 0, 0, close, &[]), None, proto("unexpected frame kind 255")),
         bad("flags_1", frame_bytes(6, 1, 0, close, &[]), None, proto("frame flags 0x01 are reserved")),
