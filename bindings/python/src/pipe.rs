@@ -18,6 +18,12 @@ use crate::tensors::{OutTensor, TensorRef, meta_of};
 /// The endpoint pipes use: every transport and channel this build has.
 fn endpoint(token: Option<String>) -> Endpoint {
     let mut b = ferry::endpoint();
+    // The same-host ring wherever the peer has one too (unix sockets on Linux): `recv`
+    // then waits on the ring itself (`Pipe::recv_blocking`).
+    #[cfg(target_os = "linux")]
+    {
+        b = b.ring(Some(ferry_core::RingOptions::default()));
+    }
     if let Some(t) = token {
         b = b.token(t.clone()).require_token(t);
     }
@@ -26,6 +32,11 @@ fn endpoint(token: Option<String>) -> Endpoint {
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> PyErr {
     PyConnectionError::new_err(format!("{what}: {e}"))
+}
+
+/// Whether the pipe agreed on the same-host ring.
+fn uses_ring(p: &ferry_core::Pipe) -> bool {
+    p.info().features.iter().any(|f| f == "ring")
 }
 
 /// The next message if it comes within the busy-poll window (`ferry serve`'s default):
@@ -127,6 +138,13 @@ impl Pipe {
         self.pipe.transport()
     }
 
+    /// True when the pipe uses the same-host ring (both ends on one Linux host, over a
+    /// unix socket): frames go through shared memory, and `recv` waits on it directly.
+    #[getter]
+    fn ring(&self) -> bool {
+        uses_ring(&self.pipe)
+    }
+
     /// A writable tensor in this pipe's memory (shm: sending it costs no copy).
     fn alloc(&self, py: Python<'_>, shape: Vec<u64>, dtype: &str) -> PyResult<OutTensor> {
         let meta = meta_of(shape, dtype)?;
@@ -163,6 +181,14 @@ impl Pipe {
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
         let p = self.pipe.clone();
         let r = py.detach(|| {
+            if uses_ring(&p) {
+                // Waits on this thread: the ring's spin, then its futex (no runtime wake-up).
+                let limit = timeout.map(|s| Duration::from_secs_f64(s.max(0.0)));
+                return match p.recv_blocking(limit) {
+                    Err(ferry_core::PipeError::Timeout(_, "recv_blocking")) => None,
+                    r => Some(r),
+                };
+            }
             if let Some(r) = spin_recv(&p) {
                 return Some(r);
             }

@@ -53,6 +53,25 @@ def test_channel_is_shm(peer: ferry.Pipe) -> None:
     assert not peer.closed
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the same-host ring is Linux only")
+def test_pipes_on_one_host_use_the_ring(peer: ferry.Pipe) -> None:
+    """Two processes on one host agree on the ring; many round trips through it (small
+    headers, shm tensors, and a header too big for a ring record, which takes the socket)
+    come back whole and in order."""
+    assert peer.ring
+    x = np.arange(BIG, dtype=np.float32)
+    for i in range(200):
+        peer.send({"op": "scale", "k": i, "note": None}, [x])
+        header, ts = peer.recv(timeout=WAIT)
+        assert header["op"] == "scaled"
+        np.testing.assert_array_equal(ts[0], x * i)
+    big_note = "n" * (600 << 10)
+    peer.send({"op": "scale", "k": 2, "note": big_note}, [x])
+    header, ts = peer.recv(timeout=WAIT)
+    assert header["echo"] == big_note
+    np.testing.assert_array_equal(ts[0], x * 2)
+
+
 def test_header_and_tensors_both_ways(peer: ferry.Pipe) -> None:
     x = np.arange(BIG, dtype=np.float32).reshape(128, 128)
     y = np.arange(7, dtype=np.int64)

@@ -29,6 +29,13 @@ class Pipe:
         return self._native.channel
 
     @property
+    def ring(self) -> bool:
+        """True when frames go through the same-host ring (both ends on one Linux host,
+        over a unix socket): `recv` then waits on shared memory, with no thread wake-up
+        when the answer comes within the ring's spin window."""
+        return self._native.ring
+
+    @property
     def closed(self) -> bool:
         """True once the peer is gone."""
         return self._native.closed
