@@ -282,3 +282,70 @@ async fn a_lying_record_fails_a_blocking_call_cleanly() {
     let later = tokio::time::timeout(Duration::from_secs(10), s.recv()).await.expect("async recv ends");
     assert!(later.is_err(), "{later:?}");
 }
+
+/// The peer process of the SIGKILL tests (`FERRY_BLOCKING_PEER=ADDR MODE`): connects with a
+/// ring, then either waits (`idle`) or sends numbered messages with tensors as fast as it
+/// can (`flood`) until it is killed. A no-op in a normal run.
+#[test]
+fn peer_process() {
+    let Ok(arg) = std::env::var("FERRY_BLOCKING_PEER") else { return };
+    let (addr, mode) = arg.split_once(' ').unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let p = rt.block_on(endpoint(Some(RingOptions::default()), true).connect(addr)).unwrap();
+    p.send_blocking(Message::new(json!("ready"))).unwrap();
+    let bound = std::time::Instant::now() + Duration::from_secs(60);
+    let mut i = 0u64;
+    while std::time::Instant::now() < bound {
+        if mode == "flood" {
+            let t = bytes_tensor(1000 + (i as usize % 5000), i as u8);
+            p.send_blocking(Message::with_tensors(json!(i), vec![t])).unwrap();
+            i += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A peer process killed (SIGKILL) while this side waits in `recv_blocking` (idle) or
+/// reads its stream of messages (flood): every message received is whole and in order, and
+/// the call then ends with the pipe closed, within the bound, with no hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_killed_mid_call_is_noticed() {
+    for mode in ["idle", "flood"] {
+        let ep = endpoint(Some(RingOptions::default()), true);
+        let a = addr("kill");
+        let mut l = ep.listen(&a).await.unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+            .env("FERRY_BLOCKING_PEER", format!("{a} {mode}"))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Arc::new(tokio::time::timeout(Duration::from_secs(20), l.accept()).await.unwrap().unwrap());
+        assert!(has_ring(&s));
+        let s2 = s.clone();
+        let reader = tokio::task::spawn_blocking(move || {
+            assert_eq!(s2.recv_blocking(LONG).unwrap().header, json!("ready"));
+            let mut n = 0u64;
+            loop {
+                match s2.recv_blocking(LONG) {
+                    Ok(m) => {
+                        assert_eq!(m.header, json!(n), "messages in order");
+                        check_bytes(&m.tensors[0], 1000 + (n as usize % 5000), n as u8);
+                        n += 1;
+                    }
+                    Err(e) => return (n, e),
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let (n, e) = tokio::time::timeout(Duration::from_secs(20), reader).await.expect("the call ends").unwrap();
+        assert!(matches!(e, PipeError::Closed), "{mode}: {e:?}");
+        assert!(s.is_closed());
+        if mode == "flood" {
+            assert!(n > 0, "the flood got through before the kill");
+        }
+    }
+}
