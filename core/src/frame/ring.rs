@@ -231,7 +231,7 @@ impl FrameReader {
                 let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner));
                 let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
                 match fill.as_mut().poll(cx) {
-                    std::task::Poll::Ready(Ok(b)) if b.is_empty() => return Ok(true),
+                    std::task::Poll::Ready(Ok([])) => return Ok(true),
                     std::task::Poll::Ready(Err(e)) => return Err(e.into()),
                     std::task::Poll::Ready(Ok(_)) | std::task::Poll::Pending => continue,
                 }
