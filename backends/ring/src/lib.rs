@@ -82,7 +82,7 @@ pub mod testing;
 mod watch;
 
 #[cfg(target_os = "linux")]
-pub use ring::{PeerNotice, Pushed, Receiver, Sender};
+pub use ring::{Nudge, PeerNotice, Pushed, Receiver, Sender, WaitEnd};
 #[cfg(target_os = "linux")]
 pub use watch::DeathWatch;
 

@@ -129,13 +129,17 @@ impl Shared {
     /// Waits until `ready` says so, spinning up to the window, then sleeping on the futex
     /// word at `sleeping` until woken or `deadline`. `ready` returns `Ok(true)` when done and
     /// an error for a closed or corrupt ring; the local state is checked too.
+    /// Waits until `ready`: spins for the window, then sleeps on the futex word at
+    /// `sleeping`. `Ok(true)`: ready. With `stop_on_wake`, a wake-up that finds nothing
+    /// (the peer nudged this side: [`Nudge`]) ends the wait with `Ok(false)`.
     fn wait_until(
         &self,
         sleeping: usize,
         spin: &mut SpinWindow,
         deadline: Instant,
+        stop_on_wake: bool,
         mut ready: impl FnMut() -> Result<bool, RingError>,
-    ) -> Result<(), RingError> {
+    ) -> Result<bool, RingError> {
         let start = Instant::now();
         let window = spin.window();
         if !window.is_zero() {
@@ -144,7 +148,7 @@ impl Shared {
                 std::hint::spin_loop();
                 if ready()? {
                     spin.record(Waited::Spun(start.elapsed()));
-                    return Ok(());
+                    return Ok(true);
                 }
                 polls = polls.wrapping_add(1);
                 if polls.is_multiple_of(32) {
@@ -173,9 +177,15 @@ impl Shared {
             if !matches!(r, Ok(false)) {
                 word.store(0, Ordering::Relaxed);
                 spin.record(Waited::Slept(start.elapsed()));
-                return r.map(|_| ());
+                return r.map(|_| true);
             }
             sys::futex_wait(word, 1, deadline.saturating_duration_since(now));
+            // The peer stores 0 before it wakes this side (a timeout or a signal leaves 1).
+            if stop_on_wake && word.load(Ordering::SeqCst) == 0 {
+                let r = ready()?;
+                spin.record(Waited::Slept(start.elapsed()));
+                return Ok(r);
+            }
         }
     }
 }
@@ -216,6 +226,11 @@ pub struct Sender {
 impl Sender {
     pub(crate) fn new(sh: Arc<Shared>, spin: Duration) -> Sender {
         Sender { sh, tail: 0, head_seen: 0, spin: SpinWindow::new(spin), poisoned: None }
+    }
+
+    /// A [`Nudge`] for this ring's consumer.
+    pub fn nudger(&self) -> Nudge {
+        Nudge(self.sh.clone())
     }
 
     /// The largest payload one frame can carry; larger ones get [`RingError::TooLarge`].
@@ -322,7 +337,7 @@ impl Sender {
                 Ok(false)
             };
             if !room()? {
-                sh.wait_until(ring.producer_sleeping, &mut self.spin, deadline, room)?;
+                sh.wait_until(ring.producer_sleeping, &mut self.spin, deadline, false, room)?;
             }
         }
         // A blocking sender's consumer sleeps on the futex; one that armed a doorbell
@@ -351,6 +366,37 @@ impl Drop for Sender {
     fn drop(&mut self) {
         let ring = self.sh.tx;
         self.sh.close_ring(&ring, PRODUCER_CLOSED, ring.consumer_sleeping);
+    }
+}
+
+/// How [`Receiver::wait_for_data`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// A record (or a close) is there.
+    Data,
+    /// The deadline passed.
+    Deadline,
+    /// The producer nudged this side ([`Nudge`]) with nothing in the ring: look at the
+    /// socket beside it.
+    Nudged,
+}
+
+/// Wakes the consumer of a ring from its futex without publishing anything (made by
+/// [`Sender::nudger`]), for a producer about to fill the socket beside the ring with a
+/// frame the consumer must read before the ring says so.
+#[derive(Debug, Clone)]
+pub struct Nudge(Arc<Shared>);
+
+impl Nudge {
+    /// Wakes the consumer if it sleeps on the futex (a consumer waiting behind its doorbell
+    /// waits on the socket already, and is left alone).
+    pub fn nudge(&self) {
+        let sh = &*self.0;
+        if let Some(word) = sh.map.u32_at(sh.tx.consumer_sleeping)
+            && word.compare_exchange(1, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+        {
+            sys::futex_wake(word);
+        }
     }
 }
 
@@ -392,7 +438,7 @@ impl Receiver {
             };
             if !ready()? {
                 sh.check_state()?;
-                sh.wait_until(sh.rx.consumer_sleeping, &mut rx.spin, deadline, ready)?;
+                sh.wait_until(sh.rx.consumer_sleeping, &mut rx.spin, deadline, false, ready)?;
             }
             Ok(tag.unwrap_or_default())
         })
@@ -443,21 +489,23 @@ impl Receiver {
 
     /// Waits on this thread for a record (or a close) until `deadline`: spins for the
     /// adaptive window, then sleeps on the futex, where the producer's next publish wakes it
-    /// directly (no doorbell: one wake-up, not a socket's two). `Ok(false)` at the deadline.
-    /// It does not notice a dead peer by itself (a futex cannot): wait in slices and look
-    /// at the socket between them, or give the ring a [`PeerNotice`].
-    pub fn wait_for_data(&mut self, deadline: Instant) -> Result<bool, RingError> {
+    /// directly (no doorbell: one wake-up, not a socket's two). It also ends when the
+    /// producer nudges it ([`Sender::nudger`]: bytes are coming on the socket beside the
+    /// ring). It does not notice a dead peer by itself (a futex cannot): wait in slices and
+    /// look at the socket between them, or give the ring a [`PeerNotice`].
+    pub fn wait_for_data(&mut self, deadline: Instant) -> Result<WaitEnd, RingError> {
         self.guard(|rx| {
             if rx.has_data() {
-                return Ok(true);
+                return Ok(WaitEnd::Data);
             }
             let (sh, head) = (&*rx.sh, rx.head);
             let ready = || {
                 Ok(sh.u64(sh.rx.tail).load(Ordering::Acquire) != head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0)
             };
-            match sh.wait_until(sh.rx.consumer_sleeping, &mut rx.spin, deadline, ready) {
-                Ok(()) => Ok(true),
-                Err(RingError::Timeout) => Ok(false),
+            match sh.wait_until(sh.rx.consumer_sleeping, &mut rx.spin, deadline, true, ready) {
+                Ok(true) => Ok(WaitEnd::Data),
+                Ok(false) => Ok(WaitEnd::Nudged),
+                Err(RingError::Timeout) => Ok(WaitEnd::Deadline),
                 Err(e) => Err(e),
             }
         })

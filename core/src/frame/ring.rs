@@ -35,7 +35,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferry_ring::{Pushed, Receiver, RingError, Sender};
+use ferry_ring::{Pushed, Receiver, RingError, Sender, WaitEnd};
 
 use super::{ALIGN, Frame, FrameKind, FramePrefix, FrameReader, FrameWriter, OutFrame, PREFIX_LEN, put};
 use crate::error::{PipeError, ProtocolError};
@@ -224,16 +224,34 @@ impl FrameReader {
                 }
                 let slice = now + DEATH_CHECK;
                 let until = deadline.map_or(slice, |d| d.min(slice));
-                if ring.rx.wait_for_data(until).map_err(ring_error)? {
-                    return Ok(true);
-                }
-                // The socket, without waiting: its end (or bytes) ends the wait.
-                let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner));
-                let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
-                match fill.as_mut().poll(cx) {
-                    std::task::Poll::Ready(Ok([])) => return Ok(true),
-                    std::task::Poll::Ready(Err(e)) => return Err(e.into()),
-                    std::task::Poll::Ready(Ok(_)) | std::task::Poll::Pending => continue,
+                match ring.rx.wait_for_data(until).map_err(ring_error)? {
+                    WaitEnd::Data => return Ok(true),
+                    WaitEnd::Deadline => {
+                        // The socket, without waiting: its end (or bytes) ends the wait.
+                        let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner));
+                        let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
+                        match fill.as_mut().poll(cx) {
+                            std::task::Poll::Ready(Ok([])) => return Ok(true),
+                            std::task::Poll::Ready(Err(e)) => return Err(e.into()),
+                            std::task::Poll::Ready(Ok(_)) | std::task::Poll::Pending => continue,
+                        }
+                    }
+                    WaitEnd::Nudged => {
+                        // A frame is coming on the socket, ahead of its divert record: wait
+                        // for its bytes there, behind the doorbell (a publish wakes it too).
+                        if !ring.rx.arm_doorbell().map_err(ring_error)? {
+                            return Ok(true);
+                        }
+                        let armed = Armed(&mut ring.rx);
+                        let fill = tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner);
+                        let got = tokio::time::timeout_at(until.into(), fill).await.map(|r| r.map(|b| b.is_empty()));
+                        drop(armed);
+                        match got {
+                            Ok(Ok(true)) => return Ok(true),
+                            Ok(Err(e)) => return Err(e.into()),
+                            Ok(Ok(false)) | Err(_) => continue,
+                        }
+                    }
                 }
             }
             if self.spin_on_ring() {
@@ -358,7 +376,22 @@ impl FrameWriter {
             // The socket carries the frames; a divert record per frame keeps their place.
             // Until the last divert is published the stream is torn: a cut here would
             // leave frames on the socket that the ring never points to.
-            self.write_parts(prefix, frame, trailing).await?;
+            // A blocking reader sleeping on the ring's futex would see nothing until the
+            // divert record, which comes after the whole frame: when the socket cannot take
+            // the frame at once, nudge it to read the socket meanwhile.
+            let nudge = ring.tx.nudger();
+            {
+                let mut write = std::pin::pin!(self.write_parts(prefix, frame, trailing));
+                let mut first = true;
+                std::future::poll_fn(|cx| {
+                    let r = write.as_mut().poll(cx);
+                    if std::mem::take(&mut first) && r.is_pending() {
+                        nudge.nudge();
+                    }
+                    r
+                })
+                .await?;
+            }
             self.torn = true;
             for _ in 0..=trailing.len() {
                 self.push(TAG_DIVERT, None).await?;
