@@ -189,7 +189,9 @@ impl Shared {
         if *closed.borrow() {
             return Err(self.closed_error());
         }
+        // `f` first: a write that finishes at once (the common case) registers no waiter.
         let r = tokio::select! {
+            biased;
             r = f => r,
             _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
         };
