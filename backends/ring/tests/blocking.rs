@@ -6,60 +6,19 @@
 
 #![cfg(target_os = "linux")]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{
-    Channel, DType, Endpoint, InlineChannel, Message, Pipe, PipeError, ProtocolError, RingOptions, Tensor, TensorMeta,
-};
-use ferry_local::LocalTransport;
-use ferry_shm::ShmChannel;
+use common::{addr, bytes_tensor, check_bytes, endpoint, has_ring};
+use ferry_core::{DType, Endpoint, Message, Pipe, PipeError, ProtocolError, RingOptions, TensorMeta};
 use serde_json::json;
-
-static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-fn addr(tag: &str) -> String {
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("unix:ferry-ring-blocking-{tag}-{}-{n}", std::process::id())
-}
-
-fn endpoint(ring: Option<RingOptions>, shm: bool) -> Endpoint {
-    let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
-    if shm {
-        channels.push(Arc::new(ShmChannel::new()));
-    }
-    channels.push(Arc::new(InlineChannel));
-    let mut b = Endpoint::builder().transport(Arc::new(LocalTransport::new()));
-    for c in channels {
-        b = b.channel(c);
-    }
-    b.ring(ring).build()
-}
 
 /// A connected pair: (server side, client side).
 async fn pair(ep: &Endpoint, tag: &str) -> (Arc<Pipe>, Arc<Pipe>) {
-    let a = addr(tag);
-    let mut l = ep.listen(&a).await.unwrap();
-    let (s, c) = tokio::join!(l.accept(), ep.connect(&a));
-    (Arc::new(s.unwrap()), Arc::new(c.unwrap()))
-}
-
-fn has_ring(p: &Pipe) -> bool {
-    p.info().features.iter().any(|f| f == "ring")
-}
-
-fn bytes_tensor(n: usize, seed: u8) -> Tensor {
-    let v: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
-    Tensor::from_slice(vec![n as u64], &v).unwrap()
-}
-
-fn check_bytes(t: &Tensor, n: usize, seed: u8) {
-    assert_eq!(t.meta().shape, vec![n as u64]);
-    let got = t.as_bytes();
-    assert!(
-        got.iter().enumerate().all(|(i, b)| *b == (i as u8).wrapping_mul(31).wrapping_add(seed)),
-        "tensor of {n} bytes (seed {seed}) came back changed"
-    );
+    let (s, c) = common::pair(ep, ep, tag).await;
+    (Arc::new(s), Arc::new(c))
 }
 
 const LONG: Option<Duration> = Some(Duration::from_secs(20));
@@ -241,32 +200,13 @@ async fn zero_copy_round_trips_from_plain_threads() {
 /// ring error, the pipe is closed for every later call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lying_record_fails_a_blocking_call_cleanly() {
-    use ferry_core::Transport;
-    use ferry_core::frame::{FrameKind, FrameReader, FrameWriter, HANDSHAKE_LIMITS, OutFrame};
-    use ferry_core::handshake::client_hello;
-    use ferry_core::wire::{Limits, PROTOCOL_VERSION, RingAnswer, Welcome};
+    use ferry_core::frame::{FrameKind, OutFrame};
 
     let ep = endpoint(Some(RingOptions::default()), false);
     let a = addr("lie");
     let mut l = ep.listen(&a).await.unwrap();
     let server = tokio::spawn(async move { l.accept().await });
-    let conn = LocalTransport::new().connect(&a.parse().unwrap()).await.unwrap();
-    let info = conn.info().clone();
-    let split = conn.split();
-    let mut r = FrameReader::new(split.read, split.fds.clone(), Limits { max_fds: 1, ..HANDSHAKE_LIMITS });
-    let mut w = FrameWriter::new(split.write, split.fds);
-    let chans: Vec<Arc<dyn Channel>> = vec![Arc::new(InlineChannel)];
-    let mut hello = client_hello(&chans, &info, PROTOCOL_VERSION, None, Limits::default());
-    hello.features.push("ring".into());
-    w.write_preamble(PROTOCOL_VERSION).await.unwrap();
-    w.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await.unwrap();
-    r.read_preamble().await.unwrap();
-    let mut welcome_frame = r.read_frame().await.unwrap();
-    let welcome: Welcome = welcome_frame.parse().unwrap();
-    let offer = welcome.ring.expect("the server offers a ring");
-    let fd = welcome_frame.fds.pop().expect("the ring file comes with the WELCOME");
-    let ring = ferry_ring::Ring::open(fd, offer.capacity as usize, &RingOptions::default()).unwrap();
-    w.write_frame(FrameKind::Ring, OutFrame::json(&RingAnswer::Ready)).await.unwrap();
+    let common::RawClient { mut writer, ring, .. } = common::raw_ring_client(&a).await;
     let s = Arc::new(server.await.unwrap().unwrap());
     assert!(has_ring(&s));
 
@@ -274,7 +214,7 @@ async fn a_lying_record_fails_a_blocking_call_cleanly() {
     let call = tokio::task::spawn_blocking(move || s2.recv_blocking(LONG));
     tokio::time::sleep(Duration::from_millis(50)).await;
     ferry_ring::testing::publish_header(&ring, 1 << 20, 0, 8);
-    w.write_frame(FrameKind::Ring, OutFrame::default()).await.unwrap();
+    writer.write_frame(FrameKind::Ring, OutFrame::default()).await.unwrap();
     let e =
         tokio::time::timeout(Duration::from_secs(10), call).await.expect("the caller notices").unwrap().unwrap_err();
     assert!(matches!(&e, PipeError::Protocol(ProtocolError::Ring(_))), "{e:?}");

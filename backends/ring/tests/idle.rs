@@ -3,9 +3,12 @@
 
 #![cfg(target_os = "linux")]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::cpu_ticks;
 use ferry_core::{Endpoint, InlineChannel, Message, Pipe, RingOptions};
 use ferry_local::LocalTransport;
 use serde_json::json;
@@ -15,16 +18,6 @@ async fn pair(ep: &Endpoint) -> (Pipe, Pipe) {
     let mut l = ep.listen(&a).await.unwrap();
     let (s, c) = tokio::join!(l.accept(), ep.connect(&a));
     (s.unwrap(), c.unwrap())
-}
-
-/// CPU time this process has used (user + system), from /proc/self/stat, in clock ticks.
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
 /// An idle pipe over the ring spins on nothing: with busy polling armed and a window set,

@@ -4,20 +4,15 @@
 
 #![cfg(target_os = "linux")]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::cpu_ticks;
 use ferry_core::{Endpoint, InlineChannel, Message, RingOptions};
 use ferry_local::LocalTransport;
 use serde_json::json;
-
-/// CPU time this process has used (user + system), from /proc/self/stat, in clock ticks.
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
 
 /// Both sides on plain threads: a blocking echo and a blocking client. After 200 round
 /// trips (the adaptive windows are wide open), both wait in `recv_blocking` for a second

@@ -6,61 +6,13 @@
 
 #![cfg(target_os = "linux")]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use ferry_core::{
-    Channel, DType, Endpoint, InlineChannel, Message, Pipe, PipeError, ProtocolError, RingOptions, Tensor, TensorMeta,
-};
-use ferry_local::LocalTransport;
-use ferry_shm::ShmChannel;
+use common::{addr, bytes_tensor, check_bytes, endpoint, has_ring, pair};
+use ferry_core::{DType, Message, PipeError, ProtocolError, RingOptions, TensorMeta};
 use serde_json::json;
-
-static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-fn addr(tag: &str) -> String {
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("unix:ferry-ring-pipe-{tag}-{}-{n}", std::process::id())
-}
-
-fn endpoint(ring: Option<RingOptions>, shm: bool) -> Endpoint {
-    let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
-    if shm {
-        channels.push(Arc::new(ShmChannel::new()));
-    }
-    channels.push(Arc::new(InlineChannel));
-    let mut b = Endpoint::builder().transport(Arc::new(LocalTransport::new()));
-    for c in channels {
-        b = b.channel(c);
-    }
-    b.ring(ring).build()
-}
-
-/// A connected pair: (server side, client side).
-async fn pair(server: &Endpoint, client: &Endpoint, tag: &str) -> (Pipe, Pipe) {
-    let a = addr(tag);
-    let mut l = server.listen(&a).await.unwrap();
-    let (s, c) = tokio::join!(l.accept(), client.connect(&a));
-    (s.unwrap(), c.unwrap())
-}
-
-fn has_ring(p: &Pipe) -> bool {
-    p.info().features.iter().any(|f| f == "ring")
-}
-
-fn bytes_tensor(n: usize, seed: u8) -> Tensor {
-    let v: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
-    Tensor::from_slice(vec![n as u64], &v).unwrap()
-}
-
-fn check_bytes(t: &Tensor, n: usize, seed: u8) {
-    assert_eq!(t.meta().shape, vec![n as u64]);
-    let got = t.as_bytes();
-    assert!(
-        got.iter().enumerate().all(|(i, b)| *b == (i as u8).wrapping_mul(31).wrapping_add(seed)),
-        "tensor of {n} bytes (seed {seed}) came back changed"
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_sides_agree_on_the_ring_only_when_both_have_one() {
@@ -172,33 +124,13 @@ async fn round_trips_with_shm_tensors() {
 /// pipe with a typed ring error, never reads out of bounds, and closes the socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lying_record_fails_the_pipe_cleanly() {
-    use ferry_core::Transport;
-    use ferry_core::frame::{FrameKind, FrameReader, FrameWriter, HANDSHAKE_LIMITS, OutFrame};
-    use ferry_core::handshake::client_hello;
-    use ferry_core::wire::{Limits, PROTOCOL_VERSION, RingAnswer, Welcome};
+    use ferry_core::frame::{FrameKind, OutFrame};
 
     let ep = endpoint(Some(RingOptions::default()), false);
     let a = addr("lie");
     let mut l = ep.listen(&a).await.unwrap();
     let server = tokio::spawn(async move { l.accept().await });
-
-    let conn = LocalTransport::new().connect(&a.parse().unwrap()).await.unwrap();
-    let info = conn.info().clone();
-    let split = conn.split();
-    let mut r = FrameReader::new(split.read, split.fds.clone(), Limits { max_fds: 1, ..HANDSHAKE_LIMITS });
-    let mut w = FrameWriter::new(split.write, split.fds);
-    let chans: Vec<Arc<dyn Channel>> = vec![Arc::new(InlineChannel)];
-    let mut hello = client_hello(&chans, &info, PROTOCOL_VERSION, None, Limits::default());
-    hello.features.push("ring".into());
-    w.write_preamble(PROTOCOL_VERSION).await.unwrap();
-    w.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await.unwrap();
-    r.read_preamble().await.unwrap();
-    let mut welcome_frame = r.read_frame().await.unwrap();
-    let welcome: Welcome = welcome_frame.parse().unwrap();
-    let offer = welcome.ring.expect("the server offers a ring");
-    let fd = welcome_frame.fds.pop().expect("the ring file comes with the WELCOME");
-    let ring = ferry_ring::Ring::open(fd, offer.capacity as usize, &RingOptions::default()).unwrap();
-    w.write_frame(FrameKind::Ring, OutFrame::json(&RingAnswer::Ready)).await.unwrap();
+    let common::RawClient { reader: mut r, writer: mut w, ring } = common::raw_ring_client(&a).await;
     let s = server.await.unwrap().unwrap();
     assert!(has_ring(&s));
 
