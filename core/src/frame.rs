@@ -321,6 +321,16 @@ impl FrameReader {
         Ok(true)
     }
 
+    /// Whether [`FrameReader::wait_readable`] keeps a [`WaitSpin::Blocking`] deadline
+    /// itself (on a ring); otherwise the caller bounds the wait.
+    pub(crate) fn waits_for_deadlines(&self) -> bool {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        if self.ring.is_some() {
+            return true;
+        }
+        false
+    }
+
     /// Reads one whole frame. End of stream, at a frame boundary or inside a frame, is
     /// [`PipeError::Closed`]; a frame over the limits is refused before its body is read.
     pub async fn read_frame(&mut self) -> Result<Frame, PipeError> {
