@@ -19,7 +19,8 @@
 //! - **Blocking callers** (`Pipe::recv_blocking`, on their own thread) wait on the ring
 //!   itself: its adaptive spin, then its futex, which the writer wakes directly (no
 //!   doorbell, one wake-up), in slices of [`DEATH_CHECK`] between which they look at the
-//!   socket for its end.
+//!   socket for its end. A writer whose diverted frame does not fit the socket at once
+//!   nudges them (`ferry_ring::Nudge`): they then wait on the socket behind the doorbell.
 //! - **Death and close.** The socket is the death notice: its end of stream, once the
 //!   ring is empty, ends the pipe ([`PipeError::Closed`]). A peer's orderly close of its
 //!   ring is the same.
