@@ -237,41 +237,44 @@ impl FrameReader {
                             std::task::Poll::Ready(Ok(_)) | std::task::Poll::Pending => continue,
                         }
                     }
-                    WaitEnd::Nudged => {
-                        // A frame is coming on the socket, ahead of its divert record: wait
-                        // for its bytes there, behind the doorbell (a publish wakes it too).
-                        if !ring.rx.arm_doorbell().map_err(ring_error)? {
-                            return Ok(true);
-                        }
-                        let armed = Armed(&mut ring.rx);
-                        let fill = tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner);
-                        let got = tokio::time::timeout_at(until.into(), fill).await.map(|r| r.map(|b| b.is_empty()));
-                        drop(armed);
-                        match got {
-                            Ok(Ok(true)) => return Ok(true),
-                            Ok(Err(e)) => return Err(e.into()),
-                            Ok(Ok(false)) | Err(_) => continue,
-                        }
-                    }
+                    // A frame is coming on the socket, ahead of its divert record: wait for
+                    // its bytes there, behind the doorbell (a publish wakes it too).
+                    WaitEnd::Nudged => match self.wait_behind_doorbell(Some(until)).await? {
+                        Woke::Read => return Ok(true),
+                        Woke::LookAgain => continue,
+                    },
                 }
             }
             if self.spin_on_ring() {
                 return Ok(true);
             }
-            let ring = self.ring.as_mut().expect("still attached");
-            // Not armed: something is there (a record, a close, a death): read it.
-            if !ring.rx.arm_doorbell().map_err(ring_error)? {
+            if let Woke::Read = self.wait_behind_doorbell(None).await? {
                 return Ok(true);
             }
-            let armed = Armed(&mut ring.rx);
-            let got = tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner).await.map(|b| b.is_empty());
-            drop(armed);
-            match got {
-                // Looked at again above: a doorbell is skipped, anything else is read.
-                Ok(false) => {}
-                Ok(true) => return Ok(true),
-                Err(e) => return Err(e.into()),
-            }
+        }
+    }
+
+    /// Arms the doorbell and waits on the socket (until `until`, if given); the doorbell
+    /// is taken down however the wait ends. [`Woke::Read`]: something is there to read (a
+    /// record or a close that kept the doorbell from arming, or the socket's end);
+    /// [`Woke::LookAgain`]: socket bytes (a doorbell is skipped at the next look, anything
+    /// else is read) or the time is up.
+    async fn wait_behind_doorbell(&mut self, until: Option<Instant>) -> Result<Woke, PipeError> {
+        let ring = self.ring.as_mut().expect("still attached");
+        if !ring.rx.arm_doorbell().map_err(ring_error)? {
+            return Ok(Woke::Read);
+        }
+        let armed = Armed(&mut ring.rx);
+        let fill = tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner);
+        let got = match until {
+            Some(t) => tokio::time::timeout_at(t.into(), fill).await.ok(),
+            None => Some(fill.await),
+        };
+        drop(armed);
+        match got {
+            Some(Ok([])) => Ok(Woke::Read),
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(_)) | None => Ok(Woke::LookAgain),
         }
     }
 
@@ -335,6 +338,12 @@ impl FrameReader {
             }
         }
     }
+}
+
+/// How a wait behind the doorbell ended ([`FrameReader::wait_behind_doorbell`]).
+enum Woke {
+    Read,
+    LookAgain,
 }
 
 /// A doorbell armed for one wait: taken down when the wait ends, or is abandoned.
