@@ -17,8 +17,11 @@
 //!   (`store.ref.place`), the caller can declare the order of its next uses
 //!   (`store.ref.schedule`), and the policy and budgets change at run time
 //!   (`store.placement.set`).
-//! - A device tensor (`cuda:N`) kept as a reference stays where it is: moving between a
-//!   device and the host tiers is not done yet.
+//! - A device tensor kept as a reference has the device as its home: every use gets it in
+//!   device memory. With a device tier for its device ([`PlacementOptions::device`], a
+//!   [`DeviceTier`] of its own budget and policy), it is kept on the device or below it
+//!   (the cpu tier, disk) as the policies decide, uploaded for a use or ahead of it; a
+//!   reference on another device stays where it is.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -28,7 +31,10 @@ use ferry_core::{Device, Storage, Tensor, TensorMeta};
 use ferry_rpc::codes::NOT_FOUND;
 use ferry_rpc::{ErrorObject, RefBacking};
 
-use crate::placement::{self, Key, Pin, TensorState, TierError, TierOptions, TierStats, Tiers};
+use crate::placement::{
+    self, DeviceMemory, DevicePin, DeviceStats, DeviceTensorState, DeviceTier, Key, Pin, TensorState, TierError,
+    TierOptions, TierStats, Tiers,
+};
 
 /// How a store places its references ([`crate::Store::enable_placement`]).
 #[derive(Debug, Clone)]
@@ -51,6 +57,27 @@ pub struct PlacementOptions {
     /// Most uses recorded to `record_trace` (default
     /// [`crate::placement::DEFAULT_TRACE_LIMIT`]); then recording stops, with a log line.
     pub trace_limit: u64,
+    /// A device tier (`cuda:N`) above the cpu tier for references kept from that device
+    /// (default none: they stay on the device as kept).
+    pub device: Option<DeviceTierOptions>,
+}
+
+/// A device tier for a store's references ([`PlacementOptions::device`]).
+#[derive(Clone)]
+pub struct DeviceTierOptions {
+    /// The device's memory (with the `cuda` feature, [`crate::placement::CudaMemory`]).
+    pub memory: Arc<dyn DeviceMemory>,
+    /// Bytes of references the device tier holds.
+    pub budget_bytes: u64,
+}
+
+impl std::fmt::Debug for DeviceTierOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTierOptions")
+            .field("device", &self.memory.device())
+            .field("budget_bytes", &self.budget_bytes)
+            .finish()
+    }
 }
 
 impl Default for PlacementOptions {
@@ -62,6 +89,7 @@ impl Default for PlacementOptions {
             disk_dir: None,
             record_trace: None,
             trace_limit: placement::DEFAULT_TRACE_LIMIT,
+            device: None,
         }
     }
 }
@@ -81,10 +109,11 @@ pub fn policy(name: &str) -> Result<Box<dyn placement::Policy + Send>, String> {
 /// Where a reference is ([`PlacedRefs::state`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefState {
-    /// Its tier: `cpu`, `disk`, or the device it stays on (`cuda:0`).
+    /// Its tier: `cpu`, `disk`, or a device (`cuda:0`: on the device tier, or a device
+    /// without one, where it stays).
     pub placement: String,
-    /// How it was placed by hand: `auto` (by the policy), `cpu` or `disk`.
-    pub pinned: &'static str,
+    /// How it was placed by hand: `auto` (by the policy), `cpu`, `disk`, or its device.
+    pub pinned: String,
     /// A move is under way.
     pub moving: bool,
     /// A call or a reader holds its bytes.
@@ -98,15 +127,18 @@ pub struct RefState {
 
 enum Held {
     Placed(Key, TensorMeta),
-    /// A device tensor: not placed, held as it is.
+    /// A tensor homed on the device tier's device.
+    Device(Key, TensorMeta),
+    /// A device tensor without a device tier: not placed, held as it is.
     Fixed(Tensor),
 }
 
 /// References held in tiers (see the module docs).
 pub struct PlacedRefs {
-    // (Dropped in this order: the tiers stop their mover and remove their files, then the
-    // directory goes if it was made here.)
-    tiers: Tiers,
+    // (Dropped in this order: the device tier stops its mover, the tiers stop theirs and
+    // remove their files, then the directory goes if it was made here.)
+    device: Option<DeviceTier>,
+    tiers: Arc<Tiers>,
     refs: Mutex<HashMap<String, Held>>,
     dir: DirGuard,
 }
@@ -135,7 +167,7 @@ impl PlacedRefs {
     /// Tiers for these options: an unknown policy or a directory that cannot be made is an
     /// error naming the option.
     pub fn new(opts: &PlacementOptions) -> Result<PlacedRefs, String> {
-        let policy = policy(&opts.policy).map_err(|e| format!("{e} (PlacementOptions::policy)"))?;
+        let policy = placement_policy(&opts.policy)?;
         let (dir, own_dir) = match &opts.disk_dir {
             Some(d) => (d.clone(), false),
             None => {
@@ -158,8 +190,15 @@ impl PlacedRefs {
             record_trace: opts.record_trace.clone(),
             trace_limit: opts.trace_limit,
         };
-        let tiers = Tiers::new(tier_opts, policy).map_err(|e| e.to_string())?;
-        Ok(PlacedRefs { tiers, refs: Mutex::new(HashMap::new()), dir: guard })
+        let tiers = Arc::new(Tiers::new(tier_opts, policy).map_err(|e| e.to_string())?);
+        let device = match &opts.device {
+            Some(d) => {
+                let policy = placement_policy(&opts.policy)?;
+                Some(DeviceTier::new(d.memory.clone(), d.budget_bytes, policy, tiers.clone()).map_err(|e| e.to_string())?)
+            }
+            None => None,
+        };
+        Ok(PlacedRefs { device, tiers, refs: Mutex::new(HashMap::new()), dir: guard })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
@@ -169,6 +208,15 @@ impl PlacedRefs {
     /// The tiers.
     pub fn tiers(&self) -> &Tiers {
         &self.tiers
+    }
+
+    /// The device tier, if any ([`PlacementOptions::device`]).
+    pub fn device_tier(&self) -> Option<&DeviceTier> {
+        self.device.as_ref()
+    }
+
+    fn device_or_gone(&self, id: &str) -> Result<&DeviceTier, ErrorObject> {
+        self.device.as_ref().ok_or_else(|| ferry_rpc::remote::not_found(id))
     }
 
     /// The disk tier's directory.
@@ -183,7 +231,13 @@ impl PlacedRefs {
             Some(Held::Fixed(t)) => {
                 let in_use = t.device_buffer().is_some_and(|b| Arc::strong_count(b) > 1);
                 let (placement, bytes) = (t.device().to_string(), t.nbytes() as u64);
-                return Ok(RefState { placement, pinned: "auto", moving: false, in_use, deferred: false, bytes });
+                return Ok(RefState { placement, pinned: "auto".into(), moving: false, in_use, deferred: false, bytes });
+            }
+            Some(Held::Device(k, _)) => {
+                let k = *k;
+                let d = self.device_or_gone(id)?;
+                let s = d.state(k).map_err(|e| tier_error(e, id))?;
+                return Ok(device_ref_state(&s, d.device()));
             }
             Some(Held::Placed(k, _)) => *k,
         };
@@ -191,21 +245,31 @@ impl PlacedRefs {
         Ok(ref_state(&s))
     }
 
-    /// Places reference `id` by hand: `cpu`, `disk`, or `auto` (back to the policy). The
-    /// move runs in the background.
+    /// Places reference `id` by hand: `cpu`, `disk`, `auto` (back to the policy), or, for
+    /// a reference homed on the device tier's device, that device (`cuda:0`). The move runs
+    /// in the background.
     pub fn place(&self, id: &str, placement: &str) -> Result<RefState, ErrorObject> {
         let pin = match placement {
             "cpu" => Pin::Cpu,
             "disk" => Pin::Disk,
             "auto" => Pin::Auto,
             other => {
-                return Err(ErrorObject::invalid_params(
-                    "placement",
-                    format!("no placement {other:.40?}: cpu, disk or auto"),
-                ));
+                let on_tier = self.device.as_ref().map(|d| d.device().to_string());
+                if on_tier.as_deref() == Some(other) {
+                    return self.place_on_device(id, DevicePin::Device);
+                }
+                let names = match &on_tier {
+                    Some(d) => format!("cpu, disk, auto or {d}"),
+                    None => "cpu, disk or auto".into(),
+                };
+                return Err(ErrorObject::invalid_params("placement", format!("no placement {other:.40?}: {names}")));
             }
         };
         let key = match self.lock().get(id) {
+            Some(Held::Device(..)) => {
+                let pin = if pin == Pin::Auto { DevicePin::Auto } else { DevicePin::Below(pin) };
+                return self.place_on_device(id, pin);
+            }
             None => return Err(ferry_rpc::remote::not_found(id)),
             Some(Held::Fixed(t)) => {
                 return Err(ErrorObject::invalid_params(
@@ -222,28 +286,68 @@ impl PlacedRefs {
         self.state(id)
     }
 
+    fn place_on_device(&self, id: &str, pin: DevicePin) -> Result<RefState, ErrorObject> {
+        let key = match self.lock().get(id) {
+            None => return Err(ferry_rpc::remote::not_found(id)),
+            Some(Held::Device(k, _)) => *k,
+            Some(Held::Placed(..) | Held::Fixed(_)) => {
+                return Err(ErrorObject::invalid_params(
+                    "placement",
+                    format!("reference {id:.40} was not kept from the device tier's device: it cannot go there"),
+                ));
+            }
+        };
+        self.device_or_gone(id)?.place(key, pin).map_err(|e| tier_error(e, id))?;
+        self.state(id)
+    }
+
     /// Declares the order of the next uses of these references (the policy prefetches
     /// ahead); unknown ids and device tensors are skipped. The count scheduled.
     pub fn schedule(&self, ids: &[String]) -> usize {
         let refs = self.lock();
-        let keys: Vec<Key> = ids
-            .iter()
-            .filter_map(|id| match refs.get(id) {
-                Some(Held::Placed(k, _)) => Some(*k),
-                _ => None,
-            })
-            .collect();
+        let (mut host, mut device) = (Vec::new(), Vec::new());
+        for id in ids {
+            match refs.get(id) {
+                Some(Held::Placed(k, _)) => host.push(*k),
+                Some(Held::Device(k, _)) => device.push(*k),
+                _ => {}
+            }
+        }
         drop(refs);
-        self.tiers.schedule(&keys);
-        keys.len()
+        self.tiers.schedule(&host);
+        if let Some(d) = &self.device {
+            d.schedule(&device);
+        }
+        host.len() + device.len()
     }
 
-    /// Changes the policy and the budgets (each when given).
-    pub fn configure(&self, policy_name: Option<&str>, cpu: Option<u64>, disk: Option<u64>) -> Result<(), ErrorObject> {
+    /// Changes the policy (of every tier) and the budgets (each when given). A device
+    /// budget on a store without a device tier is INVALID_PARAMS.
+    pub fn configure(
+        &self,
+        policy_name: Option<&str>,
+        cpu: Option<u64>,
+        disk: Option<u64>,
+        device: Option<u64>,
+    ) -> Result<(), ErrorObject> {
         let p = policy_name.map(policy).transpose().map_err(|e| ErrorObject::invalid_params("policy", e))?;
+        if device.is_some() && self.device.is_none() {
+            return Err(ErrorObject::invalid_params(
+                "device_budget_bytes",
+                "this store has no device tier (PlacementOptions::device, `ferry serve-weights --cuda-budget-mib`)",
+            ));
+        }
         let (old_cpu, old_disk) = self.tiers.budgets();
         if cpu.is_some() || disk.is_some() {
             self.tiers.set_budgets(cpu.unwrap_or(old_cpu), disk.unwrap_or(old_disk)).map_err(|e| tier_error(e, ""))?;
+        }
+        if let (Some(d), Some(b)) = (&self.device, device) {
+            d.set_budget(b).map_err(|e| tier_error(e, ""))?;
+        }
+        if let Some(name) = policy_name.filter(|_| p.is_some())
+            && let Some(d) = &self.device
+        {
+            d.set_policy(policy(name).map_err(|e| ErrorObject::invalid_params("policy", e))?);
         }
         if let Some(p) = p {
             self.tiers.set_policy(p);
@@ -254,6 +358,11 @@ impl PlacedRefs {
     /// What the tiers did so far.
     pub fn stats(&self) -> TierStats {
         self.tiers.stats()
+    }
+
+    /// What the device tier did so far, if there is one.
+    pub fn device_stats(&self) -> Option<DeviceStats> {
+        self.device.as_ref().map(DeviceTier::stats)
     }
 }
 
@@ -278,14 +387,33 @@ impl crate::Store {
     }
 }
 
-fn ref_state(s: &TensorState) -> RefState {
-    let pinned = match s.pin {
+fn pin_name(p: Pin) -> &'static str {
+    match p {
         Pin::Auto => "auto",
         Pin::Cpu => "cpu",
         Pin::Disk => "disk",
-    };
+    }
+}
+
+fn ref_state(s: &TensorState) -> RefState {
     RefState {
         placement: s.tier.name().into(),
+        pinned: pin_name(s.pin).into(),
+        moving: s.moving,
+        in_use: s.in_use,
+        deferred: s.deferred,
+        bytes: s.bytes,
+    }
+}
+
+fn device_ref_state(s: &DeviceTensorState, device: Device) -> RefState {
+    let pinned = match s.pin {
+        DevicePin::Auto => "auto".into(),
+        DevicePin::Device => device.to_string(),
+        DevicePin::Below(p) => pin_name(p).into(),
+    };
+    RefState {
+        placement: s.below.map_or_else(|| device.to_string(), |t| t.name().into()),
         pinned,
         moving: s.moving,
         in_use: s.in_use,
@@ -294,8 +422,24 @@ fn ref_state(s: &TensorState) -> RefState {
     }
 }
 
+/// Runs a use's `get`, which may block on a copy: off the runtime's async work where it
+/// can be.
+fn blocking<T>(get: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi { tokio::task::block_in_place(get) } else { get() }
+}
+
 impl RefBacking for PlacedRefs {
     fn keep(&self, id: &str, tensor: Tensor) -> Result<(), ErrorObject> {
+        if let Some(d) = &self.device
+            && tensor.device() == d.device()
+            && let Some(buf) = tensor.device_buffer()
+        {
+            let key = d.put(buf.clone()).map_err(|e| tier_error(e, id))?;
+            self.lock().insert(id.to_owned(), Held::Device(key, tensor.meta().clone()));
+            return Ok(());
+        }
         if tensor.device() != Device::Cpu || !matches!(tensor.storage(), Storage::Host(_)) {
             self.lock().insert(id.to_owned(), Held::Fixed(tensor));
             return Ok(());
@@ -309,20 +453,28 @@ impl RefBacking for PlacedRefs {
         let (key, meta) = match self.lock().get(id) {
             None => return Err(ferry_rpc::remote::not_found(id)),
             Some(Held::Fixed(t)) => return Ok(t.clone()),
+            Some(Held::Device(k, m)) => {
+                let (k, m) = (*k, m.clone());
+                let d = self.device_or_gone(id)?;
+                let buf = blocking(|| d.get(k)).map_err(|e| tier_error(e, id))?;
+                return Tensor::from_device(m, buf)
+                    .map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")));
+            }
             Some(Held::Placed(k, m)) => (*k, m.clone()),
         };
-        // A read from disk blocks: off the runtime's async work where it can be.
-        let get = || self.tiers.get(key);
-        let multi = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let held = if multi { tokio::task::block_in_place(get) } else { get() };
-        let held = held.map_err(|e| tier_error(e, id))?;
+        let held = blocking(|| self.tiers.get(key)).map_err(|e| tier_error(e, id))?;
         Tensor::new(meta, held.bytes).map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")))
     }
 
     fn free(&self, id: &str) {
-        if let Some(Held::Placed(k, _)) = self.lock().remove(id) {
-            self.tiers.remove(k);
+        match self.lock().remove(id) {
+            Some(Held::Placed(k, _)) => self.tiers.remove(k),
+            Some(Held::Device(k, _)) => {
+                if let Some(d) = &self.device {
+                    d.remove(k);
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -349,8 +501,23 @@ fn tier_error(e: TierError, id: &str) -> ErrorObject {
             );
             err
         }
-        e @ (TierError::Io { .. } | TierError::Policy(_)) => ErrorObject::internal(e),
+        TierError::DeviceFull { pinned, budget, more } => {
+            let mut err =
+                ErrorObject::limit("device_budget_bytes", "bytes pinned on the device tier", pinned + more, budget);
+            err.message = format!(
+                "the store's device tier holds {budget} bytes; {pinned} are pinned there and {more} more do not fit \
+                 (device_budget_bytes: PlacementOptions::device, `ferry serve-weights --cuda-budget-mib`, \
+                 store.placement.set)"
+            );
+            err
+        }
+        e @ (TierError::Io { .. } | TierError::Policy(_) | TierError::Device(_)) => ErrorObject::internal(e),
     }
+}
+
+/// The policy named `name`, or an error naming the option.
+fn placement_policy(name: &str) -> Result<Box<dyn placement::Policy + Send>, String> {
+    policy(name).map_err(|e| format!("{e} (PlacementOptions::policy)"))
 }
 
 /// Bytes free for an unprivileged user in `dir`'s file system (unlimited where unknown).

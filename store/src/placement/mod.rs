@@ -27,8 +27,11 @@
 //! [`Tiers`] applies a policy to real tensors: a cpu tier in memory above a disk tier of
 //! files, with copies between them, prefetches on a background thread, and tensors held
 //! for a use never changed under their holder. It can record its uses as a trace
-//! ([`TierOptions::record_trace`]) for the benchmark to replay.
+//! ([`TierOptions::record_trace`]) for the benchmark to replay. A [`DeviceTier`] puts a
+//! device (`cuda:N`) above them for tensors whose home is that device: uploads for uses and
+//! ahead of them, copies down when its policy lets a tensor go.
 
+mod device;
 mod flow;
 mod min;
 mod policies;
@@ -38,6 +41,9 @@ pub mod trace;
 
 use std::collections::HashMap;
 
+#[cfg(feature = "cuda")]
+pub use device::CudaMemory;
+pub use device::{DeviceMemory, DevicePin, DeviceStats, DeviceTensorState, DeviceTier};
 pub use flow::{Flow, FlowOptions};
 pub use min::Min;
 pub use policies::{Genoa, Lru, Pinned};

@@ -113,6 +113,22 @@ pub enum TierError {
         /// Why.
         source: std::io::Error,
     },
+    /// Tensors pinned on the device tier would exceed its budget.
+    #[error(
+        "the device tier's budget is {budget} bytes; {pinned} are pinned there, {more} more do not fit \
+         (PlacementOptions::device budget_bytes)"
+    )]
+    DeviceFull {
+        /// Bytes pinned on the device.
+        pinned: u64,
+        /// The device tier's budget.
+        budget: u64,
+        /// The tensor (or the shortfall) that did not fit.
+        more: u64,
+    },
+    /// A copy to or from the device tier failed, or a tensor was on another device.
+    #[error("device tier: {0}")]
+    Device(String),
     /// The policy broke the rules (a bug of the policy).
     #[error("placement policy: {0}")]
     Policy(String),

@@ -36,6 +36,51 @@ pub struct PlacementSetParams {
     /// Bytes of references the disk tier holds (every reference counts there).
     #[serde(default)]
     pub disk_budget_bytes: Option<u64>,
+    /// Bytes of references the device tier holds (a smaller tier moves its least recently
+    /// used references off the device, in the background). INVALID_PARAMS on a store
+    /// without a device tier.
+    #[serde(default)]
+    pub device_budget_bytes: Option<u64>,
+}
+
+/// What the device tier did so far.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct DeviceTierStats {
+    /// Uses of references homed on the device (calls taking them, fetches).
+    pub uses: u64,
+    /// Uses of a reference placed on the device (kept, pinned, or uploaded ahead).
+    pub hits: u64,
+    /// Uses that waited for an upload.
+    pub waits: u64,
+    /// Bytes copied to the device.
+    pub bytes_up: u64,
+    /// Bytes copied from the device to the host (each reference at most once).
+    pub bytes_down: u64,
+    /// Uploads started ahead of a use.
+    pub prefetches: u64,
+    /// Milliseconds uses waited for uploads.
+    pub stalled_ms: f64,
+    /// The last move that failed (the reference stayed where it was).
+    pub last_error: Option<String>,
+    /// Moves off the device deferred because the reference was in use.
+    pub deferred: u64,
+    /// Bytes on the device waiting for their users to let go, beyond `used_bytes`.
+    pub held_over_bytes: u64,
+}
+
+/// The device tier (`cuda:N`) above the cpu tier, for references kept from that device.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct DeviceTierInfo {
+    /// The device (`cuda:0`).
+    pub device: String,
+    /// Its policy (the store's policy, an instance of its own).
+    pub policy: String,
+    /// Bytes it holds at most.
+    pub budget_bytes: u64,
+    /// Bytes of references on it.
+    pub used_bytes: u64,
+    /// What it did so far.
+    pub stats: DeviceTierStats,
 }
 
 /// What the tiers did so far.
@@ -85,6 +130,9 @@ pub struct PlacementInfo {
     pub disk_dir: Option<String>,
     /// What the tiers did so far (null without tiers).
     pub stats: Option<PlacementStats>,
+    /// The device tier (null without one).
+    #[serde(default)]
+    pub device: Option<DeviceTierInfo>,
 }
 
 /// Params of `store.ref.placement`.
@@ -102,7 +150,9 @@ pub struct PlaceParams {
     /// The reference's id.
     pub id: String,
     /// `cpu` (pinned in the cpu tier, within its budget), `disk` (pinned on disk: each use
-    /// reads it), or `auto` (back to the policy).
+    /// reads it), `auto` (back to the policy), or the device tier's device (`cuda:0`:
+    /// pinned there, for a reference kept from that device; `cpu` and `disk` then keep it
+    /// off the device, and each use uploads it).
     pub placement: String,
 }
 
@@ -111,9 +161,10 @@ pub struct PlaceParams {
 pub struct RefPlacement {
     /// The reference's id.
     pub id: String,
-    /// Its tier: `cpu`, `disk`, or the device it stays on (`cuda:0`).
+    /// Its tier: `cpu`, `disk`, or a device (`cuda:0`: on the device tier, or on a device
+    /// without one, where it stays).
     pub placement: String,
-    /// How it was placed by hand: `auto`, `cpu` or `disk`.
+    /// How it was placed by hand: `auto`, `cpu`, `disk` or the device tier's device.
     pub pinned: String,
     /// A move to or from disk is under way.
     pub moving: bool,
@@ -163,6 +214,7 @@ fn info(p: Option<&Arc<PlacedRefs>>) -> PlacementInfo {
             disk_used_bytes: 0,
             disk_dir: None,
             stats: None,
+            device: None,
         };
     };
     let t = p.tiers();
@@ -186,6 +238,27 @@ fn info(p: Option<&Arc<PlacedRefs>>) -> PlacementInfo {
             last_error: s.last_error,
             deferred: s.deferred,
             held_over_bytes: s.held_over_bytes,
+        }),
+        device: p.device_tier().map(|d| {
+            let s = d.stats();
+            DeviceTierInfo {
+                device: d.device().to_string(),
+                policy: d.policy_name(),
+                budget_bytes: d.budget(),
+                used_bytes: d.usage(),
+                stats: DeviceTierStats {
+                    uses: s.uses,
+                    hits: s.hits,
+                    waits: s.waits,
+                    bytes_up: s.bytes_up,
+                    bytes_down: s.bytes_down,
+                    prefetches: s.prefetches,
+                    stalled_ms: s.stalled.as_secs_f64() * 1e3,
+                    last_error: s.last_error,
+                    deferred: s.deferred,
+                    held_over_bytes: s.held_over_bytes,
+                },
+            }
         }),
     }
 }
@@ -229,14 +302,15 @@ pub(crate) fn register(m: &mut Methods, store: &Arc<Store>) -> Result<(), Regist
     let s = store.clone();
     m.register_blocking("store.placement.set", move |p: PlacementSetParams, _ctx: CallContext| {
         let placed = s.placement().ok_or_else(|| no_tiers("policy"))?;
-        placed.configure(p.policy.as_deref(), p.cpu_budget_bytes, p.disk_budget_bytes)?;
+        placed.configure(p.policy.as_deref(), p.cpu_budget_bytes, p.disk_budget_bytes, p.device_budget_bytes)?;
         Ok(info(Some(placed)))
     })?
     .summary("Change the store's placement policy and per-tier budgets")
     .description(
         "Each field given is changed. An unknown policy is INVALID_PARAMS naming policy; a cpu budget below the \
-         bytes pinned there or a disk budget below the bytes stored is LIMIT_EXCEEDED naming cpu_budget_bytes or \
-         disk_budget_bytes. Moves it causes run in the background.",
+         bytes pinned there, a disk budget below the bytes stored, or a device budget below the bytes pinned on \
+         the device is LIMIT_EXCEEDED naming cpu_budget_bytes, disk_budget_bytes or device_budget_bytes. Moves \
+         it causes run in the background.",
     );
     let s = store.clone();
     m.register_ctx("store.ref.placement", move |p: RefPlacementParams, ctx: CallContext| {
@@ -255,7 +329,7 @@ pub(crate) fn register(m: &mut Methods, store: &Arc<Store>) -> Result<(), Regist
             ref_placement(&s, &ctx, &p.id)
         }
     })?
-    .summary("Place one of the caller's tensor references by hand: cpu, disk, or auto (the policy)")
+    .summary("Place one of the caller's tensor references by hand: cpu, disk, the device tier's device, or auto (the policy)")
     .description(
         "The move runs in the background (`moving` in the answer); a call or a reader holding the reference keeps \
          its bytes, unchanged, until it lets go. Pinning past the cpu tier's budget is LIMIT_EXCEEDED naming \
