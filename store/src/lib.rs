@@ -41,7 +41,7 @@ pub mod weights;
 
 pub use device::{DeviceView, device_slice, plan_layout};
 pub use manifest::{Columns, Entry};
-pub use placed::{PlacedRefs, PlacementOptions, RefState, policy as placement_policy};
+pub use placed::{DeviceTierOptions, PlacedRefs, PlacementOptions, RefState, policy as placement_policy};
 pub use refs::{shared_copy, shared_tensor_mut};
 pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 

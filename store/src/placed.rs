@@ -226,6 +226,15 @@ impl PlacedRefs {
 
     /// Where reference `id` is.
     pub fn state(&self, id: &str) -> Result<RefState, ErrorObject> {
+        let device_key = match self.lock().get(id) {
+            Some(Held::Device(k, _)) => Some(*k),
+            _ => None,
+        };
+        if let Some(k) = device_key {
+            let d = self.device_or_gone(id)?;
+            let s = d.state(k).map_err(|e| tier_error(e, id))?;
+            return Ok(device_ref_state(&s, d.device()));
+        }
         let key = match self.lock().get(id) {
             None => return Err(ferry_rpc::remote::not_found(id)),
             Some(Held::Fixed(t)) => {
@@ -233,12 +242,8 @@ impl PlacedRefs {
                 let (placement, bytes) = (t.device().to_string(), t.nbytes() as u64);
                 return Ok(RefState { placement, pinned: "auto".into(), moving: false, in_use, deferred: false, bytes });
             }
-            Some(Held::Device(k, _)) => {
-                let k = *k;
-                let d = self.device_or_gone(id)?;
-                let s = d.state(k).map_err(|e| tier_error(e, id))?;
-                return Ok(device_ref_state(&s, d.device()));
-            }
+            // (Not a device reference a moment ago: freed and made again meanwhile.)
+            Some(Held::Device(..)) => return Err(ferry_rpc::remote::not_found(id)),
             Some(Held::Placed(k, _)) => *k,
         };
         let s = self.tiers.state(key).map_err(|e| tier_error(e, id))?;
@@ -265,12 +270,13 @@ impl PlacedRefs {
                 return Err(ErrorObject::invalid_params("placement", format!("no placement {other:.40?}: {names}")));
             }
         };
+        let on_device = matches!(self.lock().get(id), Some(Held::Device(..)));
+        if on_device {
+            let pin = if pin == Pin::Auto { DevicePin::Auto } else { DevicePin::Below(pin) };
+            return self.place_on_device(id, pin);
+        }
         let key = match self.lock().get(id) {
-            Some(Held::Device(..)) => {
-                let pin = if pin == Pin::Auto { DevicePin::Auto } else { DevicePin::Below(pin) };
-                return self.place_on_device(id, pin);
-            }
-            None => return Err(ferry_rpc::remote::not_found(id)),
+            Some(Held::Device(..)) | None => return Err(ferry_rpc::remote::not_found(id)),
             Some(Held::Fixed(t)) => {
                 return Err(ErrorObject::invalid_params(
                     "placement",
@@ -450,18 +456,18 @@ impl RefBacking for PlacedRefs {
     }
 
     fn open(&self, id: &str) -> Result<Tensor, ErrorObject> {
-        let (key, meta) = match self.lock().get(id) {
+        // (The references' lock is not held through a use's wait for its bytes.)
+        let (key, meta, device) = match self.lock().get(id) {
             None => return Err(ferry_rpc::remote::not_found(id)),
             Some(Held::Fixed(t)) => return Ok(t.clone()),
-            Some(Held::Device(k, m)) => {
-                let (k, m) = (*k, m.clone());
-                let d = self.device_or_gone(id)?;
-                let buf = blocking(|| d.get(k)).map_err(|e| tier_error(e, id))?;
-                return Tensor::from_device(m, buf)
-                    .map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")));
-            }
-            Some(Held::Placed(k, m)) => (*k, m.clone()),
+            Some(Held::Device(k, m)) => (*k, m.clone(), true),
+            Some(Held::Placed(k, m)) => (*k, m.clone(), false),
         };
+        if device {
+            let d = self.device_or_gone(id)?;
+            let buf = blocking(|| d.get(key)).map_err(|e| tier_error(e, id))?;
+            return Tensor::from_device(meta, buf).map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")));
+        }
         let held = blocking(|| self.tiers.get(key)).map_err(|e| tier_error(e, id))?;
         Tensor::new(meta, held.bytes).map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")))
     }

@@ -94,7 +94,8 @@ pub struct DeviceTensorState {
     pub below: Option<Tier>,
     /// How it was placed by hand.
     pub pin: DevicePin,
-    /// A move to or from the device is under way.
+    /// A move to or from the device is under way (or, off the device, between the tiers
+    /// below it).
     pub moving: bool,
     /// Someone holds its device memory.
     pub in_use: bool,
@@ -289,9 +290,12 @@ impl DeviceTier {
         let (pin, bytes, below_key) = (e.pin, e.bytes, e.below);
         let on_device = wanted || in_use || below_key.is_none();
         drop(st);
-        let below = match (on_device, below_key) {
-            (false, Some(k)) => Some(self.shared.below.state(k)?.tier),
-            _ => None,
+        let (below, moving) = match (on_device, below_key) {
+            (false, Some(k)) => {
+                let s = self.shared.below.state(k)?;
+                (Some(s.tier), moving || s.moving)
+            }
+            _ => (None, moving),
         };
         Ok(DeviceTensorState { below, pin, moving, in_use, deferred: in_use && !wanted, bytes })
     }

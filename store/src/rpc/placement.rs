@@ -282,7 +282,7 @@ fn ref_placement(store: &Store, ctx: &CallContext, id: &str) -> Result<RefPlacem
     Ok(RefPlacement {
         id: r.id,
         placement: s.placement,
-        pinned: s.pinned.into(),
+        pinned: s.pinned,
         moving: s.moving,
         in_use: s.in_use,
         deferred: s.deferred,

@@ -13,9 +13,16 @@ use super::DeviceMemory;
 pub struct CudaMemory {
     chan: CudaIpcChannel,
     device: Device,
+}
+
+thread_local! {
     /// The pool's allocation waits (for room, bounded by its `full_wait`) are async: the
-    /// mover thread runs them here.
-    rt: tokio::runtime::Runtime,
+    /// mover thread runs them on a runtime of its own, made on its first upload and dropped
+    /// when the thread ends (never in an async context).
+    static RT: Result<tokio::runtime::Runtime, String> = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("the device tier's runtime: {e}"));
 }
 
 impl std::fmt::Debug for CudaMemory {
@@ -33,14 +40,12 @@ impl CudaMemory {
             let have: Vec<String> = devices.iter().map(|d| format!("cuda:{}", d.ordinal)).collect();
             return Err(format!("no device cuda:{ordinal} here (devices: {})", have.join(", ")));
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .map_err(|e| format!("the device tier's runtime: {e}"))?;
-        Ok(CudaMemory { chan, device: Device::Cuda(ordinal), rt })
+        Ok(CudaMemory { chan, device: Device::Cuda(ordinal) })
     }
 }
 
+/// (Called on the device tier's mover thread, outside any async runtime, as
+/// [`DeviceMemory`] says: `upload` blocks on the pool there.)
 impl DeviceMemory for CudaMemory {
     fn device(&self) -> Device {
         self.device
@@ -48,7 +53,11 @@ impl DeviceMemory for CudaMemory {
 
     fn upload(&self, src: &[u8]) -> Result<Arc<dyn DeviceBuffer>, String> {
         let meta = TensorMeta::new(DType::U8, [src.len() as u64]).with_device(self.device);
-        let t = self.rt.block_on(self.chan.alloc_device(meta)).map_err(|e| e.to_string())?;
+        let alloc = self.chan.alloc_device(meta);
+        let t = RT.with(|rt| match rt {
+            Ok(rt) => rt.block_on(alloc).map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        })?;
         self.chan.copy_from_host(&t, src).map_err(|e| e.to_string())?;
         match t.storage() {
             Storage::Device(buf) => Ok(buf.clone()),
