@@ -16,6 +16,12 @@ returned (or a call) holds its bytes it stays in the cpu tier, unchanged
 go (`RefPlacement.deferred`). On a store started
 without `--placement`, references stay in memory as kept: `store_placement` says
 `tiers=False` and the setters raise `InvalidParamsError`.
+
+A store with a device tier (`ferry_store::PlacementOptions::device`) keeps references
+made from that device (`cuda:0`) on it within its own budget, or below it in the cpu
+tier and on disk: each use gets them on the device (uploaded if need be), and
+`store_placement(client).device` reports the tier; `place(client, r, "cuda:0")` pins one
+there and `set_store_placement(client, device_budget_bytes=...)` resizes it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
     from .client import Client
 
 __all__ = [
+    "DeviceTier",
     "PlacementStats",
     "RefPlacement",
     "StorePlacement",
@@ -43,7 +50,8 @@ __all__ = [
     "wait_placed",
 ]
 
-Where = Literal["cpu", "disk", "auto"]
+Where = Literal["cpu", "disk", "auto"] | str
+"""`cpu`, `disk`, `auto`, or the store's device tier's device (`cuda:0`)."""
 
 
 def _dict(r: object, method: str) -> dict[str, object]:
@@ -69,11 +77,12 @@ class RefPlacement:
 
     id: str
     placement: str
-    """`cpu`, `disk`, or the device it stays on (`cuda:0`)."""
+    """`cpu`, `disk`, or a device (`cuda:0`: on the store's device tier, or on a device
+    without one, where it stays)."""
     pinned: str
-    """How it was placed by hand: `auto` (by the policy), `cpu` or `disk`."""
+    """How it was placed by hand: `auto` (by the policy), `cpu`, `disk` or the device."""
     moving: bool
-    """A move to or from disk is under way."""
+    """A move between tiers is under way."""
     in_use: bool
     """A call or a reader (an array `fetch` returned) holds its bytes."""
     nbytes: int
@@ -121,6 +130,59 @@ class PlacementStats:
 
 
 @dataclass(frozen=True)
+class DeviceTier:
+    """The store's device tier (`cuda:N`) above its cpu tier, for references kept from
+    that device: every use gets them on the device, its policy decides what stays."""
+
+    device: str
+    policy: str
+    budget_bytes: int
+    used_bytes: int
+    uses: int
+    hits: int
+    """Uses of a reference placed on the device (kept, pinned, or uploaded ahead)."""
+    waits: int
+    """Uses that waited for an upload."""
+    bytes_up: int
+    """Bytes copied to the device."""
+    bytes_down: int
+    """Bytes copied from the device to the host (each reference at most once)."""
+    prefetches: int
+    stalled_ms: float
+    last_error: str | None
+    deferred: int
+    held_over_bytes: int
+
+    @staticmethod
+    def from_json(r: object, method: str) -> DeviceTier:
+        """Parses `store.placement.get`'s `device`; `ResultError` when malformed."""
+        d = _dict(r, method)
+        s = _dict(d.get("stats"), method)
+        stalled = s.get("stalled_ms")
+        if not isinstance(stalled, (int, float)) or not all(
+            isinstance(d.get(k), str) for k in ("device", "policy")
+        ):
+            raise ResultError(f"{method} answered a device tier of {d!r:.100}")
+        err = s.get("last_error")
+        return DeviceTier(
+            device=str(d["device"]),
+            policy=str(d["policy"]),
+            budget_bytes=_int(d, "budget_bytes", method),
+            used_bytes=_int(d, "used_bytes", method),
+            uses=_int(s, "uses", method),
+            hits=_int(s, "hits", method),
+            waits=_int(s, "waits", method),
+            bytes_up=_int(s, "bytes_up", method),
+            bytes_down=_int(s, "bytes_down", method),
+            prefetches=_int(s, "prefetches", method),
+            stalled_ms=float(stalled),
+            last_error=None if err is None else str(err),
+            deferred=_int(s, "deferred", method),
+            held_over_bytes=_int(s, "held_over_bytes", method),
+        )
+
+
+@dataclass(frozen=True)
 class StorePlacement:
     """The store's placement: policy, budgets, usage."""
 
@@ -133,6 +195,8 @@ class StorePlacement:
     disk_used_bytes: int
     disk_dir: str | None
     stats: PlacementStats | None
+    device: DeviceTier | None = None
+    """The device tier (None without one)."""
 
     @staticmethod
     def from_json(r: object, method: str) -> StorePlacement:
@@ -161,6 +225,7 @@ class StorePlacement:
                 else 0,
             )
         disk_dir = d.get("disk_dir")
+        dev = d.get("device")
         return StorePlacement(
             tiers=bool(d.get("tiers")),
             policy=str(d.get("policy")),
@@ -170,6 +235,7 @@ class StorePlacement:
             disk_used_bytes=_int(d, "disk_used_bytes", method),
             disk_dir=None if disk_dir is None else str(disk_dir),
             stats=stats,
+            device=None if dev is None else DeviceTier.from_json(dev, method),
         )
 
 
@@ -181,8 +247,9 @@ def placement(client: Client, ref: TensorRef) -> RefPlacement:
 
 def place(client: Client, ref: TensorRef, where: Where) -> RefPlacement:
     """Places `ref` by hand: `cpu` (pinned in the cpu tier, within its budget), `disk`
-    (pinned on disk: each use reads it) or `auto` (back to the policy). The move runs in
-    the background (`moving`); `wait_placed` waits for it."""
+    (pinned on disk: each use reads it), `auto` (back to the policy), or for a reference
+    kept from the store's device tier's device, that device (`cuda:0`: pinned there). The
+    move runs in the background (`moving`); `wait_placed` waits for it."""
     r = client.call("store.ref.place", {"id": ref.id, "placement": where})
     return RefPlacement.from_json(r, "store.ref.place")
 
@@ -223,11 +290,13 @@ def set_store_placement(
     policy: str | None = None,
     cpu_budget_bytes: int | None = None,
     disk_budget_bytes: int | None = None,
+    device_budget_bytes: int | None = None,
 ) -> StorePlacement:
     """Changes the policy (`pinned`, `genoa`, `lru`, `flow`; a change starts the cpu tier
     over) and the budgets, each when given. `InvalidParamsError` for an unknown policy or
-    a store without tiers, `LimitExceededError` naming `cpu_budget_bytes` / `disk_budget_bytes`
-    for a budget below what is pinned or stored."""
+    a store without tiers (or `device_budget_bytes` without a device tier),
+    `LimitExceededError` naming `cpu_budget_bytes` / `disk_budget_bytes` /
+    `device_budget_bytes` for a budget below what is pinned or stored."""
     params: dict[str, object] = {}
     if policy is not None:
         params["policy"] = policy
@@ -235,5 +304,7 @@ def set_store_placement(
         params["cpu_budget_bytes"] = cpu_budget_bytes
     if disk_budget_bytes is not None:
         params["disk_budget_bytes"] = disk_budget_bytes
+    if device_budget_bytes is not None:
+        params["device_budget_bytes"] = device_budget_bytes
     r = client.call("store.placement.set", params)
     return StorePlacement.from_json(r, "store.placement.set")

@@ -21,7 +21,10 @@ import pytest
 from conftest import Server, ferry_bin, unique_addr
 
 from ferry_client import Client
+from ferry_client.errors import ResultError
 from ferry_client.placement import (
+    DeviceTier,
+    StorePlacement,
     place,
     placement,
     schedule,
@@ -142,7 +145,15 @@ def test_placed_by_hand_and_reconfigured_with_errors_naming_options(
             place(c, refs[3], "cpu")
         assert "cpu_budget_bytes" in e.value.message
         with pytest.raises(InvalidParamsError):
-            place(c, refs[3], "gpu")  # type: ignore[arg-type]
+            place(c, refs[3], "gpu")
+        # No device tier on this store: its placement and budget are refused by name.
+        assert store_placement(c).device is None
+        with pytest.raises(InvalidParamsError) as e3:
+            place(c, refs[3], "cuda:0")
+        assert "cpu, disk or auto" in e3.value.message
+        with pytest.raises(InvalidParamsError) as e3:
+            set_store_placement(c, device_budget_bytes=MIB)
+        assert "device_budget_bytes" in e3.value.message
         with pytest.raises(InvalidParamsError) as e2:
             set_store_placement(c, policy="nope")
         assert "policy" in e2.value.message
@@ -258,3 +269,39 @@ def test_the_example_records_the_stores_uses_as_a_trace(
     assert len(set(layers)) == 4, "the 4 keeps first, one key per layer"
     # Then 2 runs (lru, flow) of 2 passes over the layers in order.
     assert keys[4:] == layers * 4, keys
+
+
+def test_a_device_tier_is_read_from_the_stores_answer() -> None:
+    # `store.placement.get` as a store with a device tier answered it (recorded from
+    # store/tests/placed_device.rs, which runs the tier on a simulated GPU: no GPU here).
+    answer = json.loads(
+        """{"cpu_budget_bytes": 262144, "cpu_used_bytes": 262144, "device": {
+        "budget_bytes": 524288, "device": "cuda:0", "policy": "lru", "stats": {
+        "bytes_down": 524288, "bytes_up": 0, "deferred": 0, "held_over_bytes": 0,
+        "hits": 0, "last_error": null, "prefetches": 0, "stalled_ms": 0.0, "uses": 0,
+        "waits": 0}, "used_bytes": 524288}, "disk_budget_bytes": 67108864,
+        "disk_dir": "/tmp/x", "disk_used_bytes": 524288, "policy": "lru", "stats": {
+        "bytes_read": 0, "bytes_written": 262144, "deferred": 0, "held_over_bytes": 0,
+        "hits": 0, "last_error": null, "prefetches": 0, "stalled_ms": 0.0, "uses": 0,
+        "waits": 0}, "tiers": true}"""
+    )
+    info = StorePlacement.from_json(answer, "store.placement.get")
+    assert info.device == DeviceTier(
+        device="cuda:0",
+        policy="lru",
+        budget_bytes=512 << 10,
+        used_bytes=512 << 10,
+        uses=0,
+        hits=0,
+        waits=0,
+        bytes_up=0,
+        bytes_down=512 << 10,
+        prefetches=0,
+        stalled_ms=0.0,
+        last_error=None,
+        deferred=0,
+        held_over_bytes=0,
+    )
+    answer["device"]["stats"]["bytes_up"] = "many"
+    with pytest.raises(ResultError):
+        StorePlacement.from_json(answer, "store.placement.get")
