@@ -194,7 +194,10 @@ impl PlacedRefs {
         let device = match &opts.device {
             Some(d) => {
                 let policy = placement_policy(&opts.policy)?;
-                Some(DeviceTier::new(d.memory.clone(), d.budget_bytes, policy, tiers.clone()).map_err(|e| e.to_string())?)
+                Some(
+                    DeviceTier::new(d.memory.clone(), d.budget_bytes, policy, tiers.clone())
+                        .map_err(|e| e.to_string())?,
+                )
             }
             None => None,
         };
@@ -240,7 +243,14 @@ impl PlacedRefs {
             Some(Held::Fixed(t)) => {
                 let in_use = t.device_buffer().is_some_and(|b| Arc::strong_count(b) > 1);
                 let (placement, bytes) = (t.device().to_string(), t.nbytes() as u64);
-                return Ok(RefState { placement, pinned: "auto".into(), moving: false, in_use, deferred: false, bytes });
+                return Ok(RefState {
+                    placement,
+                    pinned: "auto".into(),
+                    moving: false,
+                    in_use,
+                    deferred: false,
+                    bytes,
+                });
             }
             // (Not a device reference a moment ago: freed and made again meanwhile.)
             Some(Held::Device(..)) => return Err(ferry_rpc::remote::not_found(id)),
@@ -466,7 +476,8 @@ impl RefBacking for PlacedRefs {
         if device {
             let d = self.device_or_gone(id)?;
             let buf = blocking(|| d.get(key)).map_err(|e| tier_error(e, id))?;
-            return Tensor::from_device(meta, buf).map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")));
+            return Tensor::from_device(meta, buf)
+                .map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")));
         }
         let held = blocking(|| self.tiers.get(key)).map_err(|e| tier_error(e, id))?;
         Tensor::new(meta, held.bytes).map_err(|e| ErrorObject::internal(format!("reference {id:.40}: {e}")))

@@ -173,7 +173,8 @@ async fn device_references_live_on_the_device_tier_and_each_use_gets_them_there(
 
     // By hand: pinned on the device, then on disk; a device budget below the pinned bytes
     // names its option; a host placement for a host-only name is refused clearly.
-    let p: RefPlacement = c.call("store.ref.place", &json!({ "id": refs[0].0.id, "placement": "cuda:0" })).await.unwrap();
+    let p: RefPlacement =
+        c.call("store.ref.place", &json!({ "id": refs[0].0.id, "placement": "cuda:0" })).await.unwrap();
     assert_eq!(p.pinned, "cuda:0");
     until(&c, &refs[0], "pinned on the device", |p| p.placement == "cuda:0" && !p.moving).await;
     let e = c.call::<_, PlacementInfo>("store.placement.set", &json!({ "device_budget_bytes": 0 })).await.unwrap_err();

@@ -24,13 +24,13 @@
 //! on the device tier is lent to a cuda-ipc peer without a copy.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ferry_core::{DeviceBuffer, Device};
+use ferry_core::{Device, DeviceBuffer};
 
-use super::{Decision, Key, Pin, Policy, Tier, TierError, Tiers, View};
+use super::kept::{Kept, MoverThread};
+use super::{Decision, Key, Pin, Policy, Tier, TierError, Tiers};
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -134,13 +134,9 @@ pub(super) enum Job {
 }
 
 pub(super) struct State {
-    view: View,
-    policy: Box<dyn Policy + Send>,
+    kept: Kept,
     entries: HashMap<Key, Entry>,
     next_key: Key,
-    budget: u64,
-    pinned: u64,
-    step: usize,
     uploading: HashSet<Key>,
     downloading: HashSet<Key>,
     deferred: HashSet<Key>,
@@ -157,8 +153,7 @@ pub(super) struct Shared {
 /// Tensors homed on one device, kept there or below it (see the module docs).
 pub struct DeviceTier {
     shared: Arc<Shared>,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    worker: Option<std::thread::JoinHandle<()>>,
+    mover: MoverThread<Job>,
 }
 
 impl std::fmt::Debug for DeviceTier {
@@ -176,23 +171,18 @@ impl DeviceTier {
         below: Arc<Tiers>,
     ) -> Result<DeviceTier, TierError> {
         let state = State {
-            view: View::new(budget),
-            policy,
+            kept: Kept::new(budget, policy),
             entries: HashMap::new(),
             next_key: 0,
-            budget,
-            pinned: 0,
-            step: 0,
             uploading: HashSet::new(),
             downloading: HashSet::new(),
             deferred: HashSet::new(),
             stats: DeviceStats::default(),
         };
         let shared = Arc::new(Shared { state: Mutex::new(state), moved: Condvar::new(), mem, below });
-        let (tx, rx) = mpsc::channel();
-        let worker = moves::spawn(shared.clone(), rx)
+        let mover = MoverThread::spawn("ferry-device-tier", shared.clone())
             .map_err(|source| TierError::Io { path: "<device mover thread>".into(), source })?;
-        Ok(DeviceTier { shared, jobs: Mutex::new(Some(tx)), worker: Some(worker) })
+        Ok(DeviceTier { shared, mover })
     }
 
     /// The device.
@@ -210,8 +200,15 @@ impl DeviceTier {
         let mut st = self.shared.lock();
         let key = st.next_key;
         st.next_key += 1;
-        let entry =
-            Entry { bytes, copy: Some(buf), below: None, pin: DevicePin::Auto, last_use: st.step, waiting: 0, failed: None };
+        let entry = Entry {
+            bytes,
+            copy: Some(buf),
+            below: None,
+            pin: DevicePin::Auto,
+            last_use: st.kept.step,
+            waiting: 0,
+            failed: None,
+        };
         st.entries.insert(key, entry);
         let d = st.decide(key, bytes, false);
         let jobs = st.apply(key, d);
@@ -270,7 +267,7 @@ impl DeviceTier {
             DevicePin::Device => Vec::new(),
             DevicePin::Below(_) => st.start_down(key).into_iter().collect(),
         };
-        let step = st.step;
+        let step = st.kept.step;
         if let Some(e) = st.entries.get_mut(&key) {
             e.last_use = step;
         }
@@ -307,8 +304,8 @@ impl DeviceTier {
         let mut st = self.shared.lock();
         let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
         let (bytes, was, below) = (e.bytes, e.pin, e.below);
-        if pin == DevicePin::Device && was != pin && st.pinned + bytes > st.budget {
-            return Err(TierError::DeviceFull { pinned: st.pinned, budget: st.budget, more: bytes });
+        if pin == DevicePin::Device && was != pin && st.kept.pinned + bytes > st.kept.budget {
+            return Err(TierError::DeviceFull { pinned: st.kept.pinned, budget: st.kept.budget, more: bytes });
         }
         // The tiers below place their copy now, or when it is made ([`Shared::move_down`]).
         if let (Some(k), DevicePin::Below(p)) = (below, pin) {
@@ -321,14 +318,12 @@ impl DeviceTier {
             st = self.shared.lock();
         }
         let mut jobs = Vec::new();
-        if st.view.take(key).is_some() {
-            st.policy.forget(key);
-        }
+        st.kept.unplace(key);
         if was == DevicePin::Device {
-            st.pinned -= bytes;
+            st.kept.unpin(bytes);
         }
         if pin == DevicePin::Device {
-            st.pinned += bytes;
+            st.kept.pin(bytes).map_err(|(pinned, budget)| TierError::DeviceFull { pinned, budget, more: bytes })?;
         }
         if let Some(e) = st.entries.get_mut(&key) {
             e.pin = pin;
@@ -348,15 +343,11 @@ impl DeviceTier {
     pub fn remove(&self, key: Key) {
         let mut st = self.shared.lock();
         let Some(e) = st.entries.remove(&key) else { return };
-        if st.view.take(key).is_some() {
-            st.policy.forget(key);
-        }
+        st.kept.unplace(key);
         if e.pin == DevicePin::Device {
-            st.pinned -= e.bytes;
+            st.kept.unpin(e.bytes);
         }
         st.deferred.remove(&key);
-        let budget = st.budget - st.pinned;
-        st.view.set_budget(budget);
         drop(st);
         if let Some(k) = e.below {
             self.shared.below.remove(k);
@@ -370,42 +361,33 @@ impl DeviceTier {
             .iter()
             .filter_map(|k| st.entries.get(k).filter(|e| e.pin == DevicePin::Auto).map(|e| (*k, e.bytes)))
             .collect();
-        st.policy.schedule(&with_sizes);
+        st.kept.policy.schedule(&with_sizes);
     }
 
     /// The policy's name.
     pub fn policy_name(&self) -> String {
-        self.shared.lock().policy.name()
+        self.shared.lock().kept.policy.name()
     }
 
     /// Replaces the policy: what the old one kept leaves the device (tensors placed by hand
     /// stay), and the new one decides from the next use.
     pub fn set_policy(&self, policy: Box<dyn Policy + Send>) {
         let mut st = self.shared.lock();
-        let resident: Vec<Key> = st.view.resident().map(|(k, _)| k).collect();
-        let mut jobs = Vec::new();
-        for k in resident {
-            st.view.take(k);
-            jobs.extend(st.start_down(k));
-        }
-        st.policy = policy;
+        let jobs: Vec<Job> = st.kept.replace_policy(policy).into_iter().filter_map(|k| st.start_down(k)).collect();
         drop(st);
-        self.send(jobs);
+        self.mover.send(jobs);
     }
 
     /// The budget in bytes.
     pub fn budget(&self) -> u64 {
-        self.shared.lock().budget
+        self.shared.lock().kept.budget
     }
 
     /// Changes the budget: a smaller one moves the least recently used tensors off the
     /// device (in the background); one below the bytes pinned there is refused.
     pub fn set_budget(&self, budget: u64) -> Result<(), TierError> {
         let mut st = self.shared.lock();
-        if budget < st.pinned {
-            return Err(TierError::DeviceFull { pinned: st.pinned, budget, more: st.pinned - budget });
-        }
-        st.budget = budget;
+        st.kept.set_budget(budget).map_err(|pinned| TierError::DeviceFull { pinned, budget, more: pinned - budget })?;
         let jobs = st.fit_view();
         drop(st);
         self.send(jobs);
@@ -415,8 +397,7 @@ impl DeviceTier {
     /// Bytes placed on the device (kept by the policy and pinned). Tensors let go while in
     /// use stay beyond this until their users let go ([`DeviceStats::held_over_bytes`]).
     pub fn usage(&self) -> u64 {
-        let st = self.shared.lock();
-        st.view.used() + st.pinned
+        self.shared.lock().kept.used()
     }
 
     /// What the tier did so far.
@@ -444,24 +425,13 @@ impl DeviceTier {
     }
 
     fn send(&self, jobs: Vec<Job>) {
-        if jobs.is_empty() {
-            return;
-        }
-        let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = tx.as_ref() {
-            for j in jobs {
-                let _ = tx.send(j);
-            }
-        }
+        self.mover.send(jobs);
     }
 }
 
 impl Drop for DeviceTier {
     fn drop(&mut self) {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
+        self.mover.stop();
         let st = self.shared.lock();
         let below: Vec<Key> = st.entries.values().filter_map(|e| e.below).collect();
         drop(st);
@@ -482,19 +452,8 @@ impl Shared {
 }
 
 impl State {
-    /// Asks the policy after a use and applies the decision to the view.
     fn decide(&mut self, key: Key, bytes: u64, hit: bool) -> Decision {
-        let step = self.step;
-        self.step += 1;
-        let d = self.policy.after_use(step, key, bytes, hit, &self.view);
-        match self.view.apply(&d, key, bytes) {
-            Ok(()) => d,
-            Err(e) => {
-                tracing::error!("device tier policy {}: {e}", self.policy.name());
-                self.view.take(key);
-                Decision { keep: false, ..Decision::default() }
-            }
-        }
+        self.kept.decide(key, bytes, hit, "device tier")
     }
 
     /// The moves a decision (applied to the view) needs.
@@ -532,21 +491,9 @@ impl State {
     /// Shrinks the policy's view to its budget (the budget less the pinned bytes), moving
     /// the least recently used tensors off the device.
     fn fit_view(&mut self) -> Vec<Job> {
-        let budget = self.budget - self.pinned;
-        let mut jobs = Vec::new();
-        let mut resident: Vec<(usize, Key)> =
-            self.view.resident().map(|(k, _)| (self.entries.get(&k).map_or(0, |e| e.last_use), k)).collect();
-        resident.sort_unstable();
-        for (_, k) in resident {
-            if self.view.used() <= budget {
-                break;
-            }
-            self.view.take(k);
-            self.policy.forget(k);
-            jobs.extend(self.start_down(k));
-        }
-        self.view.set_budget(budget.max(self.view.used()));
-        jobs
+        let entries = &self.entries;
+        let out = self.kept.shrink(|k| entries.get(&k).map_or(0, |e| e.last_use));
+        out.into_iter().filter_map(|k| self.start_down(k)).collect()
     }
 
     /// Drops the device copies of deferred tensors whose users let go (a deferred tensor
@@ -593,6 +540,6 @@ impl State {
 
     /// Whether `key` belongs on the device now.
     fn wants(&self, key: Key) -> bool {
-        self.view.contains(key) || self.entries.get(&key).is_some_and(|e| e.pin == DevicePin::Device)
+        self.kept.view.contains(key) || self.entries.get(&key).is_some_and(|e| e.pin == DevicePin::Device)
     }
 }

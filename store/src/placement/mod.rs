@@ -33,6 +33,7 @@
 
 mod device;
 mod flow;
+mod kept;
 mod min;
 mod policies;
 pub mod replay;

@@ -32,13 +32,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::{Key, Policy, View};
+use super::kept::{Kept, MoverThread};
+use super::{Key, Policy};
 
 mod mover;
 mod record;
@@ -218,8 +218,7 @@ pub struct TensorState {
 /// Tensors across a cpu and a disk tier (see the module docs).
 pub struct Tiers {
     shared: Arc<Shared>,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
-    worker: Option<std::thread::JoinHandle<()>>,
+    mover: MoverThread<Job>,
 }
 
 /// A tensor in cpu memory, held for a use: its bytes stay valid and unchanged while held.
@@ -248,15 +247,11 @@ impl Tiers {
             None => None,
         };
         let state = State {
-            view: View::new(opts.cpu_budget),
-            policy,
+            kept: Kept::new(opts.cpu_budget, policy),
             entries: HashMap::new(),
             next_key: 0,
             disk_used: 0,
-            cpu_budget: opts.cpu_budget,
             disk_budget: opts.disk_budget,
-            pinned_cpu: 0,
-            step: 0,
             reading: HashSet::new(),
             writing: HashSet::new(),
             deferred: HashSet::new(),
@@ -264,10 +259,9 @@ impl Tiers {
             recorder,
         };
         let shared = Arc::new(Shared { state: Mutex::new(state), moved: Condvar::new(), dir: opts.disk_dir });
-        let (tx, rx) = mpsc::channel::<Job>();
-        let worker = mover::spawn(shared.clone(), rx)
+        let mover = MoverThread::spawn("ferry-tiers-mover", shared.clone())
             .map_err(|source| TierError::Io { path: PathBuf::from("<mover thread>"), source })?;
-        Ok(Tiers { shared, jobs: Mutex::new(Some(tx)), worker: Some(worker) })
+        Ok(Tiers { shared, mover })
     }
 
     /// Stores a tensor; returns its key. Its placement is the policy's decision after this
@@ -284,7 +278,7 @@ impl Tiers {
         st.disk_used += bytes;
         let key = st.next_key;
         st.next_key += 1;
-        let entry = Entry { bytes, cpu: Some(mem), on_disk: false, pin: Pin::Auto, last_use: st.step };
+        let entry = Entry { bytes, cpu: Some(mem), on_disk: false, pin: Pin::Auto, last_use: st.kept.step };
         st.entries.insert(key, entry);
         let d = st.decide(key, bytes, false);
         let jobs = st.apply(key, d);
@@ -298,7 +292,7 @@ impl Tiers {
         let mut st = self.shared.lock();
         let e = st.entries.get(&key).ok_or(TierError::Unknown(key))?;
         let (bytes, pin) = (e.bytes, e.pin);
-        let hit = st.view.contains(key) || pin == Pin::Cpu;
+        let hit = st.kept.view.contains(key) || pin == Pin::Cpu;
         let started = Instant::now();
         let mut waited = false;
         let mut read_here = false;
@@ -349,7 +343,7 @@ impl Tiers {
             // Used from its file: the copy goes once its users let go.
             Pin::Disk => st.start_write(key).into_iter().collect(),
         };
-        let step = st.step;
+        let step = st.kept.step;
         if let Some(e) = st.entries.get_mut(&key) {
             e.last_use = step;
         }
@@ -384,18 +378,16 @@ impl Tiers {
         if was == pin {
             return Ok(());
         }
-        if pin == Pin::Cpu && st.pinned_cpu + bytes > st.cpu_budget {
-            return Err(TierError::CpuFull { pinned: st.pinned_cpu, budget: st.cpu_budget, more: bytes });
+        if pin == Pin::Cpu && st.kept.pinned + bytes > st.kept.budget {
+            return Err(TierError::CpuFull { pinned: st.kept.pinned, budget: st.kept.budget, more: bytes });
         }
         let mut jobs = Vec::new();
-        if st.view.take(key).is_some() {
-            st.policy.forget(key);
-        }
+        st.kept.unplace(key);
         if was == Pin::Cpu {
-            st.pinned_cpu -= bytes;
+            st.kept.unpin(bytes);
         }
         if pin == Pin::Cpu {
-            st.pinned_cpu += bytes;
+            st.kept.pin(bytes).map_err(|(pinned, budget)| TierError::CpuFull { pinned, budget, more: bytes })?;
         }
         if let Some(e) = st.entries.get_mut(&key) {
             e.pin = pin;
@@ -415,15 +407,11 @@ impl Tiers {
     pub fn remove(&self, key: Key) {
         let mut st = self.shared.lock();
         let Some(e) = st.entries.remove(&key) else { return };
-        if st.view.take(key).is_some() {
-            st.policy.forget(key);
-        }
+        st.kept.unplace(key);
         if e.pin == Pin::Cpu {
-            st.pinned_cpu -= e.bytes;
+            st.kept.unpin(e.bytes);
         }
         st.disk_used -= e.bytes;
-        let budget = st.cpu_budget - st.pinned_cpu;
-        st.view.set_budget(budget);
         drop(st);
         if e.on_disk {
             let _ = std::fs::remove_file(self.shared.path(key));
@@ -437,12 +425,12 @@ impl Tiers {
             .iter()
             .filter_map(|k| st.entries.get(k).filter(|e| e.pin == Pin::Auto).map(|e| (*k, e.bytes)))
             .collect();
-        st.policy.schedule(&with_sizes);
+        st.kept.policy.schedule(&with_sizes);
     }
 
     /// The policy's name.
     pub fn policy_name(&self) -> String {
-        self.shared.lock().policy.name()
+        self.shared.lock().kept.policy.name()
     }
 
     /// Replaces the policy. The cpu tier starts over: every tensor the old policy kept goes
@@ -450,13 +438,7 @@ impl Tiers {
     /// tensors placed by hand stay.
     pub fn set_policy(&self, policy: Box<dyn Policy + Send>) {
         let mut st = self.shared.lock();
-        let resident: Vec<Key> = st.view.resident().map(|(k, _)| k).collect();
-        let mut jobs = Vec::new();
-        for k in resident {
-            st.view.take(k);
-            jobs.extend(st.start_write(k));
-        }
-        st.policy = policy;
+        let jobs: Vec<Job> = st.kept.replace_policy(policy).into_iter().filter_map(|k| st.start_write(k)).collect();
         drop(st);
         self.send(jobs);
     }
@@ -464,7 +446,7 @@ impl Tiers {
     /// The budgets (cpu, disk) in bytes.
     pub fn budgets(&self) -> (u64, u64) {
         let st = self.shared.lock();
-        (st.cpu_budget, st.disk_budget)
+        (st.kept.budget, st.disk_budget)
     }
 
     /// Changes the budgets. A smaller cpu tier moves its least recently used tensors down
@@ -472,13 +454,10 @@ impl Tiers {
     /// below the bytes stored, is refused.
     pub fn set_budgets(&self, cpu: u64, disk: u64) -> Result<(), TierError> {
         let mut st = self.shared.lock();
-        if cpu < st.pinned_cpu {
-            return Err(TierError::CpuFull { pinned: st.pinned_cpu, budget: cpu, more: st.pinned_cpu - cpu });
-        }
         if disk < st.disk_used {
             return Err(TierError::DiskFull { used: st.disk_used, budget: disk, more: 0 });
         }
-        st.cpu_budget = cpu;
+        st.kept.set_budget(cpu).map_err(|pinned| TierError::CpuFull { pinned, budget: cpu, more: pinned - cpu })?;
         st.disk_budget = disk;
         let jobs = st.fit_view();
         drop(st);
@@ -491,7 +470,7 @@ impl Tiers {
     /// ([`TierStats::held_over_bytes`]).
     pub fn usage(&self) -> (u64, u64) {
         let st = self.shared.lock();
-        (st.view.used() + st.pinned_cpu, st.disk_used)
+        (st.kept.used(), st.disk_used)
     }
 
     /// What the tiers did so far.
@@ -534,24 +513,13 @@ impl Tiers {
     }
 
     fn send(&self, jobs: Vec<Job>) {
-        if jobs.is_empty() {
-            return;
-        }
-        let tx = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = tx.as_ref() {
-            for j in jobs {
-                let _ = tx.send(j);
-            }
-        }
+        self.mover.send(jobs);
     }
 }
 
 impl Drop for Tiers {
     fn drop(&mut self) {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
+        self.mover.stop();
         let mut st = self.shared.lock();
         if let Some(r) = st.recorder.as_mut() {
             r.flush();

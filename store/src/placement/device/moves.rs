@@ -1,47 +1,31 @@
 //! The device tier's moves, on its mover thread: uploads from the tiers below, and copies
 //! down to them.
 
-use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::Duration;
-
 use bytes::Bytes;
 
 use super::{DevicePin, Job, Shared};
 use crate::placement::Key;
+use crate::placement::kept::Moves;
 
-/// While moves are deferred for their users, the mover looks this often whether they let
-/// go (nothing tells it: a cuda-ipc peer's mapping ends in the channel).
-const RELEASE_POLL: Duration = Duration::from_millis(10);
+impl Moves for Shared {
+    type Job = Job;
 
-/// Starts the mover thread: it carries out the moves sent on `jobs` until the sender goes,
-/// and ends deferred moves once their users let go.
-pub(super) fn spawn(shared: Arc<Shared>, jobs: Receiver<Job>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("ferry-device-tier".into()).spawn(move || {
-        loop {
-            let deferred = !shared.lock().deferred.is_empty();
-            let job = if deferred {
-                match jobs.recv_timeout(RELEASE_POLL) {
-                    Ok(j) => Some(j),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            } else {
-                match jobs.recv() {
-                    Ok(j) => Some(j),
-                    Err(_) => return,
-                }
-            };
-            match job {
-                Some(Job::Up(k)) => shared.move_up(k),
-                Some(Job::Down(k)) => shared.move_down(k),
-                None => {}
-            }
-            if deferred && shared.lock().release_deferred() {
-                shared.moved.notify_all();
-            }
+    fn run(&self, job: Job) {
+        match job {
+            Job::Up(k) => self.move_up(k),
+            Job::Down(k) => self.move_down(k),
         }
-    })
+    }
+
+    fn deferred(&self) -> bool {
+        !self.lock().deferred.is_empty()
+    }
+
+    fn release(&self) {
+        if self.lock().release_deferred() {
+            self.moved.notify_all();
+        }
+    }
 }
 
 impl Shared {

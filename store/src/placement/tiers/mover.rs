@@ -2,49 +2,34 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, MutexGuard};
-use std::time::Duration;
+use std::sync::MutexGuard;
 
 use bytes::Bytes;
 
 use super::state::{Job, Mem, Shared, State};
 use super::{Key, TierError};
 use crate::bucket::{Bucket, BucketMut};
+use crate::placement::kept::Moves;
 
-/// Starts the mover thread: it carries out the moves sent on `jobs` until the sender goes.
-/// While moves are deferred for their users, the mover looks this often whether they let go
-/// (nothing tells it: a reader's lease ends in the shm channel).
-const RELEASE_POLL: Duration = Duration::from_millis(10);
+impl Moves for Shared {
+    type Job = Job;
 
-/// Starts the mover thread: it carries out the moves sent on `jobs` until the sender goes,
-/// and ends deferred moves once their users let go.
-pub(super) fn spawn(shared: Arc<Shared>, jobs: Receiver<Job>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("ferry-tiers-mover".into()).spawn(move || {
-        loop {
-            let deferred = !shared.lock().deferred.is_empty();
-            let job = if deferred {
-                match jobs.recv_timeout(RELEASE_POLL) {
-                    Ok(j) => Some(j),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            } else {
-                match jobs.recv() {
-                    Ok(j) => Some(j),
-                    Err(_) => return,
-                }
-            };
-            match job {
-                Some(Job::Up(k)) => shared.read_in(k),
-                Some(Job::Down(k)) => shared.write_out(k),
-                None => {}
-            }
-            if deferred && shared.lock().release_deferred() {
-                shared.moved.notify_all();
-            }
+    fn run(&self, job: Job) {
+        match job {
+            Job::Up(k) => self.read_in(k),
+            Job::Down(k) => self.write_out(k),
         }
-    })
+    }
+
+    fn deferred(&self) -> bool {
+        !self.lock().deferred.is_empty()
+    }
+
+    fn release(&self) {
+        if self.lock().release_deferred() {
+            self.moved.notify_all();
+        }
+    }
 }
 
 /// `data` as memory of the tiers: where it lies when that is a shared segment, else copied

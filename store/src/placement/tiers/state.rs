@@ -11,7 +11,8 @@ use bytes::Bytes;
 use super::record::Recorder;
 use super::{Pin, TierStats};
 use crate::bucket::Bucket;
-use crate::placement::{Decision, Key, Policy, View};
+use crate::placement::kept::Kept;
+use crate::placement::{Decision, Key};
 
 /// A tensor's bytes in memory: a range of a bucket (shared memory on Linux).
 #[derive(Clone)]
@@ -55,17 +56,14 @@ pub(super) enum Job {
 }
 
 pub(super) struct State {
-    /// The policy's share of the cpu tier (budget: `cpu_budget` less the pinned bytes).
-    pub(super) view: View,
-    pub(super) policy: Box<dyn Policy + Send>,
+    /// The cpu tier's policy, its share of the tier (the cpu budget less the pinned bytes)
+    /// and the bytes pinned there.
+    pub(super) kept: Kept,
     pub(super) entries: HashMap<Key, Entry>,
     pub(super) next_key: Key,
     /// Bytes counted on disk: every tensor's, from its put.
     pub(super) disk_used: u64,
-    pub(super) cpu_budget: u64,
     pub(super) disk_budget: u64,
-    pub(super) pinned_cpu: u64,
-    pub(super) step: usize,
     /// Reads in flight: a use of one waits for it.
     pub(super) reading: HashSet<Key>,
     /// Writes in flight.
@@ -93,18 +91,7 @@ impl State {
         if let Some(r) = self.recorder.as_mut() {
             r.record(key, bytes);
         }
-        let step = self.step;
-        self.step += 1;
-        let d = self.policy.after_use(step, key, bytes, hit, &self.view);
-        match self.view.apply(&d, key, bytes) {
-            Ok(()) => d,
-            Err(e) => {
-                // A policy bug: keep the tier consistent by letting this tensor go.
-                tracing::error!("placement policy {}: {e}", self.policy.name());
-                self.view.take(key);
-                Decision { keep: false, ..Decision::default() }
-            }
-        }
+        self.kept.decide(key, bytes, hit, "cpu tier")
     }
 
     /// The moves a decision (applied to the view) needs.
@@ -122,7 +109,7 @@ impl State {
 
     /// Starts moving `key` down (unless it belongs in the cpu tier or has no cpu copy).
     pub(super) fn start_write(&mut self, key: Key) -> Option<Job> {
-        let cpu_tier = self.view.contains(key);
+        let cpu_tier = self.kept.view.contains(key);
         let e = self.entries.get(&key)?;
         if cpu_tier || e.pin == Pin::Cpu || e.cpu.is_none() || !self.writing.insert(key) {
             return None;
@@ -142,21 +129,9 @@ impl State {
     /// Shrinks the policy's view to its budget (the cpu budget less the pinned bytes),
     /// moving the least recently used tensors down.
     pub(super) fn fit_view(&mut self) -> Vec<Job> {
-        let budget = self.cpu_budget - self.pinned_cpu;
-        let mut jobs = Vec::new();
-        let mut resident: Vec<(usize, Key)> =
-            self.view.resident().map(|(k, _)| (self.entries.get(&k).map_or(0, |e| e.last_use), k)).collect();
-        resident.sort_unstable();
-        for (_, k) in resident {
-            if self.view.used() <= budget {
-                break;
-            }
-            self.view.take(k);
-            self.policy.forget(k);
-            jobs.extend(self.start_write(k));
-        }
-        self.view.set_budget(budget.max(self.view.used()));
-        jobs
+        let entries = &self.entries;
+        let out = self.kept.shrink(|k| entries.get(&k).map_or(0, |e| e.last_use));
+        out.into_iter().filter_map(|k| self.start_write(k)).collect()
     }
 
     /// Ends the deferred moves whose users let go: their cpu copies are dropped (their
@@ -210,6 +185,6 @@ impl State {
 
     /// Whether `key`'s bytes belong in memory now.
     pub(super) fn wants_cpu(&self, key: Key) -> bool {
-        self.view.contains(key) || self.entries.get(&key).is_some_and(|e| e.pin == Pin::Cpu)
+        self.kept.view.contains(key) || self.entries.get(&key).is_some_and(|e| e.pin == Pin::Cpu)
     }
 }
