@@ -42,6 +42,8 @@ pub mod weights;
 pub use device::{DeviceView, device_slice, plan_layout};
 pub use manifest::{Columns, Entry};
 pub use placed::{DeviceTierOptions, PlacedRefs, PlacementOptions, RefState, policy as placement_policy};
+#[cfg(feature = "cuda")]
+pub use refs::device_or_shared_copy;
 pub use refs::{shared_copy, shared_tensor_mut};
 pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 

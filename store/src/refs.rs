@@ -21,6 +21,26 @@ pub fn shared_copy(t: &Tensor) -> Result<Tensor, String> {
     Tensor::new(t.meta().clone(), bytes).map_err(|e| e.to_string())
 }
 
+/// The [`ferry_rpc::RefCopy`] of a server whose references may be device tensors (a store
+/// with a device tier): a host tensor as [`shared_copy`]; a tensor on one of `chan`'s
+/// devices copied on its device into `chan`'s pool
+/// ([`ferry_cuda_ipc::CudaIpcChannel::copy_on_device`]), so that the kept copy outlives the
+/// sender's lease and is lent again without a copy. It blocks its runtime worker for the
+/// copy (`block_in_place`): on a current-thread runtime a device tensor is refused.
+#[cfg(feature = "cuda")]
+pub fn device_or_shared_copy(chan: ferry_cuda_ipc::CudaIpcChannel) -> ferry_rpc::RefCopy {
+    std::sync::Arc::new(move |t: &Tensor| {
+        if !matches!(t.storage(), ferry_core::Storage::Device(_)) {
+            return shared_copy(t);
+        }
+        let handle = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+            .ok_or_else(|| format!("keeping a {} tensor needs a multi-thread runtime", t.device()))?;
+        tokio::task::block_in_place(|| handle.block_on(chan.copy_on_device(t))).map_err(|e| e.to_string())
+    })
+}
+
 /// A zeroed, writable host tensor of `meta` in a shared segment of its own (Linux;
 /// elsewhere aligned heap memory): once frozen, every send of it over an shm connection
 /// lends the segment instead of copying it. The error says why the memory could not be had.

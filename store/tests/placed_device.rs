@@ -2,7 +2,8 @@
 //! simulated in memory (`ferry_cuda_ipc::fake`, two simulated processes): a server keeps
 //! tensors it made on its GPU as references, the tier keeps what its budget holds and copies the
 //! rest down to the cpu and disk tiers; a call using one gets it on the device, intact; a
-//! fetch lends it over cuda-ipc; placement by hand and the device budget go through
+//! fetch lends it over cuda-ipc; a client's own device tensor kept with `ferry.ref.keep` is
+//! copied on the device and placed the same way; placement by hand and the device budget go through
 //! `store.ref.place` and `store.placement.set`, and `store.placement.get` reports the tier.
 
 use std::sync::Arc;
@@ -34,6 +35,11 @@ fn endpoint(c: &CudaIpcChannel) -> Endpoint {
         .channel(Arc::new(c.clone()))
         .channel(Arc::new(InlineChannel))
         .build()
+}
+
+#[derive(serde::Serialize)]
+struct Keep {
+    tensor: RpcTensor,
 }
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -119,7 +125,10 @@ async fn device_references_live_on_the_device_tier_and_each_use_gets_them_there(
         }
     })
     .unwrap();
-    let server = Server::builder(m).ref_backing(placed).build();
+    let server = Server::builder(m)
+        .ref_backing(placed)
+        .ref_copy(ferry_store::device_or_shared_copy(sc.clone()))
+        .build();
     let addr = format!("unix:ferry-placed-device-{}", ferry_conformance::unique("dev"));
     let listener = endpoint(&sc).listen(&addr).await.unwrap();
     tokio::spawn(async move {
@@ -201,6 +210,17 @@ async fn device_references_live_on_the_device_tier_and_each_use_gets_them_there(
         let p = until(&c, r, "off the device", |p| p.placement != "cuda:0" && !p.moving).await;
         assert!(p.placement == "cpu" || p.placement == "disk", "ref {i}: {p:?}");
     }
+    // A client keeps a tensor of its own GPU: copied on the device into the server's pool
+    // (the client's memory is its own again at once), then placed like the others: with
+    // the device budget now 0, below the device; a use uploads it.
+    let mine = on_device(&cc, 42).await;
+    let kept: TensorRef = c.call("ferry.ref.keep", &Keep { tensor: mine.clone() }).await.unwrap();
+    drop(mine);
+    let p = until(&c, &kept, "kept", |p| !p.moving).await;
+    assert!(p.placement == "cpu" || p.placement == "disk", "{p:?}");
+    let ok: bool = c.call("check", &json!({ "x": kept, "fill": 42 })).await.unwrap();
+    assert!(ok, "a kept client tensor comes back intact on the device");
+    refs.push(kept);
     // Freed references leave nothing below.
     for r in &refs {
         let _: serde_json::Value = c.call("ferry.ref.free", &json!({ "ids": [r.0.id] })).await.unwrap();

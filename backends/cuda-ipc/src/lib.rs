@@ -224,6 +224,28 @@ impl CudaIpcChannel {
         Ok(out)
     }
 
+    /// A copy of device tensor `t` in this channel's exportable pool: one device-to-device
+    /// copy, finished when this returns (so `t`, a received tensor whose lease then ends,
+    /// may be let go at once). Sending the copy on a pipe of this channel costs no copy.
+    /// Fails with [`ChannelError::Closed`] for an orphaned tensor ([`is_orphaned`]).
+    pub async fn copy_on_device(&self, t: &Tensor) -> Result<Tensor, ChannelError> {
+        let dev = self.device(t.device())?;
+        let Storage::Device(buf) = t.storage() else {
+            return Err(ChannelError::Unsupported { channel: NAME, reason: "tensor is not in device memory".into() });
+        };
+        if is_orphaned(t) {
+            return Err(ChannelError::Closed);
+        }
+        let len = buf.len() as u64;
+        let slot = self.pool.alloc(dev, len, None).await?;
+        self.driver.copy_dtod(dev, slot.ptr(), buf.device_ptr(), len).map_err(backend)?;
+        let ev = self.driver.event_create(dev).map_err(backend)?;
+        let done = self.driver.event_record(dev, ev).and_then(|()| self.driver.event_sync(dev, ev));
+        let destroyed = self.driver.event_destroy(dev, ev);
+        done.and(destroyed).map_err(backend)?;
+        Ok(Tensor::from_device(t.meta().clone(), Arc::new(pool::PoolBuffer { slot, start: 0, len }))?)
+    }
+
     /// Frees every empty slab of the pool now (peers that mapped them are told); returns
     /// how many.
     pub fn trim(&self) -> usize {
