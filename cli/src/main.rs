@@ -171,6 +171,16 @@ enum Cmd {
         /// With --record-trace: most uses recorded; then recording stops, with a log line.
         #[arg(long, value_name = "N", default_value_t = ferry_store::placement::DEFAULT_TRACE_LIMIT)]
         record_trace_limit: u64,
+        /// With --placement: a device tier of this many MiB on --cuda-device above the cpu
+        /// tier, for the references clients keep from that GPU (copied on the device; each
+        /// use gets them there). Needs ferry built with the `cuda-ipc` feature and a CUDA
+        /// driver.
+        #[arg(long, value_name = "MIB")]
+        cuda_budget_mib: Option<u64>,
+        /// With --cuda-budget-mib: the device tier's GPU (`cuda:N`, in this process's
+        /// numbering).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        cuda_device: u32,
         /// Require this bearer token from every client.
         #[arg(long, env = "FERRY_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -267,6 +277,35 @@ fn serve_busy_poll(busy_poll_us: Option<u64>) -> anyhow::Result<std::time::Durat
         );
     }
     Ok(busy_poll_us.map_or_else(ferry_cli::cli_rpc::default_busy_poll, std::time::Duration::from_micros))
+}
+
+/// `ferry serve-weights --cuda-budget-mib`: the device tier in the placement options, and
+/// the server's copy of kept device tensors into its pool.
+#[cfg(feature = "rpc")]
+fn device_tier(
+    placement: Option<ferry_store::PlacementOptions>,
+    budget_mib: Option<u64>,
+    device: u32,
+) -> anyhow::Result<(Option<ferry_store::PlacementOptions>, Option<ferry_cli::weights::DeviceCopy>)> {
+    let (Some(mut p), Some(mib)) = (placement.clone(), budget_mib) else { return Ok((placement, None)) };
+    #[cfg(feature = "cuda-ipc")]
+    {
+        let chan = ferry_cuda_ipc::CudaIpcChannel::new();
+        let memory = ferry_store::placement::CudaMemory::new(chan.clone(), device)
+            .map_err(|e| anyhow::anyhow!("--cuda-budget-mib: the device tier on cuda:{device}: {e}"))?;
+        p.device = Some(ferry_store::DeviceTierOptions {
+            memory: std::sync::Arc::new(memory),
+            budget_bytes: mib.saturating_mul(1 << 20),
+        });
+        Ok((Some(p), Some(ferry_cli::weights::DeviceCopy(ferry_store::device_or_shared_copy(chan)))))
+    }
+    #[cfg(not(feature = "cuda-ipc"))]
+    {
+        let _ = (&mut p, mib, device);
+        anyhow::bail!(
+            "--cuda-budget-mib needs ferry built with the `cuda-ipc` feature (cargo build -p ferry-cli --features cuda-ipc)"
+        )
+    }
 }
 
 /// `ferry serve --workers`, checked, or its default for the busy-polling window.
@@ -426,6 +465,8 @@ fn main() -> ExitCode {
                 disk_dir,
                 record_trace,
                 record_trace_limit,
+                cuda_budget_mib,
+                cuda_device,
                 token,
                 max_connections,
             } => {
@@ -450,15 +491,17 @@ fn main() -> ExitCode {
                             || disk_budget_mib.is_some()
                             || disk_dir.is_some()
                             || record_trace.is_some()
+                            || cuda_budget_mib.is_some()
                         {
                             anyhow::bail!(
-                                "--cpu-budget-mib, --disk-budget-mib, --disk-dir and --record-trace need --placement \
-                                 POLICY (pinned, genoa, lru or flow)"
+                                "--cpu-budget-mib, --disk-budget-mib, --disk-dir, --record-trace and \
+                                 --cuda-budget-mib need --placement POLICY (pinned, genoa, lru or flow)"
                             );
                         }
                         None
                     }
                 };
+                let (placement, device_copy) = device_tier(placement, cuda_budget_mib, cuda_device)?;
                 let mut store = ferry_store::StoreOptions { digest: !no_digest, ..Default::default() };
                 if let Some(m) = budget_mib {
                     store.budget_bytes = m.saturating_mul(1 << 20);
@@ -483,6 +526,7 @@ fn main() -> ExitCode {
                     addr,
                     store,
                     placement,
+                    device_copy,
                     busy_poll,
                     access,
                 })

@@ -28,14 +28,31 @@ pub struct WeightsOptions {
     pub store: StoreOptions,
     /// How tensor references are placed in tiers (`None`: kept in memory).
     pub placement: Option<ferry_store::PlacementOptions>,
+    /// How kept tensors are copied when the store has a device tier (device tensors into
+    /// its pool; `None`: host tensors only, [`ferry_store::shared_copy`]).
+    pub device_copy: Option<DeviceCopy>,
     /// How long a connection busy-polls after an answer.
     pub busy_poll: std::time::Duration,
     /// Who may call.
     pub access: Access,
 }
 
+/// How a server with a device tier copies kept tensors ([`ferry_store::device_or_shared_copy`]).
+#[derive(Clone)]
+pub struct DeviceCopy(pub ferry_rpc::RefCopy);
+
+impl std::fmt::Debug for DeviceCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceCopy")
+    }
+}
+
 /// The store's server: its methods, titled.
-pub fn server(store: Arc<Store>, limits: ferry_rpc::RpcLimits) -> anyhow::Result<Server> {
+pub fn server(
+    store: Arc<Store>,
+    limits: ferry_rpc::RpcLimits,
+    device_copy: Option<DeviceCopy>,
+) -> anyhow::Result<Server> {
     let backing = store.placement().cloned();
     let methods = ferry_store::rpc::methods(store).context("registering the store's methods")?;
     let mut b = Server::builder(methods);
@@ -43,8 +60,9 @@ pub fn server(store: Arc<Store>, limits: ferry_rpc::RpcLimits) -> anyhow::Result
         b = b.ref_backing(p);
     }
     Ok(b.limits(limits)
-        // (kept tensors in shared segments: ferry.ref.fetch lends them over shm)
-        .ref_copy(std::sync::Arc::new(ferry_store::shared_copy))
+        // (kept tensors in shared segments: ferry.ref.fetch lends them over shm; device
+        // tensors, with a device tier, in its pool: lent over cuda-ipc)
+        .ref_copy(device_copy.map_or_else(|| std::sync::Arc::new(ferry_store::shared_copy) as _, |d| d.0))
         .title("ferry weights")
         .version(env!("CARGO_PKG_VERSION"))
         .description(
@@ -67,6 +85,13 @@ pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
             disk as f64 / (1 << 20) as f64,
             placed.disk_dir().display()
         );
+        if let Some(d) = placed.device_tier() {
+            eprintln!(
+                "ferry serve-weights: references kept from {} placed in a device tier of {:.1} MiB above the cpu tier",
+                d.device(),
+                d.budget() as f64 / (1 << 20) as f64
+            );
+        }
         if let Some(f) = &p.record_trace {
             eprintln!(
                 "ferry serve-weights: recording the references' uses to {} (at most {})",
@@ -127,7 +152,7 @@ async fn serve(store: Arc<Store>, o: WeightsOptions) -> anyhow::Result<()> {
         .max_queued_answers(o.access.max_queued_answers)
         .max_queued_answer_bytes(o.access.max_queued_answer_bytes);
     let placed = store.placement().cloned();
-    let server = server(store, limits)?;
+    let server = server(store, limits, o.device_copy.clone())?;
     let opts =
         ServeOptions { addrs: vec![o.addr], http: None, busy_poll: o.busy_poll, shm_pool: None, access: o.access };
     let bound = bind(&opts).await?;

@@ -91,3 +91,31 @@ fn connections_over_max_connections_are_refused_by_name() {
     assert!(err.contains("max_connections = 1") && err.contains("--max-connections"), "{err}");
     drop(held);
 }
+
+#[test]
+fn a_device_tier_without_placement_or_a_gpu_is_refused_by_name() {
+    let err = stderr_of(&["serve-weights", "--name", "m", "--cuda-budget-mib", "64"]);
+    assert!(err.contains("--cuda-budget-mib need --placement POLICY"), "{err}");
+    if cfg!(feature = "cuda-ipc") && std::path::Path::new("/proc/driver/nvidia").exists() {
+        eprintln!("an NVIDIA driver is here: the device tier would start; not checking its refusal");
+        return;
+    }
+    let err = stderr_of(&[
+        "serve-weights",
+        "--name",
+        "m",
+        "--placement",
+        "lru",
+        "--cuda-budget-mib",
+        "64",
+        "--addr",
+        "unix:ferry-cli-test-device-tier",
+    ]);
+    // This machine has no GPU: built with cuda-ipc, the tier says why it cannot start;
+    // without it, which feature it needs.
+    if cfg!(feature = "cuda-ipc") {
+        assert!(err.contains("--cuda-budget-mib: the device tier on cuda:0:"), "{err}");
+    } else {
+        assert!(err.contains("needs ferry built with the `cuda-ipc` feature"), "{err}");
+    }
+}

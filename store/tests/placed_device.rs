@@ -125,10 +125,8 @@ async fn device_references_live_on_the_device_tier_and_each_use_gets_them_there(
         }
     })
     .unwrap();
-    let server = Server::builder(m)
-        .ref_backing(placed)
-        .ref_copy(ferry_store::device_or_shared_copy(sc.clone()))
-        .build();
+    let server =
+        Server::builder(m).ref_backing(placed).ref_copy(ferry_store::device_or_shared_copy(sc.clone())).build();
     let addr = format!("unix:ferry-placed-device-{}", ferry_conformance::unique("dev"));
     let listener = endpoint(&sc).listen(&addr).await.unwrap();
     tokio::spawn(async move {
