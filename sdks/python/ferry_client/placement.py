@@ -17,7 +17,8 @@ go (`RefPlacement.deferred`). On a store started
 without `--placement`, references stay in memory as kept: `store_placement` says
 `tiers=False` and the setters raise `InvalidParamsError`.
 
-A store with a device tier (`ferry_store::PlacementOptions::device`) keeps references
+A store with a device tier (`ferry serve-weights --placement flow --cuda-budget-mib N`,
+`ferry_store::PlacementOptions::device`) keeps references
 made from that device (`cuda:0`) on it within its own budget, or below it in the cpu
 tier and on disk: each use gets them on the device (uploaded if need be), and
 `store_placement(client).device` reports the tier; `place(client, r, "cuda:0")` pins one
