@@ -516,3 +516,31 @@ async fn the_real_channel_without_a_driver_is_not_viable() {
     assert!(real.copy_from_host(&fake_tensor, &[0; 4]).is_err());
     assert_eq!(real.trim(), 0);
 }
+
+#[tokio::test]
+async fn a_received_tensor_copied_on_the_device_outlives_its_lease() {
+    let gpu = FakeGpu::new(1);
+    let (a, b) = pair(&gpu);
+    let t = filled(&a, 1000, 4).await;
+    let want = a.chan.copy_to_host(&t).unwrap();
+    let (got, _) = send(&a, &b, &t).await.unwrap();
+    let events = b.drv.live_events();
+    let kept = b.chan.copy_on_device(&got).await.unwrap();
+    assert_eq!(b.drv.live_events(), events, "the copy's own event is destroyed");
+    assert_eq!(kept.meta(), got.meta());
+    // The lease ends (released to the producer, who may reuse its memory): the copy stays.
+    let mut b = b;
+    drop(got);
+    assert_eq!(pump(&mut b, &a).await.unwrap(), 1);
+    assert_eq!(stat(&b, "leases_held"), 0);
+    a.chan.copy_from_host(&t, &vec![0u8; want.len()]).unwrap();
+    assert_eq!(b.chan.copy_to_host(&kept).unwrap(), want);
+    // It is pool memory of the copier: sent on, no further copy.
+    let b_to_a = session_of(b.chan.clone(), b.drv.clone());
+    let (_, loc) = send(&b_to_a, &a, &kept).await.unwrap();
+    assert!(matches!(loc, Location::CudaIpc(_)), "{loc:?}");
+    assert_eq!(stat(&b_to_a, "copies_in"), 0);
+    // A host tensor is not the call's to copy.
+    let host = Tensor::from_slice(vec![4], &[1.0f32; 4]).unwrap();
+    assert!(matches!(b.chan.copy_on_device(&host).await, Err(ChannelError::Unsupported { .. })));
+}
