@@ -55,6 +55,11 @@ impl Windows {
             sh.push_env("WINEDEBUG", "-all"),
             sh.push_env("CARGO_TARGET_X86_64_PC_WINDOWS_GNU_RUNNER", "wine"),
         ];
+        // One Wine server for every test binary, kept until `wineserver -k` below. By
+        // default a server exits 3 s after its last process; a binary started as it shut
+        // down failed at once with "wine client error:0: recvmsg: Connection reset by peer"
+        // (seen in CI, before any test ran).
+        cmd!(sh, "wineserver -p").quiet().run().context("starting a persistent wineserver")?;
         let tests = (|| -> anyhow::Result<()> {
             // One build for every binary below: `cargo test -p A` then `-p B` would rebuild
             // the shared crates for each package's own feature set.
