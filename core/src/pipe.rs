@@ -208,10 +208,12 @@ impl Pipe {
             let loc = session.encode(t, out).await?;
             descs.push(TensorDesc { meta: t.meta().clone(), data: loc });
         }
-        let header = serde_json::to_vec(&HeaderRef {
-            header: &msg.header,
-            tensors: DescsOut { descs: &descs, compact: self.shared.compact },
-        })
+        // Room for a small message's header at once (growing from empty reallocates 4 times).
+        let mut header = Vec::with_capacity(256);
+        serde_json::to_writer(
+            &mut header,
+            &HeaderRef { header: &msg.header, tensors: DescsOut { descs: &descs, compact: self.shared.compact } },
+        )
         .map_err(|e| PipeError::ApiMisuse(format!("header does not serialize: {e}").into()))?;
         let (h, p, f) = (header.len() as u64, out.payload_len(), out.fd_count() as u64);
         if h > u64::from(limits.max_header_bytes) {

@@ -62,8 +62,9 @@ pub(super) struct Handover {
 struct Slot {
     /// The reader, when parked.
     reader: Option<FrameReader>,
-    /// When a caller last parked it.
-    returned_at: Option<Instant>,
+    /// How many times a caller parked it (the task takes it back after a [`LINGER`] in
+    /// which this did not change: counting costs a caller no clock read).
+    returns: u64,
     /// The task ended, or a caller's read closed the pipe: no reader will come.
     ended: bool,
 }
@@ -103,22 +104,24 @@ impl Handover {
     /// The task parks its reader for the callers that want it, and takes it back once it
     /// has lain unused for [`LINGER`]; `None`: the pipe ended meanwhile.
     pub(super) async fn park(&self, reader: FrameReader) -> Option<FrameReader> {
-        {
+        let mut seen = {
             let mut slot = self.lock();
             if slot.ended {
                 return None;
             }
             slot.reader = Some(reader);
-            slot.returned_at = Some(Instant::now());
             self.parked.notify_all();
-        }
+            slot.returns
+        };
         loop {
             tokio::time::sleep(LINGER).await;
             let mut slot = self.lock();
             if slot.ended {
                 return None;
             }
-            let idle = slot.returned_at.is_none_or(|t| t.elapsed() >= LINGER);
+            // Unused for a whole LINGER: no caller parked it since the last look.
+            let idle = slot.returns == seen;
+            seen = slot.returns;
             if !self.wanted() && idle && slot.reader.is_some() {
                 return slot.reader.take();
             }
@@ -172,7 +175,7 @@ impl Pipe {
             None => return Err(timed_out()),
         };
         let shared = &*self.shared;
-        let got = self.run_here(async {
+        let got = self.run_here(|| async {
             loop {
                 let waits_itself = reader.waits_for_deadlines();
                 let wait = reader.wait_readable(WaitSpin::Blocking(deadline));
@@ -193,12 +196,12 @@ impl Pipe {
             Err(PipeError::Timeout(_, "recv_blocking")) | Ok(_) => {
                 let mut slot = h.lock();
                 slot.reader = Some(reader);
-                slot.returned_at = Some(Instant::now());
+                slot.returns = slot.returns.wrapping_add(1);
                 got
             }
             Err(e) => {
                 drop(reader);
-                self.run_here(read::end_with(shared, &e));
+                self.run_here(|| read::end_with(shared, &e));
                 h.end();
                 Err(e)
             }
@@ -210,19 +213,23 @@ impl Pipe {
     ///
     /// Not for async tasks, as [`Pipe::recv_blocking`].
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
-        self.run_here(self.send(msg))
+        self.run_here(|| self.send(msg))
     }
 
-    /// Runs `f` to its end on this thread, in the pipe's runtime's context (its I/O and
+    /// Runs the future `make` makes to its end on this thread, in the pipe's runtime's context (its I/O and
     /// timers), parking the thread while `f` waits. Cheaper than
     /// `tokio::runtime::Handle::block_on`, which seeds a random number generator from a
     /// lock the runtime shares and sets up a blocking region on every call (a third of a
     /// blocking round trip's CPU time, measured): a future that ends at its first poll
     /// (a write into the ring, a record already there) costs a poll and a context switch
     /// of a thread-local.
-    fn run_here<F: Future>(&self, f: F) -> F::Output {
+    ///
+    /// It takes a function that makes the future, not the future, so that the future is
+    /// built where it is polled: a future is moved whole, whatever state it is in, and
+    /// `send`'s is big enough that moving it was a visible part of a round trip.
+    fn run_here<F: Future>(&self, make: impl FnOnce() -> F) -> F::Output {
         let _context = self.handle.enter();
-        let mut f = std::pin::pin!(f);
+        let mut f = std::pin::pin!(make());
         THREAD_WAKER.with(|waker| {
             let mut cx = std::task::Context::from_waker(waker);
             loop {

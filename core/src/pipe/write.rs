@@ -185,15 +185,24 @@ impl Shared {
 
     /// Runs `f` unless the pipe closes first; a closed error from `f` closes the pipe.
     async fn until_closed<T>(&self, f: impl Future<Output = Result<T, PipeError>>) -> Result<T, PipeError> {
-        let mut closed = self.closed_tx.subscribe();
-        if *closed.borrow() {
+        if *self.closed_tx.borrow() {
             return Err(self.closed_error());
         }
-        // `f` first: a write that finishes at once (the common case) registers no waiter.
-        let r = tokio::select! {
-            biased;
-            r = f => r,
-            _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
+        // `f` first, alone: a write that finishes at once (the common case) subscribes to
+        // nothing. Only one that must wait also waits for the close (`wait_for` looks at the
+        // current value first, so a close in between is not missed).
+        let mut f = std::pin::pin!(f);
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx))).await;
+        let r = match first {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => {
+                let mut closed = self.closed_tx.subscribe();
+                tokio::select! {
+                    biased;
+                    r = &mut f => r,
+                    _ = closed.wait_for(|c| *c) => Err(self.closed_error()),
+                }
+            }
         };
         if let Err(e) = &r
             && e.is_closed()
