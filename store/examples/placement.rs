@@ -58,20 +58,21 @@ fn main() -> Result<(), Error> {
     let layers = trace::layers(32, layer_bytes, 4);
     let copy_s = layer_bytes as f64 / bw;
     let link = Link { bytes_per_s: bw, compute_s: 1.25 * copy_s };
-    table(&zipf, 1000 / scale as u64 * MIB, None)?;
-    table(&scans, 1000 / scale as u64 * MIB, None)?;
-    table(&layers, 8 * layer_bytes, Some(link))?;
+    let a0 = trace::zipf_by_rank(10_000 / scale, 7);
+    table(&zipf, 1000 / scale as u64 * MIB, None, Some(a0))?;
+    table(&scans, 1000 / scale as u64 * MIB, None, None)?;
+    table(&layers, 8 * layer_bytes, Some(link), None)?;
     // The recorded MLP: its order is known (the example declares its layer schedule); a
     // use computes for 1.25x a layer's copy, as above.
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDED_MLP);
     let mut mlp = Trace::load(&path, true).map_err(|e| format!("{}: {e}", path.display()))?;
     mlp.name = format!("recorded-mlp ({RECORDED_MLP})");
     let per_use = mlp.uses.iter().map(|u| u.bytes).max().unwrap_or(0) as f64 / bw;
-    table(&mlp, RECORDED_MLP_BUDGET, Some(Link { bytes_per_s: bw, compute_s: 1.25 * per_use }))?;
+    table(&mlp, RECORDED_MLP_BUDGET, Some(Link { bytes_per_s: bw, compute_s: 1.25 * per_use }), None)?;
     for f in recorded {
         let t = Trace::load(Path::new(f), false)?;
         let (n, bytes) = t.footprint();
-        table(&t, (bytes / 10).max(t.uses.iter().map(|u| u.bytes).max().unwrap_or(0)), None)?;
+        table(&t, (bytes / 10).max(t.uses.iter().map(|u| u.bytes).max().unwrap_or(0)), None, None)?;
         eprintln!("({n} tensors in {f})");
     }
 
@@ -111,7 +112,9 @@ fn main() -> Result<(), Error> {
 
 /// Every policy on one trace: bytes moved against MIN, hit rate, and with a link the
 /// modelled stall.
-fn table(t: &Trace, budget: u64, link: Option<Link>) -> Result<(), Error> {
+/// One trace through every policy, MIN and the oracles. `by_probability`: for a trace of
+/// independent draws, its tensors from the most probable down (A0's row).
+fn table(t: &Trace, budget: u64, link: Option<Link>, by_probability: Option<Vec<Key>>) -> Result<(), Error> {
     let (n, bytes) = t.footprint();
     println!(
         "trace {}: {} uses of {n} tensors ({} MiB), fast tier {} MiB{}",
@@ -155,6 +158,24 @@ fn table(t: &Trace, budget: u64, link: Option<Link>) -> Result<(), Error> {
     let mut oracle = replay(t, &mut Pinned::keys(top), budget, link)?;
     oracle.policy = "top-by-count (oracle)".into();
     rows.push(oracle);
+    // A0: the most probable tensors that fit, pinned. It knows the distribution, not the
+    // draws; under independent draws it is the best any policy does on average (Aho,
+    // Denning and Ullman 1971), so its ratio to MIN is the floor for flow's on this trace.
+    if let Some(ranked) = by_probability {
+        let sizes: HashMap<Key, u64> = t.uses.iter().map(|u| (u.key, u.bytes)).collect();
+        let mut room = budget;
+        let mut keep = Vec::new();
+        for k in ranked {
+            let b = sizes.get(&k).copied().unwrap_or(0);
+            if b <= room {
+                room -= b;
+                keep.push(k);
+            }
+        }
+        let mut a0 = replay(t, &mut Pinned::keys(keep), budget, link)?;
+        a0.policy = "most-probable (A0, the IRM optimum)".into();
+        rows.push(a0);
+    }
     rows.push(min.clone());
     for r in rows {
         println!(

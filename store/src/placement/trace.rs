@@ -100,9 +100,7 @@ pub fn zipf(n: usize, alpha: f64, len: usize, bytes: u64, seed: u64) -> Trace {
         cdf.push(sum);
     }
     let mut rng = fastrand::Rng::with_seed(seed);
-    // A fixed shuffle of ranks to keys, so that hot keys are not the smallest numbers.
-    let mut keys: Vec<Key> = (0..n as Key).collect();
-    rng.shuffle(&mut keys);
+    let keys = shuffled_ranks(&mut rng, n);
     let uses = (0..len)
         .map(|_| {
             let x = rng.f64() * sum;
@@ -111,6 +109,21 @@ pub fn zipf(n: usize, alpha: f64, len: usize, bytes: u64, seed: u64) -> Trace {
         })
         .collect();
     Trace { name: format!("zipf(n={n},a={alpha})"), uses, known_order: false }
+}
+
+/// The keys of [`zipf`]`(n, _, _, _, seed)` from the most probable down: the tensors an
+/// oracle that knows the distribution (not the draws) keeps, A0 of Aho, Denning and Ullman,
+/// the best policy for independent draws on average.
+pub fn zipf_by_rank(n: usize, seed: u64) -> Vec<Key> {
+    shuffled_ranks(&mut fastrand::Rng::with_seed(seed), n)
+}
+
+/// A fixed shuffle of ranks to keys (the first thing `zipf` draws), so that hot keys are
+/// not the smallest numbers.
+fn shuffled_ranks(rng: &mut fastrand::Rng, n: usize) -> Vec<Key> {
+    let mut keys: Vec<Key> = (0..n as Key).collect();
+    rng.shuffle(&mut keys);
+    keys
 }
 
 /// A Zipf mix interrupted every `every` uses by a scan of `scan` cold tensors used once
@@ -129,4 +142,26 @@ pub fn zipf_with_scans(n: usize, alpha: f64, len: usize, bytes: u64, every: usiz
         uses.push(u);
     }
     Trace { name: format!("zipf+scans(n={n},scan {scan} every {every})"), uses, known_order: false }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_by_rank_names_the_keys_the_draws_favour() {
+        let t = zipf(100, 1.0, 20_000, 1, 3);
+        let ranked = zipf_by_rank(100, 3);
+        let mut counts = std::collections::HashMap::new();
+        for u in &t.uses {
+            *counts.entry(u.key).or_insert(0u32) += 1;
+        }
+        let count = |k: Key| counts.get(&k).copied().unwrap_or(0);
+        // Rank 0 is drawn 19% of the time, rank 1 10%, rank 50 0.4%.
+        assert!(count(ranked[0]) > count(ranked[1]), "{} vs {}", count(ranked[0]), count(ranked[1]));
+        assert!(count(ranked[1]) > 10 * count(ranked[50]), "{} vs {}", count(ranked[1]), count(ranked[50]));
+        let mut sorted = ranked.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..100).collect::<Vec<Key>>(), "every key once");
+    }
 }
