@@ -175,7 +175,7 @@ impl Pipe {
             None => return Err(timed_out()),
         };
         let shared = &*self.shared;
-        let got = self.run_here(|| async {
+        let got = self.run_here(async {
             loop {
                 let waits_itself = reader.waits_for_deadlines();
                 let wait = reader.wait_readable(WaitSpin::Blocking(deadline));
@@ -201,7 +201,7 @@ impl Pipe {
             }
             Err(e) => {
                 drop(reader);
-                self.run_here(|| read::end_with(shared, &e));
+                self.run_here(read::end_with(shared, &e));
                 h.end();
                 Err(e)
             }
@@ -213,23 +213,19 @@ impl Pipe {
     ///
     /// Not for async tasks, as [`Pipe::recv_blocking`].
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
-        self.run_here(|| self.send(msg))
+        self.run_here(self.send(msg))
     }
 
-    /// Runs the future `make` makes to its end on this thread, in the pipe's runtime's context (its I/O and
+    /// Runs `f` to its end on this thread, in the pipe's runtime's context (its I/O and
     /// timers), parking the thread while `f` waits. Cheaper than
     /// `tokio::runtime::Handle::block_on`, which seeds a random number generator from a
     /// lock the runtime shares and sets up a blocking region on every call (a third of a
     /// blocking round trip's CPU time, measured): a future that ends at its first poll
     /// (a write into the ring, a record already there) costs a poll and a context switch
     /// of a thread-local.
-    ///
-    /// It takes a function that makes the future, not the future, so that the future is
-    /// built where it is polled: a future is moved whole, whatever state it is in, and
-    /// `send`'s is big enough that moving it was a visible part of a round trip.
-    fn run_here<F: Future>(&self, make: impl FnOnce() -> F) -> F::Output {
+    fn run_here<F: Future>(&self, f: F) -> F::Output {
         let _context = self.handle.enter();
-        let mut f = std::pin::pin!(make());
+        let mut f = std::pin::pin!(f);
         THREAD_WAKER.with(|waker| {
             let mut cx = std::task::Context::from_waker(waker);
             loop {
