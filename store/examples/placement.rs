@@ -141,20 +141,14 @@ fn table(t: &Trace, budget: u64, link: Option<Link>, by_probability: Option<Vec<
     // The most used tensors that fit, pinned from the start: knows each tensor's count in
     // the whole trace but not the order. On a trace of independent draws (Zipf) no online
     // policy does better on average: the limit for flow there, as MIN is for everyone.
-    let mut counts: HashMap<Key, (u64, u64)> = HashMap::new();
+    let sizes: HashMap<Key, u64> = t.uses.iter().map(|u| (u.key, u.bytes)).collect();
+    let mut counts: HashMap<Key, u64> = HashMap::new();
     for u in &t.uses {
-        counts.entry(u.key).or_insert((0, u.bytes)).0 += 1;
+        *counts.entry(u.key).or_insert(0) += 1;
     }
-    let mut by_count: Vec<(Key, (u64, u64))> = counts.into_iter().collect();
-    by_count.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(&b.0)));
-    let mut room = budget;
-    let mut top = Vec::new();
-    for (k, (_, b)) in by_count {
-        if b <= room {
-            room -= b;
-            top.push(k);
-        }
-    }
+    let mut by_count: Vec<(Key, u64)> = counts.into_iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let top = first_that_fit(by_count.into_iter().map(|(k, _)| k), &sizes, budget);
     let mut oracle = replay(t, &mut Pinned::keys(top), budget, link)?;
     oracle.policy = "top-by-count (oracle)".into();
     rows.push(oracle);
@@ -162,16 +156,7 @@ fn table(t: &Trace, budget: u64, link: Option<Link>, by_probability: Option<Vec<
     // draws; under independent draws it is the best any policy does on average (Aho,
     // Denning and Ullman 1971), so its ratio to MIN is the floor for flow's on this trace.
     if let Some(ranked) = by_probability {
-        let sizes: HashMap<Key, u64> = t.uses.iter().map(|u| (u.key, u.bytes)).collect();
-        let mut room = budget;
-        let mut keep = Vec::new();
-        for k in ranked {
-            let b = sizes.get(&k).copied().unwrap_or(0);
-            if b <= room {
-                room -= b;
-                keep.push(k);
-            }
-        }
+        let keep = first_that_fit(ranked.into_iter(), &sizes, budget);
         let mut a0 = replay(t, &mut Pinned::keys(keep), budget, link)?;
         a0.policy = "most-probable (A0, the IRM optimum)".into();
         rows.push(a0);
@@ -190,6 +175,21 @@ fn table(t: &Trace, budget: u64, link: Option<Link>, by_probability: Option<Vec<
     }
     println!();
     Ok(())
+}
+
+/// The keys of `ranked`, in order, that fit in `budget` bytes together (one that does not
+/// fit is skipped, a smaller one after it may still fit).
+fn first_that_fit(ranked: impl Iterator<Item = Key>, sizes: &HashMap<Key, u64>, budget: u64) -> Vec<Key> {
+    let mut room = budget;
+    let mut keep = Vec::new();
+    for k in ranked {
+        let b = sizes.get(&k).copied().unwrap_or(0);
+        if b <= room {
+            room -= b;
+            keep.push(k);
+        }
+    }
+    keep
 }
 
 /// The disk tier: one file holding every layer, its pages dropped from the page cache so
