@@ -229,16 +229,8 @@ impl PlacedRefs {
 
     /// Where reference `id` is.
     pub fn state(&self, id: &str) -> Result<RefState, ErrorObject> {
-        let device_key = match self.lock().get(id) {
-            Some(Held::Device(k, _)) => Some(*k),
-            _ => None,
-        };
-        if let Some(k) = device_key {
-            let d = self.device_or_gone(id)?;
-            let s = d.state(k).map_err(|e| tier_error(e, id))?;
-            return Ok(device_ref_state(&s, d.device()));
-        }
-        let key = match self.lock().get(id) {
+        // (The references' lock is let go before a tier is asked: the tiers may take it.)
+        let (key, device) = match self.lock().get(id) {
             None => return Err(ferry_rpc::remote::not_found(id)),
             Some(Held::Fixed(t)) => {
                 let in_use = t.device_buffer().is_some_and(|b| Arc::strong_count(b) > 1);
@@ -252,10 +244,14 @@ impl PlacedRefs {
                     bytes,
                 });
             }
-            // (Not a device reference a moment ago: freed and made again meanwhile.)
-            Some(Held::Device(..)) => return Err(ferry_rpc::remote::not_found(id)),
-            Some(Held::Placed(k, _)) => *k,
+            Some(Held::Device(k, _)) => (*k, true),
+            Some(Held::Placed(k, _)) => (*k, false),
         };
+        if device {
+            let d = self.device_or_gone(id)?;
+            let s = d.state(key).map_err(|e| tier_error(e, id))?;
+            return Ok(device_ref_state(&s, d.device()));
+        }
         let s = self.tiers.state(key).map_err(|e| tier_error(e, id))?;
         Ok(ref_state(&s))
     }
@@ -280,13 +276,9 @@ impl PlacedRefs {
                 return Err(ErrorObject::invalid_params("placement", format!("no placement {other:.40?}: {names}")));
             }
         };
-        let on_device = matches!(self.lock().get(id), Some(Held::Device(..)));
-        if on_device {
-            let pin = if pin == Pin::Auto { DevicePin::Auto } else { DevicePin::Below(pin) };
-            return self.place_on_device(id, pin);
-        }
         let key = match self.lock().get(id) {
-            Some(Held::Device(..)) | None => return Err(ferry_rpc::remote::not_found(id)),
+            None => return Err(ferry_rpc::remote::not_found(id)),
+            Some(Held::Device(..)) => None,
             Some(Held::Fixed(t)) => {
                 return Err(ErrorObject::invalid_params(
                     "placement",
@@ -296,7 +288,11 @@ impl PlacedRefs {
                     ),
                 ));
             }
-            Some(Held::Placed(k, _)) => *k,
+            Some(Held::Placed(k, _)) => Some(*k),
+        };
+        let Some(key) = key else {
+            let pin = if pin == Pin::Auto { DevicePin::Auto } else { DevicePin::Below(pin) };
+            return self.place_on_device(id, pin);
         };
         self.tiers.place(key, pin).map_err(|e| tier_error(e, id))?;
         self.state(id)

@@ -8,26 +8,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{DType, Device, Endpoint, InlineChannel, TensorMeta};
+use ferry_core::{DType, Device, TensorMeta};
 use ferry_cuda_ipc::fake::{FakeDriver, FakeGpu};
 use ferry_cuda_ipc::{CudaIpcChannel, CudaIpcOptions};
-use ferry_local::LocalTransport;
 use ferry_rpc::{Client, Server};
 use ferry_store::{Entry, Store, StoreOptions, plan_layout};
 use serde_json::json;
+
+mod common;
+use common::endpoint;
 
 const T: Duration = Duration::from_secs(20);
 
 fn chan(drv: Arc<FakeDriver>) -> CudaIpcChannel {
     CudaIpcChannel::with_driver(drv, CudaIpcOptions::default())
-}
-
-fn endpoint(c: &CudaIpcChannel) -> Endpoint {
-    Endpoint::builder()
-        .transport(Arc::new(LocalTransport::new()))
-        .channel(Arc::new(c.clone()))
-        .channel(Arc::new(InlineChannel))
-        .build()
 }
 
 /// Publishes `n` f32 tensors of `len` elements on cuda:0, tensor i filled with `i + fill`,
@@ -72,12 +66,12 @@ async fn a_gpu_bundle_is_opened_through_cuda_ipc_without_a_copy() {
     assert_eq!(on_host.manifest().wait_digest().unwrap(), d1);
 
     let addr = format!("unix:ferry-store-gpu-{}", ferry_conformance::unique("gpu"));
-    let listener = endpoint(&sc).listen(&addr).await.unwrap();
+    let listener = endpoint(Arc::new(sc.clone())).listen(&addr).await.unwrap();
     let server = Server::builder(ferry_store::rpc::methods(store.clone()).unwrap()).build();
     tokio::spawn(async move {
         let _ = server.serve(listener).await;
     });
-    let client = Client::new(endpoint(&cc).connect(&addr).await.unwrap()).with_timeout(Some(T));
+    let client = Client::new(endpoint(Arc::new(cc.clone())).connect(&addr).await.unwrap()).with_timeout(Some(T));
     let imports_before = cd.open_imports();
     let copies_before = sd.calls("cuMemcpyDtoDAsync");
     let opened = ferry_store::rpc::open(&client, "gpu", None, Some(&d1)).await.unwrap();

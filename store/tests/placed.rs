@@ -8,8 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{Endpoint, InlineChannel, Tensor};
-use ferry_local::LocalTransport;
+use ferry_core::{Endpoint, Tensor};
 use ferry_rpc::codes::{INVALID_PARAMS, LIMIT_EXCEEDED, NOT_FOUND};
 use ferry_rpc::remote::TensorRef;
 use ferry_rpc::{CallError, Client, ErrorObject, RpcTensor, Server};
@@ -18,16 +17,11 @@ use ferry_store::rpc::placement::{PlacementInfo, RefPlacement, Scheduled};
 use ferry_store::{PlacementOptions, Store, StoreOptions};
 use serde_json::json;
 
+mod common;
+use common::{endpoint, until, where_is};
+
 const T: Duration = Duration::from_secs(30);
 const MB: usize = 1 << 20;
-
-fn endpoint() -> Endpoint {
-    Endpoint::builder()
-        .transport(Arc::new(LocalTransport::new()))
-        .channel(Arc::new(ShmChannel::new()))
-        .channel(Arc::new(InlineChannel))
-        .build()
-}
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct First {
@@ -59,7 +53,7 @@ async fn serve(policy: Option<&str>, cpu_mb: u64, dir: &std::path::Path, tag: &s
         b = b.ref_backing(p);
     }
     let server = b.build();
-    let ep = endpoint();
+    let ep = endpoint(Arc::new(ShmChannel::new()));
     let addr = format!("unix:ferry-placed-test-{}", ferry_conformance::unique(tag));
     let listener = ep.listen(&addr).await.unwrap();
     tokio::spawn(async move {
@@ -80,24 +74,8 @@ fn mb(v: f32) -> RpcTensor {
     RpcTensor(Tensor::from_slice(vec![(MB / 4) as u64], &vec![v; MB / 4]).unwrap())
 }
 
-async fn where_is(c: &Client, r: &TensorRef) -> RefPlacement {
-    c.call("store.ref.placement", &json!({ "id": r.0.id })).await.unwrap()
-}
-
 async fn info(c: &Client) -> PlacementInfo {
     c.call("store.placement.get", &json!({})).await.unwrap()
-}
-
-/// Waits (bounded) until `f` holds of `r`'s placement.
-async fn until(c: &Client, r: &TensorRef, what: &str, f: impl Fn(&RefPlacement) -> bool) -> RefPlacement {
-    for _ in 0..1000 {
-        let p = where_is(c, r).await;
-        if f(&p) {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what}: not after 10 s: {:?}", where_is(c, r).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,10 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::{DType, Device, Endpoint, InlineChannel, TensorMeta};
+use ferry_core::{DType, Device, TensorMeta};
 use ferry_cuda_ipc::fake::FakeGpu;
 use ferry_cuda_ipc::{CudaIpcChannel, CudaIpcOptions};
-use ferry_local::LocalTransport;
 use ferry_rpc::codes::{INVALID_PARAMS, LIMIT_EXCEEDED};
 use ferry_rpc::remote::TensorRef;
 use ferry_rpc::{CallContext, CallError, Client, ErrorObject, RpcTensor, Server};
@@ -21,20 +20,15 @@ use ferry_store::rpc::placement::{PlacementInfo, RefPlacement};
 use ferry_store::{DeviceTierOptions, PlacementOptions, Store, StoreOptions};
 use serde_json::json;
 
+mod common;
+use common::{endpoint, until};
+
 const T: Duration = Duration::from_secs(30);
 const LEN: usize = 256 << 10;
 
 fn chan(gpu: &Arc<FakeGpu>, pid: u32) -> CudaIpcChannel {
     let opts = CudaIpcOptions { slab_bytes: 1 << 20, ..CudaIpcOptions::default() };
     CudaIpcChannel::with_driver(gpu.process(pid), opts)
-}
-
-fn endpoint(c: &CudaIpcChannel) -> Endpoint {
-    Endpoint::builder()
-        .transport(Arc::new(LocalTransport::new()))
-        .channel(Arc::new(c.clone()))
-        .channel(Arc::new(InlineChannel))
-        .build()
 }
 
 #[derive(serde::Serialize)]
@@ -59,22 +53,6 @@ async fn on_device(c: &CudaIpcChannel, fill: u8) -> RpcTensor {
     let t = c.alloc_device(meta).await.unwrap();
     c.copy_from_host(&t, &vec![fill; LEN]).unwrap();
     RpcTensor(t)
-}
-
-async fn where_is(c: &Client, r: &TensorRef) -> RefPlacement {
-    c.call("store.ref.placement", &json!({ "id": r.0.id })).await.unwrap()
-}
-
-/// Waits (bounded) until `f` holds of `r`'s placement.
-async fn until(c: &Client, r: &TensorRef, what: &str, f: impl Fn(&RefPlacement) -> bool) -> RefPlacement {
-    for _ in 0..1000 {
-        let p = where_is(c, r).await;
-        if f(&p) {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what}: not after 10 s: {:?}", where_is(c, r).await);
 }
 
 fn code(e: CallError) -> (i64, String) {
@@ -128,11 +106,11 @@ async fn device_references_live_on_the_device_tier_and_each_use_gets_them_there(
     let server =
         Server::builder(m).ref_backing(placed).ref_copy(ferry_store::device_or_shared_copy(sc.clone())).build();
     let addr = format!("unix:ferry-placed-device-{}", ferry_conformance::unique("dev"));
-    let listener = endpoint(&sc).listen(&addr).await.unwrap();
+    let listener = endpoint(Arc::new(sc.clone())).listen(&addr).await.unwrap();
     tokio::spawn(async move {
         let _ = server.serve(listener).await;
     });
-    let c = Client::new(endpoint(&cc).connect(&addr).await.unwrap()).with_timeout(Some(T));
+    let c = Client::new(endpoint(Arc::new(cc.clone())).connect(&addr).await.unwrap()).with_timeout(Some(T));
 
     let mut refs = Vec::new();
     for i in 0..4u8 {

@@ -72,6 +72,18 @@ def _opt_int(d: dict[str, object], key: str, method: str) -> int | None:
     return None if d.get(key) is None else _int(d, key, method)
 
 
+def _float(d: dict[str, object], key: str, method: str) -> float:
+    v = d.get(key)
+    if not isinstance(v, (int, float)):
+        raise ResultError(f"{method}: {key} is {v!r:.40}")
+    return float(v)
+
+
+def _opt_str(d: dict[str, object], key: str) -> str | None:
+    v = d.get(key)
+    return None if v is None else str(v)
+
+
 @dataclass(frozen=True)
 class RefPlacement:
     """Where a reference is."""
@@ -159,12 +171,8 @@ class DeviceTier:
         """Parses `store.placement.get`'s `device`; `ResultError` when malformed."""
         d = _dict(r, method)
         s = _dict(d.get("stats"), method)
-        stalled = s.get("stalled_ms")
-        if not isinstance(stalled, (int, float)) or not all(
-            isinstance(d.get(k), str) for k in ("device", "policy")
-        ):
+        if not all(isinstance(d.get(k), str) for k in ("device", "policy")):
             raise ResultError(f"{method} answered a device tier of {d!r:.100}")
-        err = s.get("last_error")
         return DeviceTier(
             device=str(d["device"]),
             policy=str(d["policy"]),
@@ -176,8 +184,8 @@ class DeviceTier:
             bytes_up=_int(s, "bytes_up", method),
             bytes_down=_int(s, "bytes_down", method),
             prefetches=_int(s, "prefetches", method),
-            stalled_ms=float(stalled),
-            last_error=None if err is None else str(err),
+            stalled_ms=_float(s, "stalled_ms", method),
+            last_error=_opt_str(s, "last_error"),
             deferred=_int(s, "deferred", method),
             held_over_bytes=_int(s, "held_over_bytes", method),
         )
@@ -207,10 +215,6 @@ class StorePlacement:
         stats = None
         if s is not None:
             sd = _dict(s, method)
-            stalled = sd.get("stalled_ms")
-            if not isinstance(stalled, (int, float)):
-                raise ResultError(f"{method}: stalled_ms is {stalled!r:.40}")
-            err = sd.get("last_error")
             stats = PlacementStats(
                 uses=_int(sd, "uses", method),
                 hits=_int(sd, "hits", method),
@@ -218,14 +222,13 @@ class StorePlacement:
                 bytes_read=_int(sd, "bytes_read", method),
                 bytes_written=_int(sd, "bytes_written", method),
                 prefetches=_int(sd, "prefetches", method),
-                stalled_ms=float(stalled),
-                last_error=None if err is None else str(err),
+                stalled_ms=_float(sd, "stalled_ms", method),
+                last_error=_opt_str(sd, "last_error"),
                 deferred=_int(sd, "deferred", method) if "deferred" in sd else 0,
                 held_over_bytes=_int(sd, "held_over_bytes", method)
                 if "held_over_bytes" in sd
                 else 0,
             )
-        disk_dir = d.get("disk_dir")
         dev = d.get("device")
         return StorePlacement(
             tiers=bool(d.get("tiers")),
@@ -234,7 +237,7 @@ class StorePlacement:
             disk_budget_bytes=_opt_int(d, "disk_budget_bytes", method),
             cpu_used_bytes=_int(d, "cpu_used_bytes", method),
             disk_used_bytes=_int(d, "disk_used_bytes", method),
-            disk_dir=None if disk_dir is None else str(disk_dir),
+            disk_dir=_opt_str(d, "disk_dir"),
             stats=stats,
             device=None if dev is None else DeviceTier.from_json(dev, method),
         )
