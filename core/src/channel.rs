@@ -112,6 +112,14 @@ pub trait ChannelSession: Send + Sync + 'static {
     /// Prepares `tensor` for sending in the message being built in `out` and returns its
     /// location. May wait (e.g. for pool space).
     async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError>;
+    /// Whether [`ChannelSession::encode`] would send `tensor` inline (its bytes copied into
+    /// the message, nothing else changed), so that the pipe may pack the message into a
+    /// same-host ring record without asking the session (PROTOCOL.md §22.5). The default
+    /// is `false`: the session is always asked.
+    fn sends_inline(&self, tensor: &Tensor) -> bool {
+        let _ = tensor;
+        false
+    }
     /// Rebuilds tensor `index` of a received message. Validates everything.
     /// May wait for bytes that travel apart from the frame (e.g. QUIC streams).
     async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError>;

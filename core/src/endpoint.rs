@@ -428,7 +428,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     {
         let fds = std::mem::take(&mut frame.fds);
         if !ring::client_finish(cfg.ring(), ring_offered, &welcome, fds, &mut reader, &mut writer).await? {
-            welcome.features.retain(|f| f != crate::wire::FEATURE_RING);
+            welcome.features.retain(|f| f != crate::wire::FEATURE_RING && f != crate::wire::FEATURE_RING_MESSAGES);
         }
     }
     let (ctx, closed_tx) = session_ctx(&info, false, &welcome.features);
@@ -511,7 +511,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             if let Some(ring) = made
                 && !ring::server_finish(ring, &mut reader, &mut writer).await?
             {
-                welcome.features.retain(|f| f != crate::wire::FEATURE_RING);
+                welcome.features.retain(|f| f != crate::wire::FEATURE_RING && f != crate::wire::FEATURE_RING_MESSAGES);
             }
             tracing::debug!(addr = %info.addr, peer = %hello.agent, channels = ?welcome.channels, "accepted");
             let pipe_info = PipeInfo {

@@ -156,6 +156,21 @@ impl FramePrefix {
     }
 }
 
+/// `b` in fresh [`ALIGN`]-aligned memory (tensor payloads are viewed in place).
+pub(crate) fn aligned_copy(b: &[u8]) -> Bytes {
+    if b.is_empty() {
+        return Bytes::new();
+    }
+    let mut v: Vec<u8> = Vec::with_capacity(b.len() + ALIGN - 1);
+    let pad = v.as_ptr().align_offset(ALIGN).min(ALIGN - 1);
+    v.resize(pad, 0);
+    v.extend_from_slice(b);
+    let mut bytes = Bytes::from(v);
+    // Advancing keeps the one handle (a slice would make a second).
+    bytes::Buf::advance(&mut bytes, pad);
+    bytes
+}
+
 /// One received frame.
 #[derive(Debug)]
 pub struct Frame {
@@ -168,6 +183,9 @@ pub struct Frame {
     /// File descriptors that came with it (unix only).
     #[cfg(unix)]
     pub fds: Vec<std::os::fd::OwnedFd>,
+    /// A packed message read from a same-host ring (PROTOCOL.md §22.5): `kind` is
+    /// [`FrameKind::Message`] and `header` holds the whole binary record, not JSON.
+    pub packed: bool,
 }
 
 impl Frame {
@@ -382,6 +400,7 @@ impl FrameReader {
             payload,
             #[cfg(unix)]
             fds,
+            packed: false,
         })
     }
 
@@ -592,6 +611,25 @@ impl FrameWriter {
     /// should be closed.
     pub fn is_torn(&self) -> bool {
         self.torn
+    }
+
+    /// The largest record the same-host ring takes (`None`: no ring).
+    pub(crate) fn ring_max_record(&self) -> Option<usize> {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        return self.ring.as_ref().map(|r| r.max_record());
+        #[cfg(not(all(feature = "ring", target_os = "linux")))]
+        None
+    }
+
+    /// Writes a packed message (PROTOCOL.md §22.5; `crate::pipe::packed`) as one ring
+    /// record. It counts as one write ([`FrameWriter::writes_done`]) once published.
+    pub(crate) async fn write_packed(&mut self, record: &[u8]) -> Result<(), PipeError> {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        if self.ring.is_some() {
+            return self.write_ring_packed(record).await;
+        }
+        let _ = record;
+        Err(PipeError::ApiMisuse("a packed message on a pipe without a ring".into()))
     }
 
     /// How many writes ([`FrameWriter::write_frame_then`] and the like) handed all their

@@ -58,6 +58,10 @@ impl ChannelSession for InlineSession {
         Ok(Location::Inline(out.push_payload(bytes.clone())))
     }
 
+    fn sends_inline(&self, tensor: &Tensor) -> bool {
+        tensor.device() == Device::Cpu && matches!(tensor.storage(), Storage::Host(_))
+    }
+
     async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
         decode_inline(meta, loc, incoming)
     }

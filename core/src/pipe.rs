@@ -29,6 +29,7 @@ use crate::wire::FEATURE_COMPACT_TENSORS;
 use crate::wire::{Close, Limits, TensorDesc};
 
 mod blocking;
+mod packed;
 mod read;
 mod write;
 use write::WriteSide;
@@ -72,6 +73,9 @@ struct Shared {
     compact: bool,
     /// The reader's hand-over to blocking callers ([`blocking`]).
     handover: blocking::Handover,
+    /// The largest packed message record ([`packed`]) the ring takes; 0 when messages are
+    /// not packed (no ring, or the peer did not grant [`crate::wire::FEATURE_RING_MESSAGES`]).
+    pack_room: usize,
 }
 
 /// The handler and a count of `set_handler` / `clear_handler` calls, so that the reader,
@@ -129,6 +133,10 @@ impl Pipe {
         closed_tx: watch::Sender<bool>,
         control: ControlWaker,
     ) -> Pipe {
+        let packs = [crate::wire::FEATURE_RING, crate::wire::FEATURE_RING_MESSAGES]
+            .iter()
+            .all(|want| info.features.iter().any(|f| f == want));
+        let pack_room = if packs { writer.ring_max_record().unwrap_or(0) } else { 0 };
         let shared = Arc::new(Shared {
             writer: Mutex::new(WriteSide::new(writer)),
             send_order: Mutex::new(()),
@@ -142,6 +150,7 @@ impl Pipe {
             control,
             compact: info.features.iter().any(|f| f == FEATURE_COMPACT_TENSORS),
             handover: blocking::Handover::default(),
+            pack_room,
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);
         let task = tokio::spawn(read::read_loop(reader, shared.clone(), tx));
@@ -187,6 +196,9 @@ impl Pipe {
             ));
         }
         let _order = self.shared.send_order.lock().await;
+        if let Some(record) = self.shared.pack(&msg) {
+            return self.shared.write_packed(record, msg).await;
+        }
         let mut out = Outgoing::default();
         match self.encode(&msg, &mut out).await {
             Ok(header) => {
@@ -375,6 +387,17 @@ fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> 
 }
 
 impl Shared {
+    /// `msg` as a packed ring record ([`packed`]), when this pipe packs messages and `msg`
+    /// qualifies; `None`: it goes as a MESSAGE frame.
+    fn pack(&self, msg: &Message) -> Option<Vec<u8>> {
+        if self.pack_room == 0 {
+            return None;
+        }
+        let cpu = self.sessions.get(&DeviceKind::Cpu);
+        let inline = |t: &Tensor| cpu.is_some_and(|s| s.sends_inline(t));
+        packed::pack(msg, inline, &packed::PackRoom { peer: &self.peer_limits, max_record: self.pack_room })
+    }
+
     fn handler_slot(&self) -> std::sync::MutexGuard<'_, HandlerSlot> {
         self.handler.lock().unwrap_or_else(|e| e.into_inner())
     }

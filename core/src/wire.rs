@@ -29,6 +29,12 @@ pub const FEATURE_SHM_FORGET: &str = "shm_forget";
 /// [`FEATURES`]: whether it is offered depends on the endpoint and the connection.
 pub const FEATURE_RING: &str = "ring";
 
+/// The handshake feature under which the same-host ring may carry packed messages
+/// (PROTOCOL.md §22.5: a MESSAGE whose tensors all travel inline, in one binary record,
+/// without JSON descriptors). Offered and granted beside [`FEATURE_RING`], and only with
+/// it; not in [`FEATURES`] either.
+pub const FEATURE_RING_MESSAGES: &str = "ring_messages";
+
 /// The protocol features this build understands, offered in HELLO and granted in WELCOME.
 pub const FEATURES: [&str; 2] = [FEATURE_COMPACT_TENSORS, FEATURE_SHM_FORGET];
 

@@ -366,6 +366,21 @@ impl ChannelSession for ShmSession {
         self.grant(core, 0, n, out)
     }
 
+    /// Mirrors `encode`'s choice without making it: inline only for a small tensor that is
+    /// in neither this side's pool, nor a shared segment it may lend, nor the peer's memory.
+    fn sends_inline(&self, tensor: &Tensor) -> bool {
+        let Storage::Host(bytes) = tensor.storage() else { return false };
+        let (ptr, n) = (bytes.as_ptr() as usize, bytes.len());
+        if tensor.device() != Device::Cpu {
+            return false;
+        }
+        n == 0
+            || (n < self.opts.inline_below
+                && self.pool.find(ptr, n).is_none()
+                && !(self.forget_ok && shared::find(ptr, n).is_some())
+                && Self::find_held(&lock(&self.peer), ptr, n).is_none())
+    }
+
     async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
         if meta.device != Device::Cpu {
             return Err(bad(format!("shm tensor claims device {}", meta.device)));

@@ -8,7 +8,7 @@ use ferry_ring::{Ring, RingOptions};
 
 use crate::error::{PipeError, ProtocolError};
 use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
-use crate::wire::{FEATURE_RING, Hello, RingAnswer, RingOffer, Welcome};
+use crate::wire::{FEATURE_RING, FEATURE_RING_MESSAGES, Hello, RingAnswer, RingOffer, Welcome};
 
 /// Client: whether to offer the ring (configured, and the connection passes descriptors);
 /// when it does, the feature goes into `hello` and the WELCOME may carry one descriptor.
@@ -17,6 +17,7 @@ pub(super) fn client_offer(opts: Option<&RingOptions>, reader: &mut FrameReader,
         return false;
     }
     hello.features.push(FEATURE_RING.into());
+    hello.features.push(FEATURE_RING_MESSAGES.into());
     reader.set_limits(crate::wire::Limits { max_fds: 1, ..crate::frame::HANDSHAKE_LIMITS });
     true
 }
@@ -83,6 +84,9 @@ pub(super) fn server_make(
     match Ring::create(opts) {
         Ok((ring, fd)) => {
             welcome.features.push(FEATURE_RING.into());
+            if hello.features.iter().any(|f| f == FEATURE_RING_MESSAGES) {
+                welcome.features.push(FEATURE_RING_MESSAGES.into());
+            }
             welcome.ring = Some(RingOffer { capacity: ring.capacity() as u64 });
             Some((ring, fd))
         }

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferry_ring::{Pushed, Receiver, RingError, Sender, WaitEnd};
 
-use super::{ALIGN, Frame, FrameKind, FramePrefix, FrameReader, FrameWriter, OutFrame, PREFIX_LEN, put};
+use super::{Frame, FrameKind, FramePrefix, FrameReader, FrameWriter, OutFrame, PREFIX_LEN, aligned_copy, put};
 use crate::error::{PipeError, ProtocolError};
 use crate::wire::Limits;
 
@@ -46,6 +46,8 @@ use crate::wire::Limits;
 pub(crate) const TAG_FRAMES: u32 = 0;
 /// A ring record saying "the next frame is on the socket".
 pub(crate) const TAG_DIVERT: u32 = 1;
+/// A ring record holding one packed message (PROTOCOL.md §22.5; `crate::pipe::packed`).
+pub(crate) const TAG_MESSAGE: u32 = 2;
 
 /// Frames a peer may put on the socket ahead of their divert records (a writer publishes
 /// the divert right after the frame, so one is the most an honest peer gets ahead).
@@ -107,20 +109,8 @@ impl RingRead {
         let header = body[..header_len].to_vec();
         let payload = aligned_copy(&body[header_len..header_len + payload_len as usize]);
         self.at += PREFIX_LEN + header_len + payload_len as usize;
-        Ok(Some(Frame { kind, header, payload, fds: Vec::new() }))
+        Ok(Some(Frame { kind, header, payload, fds: Vec::new(), packed: false }))
     }
-}
-
-/// `b` in fresh [`ALIGN`]-aligned memory (tensor payloads are viewed in place).
-fn aligned_copy(b: &[u8]) -> Bytes {
-    if b.is_empty() {
-        return Bytes::new();
-    }
-    let mut v: Vec<u8> = Vec::with_capacity(b.len() + ALIGN - 1);
-    let pad = v.as_ptr().align_offset(ALIGN).min(ALIGN - 1);
-    v.resize(pad, 0);
-    v.extend_from_slice(b);
-    Bytes::from(v).slice(pad..)
 }
 
 /// A ring's finding as a pipe error: an orderly close or a death is the end of the pipe,
@@ -153,6 +143,18 @@ impl FrameReader {
                         return Err(ProtocolError::Ring("an empty frames record".into()).into());
                     }
                     continue;
+                }
+                Ok(Some(TAG_MESSAGE)) => {
+                    // The record is the frame's (no copy); the next read starts a new one.
+                    let record = std::mem::take(&mut ring.record);
+                    ring.at = 0;
+                    return Ok(Frame {
+                        kind: FrameKind::Message,
+                        header: record,
+                        payload: Bytes::new(),
+                        fds: Vec::new(),
+                        packed: true,
+                    });
                 }
                 Ok(Some(TAG_DIVERT)) => {
                     ring.record.clear();
@@ -364,6 +366,13 @@ pub(crate) struct RingWrite {
     doorbell_owed: bool,
 }
 
+impl RingWrite {
+    /// The largest record the ring takes.
+    pub(super) fn max_record(&self) -> usize {
+        self.tx.max_frame()
+    }
+}
+
 impl FrameWriter {
     /// Writes through the ring from now on (after the handshake agreed on one).
     pub(crate) fn attach_ring(&mut self, tx: Sender) {
@@ -442,6 +451,14 @@ impl FrameWriter {
         }
         r?;
         // Published: the frames are the peer's now, whatever happens to the doorbell.
+        self.done += 1;
+        self.pay_doorbell().await
+    }
+
+    /// [`FrameWriter::write_packed`] with a ring.
+    pub(super) async fn write_ring_packed(&mut self, record: &[u8]) -> Result<(), PipeError> {
+        self.pay_doorbell().await?;
+        self.push(TAG_MESSAGE, Some(&[record])).await?;
         self.done += 1;
         self.pay_doorbell().await
     }

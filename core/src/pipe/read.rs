@@ -123,6 +123,14 @@ pub(super) async fn end_with(shared: &Shared, e: &PipeError) {
 
 pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
     match frame.kind {
+        FrameKind::Message if frame.packed => {
+            let rules = super::packed::UnpackRules {
+                limits: &shared.limits,
+                max_header_values: shared.max_header_values,
+                cpu_channel: shared.sessions.contains_key(&crate::dtype::DeviceKind::Cpu),
+            };
+            super::packed::unpack(&frame.header, &rules).map(Some)
+        }
         FrameKind::Message => decode_message(shared, frame).await.map(Some),
         FrameKind::Control => {
             let c: ControlHeader = frame.parse()?;
@@ -181,7 +189,7 @@ async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHea
 
 /// Checks a header of [`COUNT_HEADER_FROM`] bytes or more against `max` values (and the
 /// parser's depth) before it is parsed.
-fn count_header_values(text: &[u8], max: usize) -> Result<(), PipeError> {
+pub(super) fn count_header_values(text: &[u8], max: usize) -> Result<(), PipeError> {
     if text.len() < COUNT_HEADER_FROM {
         return Ok(());
     }

@@ -98,6 +98,15 @@ impl WriteSide {
         let settled = self.settle();
         r.and(settled)
     }
+
+    /// Writes a packed message record (no tickets: its tensors went inline). The pulled
+    /// CONTROL frames must have been written before.
+    async fn write_packed(&mut self, record: &[u8]) -> Result<(), PipeError> {
+        self.in_flight = Some((self.frames.writes_done(), None));
+        let r = self.frames.write_packed(record).await;
+        let settled = self.settle();
+        r.and(settled)
+    }
 }
 
 impl Shared {
@@ -112,6 +121,25 @@ impl Shared {
             drop(msg);
             self.pull(&mut side);
             let r = side.write(Some((FrameKind::Message, frame)), Some(tickets)).await;
+            self.close_if_torn(&mut side, r).await
+        })
+        .await
+    }
+
+    /// Steps 4 and 5 for a packed message ([`super::packed`]): it has no tickets, and the
+    /// CONTROL frames pulled with it go first, in a write of their own (they cannot name a
+    /// lease this message names: its tensors went inline).
+    pub(super) async fn write_packed(&self, record: Vec<u8>, msg: Message) -> Result<(), PipeError> {
+        self.until_closed(async {
+            let mut side = self.writer.lock().await;
+            self.check_torn(&mut side).await?;
+            drop(msg);
+            self.pull(&mut side);
+            if !side.pulled.is_empty() {
+                let r = side.write(None, None).await;
+                self.close_if_torn(&mut side, r).await?;
+            }
+            let r = side.write_packed(&record).await;
             self.close_if_torn(&mut side, r).await
         })
         .await
