@@ -632,6 +632,28 @@ impl FrameWriter {
         Err(PipeError::ApiMisuse("a packed message on a pipe without a ring".into()))
     }
 
+    /// Publishes a packed message record now, if it can without waiting: `Some(doorbell)`
+    /// when published (`doorbell`: the peer waits for one, and
+    /// [`FrameWriter::pay_ring_doorbell`] must write it now), `None` when nothing was written
+    /// (no ring, the ring is full or broken, or a doorbell is owed from before).
+    pub(crate) fn try_write_packed_now(&mut self, record: &[u8]) -> Option<bool> {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        return self.try_ring_packed_now(record);
+        #[cfg(not(all(feature = "ring", target_os = "linux")))]
+        {
+            let _ = record;
+            None
+        }
+    }
+
+    /// Writes the doorbell the ring's peer is owed, if any.
+    pub(crate) async fn pay_ring_doorbell(&mut self) -> Result<(), PipeError> {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        return self.pay_doorbell().await;
+        #[cfg(not(all(feature = "ring", target_os = "linux")))]
+        Ok(())
+    }
+
     /// How many writes ([`FrameWriter::write_frame_then`] and the like) handed all their
     /// bytes to the transport. Compared before and after a write whose future may have been
     /// dropped, it tells whether that write's frames went out whole (it went up), or not

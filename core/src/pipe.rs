@@ -183,6 +183,35 @@ impl Pipe {
     /// before then is safe: the message goes out whole or not at all (a write dropped
     /// part-way closes the pipe; [`write`] has the sequence).
     pub async fn send(&self, msg: Message) -> Result<(), PipeError> {
+        self.check_send(&msg)?;
+        if let Some(record) = self.shared.pack(&msg) {
+            // Its tensors went inline: none holds a lease this message must name.
+            drop(msg);
+            let _order = self.shared.send_order.lock().await;
+            return self.shared.write_packed(record).await;
+        }
+        self.send_framed(msg).await
+    }
+
+    /// Sends `msg` as a MESSAGE frame, its tensors encoded by their channels' sessions
+    /// ([`write`] has the sequence).
+    async fn send_framed(&self, msg: Message) -> Result<(), PipeError> {
+        let _order = self.shared.send_order.lock().await;
+        let mut out = Outgoing::default();
+        match self.encode(&msg, &mut out).await {
+            Ok(header) => {
+                let (frame, tickets) = out.finish(header);
+                self.shared.write_message(frame, msg, tickets).await
+            }
+            Err(e) => {
+                out.abort();
+                Err(e)
+            }
+        }
+    }
+
+    /// What every send checks first: the pipe is open, and the peer takes that many tensors.
+    fn check_send(&self, msg: &Message) -> Result<(), PipeError> {
         if self.is_closed() {
             return Err(self.shared.closed_error());
         }
@@ -195,21 +224,7 @@ impl Pipe {
                 limits.max_tensors.into(),
             ));
         }
-        let _order = self.shared.send_order.lock().await;
-        if let Some(record) = self.shared.pack(&msg) {
-            return self.shared.write_packed(record, msg).await;
-        }
-        let mut out = Outgoing::default();
-        match self.encode(&msg, &mut out).await {
-            Ok(header) => {
-                let (frame, tickets) = out.finish(header);
-                self.shared.write_message(frame, msg, tickets).await
-            }
-            Err(e) => {
-                out.abort();
-                Err(e)
-            }
-        }
+        Ok(())
     }
 
     async fn encode(&self, msg: &Message, out: &mut Outgoing) -> Result<Vec<u8>, PipeError> {

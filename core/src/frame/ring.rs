@@ -463,6 +463,22 @@ impl FrameWriter {
         self.pay_doorbell().await
     }
 
+    /// Publishes a packed message record now, if it can without waiting: `Some(doorbell)`
+    /// when published (`doorbell`: the peer waits for one, [`FrameWriter::pay_doorbell`]
+    /// must write it now), `None` when nothing was written (the ring is full or broken, or
+    /// a doorbell is owed from before).
+    pub(super) fn try_ring_packed_now(&mut self, record: &[u8]) -> Option<bool> {
+        let ring = self.ring.as_mut().filter(|r| !r.doorbell_owed)?;
+        match ring.tx.try_send_parts(TAG_MESSAGE, &[record]) {
+            Ok(Pushed::Sent { doorbell }) => {
+                ring.doorbell_owed = doorbell;
+                self.done += 1;
+                Some(doorbell)
+            }
+            Ok(Pushed::Full) | Err(_) => None,
+        }
+    }
+
     /// Publishes one record, waiting while the ring is full. When the peer waits for its
     /// doorbell, a doorbell is owed ([`FrameWriter::pay_doorbell`]).
     async fn push(&mut self, tag: u32, parts: Option<&[&[u8]]>) -> Result<(), PipeError> {
@@ -489,7 +505,7 @@ impl FrameWriter {
     /// Writes the doorbell the peer is owed, if any. A write dropped before its doorbell
     /// went out leaves it owed, and the next write pays it first; one dropped part-way
     /// through it tears the stream (the pipe closes).
-    async fn pay_doorbell(&mut self) -> Result<(), PipeError> {
+    pub(super) async fn pay_doorbell(&mut self) -> Result<(), PipeError> {
         if self.ring.as_ref().is_some_and(|r| r.doorbell_owed) {
             self.ring_doorbell().await?;
             if let Some(r) = self.ring.as_mut() {

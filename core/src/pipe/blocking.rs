@@ -213,7 +213,17 @@ impl Pipe {
     ///
     /// Not for async tasks, as [`Pipe::recv_blocking`].
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
-        self.run_here(self.send(msg))
+        self.check_send(&msg)?;
+        let Some(record) = self.shared.pack(&msg) else { return self.run_here(self.send_framed(msg)) };
+        // Its tensors went inline: none holds a lease this message must name.
+        drop(msg);
+        if self.shared.try_write_packed_now(&record, |pay| self.run_here(pay))? {
+            return Ok(());
+        }
+        self.run_here(async {
+            let _order = self.shared.send_order.lock().await;
+            self.shared.write_packed(record).await
+        })
     }
 
     /// Runs `f` to its end on this thread, in the pipe's runtime's context (its I/O and

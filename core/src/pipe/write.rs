@@ -126,14 +126,13 @@ impl Shared {
         .await
     }
 
-    /// Steps 4 and 5 for a packed message ([`super::packed`]): it has no tickets, and the
-    /// CONTROL frames pulled with it go first, in a write of their own (they cannot name a
-    /// lease this message names: its tensors went inline).
-    pub(super) async fn write_packed(&self, record: Vec<u8>, msg: Message) -> Result<(), PipeError> {
+    /// Steps 4 and 5 for a packed message ([`super::packed`]): it has no tickets (its
+    /// tensors went inline, and the message was dropped already), and the CONTROL frames
+    /// pulled with it go first, in a write of their own (none can name a lease it names).
+    pub(super) async fn write_packed(&self, record: Vec<u8>) -> Result<(), PipeError> {
         self.until_closed(async {
             let mut side = self.writer.lock().await;
             self.check_torn(&mut side).await?;
-            drop(msg);
             self.pull(&mut side);
             if !side.pulled.is_empty() {
                 let r = side.write(None, None).await;
@@ -143,6 +142,42 @@ impl Shared {
             self.close_if_torn(&mut side, r).await
         })
         .await
+    }
+
+    /// [`Shared::write_packed`] for a blocking caller, when nothing stands in its way: both
+    /// locks free, nothing left over from a dropped write, no CONTROL frames due, room in
+    /// the ring. Publishes the record on this thread, with no future and no wait, and
+    /// returns true; false when any of that does not hold (nothing was written: the caller
+    /// then takes the ordinary way). A doorbell the peer is owed is written before it
+    /// returns.
+    pub(super) fn try_write_packed_now(
+        &self,
+        record: &[u8],
+        run: impl FnOnce(std::pin::Pin<&mut dyn Future<Output = Result<(), PipeError>>>) -> Result<(), PipeError>,
+    ) -> Result<bool, PipeError> {
+        let (Ok(_order), Ok(mut side)) = (self.send_order.try_lock(), self.writer.try_lock()) else {
+            return Ok(false);
+        };
+        if side.in_flight.is_some() || side.frames.is_torn() || !side.pulled.is_empty() {
+            return Ok(false);
+        }
+        self.pull(&mut side);
+        if !side.pulled.is_empty() {
+            return Ok(false);
+        }
+        match side.frames.try_write_packed_now(record) {
+            Some(true) => {
+                // Published: the peer waits on its socket for the doorbell.
+                let pay = async {
+                    let r = side.frames.pay_ring_doorbell().await;
+                    self.close_if_torn(&mut side, r).await
+                };
+                run(std::pin::pin!(pay))?;
+                Ok(true)
+            }
+            Some(false) => Ok(true),
+            None => Ok(false),
+        }
     }
 
     /// Writes a frame of another kind (CLOSE), with any pulled CONTROL frames behind it.
