@@ -71,11 +71,25 @@ pub(crate) struct RingRead {
     early: VecDeque<Frame>,
     /// The socket ended: the ring is read to its end, then the pipe is closed.
     socket_ended: bool,
+    /// A divert record was taken by [`FrameReader::packed_now`]: the next frame is on the
+    /// socket (cleared once it is read).
+    divert_taken: bool,
+    /// [`FrameReader::packed_now`]'s wait was nudged: the next blocking wait looks at the
+    /// socket first.
+    nudged: bool,
 }
 
 impl RingRead {
     pub(crate) fn new(rx: Receiver) -> RingRead {
-        RingRead { rx, record: Vec::new(), at: 0, early: VecDeque::new(), socket_ended: false }
+        RingRead {
+            rx,
+            record: Vec::new(),
+            at: 0,
+            early: VecDeque::new(),
+            socket_ended: false,
+            divert_taken: false,
+            nudged: false,
+        }
     }
 
     /// The next frame of the record being read, if it has one left.
@@ -134,6 +148,16 @@ impl FrameReader {
             let limits = self.limits;
             let ring = self.ring.as_mut().expect("read_ring_frame is called with a ring");
             if let Some(f) = ring.next_in_record(&limits)? {
+                return Ok(f);
+            }
+            if ring.divert_taken {
+                let f = match ring.early.pop_front() {
+                    Some(f) => f,
+                    None => self.read_diverted().await?,
+                };
+                if let Some(ring) = self.ring.as_mut() {
+                    ring.divert_taken = false;
+                }
                 return Ok(f);
             }
             match ring.rx.try_recv(&mut ring.record) {
@@ -227,7 +251,12 @@ impl FrameReader {
                 }
                 let slice = now + DEATH_CHECK;
                 let until = deadline.map_or(slice, |d| d.min(slice));
-                match ring.rx.wait_for_data(until).map_err(ring_error)? {
+                let end = if std::mem::take(&mut ring.nudged) {
+                    WaitEnd::Nudged
+                } else {
+                    ring.rx.wait_for_data(until).map_err(ring_error)?
+                };
+                match end {
                     WaitEnd::Data => return Ok(true),
                     WaitEnd::Deadline => {
                         // The socket, without waiting: its end (or bytes) ends the wait.
@@ -253,6 +282,66 @@ impl FrameReader {
             if let Woke::Read = self.wait_behind_doorbell(None).await? {
                 return Ok(true);
             }
+        }
+    }
+
+    /// [`FrameReader::packed_now`] with a ring. When nothing is
+    /// pending but the ring, it waits on the ring itself for one slice (as
+    /// [`FrameReader::wait_ring_readable`] does) and, when the next record is a packed
+    /// message, hands it to `unpack` on this thread, with no future and no copy out of the
+    /// record buffer. `None`: anything else (another record, taken and kept for
+    /// [`FrameReader::read_frame`]; a nudge, kept for the next wait; the slice's end):
+    /// the caller takes the ordinary way.
+    pub(super) fn ring_packed_now<T>(
+        &mut self,
+        deadline: Option<Instant>,
+        unpack: impl FnOnce(&[u8]) -> Result<T, PipeError>,
+    ) -> Option<Result<T, PipeError>> {
+        self.ring.as_ref()?;
+        self.skip_doorbells();
+        if !self.inner.buffer().is_empty() {
+            return None;
+        }
+        let ring = self.ring.as_mut()?;
+        let idle = ring.at >= ring.record.len() && ring.early.is_empty();
+        if !idle || ring.socket_ended || ring.divert_taken || ring.nudged {
+            return None;
+        }
+        if !ring.rx.has_data() {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| d <= now) {
+                return None;
+            }
+            let slice = now + DEATH_CHECK;
+            match ring.rx.wait_for_data(deadline.map_or(slice, |d| d.min(slice))) {
+                Ok(WaitEnd::Data) => {}
+                Ok(WaitEnd::Nudged) => {
+                    ring.nudged = true;
+                    return None;
+                }
+                Ok(WaitEnd::Deadline) => return None,
+                Err(e) => return Some(Err(ring_error(e))),
+            }
+        }
+        ring.at = 0;
+        match ring.rx.try_recv(&mut ring.record) {
+            Ok(Some(TAG_MESSAGE)) => {
+                let r = unpack(&ring.record);
+                ring.record.clear();
+                Some(r)
+            }
+            Ok(Some(TAG_FRAMES)) if ring.record.is_empty() => {
+                Some(Err(ProtocolError::Ring("an empty frames record".into()).into()))
+            }
+            Ok(Some(TAG_FRAMES)) => None,
+            Ok(Some(TAG_DIVERT)) => {
+                ring.record.clear();
+                ring.divert_taken = true;
+                None
+            }
+            Ok(Some(tag)) => Some(Err(ProtocolError::Ring(format!("a ring record with unknown tag {tag}")).into())),
+            Ok(None) => None,
+            Err(e) => Some(Err(ring_error(e))),
         }
     }
 
@@ -286,7 +375,12 @@ impl FrameReader {
         self.skip_doorbells();
         let buffered = !self.inner.buffer().is_empty();
         let ring = self.ring.as_mut().expect("ring_readable is called with a ring");
-        ring.at < ring.record.len() || !ring.early.is_empty() || ring.socket_ended || buffered || ring.rx.has_data()
+        ring.at < ring.record.len()
+            || ring.divert_taken
+            || !ring.early.is_empty()
+            || ring.socket_ended
+            || buffered
+            || ring.rx.has_data()
     }
 
     /// Consumes the doorbells (RING frames: a prefix and nothing else) at the front of the

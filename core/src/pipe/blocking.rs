@@ -175,22 +175,28 @@ impl Pipe {
             None => return Err(timed_out()),
         };
         let shared = &*self.shared;
-        let got = self.run_here(async {
-            loop {
-                let waits_itself = reader.waits_for_deadlines();
-                let wait = reader.wait_readable(WaitSpin::Blocking(deadline));
-                let ready = match deadline {
-                    Some(d) if !waits_itself => tokio::time::timeout_at(d.into(), wait).await.unwrap_or(Ok(false))?,
-                    _ => wait.await?,
-                };
-                if !ready {
-                    return Err(timed_out());
+        // A packed message within the first slice is read here, with no future at all.
+        let now = reader.packed_now(deadline, |record| read::unpack(shared, record));
+        let got = now.unwrap_or_else(|| {
+            self.run_here(async {
+                loop {
+                    let waits_itself = reader.waits_for_deadlines();
+                    let wait = reader.wait_readable(WaitSpin::Blocking(deadline));
+                    let ready = match deadline {
+                        Some(d) if !waits_itself => {
+                            tokio::time::timeout_at(d.into(), wait).await.unwrap_or(Ok(false))?
+                        }
+                        _ => wait.await?,
+                    };
+                    if !ready {
+                        return Err(timed_out());
+                    }
+                    let frame = reader.read_frame().await?;
+                    if let Some(msg) = read::handle_frame(shared, frame).await? {
+                        return Ok(msg);
+                    }
                 }
-                let frame = reader.read_frame().await?;
-                if let Some(msg) = read::handle_frame(shared, frame).await? {
-                    return Ok(msg);
-                }
-            }
+            })
         });
         match got {
             Err(PipeError::Timeout(_, "recv_blocking")) | Ok(_) => {

@@ -123,14 +123,7 @@ pub(super) async fn end_with(shared: &Shared, e: &PipeError) {
 
 pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
     match frame.kind {
-        FrameKind::Message if frame.packed => {
-            let rules = super::packed::UnpackRules {
-                limits: &shared.limits,
-                max_header_values: shared.max_header_values,
-                cpu_channel: shared.sessions.contains_key(&crate::dtype::DeviceKind::Cpu),
-            };
-            super::packed::unpack(&frame.header, &rules).map(Some)
-        }
+        FrameKind::Message if frame.packed => unpack(shared, &frame.header).map(Some),
         FrameKind::Message => decode_message(shared, frame).await.map(Some),
         FrameKind::Control => {
             let c: ControlHeader = frame.parse()?;
@@ -159,6 +152,17 @@ pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option
         }
         k => Err(ProtocolError::UnexpectedFrame { kind: k as u8, context: "after the handshake" }.into()),
     }
+}
+
+/// The message a packed ring record holds ([`super::packed`]), checked against this side's
+/// limits and channels.
+pub(super) fn unpack(shared: &Shared, record: &[u8]) -> Result<Message, PipeError> {
+    let rules = super::packed::UnpackRules {
+        limits: &shared.limits,
+        max_header_values: shared.max_header_values,
+        cpu_channel: shared.sessions.contains_key(&crate::dtype::DeviceKind::Cpu),
+    };
+    super::packed::unpack(record, &rules)
 }
 
 /// Headers at least this long are counted before they are parsed
