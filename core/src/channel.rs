@@ -45,7 +45,15 @@ impl ControlOut {
 #[derive(Debug, Clone, Default)]
 pub struct ControlWaker {
     notify: Arc<tokio::sync::Notify>,
+    /// [`HELD`] while a writer is about to pull anyway ([`ControlWaker::hold`]), [`MISSED`]
+    /// when a wake came meanwhile, else 0.
+    state: Arc<std::sync::atomic::AtomicU8>,
 }
+
+/// A writer holds the waker: it pulls before it lets go.
+const HELD: u8 = 1;
+/// A wake came while held.
+const MISSED: u8 = 2;
 
 impl ControlWaker {
     /// A new waker (the pipe holds its own clone and waits on it).
@@ -53,14 +61,66 @@ impl ControlWaker {
         ControlWaker::default()
     }
 
-    /// Asks the writer to pull.
+    /// Asks the writer to pull. While a writer holds the waker ([`ControlWaker::hold`]) the
+    /// wake is only noted: that writer pulls before it lets go, and wakes the control task
+    /// then if the wake came after its last pull.
     pub fn wake(&self) {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let mut s = self.state.load(Acquire);
+        loop {
+            match s {
+                HELD => match self.state.compare_exchange(HELD, MISSED, AcqRel, Acquire) {
+                    Ok(_) => return,
+                    Err(now) => s = now,
+                },
+                MISSED => return,
+                _ => {
+                    self.notify.notify_one();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Wakes the control task whether or not a writer holds the waker (the writer's own
+    /// wake: a session asked for a sooner time, which only the control task keeps).
+    pub(crate) fn wake_task(&self) {
         self.notify.notify_one();
+    }
+
+    /// The pipe's writer, holding the write side, is about to pull: wakes until it lets go
+    /// of the guard are noted instead of waking the control task (a wake costs the waker a
+    /// system call and the runtime a thread). The writer pulls when
+    /// [`HeldWaker::take_missed`] says a wake came; the guard's drop wakes the control task
+    /// if one came after the last look.
+    pub(crate) fn hold(&self) -> HeldWaker<'_> {
+        self.state.store(HELD, std::sync::atomic::Ordering::Release);
+        HeldWaker(self)
     }
 
     /// Waits for a [`ControlWaker::wake`] (one given while nobody waited counts too).
     pub async fn woken(&self) {
         self.notify.notified().await;
+    }
+}
+
+/// A writer's hold on the [`ControlWaker`] (see [`ControlWaker::hold`]).
+pub(crate) struct HeldWaker<'a>(&'a ControlWaker);
+
+impl HeldWaker<'_> {
+    /// Whether a wake came since the hold began or since the last call: the writer then
+    /// pulls, which answers it.
+    pub(crate) fn take_missed(&self) -> bool {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        self.0.state.compare_exchange(MISSED, HELD, AcqRel, Acquire).is_ok()
+    }
+}
+
+impl Drop for HeldWaker<'_> {
+    fn drop(&mut self) {
+        if self.0.state.swap(0, std::sync::atomic::Ordering::AcqRel) == MISSED {
+            self.0.notify.notify_one();
+        }
     }
 }
 
@@ -112,17 +172,31 @@ pub trait ChannelSession: Send + Sync + 'static {
     /// Prepares `tensor` for sending in the message being built in `out` and returns its
     /// location. May wait (e.g. for pool space).
     async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError>;
-    /// Whether [`ChannelSession::encode`] would send `tensor` inline (its bytes copied into
-    /// the message, nothing else changed), so that the pipe may pack the message into a
-    /// same-host ring record without asking the session (PROTOCOL.md §22.5). The default
-    /// is `false`: the session is always asked.
-    fn sends_inline(&self, tensor: &Tensor) -> bool {
-        let _ = tensor;
-        false
+    /// [`ChannelSession::encode`] without waiting, for a caller that must not (a blocking
+    /// send on a same-host ring, PROTOCOL.md §22.5): `Some` with what `encode` would give
+    /// when it can decide and finish now, `None` when it would have to wait (the caller then
+    /// calls `encode`; anything this call recorded in `out` must be nothing). The default
+    /// is `None`.
+    fn encode_now(&self, tensor: &Tensor, out: &mut Outgoing) -> Option<Result<Location, ChannelError>> {
+        let _ = (tensor, out);
+        None
     }
     /// Rebuilds tensor `index` of a received message. Validates everything.
     /// May wait for bytes that travel apart from the frame (e.g. QUIC streams).
     async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError>;
+    /// [`ChannelSession::decode`] without waiting, for a location that travels in a packed
+    /// ring message (inline, and the shm channel's own): `None` when this session cannot
+    /// decode it without waiting (the packed message is then refused). The default is
+    /// `None`.
+    fn decode_now(
+        &self,
+        meta: TensorMeta,
+        loc: &Location,
+        incoming: &mut Incoming,
+    ) -> Option<Result<Tensor, ChannelError>> {
+        let _ = (meta, loc, incoming);
+        None
+    }
     /// A writable tensor in the channel's own memory (e.g. the shm pool), so that sending it
     /// costs no copy. `None`: the channel has no memory of its own (ordinary heap memory
     /// will do).

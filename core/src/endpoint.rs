@@ -509,7 +509,13 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             writer.write_frame(FrameKind::Welcome, frame).await?;
             #[cfg(all(feature = "ring", target_os = "linux"))]
             if let Some(ring) = made
-                && !ring::server_finish(ring, &mut reader, &mut writer).await?
+                && !ring::server_finish(
+                    ring,
+                    welcome.features.iter().any(|f| f == crate::wire::FEATURE_RING_MESSAGES),
+                    &mut reader,
+                    &mut writer,
+                )
+                .await?
             {
                 welcome.features.retain(|f| f != crate::wire::FEATURE_RING && f != crate::wire::FEATURE_RING_MESSAGES);
             }

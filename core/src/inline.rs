@@ -46,25 +46,39 @@ impl ChannelSession for InlineSession {
     }
 
     async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError> {
-        if tensor.device() != Device::Cpu {
-            return Err(ChannelError::Unsupported {
-                channel: "inline",
-                reason: format!("tensor is on {}", tensor.device()),
-            });
-        }
-        let Storage::Host(bytes) = tensor.storage() else {
-            return Err(ChannelError::Unsupported { channel: "inline", reason: "tensor is not in host memory".into() });
-        };
-        Ok(Location::Inline(out.push_payload(bytes.clone())))
+        encode_inline(tensor, out)
     }
 
-    fn sends_inline(&self, tensor: &Tensor) -> bool {
-        tensor.device() == Device::Cpu && matches!(tensor.storage(), Storage::Host(_))
+    fn encode_now(&self, tensor: &Tensor, out: &mut Outgoing) -> Option<Result<Location, ChannelError>> {
+        Some(encode_inline(tensor, out))
+    }
+
+    fn decode_now(
+        &self,
+        meta: TensorMeta,
+        loc: &Location,
+        incoming: &mut Incoming,
+    ) -> Option<Result<Tensor, ChannelError>> {
+        Some(decode_inline(meta, loc, incoming))
     }
 
     async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
         decode_inline(meta, loc, incoming)
     }
+}
+
+/// Encodes a host tensor inline.
+fn encode_inline(tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError> {
+    if tensor.device() != Device::Cpu {
+        return Err(ChannelError::Unsupported {
+            channel: "inline",
+            reason: format!("tensor is on {}", tensor.device()),
+        });
+    }
+    let Storage::Host(bytes) = tensor.storage() else {
+        return Err(ChannelError::Unsupported { channel: "inline", reason: "tensor is not in host memory".into() });
+    };
+    Ok(Location::Inline(out.push_payload(bytes.clone())))
 }
 
 /// Decodes an inline tensor (shared with channels that send small tensors inline).

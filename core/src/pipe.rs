@@ -26,7 +26,7 @@ use crate::meta::TensorMeta;
 use crate::tensor::{Tensor, TensorMut};
 use crate::transport::ConnInfo;
 use crate::wire::FEATURE_COMPACT_TENSORS;
-use crate::wire::{Close, Limits, TensorDesc};
+use crate::wire::{Close, Limits, Location, TensorDesc};
 
 mod blocking;
 mod packed;
@@ -184,30 +184,69 @@ impl Pipe {
     /// part-way closes the pipe; [`write`] has the sequence).
     pub async fn send(&self, msg: Message) -> Result<(), PipeError> {
         self.check_send(&msg)?;
-        if let Some(record) = self.shared.pack(&msg) {
-            // Its tensors went inline: none holds a lease this message must name.
-            drop(msg);
-            let _order = self.shared.send_order.lock().await;
-            return self.shared.write_packed(record).await;
-        }
-        self.send_framed(msg).await
-    }
-
-    /// Sends `msg` as a MESSAGE frame, its tensors encoded by their channels' sessions
-    /// ([`write`] has the sequence).
-    async fn send_framed(&self, msg: Message) -> Result<(), PipeError> {
         let _order = self.shared.send_order.lock().await;
         let mut out = Outgoing::default();
-        match self.encode(&msg, &mut out).await {
-            Ok(header) => {
-                let (frame, tickets) = out.finish(header);
-                self.shared.write_message(frame, msg, tickets).await
-            }
+        let locs = match self.encode_now(&msg, &mut out) {
+            Some(r) => r,
+            None => self.encode_tensors(&msg, &mut out).await,
+        };
+        match locs {
+            Ok(locs) => self.send_encoded(msg, locs, out).await,
             Err(e) => {
                 out.abort();
                 Err(e)
             }
         }
+    }
+
+    /// Sends `msg`, whose tensors were encoded to `locs` in `out`, as a packed ring record
+    /// ([`packed`]) when it can go as one, else as a MESSAGE frame ([`write`] has the
+    /// sequence). The caller holds `send_order`.
+    async fn send_encoded(&self, msg: Message, locs: Vec<Location>, out: Outgoing) -> Result<(), PipeError> {
+        if let Some(record) = self.shared.pack(&msg, &locs) {
+            let (_, tickets) = out.finish(Vec::new());
+            return self.shared.write_packed(record, msg, tickets).await;
+        }
+        let header = match self.frame_header(&msg, locs, &out) {
+            Ok(h) => h,
+            Err(e) => {
+                out.abort();
+                return Err(e);
+            }
+        };
+        let (frame, tickets) = out.finish(header);
+        self.shared.write_message(frame, msg, tickets).await
+    }
+
+    /// Encodes every tensor of `msg` without waiting ([`ChannelSession::encode_now`]);
+    /// `None` when a session would have to wait (`out` is then empty again: what the
+    /// tensors before it recorded was aborted).
+    fn encode_now(&self, msg: &Message, out: &mut Outgoing) -> Option<Result<Vec<Location>, PipeError>> {
+        let mut locs = Vec::with_capacity(msg.tensors.len());
+        for t in &msg.tensors {
+            let session = match self.session_for(t) {
+                Ok(s) => s,
+                Err(e) => return Some(Err(e)),
+            };
+            match session.encode_now(t, out) {
+                Some(Ok(loc)) => locs.push(loc),
+                Some(Err(e)) => return Some(Err(e.into())),
+                None => {
+                    std::mem::take(out).abort();
+                    return None;
+                }
+            }
+        }
+        Some(Ok(locs))
+    }
+
+    /// Encodes every tensor of `msg` through its channel's session (which may wait).
+    async fn encode_tensors(&self, msg: &Message, out: &mut Outgoing) -> Result<Vec<Location>, PipeError> {
+        let mut locs = Vec::with_capacity(msg.tensors.len());
+        for t in &msg.tensors {
+            locs.push(self.session_for(t)?.encode(t, out).await?);
+        }
+        Ok(locs)
     }
 
     /// What every send checks first: the pipe is open, and the peer takes that many tensors.
@@ -227,14 +266,12 @@ impl Pipe {
         Ok(())
     }
 
-    async fn encode(&self, msg: &Message, out: &mut Outgoing) -> Result<Vec<u8>, PipeError> {
+    /// The MESSAGE frame's JSON header for `msg` with its tensors at `locs`, checked
+    /// against the peer's limits (with the payload and descriptors in `out`).
+    fn frame_header(&self, msg: &Message, locs: Vec<Location>, out: &Outgoing) -> Result<Vec<u8>, PipeError> {
         let limits = &self.shared.peer_limits;
-        let mut descs = Vec::with_capacity(msg.tensors.len());
-        for t in &msg.tensors {
-            let session = self.session_for(t)?;
-            let loc = session.encode(t, out).await?;
-            descs.push(TensorDesc { meta: t.meta().clone(), data: loc });
-        }
+        let descs: Vec<TensorDesc> =
+            msg.tensors.iter().zip(locs).map(|(t, data)| TensorDesc { meta: t.meta().clone(), data }).collect();
         // Room for a small message's header at once (growing from empty reallocates 4 times).
         let mut header = Vec::with_capacity(256);
         serde_json::to_writer(
@@ -402,15 +439,13 @@ fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> 
 }
 
 impl Shared {
-    /// `msg` as a packed ring record ([`packed`]), when this pipe packs messages and `msg`
-    /// qualifies; `None`: it goes as a MESSAGE frame.
-    fn pack(&self, msg: &Message) -> Option<Vec<u8>> {
+    /// `msg`, its tensors encoded to `locs`, as a packed ring record ([`packed`]), when this
+    /// pipe packs messages and `msg` qualifies; `None`: it goes as a MESSAGE frame.
+    fn pack(&self, msg: &Message, locs: &[Location]) -> Option<Vec<u8>> {
         if self.pack_room == 0 {
             return None;
         }
-        let cpu = self.sessions.get(&DeviceKind::Cpu);
-        let inline = |t: &Tensor| cpu.is_some_and(|s| s.sends_inline(t));
-        packed::pack(msg, inline, &packed::PackRoom { peer: &self.peer_limits, max_record: self.pack_room })
+        packed::pack(msg, locs, &packed::PackRoom { peer: &self.peer_limits, max_record: self.pack_room })
     }
 
     fn handler_slot(&self) -> std::sync::MutexGuard<'_, HandlerSlot> {

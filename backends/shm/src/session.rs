@@ -301,6 +301,19 @@ impl ShmSession {
         Ok(())
     }
 
+    /// Decodes any location this channel sends (none of them waits).
+    fn decode_any(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
+        if meta.device != Device::Cpu {
+            return Err(bad(format!("shm tensor claims device {}", meta.device)));
+        }
+        match loc {
+            Location::Inline(_) => decode_inline(meta, loc, incoming),
+            Location::Shm(r) => self.decode_shm(meta, r, incoming),
+            Location::ShmReturn(r) => self.decode_return(meta, r),
+            other => Err(bad(format!("unexpected location {other:?}"))),
+        }
+    }
+
     fn decode_return(&self, meta: TensorMeta, r: &ShmReturnRef) -> Result<Tensor, ChannelError> {
         let granted = lock(&self.granted);
         let g = granted.get(&r.lease).ok_or_else(|| bad(format!("returned lease {} was never granted", r.lease)))?;
@@ -326,38 +339,14 @@ impl ChannelSession for ShmSession {
     }
 
     async fn encode(&self, tensor: &Tensor, out: &mut Outgoing) -> Result<Location, ChannelError> {
-        if tensor.device() != Device::Cpu {
-            return Err(ChannelError::Unsupported {
-                channel: NAME,
-                reason: format!("tensor is on {}", tensor.device()),
-            });
+        if let Some(done) = self.encode_now(tensor, out) {
+            return done;
         }
+        // Anywhere else: one copy into the pool (`encode_now` took every other case).
         let Storage::Host(bytes) = tensor.storage() else {
             return Err(ChannelError::Unsupported { channel: NAME, reason: "tensor is not in host memory".into() });
         };
-        let (ptr, n) = (bytes.as_ptr() as usize, bytes.len());
-        if n == 0 {
-            return Ok(Location::Inline(out.push_payload(Bytes::new())));
-        }
-        // Already in this pipe's pool (pipe.alloc): no copy.
-        if let Some(core) = self.pool.find(ptr, n) {
-            let start = ptr - core.addr();
-            return self.grant(core, start, n, out);
-        }
-        // A shared segment (a store's bucket), lent to a peer that will unmap it when told.
-        if self.forget_ok
-            && let Some((seg, start)) = shared::find(ptr, n)
-        {
-            return self.grant_shared(seg, start, n, out);
-        }
-        // The peer's own memory, leased to us: send it back by reference.
-        if let Some((lease, offset)) = self.name_held(ptr, n, out) {
-            return Ok(Location::ShmReturn(ShmReturnRef { lease, offset, len: n as u64 }));
-        }
-        if n < self.opts.inline_below {
-            return Ok(Location::Inline(out.push_payload(bytes.clone())));
-        }
-        // Anywhere else: one copy into the pool.
+        let n = bytes.len();
         let mut closed = self.ctx.closed.clone();
         let (seg, range) = self.pool.alloc(n, &mut closed).await?;
         let mut slot = PoolSlotMut::new(&self.pool, seg, n, range);
@@ -366,31 +355,56 @@ impl ChannelSession for ShmSession {
         self.grant(core, 0, n, out)
     }
 
-    /// Mirrors `encode`'s choice without making it: inline only for a small tensor that is
-    /// in neither this side's pool, nor a shared segment it may lend, nor the peer's memory.
-    fn sends_inline(&self, tensor: &Tensor) -> bool {
-        let Storage::Host(bytes) = tensor.storage() else { return false };
-        let (ptr, n) = (bytes.as_ptr() as usize, bytes.len());
+    /// Every case of `encode` but the copy into the pool (which may wait for room).
+    fn encode_now(&self, tensor: &Tensor, out: &mut Outgoing) -> Option<Result<Location, ChannelError>> {
         if tensor.device() != Device::Cpu {
-            return false;
+            return Some(Err(ChannelError::Unsupported {
+                channel: NAME,
+                reason: format!("tensor is on {}", tensor.device()),
+            }));
         }
-        n == 0
-            || (n < self.opts.inline_below
-                && self.pool.find(ptr, n).is_none()
-                && !(self.forget_ok && shared::find(ptr, n).is_some())
-                && Self::find_held(&lock(&self.peer), ptr, n).is_none())
+        let Storage::Host(bytes) = tensor.storage() else {
+            return Some(Err(ChannelError::Unsupported {
+                channel: NAME,
+                reason: "tensor is not in host memory".into(),
+            }));
+        };
+        let (ptr, n) = (bytes.as_ptr() as usize, bytes.len());
+        if n == 0 {
+            return Some(Ok(Location::Inline(out.push_payload(Bytes::new()))));
+        }
+        // Already in this pipe's pool (pipe.alloc): no copy.
+        if let Some(core) = self.pool.find(ptr, n) {
+            let start = ptr - core.addr();
+            return Some(self.grant(core, start, n, out));
+        }
+        // A shared segment (a store's bucket), lent to a peer that will unmap it when told.
+        if self.forget_ok
+            && let Some((seg, start)) = shared::find(ptr, n)
+        {
+            return Some(self.grant_shared(seg, start, n, out));
+        }
+        // The peer's own memory, leased to us: send it back by reference.
+        if let Some((lease, offset)) = self.name_held(ptr, n, out) {
+            return Some(Ok(Location::ShmReturn(ShmReturnRef { lease, offset, len: n as u64 })));
+        }
+        if n < self.opts.inline_below {
+            return Some(Ok(Location::Inline(out.push_payload(bytes.clone()))));
+        }
+        None
     }
 
     async fn decode(&self, meta: TensorMeta, loc: &Location, incoming: &mut Incoming) -> Result<Tensor, ChannelError> {
-        if meta.device != Device::Cpu {
-            return Err(bad(format!("shm tensor claims device {}", meta.device)));
-        }
-        match loc {
-            Location::Inline(_) => decode_inline(meta, loc, incoming),
-            Location::Shm(r) => self.decode_shm(meta, r, incoming),
-            Location::ShmReturn(r) => self.decode_return(meta, r),
-            other => Err(bad(format!("unexpected location {other:?}"))),
-        }
+        self.decode_any(meta, loc, incoming)
+    }
+
+    fn decode_now(
+        &self,
+        meta: TensorMeta,
+        loc: &Location,
+        incoming: &mut Incoming,
+    ) -> Option<Result<Tensor, ChannelError>> {
+        Some(self.decode_any(meta, loc, incoming))
     }
 
     async fn alloc(&self, meta: &TensorMeta) -> Result<Option<TensorMut>, ChannelError> {

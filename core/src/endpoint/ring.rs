@@ -55,7 +55,7 @@ pub(super) async fn client_finish(
         Ok(ring) => {
             writer.write_frame(FrameKind::Ring, OutFrame::json(&RingAnswer::Ready)).await?;
             let (tx, rx) = ring.into_split();
-            reader.attach_ring(rx);
+            reader.attach_ring(rx, welcome.features.iter().any(|f| f == FEATURE_RING_MESSAGES));
             writer.attach_ring(tx);
             Ok(true)
         }
@@ -98,9 +98,11 @@ pub(super) fn server_make(
 }
 
 /// Server: reads the client's answer (after the WELCOME went out) and attaches the ring to
-/// both halves when it is ready. Returns whether the ring is in use.
+/// both halves when it is ready (`packed`: the WELCOME granted
+/// [`FEATURE_RING_MESSAGES`]). Returns whether the ring is in use.
 pub(super) async fn server_finish(
     ring: Ring,
+    packed: bool,
     reader: &mut FrameReader,
     writer: &mut FrameWriter,
 ) -> Result<bool, PipeError> {
@@ -113,7 +115,7 @@ pub(super) async fn server_finish(
     match frame.parse::<RingAnswer>()? {
         RingAnswer::Ready => {
             let (tx, rx) = ring.into_split();
-            reader.attach_ring(rx);
+            reader.attach_ring(rx, packed);
             writer.attach_ring(tx);
             Ok(true)
         }

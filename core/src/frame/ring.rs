@@ -77,11 +77,14 @@ pub(crate) struct RingRead {
     /// [`FrameReader::packed_now`]'s wait was nudged: the next blocking wait looks at the
     /// socket first.
     nudged: bool,
+    /// Packed message records are allowed (the feature was agreed).
+    packed: bool,
 }
 
 impl RingRead {
-    pub(crate) fn new(rx: Receiver) -> RingRead {
+    pub(crate) fn new(rx: Receiver, packed: bool) -> RingRead {
         RingRead {
+            packed,
             rx,
             record: Vec::new(),
             at: 0,
@@ -138,8 +141,11 @@ fn ring_error(e: RingError) -> PipeError {
 
 impl FrameReader {
     /// Reads through the ring from now on (after the handshake agreed on one).
-    pub(crate) fn attach_ring(&mut self, rx: Receiver) {
-        self.ring = Some(RingRead::new(rx));
+    /// `packed`: the peer may send packed messages (both sides agreed to
+    /// [`crate::wire::FEATURE_RING_MESSAGES`]); a packed record without it is a protocol
+    /// error, as any unknown tag is.
+    pub(crate) fn attach_ring(&mut self, rx: Receiver, packed: bool) {
+        self.ring = Some(RingRead::new(rx, packed));
     }
 
     /// [`FrameReader::read_frame`] with a ring: the next frame of the ring's order.
@@ -168,7 +174,7 @@ impl FrameReader {
                     }
                     continue;
                 }
-                Ok(Some(TAG_MESSAGE)) => {
+                Ok(Some(TAG_MESSAGE)) if ring.packed => {
                     // The record is the frame's (no copy); the next read starts a new one.
                     let record = std::mem::take(&mut ring.record);
                     ring.at = 0;
@@ -325,7 +331,7 @@ impl FrameReader {
         }
         ring.at = 0;
         match ring.rx.try_recv(&mut ring.record) {
-            Ok(Some(TAG_MESSAGE)) => {
+            Ok(Some(TAG_MESSAGE)) if ring.packed => {
                 let r = unpack(&ring.record);
                 ring.record.clear();
                 Some(r)

@@ -35,6 +35,7 @@ use crate::error::PipeError;
 use crate::frame::{FrameReader, WaitSpin};
 use crate::message::Message;
 
+use super::write::Now;
 use super::{Pipe, read};
 
 /// How long a reader parked by a blocking caller lies unused before the reader task takes
@@ -220,16 +221,27 @@ impl Pipe {
     /// Not for async tasks, as [`Pipe::recv_blocking`].
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
         self.check_send(&msg)?;
-        let Some(record) = self.shared.pack(&msg) else { return self.run_here(self.send_framed(msg)) };
-        // Its tensors went inline: none holds a lease this message must name.
-        drop(msg);
-        if self.shared.try_write_packed_now(&record, |pay| self.run_here(pay))? {
-            return Ok(());
+        let Ok(_order) = self.shared.send_order.try_lock() else { return self.run_here(self.send(msg)) };
+        let mut out = crate::channel::Outgoing::default();
+        let locs = match self.encode_now(&msg, &mut out) {
+            Some(Ok(locs)) => locs,
+            Some(Err(e)) => {
+                out.abort();
+                return Err(e);
+            }
+            None => {
+                drop(_order);
+                return self.run_here(self.send(msg));
+            }
+        };
+        let Some(record) = self.shared.pack(&msg, &locs) else {
+            return self.run_here(self.send_encoded(msg, locs, out));
+        };
+        let (_, tickets) = out.finish(Vec::new());
+        match self.shared.try_write_packed_now(&record, msg, tickets, |f| self.run_here(f)) {
+            Now::Done(r) => r,
+            Now::Busy(msg, tickets) => self.run_here(self.shared.write_packed(record, msg, tickets)),
         }
-        self.run_here(async {
-            let _order = self.shared.send_order.lock().await;
-            self.shared.write_packed(record).await
-        })
     }
 
     /// Runs `f` to its end on this thread, in the pipe's runtime's context (its I/O and

@@ -1,8 +1,9 @@
 //! Packed messages (PROTOCOL.md §22.5): on a same-host ring whose peer granted
-//! [`crate::wire::FEATURE_RING_MESSAGES`], a message whose tensors all travel inline goes as
-//! one binary ring record instead of a MESSAGE frame. Its application header is still JSON;
-//! the tensor descriptors are fixed-size binary fields, so neither side builds, prints or
-//! parses JSON for them, and no channel session takes part (an inline tensor needs none).
+//! [`crate::wire::FEATURE_RING_MESSAGES`], a message of contiguous host tensors that travel
+//! inline or by shm reference (no new segment to announce) goes as one binary ring record
+//! instead of a MESSAGE frame. Its application header is still JSON; the tensor
+//! descriptors are fixed-size binary fields, so neither side builds, prints or parses JSON
+//! for them.
 //!
 //! The record (all integers little-endian):
 //!
@@ -11,8 +12,8 @@
 //! | 4 | `header_len`: length of the application header's JSON text |
 //! | 4 | `tensors`: how many tensors follow |
 //! | `header_len` | the JSON text, then zeros to a multiple of 8 |
-//! | per tensor, 16 + 8 × ndim | dtype (u8, its index in [`DType::ALL`]), ndim (u8), 6 zero bytes, byte length (u64), the shape (ndim × u64) |
-//! | the rest | the data: each tensor's bytes start at the next multiple of [`ALIGN`] from the start of this part; the record ends with the last tensor's last byte |
+//! | per tensor | dtype (u8, its index in [`DType::ALL`]), ndim (u8), where (u8), flags (u8), 4 zero bytes, byte length (u64); then by `where`: nothing (0, inline), segment, offset and lease (1, shm: [`ShmRef`]; flag 1 is `lazy_release`), or lease and offset (2, shm_return: [`ShmReturnRef`]), each u64; then the shape (ndim × u64) |
+//! | the rest | the inline tensors' data: each one's bytes start at the next multiple of [`ALIGN`] from the start of this part; the record ends with the last one's last byte |
 //!
 //! Every field is a peer's claim: [`unpack`] checks each length against the record and
 //! against this side's limits before it copies a byte, and a record that does not add up
@@ -23,12 +24,19 @@ use crate::error::{LimitError, PipeError, ProtocolError};
 use crate::message::Message;
 use crate::meta::{MAX_DIMS, TensorMeta};
 use crate::tensor::{ALIGN, Storage, Tensor};
-use crate::wire::Limits;
+use crate::wire::{InlineRef, Limits, Location, ShmRef, ShmReturnRef};
 
 /// The fixed part of a record: `header_len` and `tensors`.
 const FIXED: usize = 8;
-/// The fixed part of a tensor's descriptor (dtype, ndim, padding, byte length).
+/// The fixed part of a tensor's descriptor (dtype, ndim, where, flags, padding, byte
+/// length).
 const DESC: usize = 16;
+/// `where` values.
+const INLINE: u8 = 0;
+const SHM: u8 = 1;
+const SHM_RETURN: u8 = 2;
+/// The `lazy_release` flag of a shm tensor.
+const LAZY: u8 = 1;
 
 /// What a record may hold for this pipe: the peer's limits and the ring's largest record.
 pub(super) struct PackRoom<'a> {
@@ -38,22 +46,28 @@ pub(super) struct PackRoom<'a> {
     pub(super) max_record: usize,
 }
 
-/// Packs `msg` into one record, or `None` when it does not qualify: a tensor that is not a
-/// contiguous host tensor, one `inline` refuses (its channel would send it another way:
-/// the shm pool, a lease), a record over `room.max_record`, or a header or payload over
+/// Packs `msg`, whose tensors its channels encoded to `locs`, into one record, or `None`
+/// when it does not qualify: a tensor that is not a contiguous host tensor, a location a
+/// record cannot hold (a new segment's announcement, whose descriptor travels on the
+/// socket; another channel's), a record over `room.max_record`, or a header or payload over
 /// the peer's limits (the MESSAGE frame path then reports it by name).
-pub(super) fn pack(msg: &Message, inline: impl Fn(&Tensor) -> bool, room: &PackRoom<'_>) -> Option<Vec<u8>> {
+pub(super) fn pack(msg: &Message, locs: &[Location], room: &PackRoom<'_>) -> Option<Vec<u8>> {
     let mut data_len = 0usize;
     let mut descs_len = 0usize;
-    for t in &msg.tensors {
+    for (t, loc) in msg.tensors.iter().zip(locs) {
         let host = matches!(t.storage(), Storage::Host(_));
-        if !host || t.device() != Device::Cpu || t.meta().strides.is_some() || !inline(t) {
+        if !host || t.device() != Device::Cpu || t.meta().strides.is_some() {
             return None;
         }
-        data_len = data_len.next_multiple_of(ALIGN).checked_add(t.nbytes())?;
         descs_len += DESC + 8 * t.shape().len();
+        match loc {
+            Location::Inline(_) => data_len = data_len.next_multiple_of(ALIGN).checked_add(t.nbytes())?,
+            Location::Shm(r) if r.announce.is_none() => descs_len += 24,
+            Location::ShmReturn(_) => descs_len += 16,
+            _ => return None,
+        }
     }
-    if data_len as u64 > room.peer.max_payload_bytes {
+    if locs.len() != msg.tensors.len() || data_len as u64 > room.peer.max_payload_bytes {
         return None;
     }
     let mut out = Vec::with_capacity(FIXED + 64 + descs_len + data_len);
@@ -69,21 +83,27 @@ pub(super) fn pack(msg: &Message, inline: impl Fn(&Tensor) -> bool, room: &PackR
     out[..4].copy_from_slice(&header_len.to_le_bytes());
     out[4..8].copy_from_slice(&u32::try_from(msg.tensors.len()).ok()?.to_le_bytes());
     pad_to(&mut out, 8);
-    for t in &msg.tensors {
+    for (t, loc) in msg.tensors.iter().zip(locs) {
         let dtype = DType::ALL.iter().position(|d| *d == t.dtype())?;
-        out.push(u8::try_from(dtype).ok()?);
-        out.push(u8::try_from(t.shape().len()).ok()?);
-        out.extend_from_slice(&[0; 6]);
+        let (place, flags, fields): (u8, u8, &[u64]) = match loc {
+            Location::Shm(r) => (SHM, if r.lazy_release { LAZY } else { 0 }, &[r.segment, r.offset, r.lease]),
+            Location::ShmReturn(r) => (SHM_RETURN, 0, &[r.lease, r.offset]),
+            _ => (INLINE, 0, &[]),
+        };
+        out.extend_from_slice(&[u8::try_from(dtype).ok()?, u8::try_from(t.shape().len()).ok()?, place, flags]);
+        out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(&(t.nbytes() as u64).to_le_bytes());
-        for d in t.shape() {
-            out.extend_from_slice(&d.to_le_bytes());
+        for v in fields.iter().chain(t.shape()) {
+            out.extend_from_slice(&v.to_le_bytes());
         }
     }
     let data_start = out.len();
-    for t in &msg.tensors {
-        let at = data_start + (out.len() - data_start).next_multiple_of(ALIGN);
-        out.resize(at, 0);
-        out.extend_from_slice(t.as_bytes());
+    for (t, loc) in msg.tensors.iter().zip(locs) {
+        if let Location::Inline(_) = loc {
+            let at = data_start + (out.len() - data_start).next_multiple_of(ALIGN);
+            out.resize(at, 0);
+            out.extend_from_slice(t.as_bytes());
+        }
     }
     Some(out)
 }
@@ -93,19 +113,29 @@ fn pad_to(out: &mut Vec<u8>, n: usize) {
     out.resize(out.len().next_multiple_of(n), 0);
 }
 
-/// What [`unpack`] checks a record against: this side's limits and channels.
+/// What [`unpack`] checks a record against: this side's limits.
 pub(super) struct UnpackRules<'a> {
     /// This side's limits.
     pub(super) limits: &'a Limits,
     /// [`crate::EndpointBuilder::max_header_values`].
     pub(super) max_header_values: usize,
-    /// Whether the pipe negotiated a channel for CPU tensors (a packed tensor is one).
-    pub(super) cpu_channel: bool,
 }
 
-/// Rebuilds the message a record holds, after checking every field (module docs). The
-/// tensors' bytes are copied once, into fresh [`ALIGN`]-aligned memory.
-pub(super) fn unpack(record: &[u8], rules: &UnpackRules<'_>) -> Result<Message, PipeError> {
+/// A tensor a record describes, before its bytes are found.
+struct Described {
+    meta: TensorMeta,
+    nbytes: u64,
+    loc: Location,
+}
+
+/// Rebuilds the message a record holds, after checking every field (module docs). Inline
+/// tensors' bytes are copied once, into fresh [`ALIGN`]-aligned memory; `decode` finds the
+/// others' (the CPU channel's session: `decode(index, meta, location)`).
+pub(super) fn unpack(
+    record: &[u8],
+    rules: &UnpackRules<'_>,
+    mut decode: impl FnMut(usize, TensorMeta, &Location) -> Result<Tensor, PipeError>,
+) -> Result<Message, PipeError> {
     let bad = |what: String| PipeError::from(ProtocolError::Ring(format!("a packed message {what}")));
     let limits = rules.limits;
     let Some((fixed, _)) = record.split_first_chunk::<FIXED>() else {
@@ -131,49 +161,68 @@ pub(super) fn unpack(record: &[u8], rules: &UnpackRules<'_>) -> Result<Message, 
             hint: "raise it with Limits::max_tensors (EndpointBuilder::limits) on the receiving side".into(),
         }));
     }
-    if count > 0 && !rules.cpu_channel {
-        return Err(
-            ProtocolError::BadTensor { index: 0, reason: "no channel was negotiated for Cpu tensors".into() }.into()
-        );
-    }
     let header_end = FIXED + header_len as usize;
     let Some(header) = record.get(FIXED..header_end) else {
         return Err(bad(format!("claims a {header_len}-byte header in a {}-byte record", record.len())));
     };
     let mut at = header_end.next_multiple_of(8);
-    let mut metas = Vec::with_capacity(count as usize);
+    let word = |at: usize| record.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+    let mut described = Vec::with_capacity(count as usize);
     for index in 0..count as usize {
         let Some(d) = record.get(at..).and_then(|r| r.first_chunk::<DESC>()) else {
             return Err(bad(format!("ends inside the descriptor of tensor {index}")));
         };
-        let dtype = *DType::ALL
-            .get(usize::from(d[0]))
-            .ok_or_else(|| ProtocolError::BadTensor { index, reason: format!("unknown dtype number {}", d[0]) })?;
+        let tensor_err = |reason: String| PipeError::from(ProtocolError::BadTensor { index, reason });
+        let dtype =
+            *DType::ALL.get(usize::from(d[0])).ok_or_else(|| tensor_err(format!("unknown dtype number {}", d[0])))?;
         let ndim = usize::from(d[1]);
         if ndim > MAX_DIMS {
-            return Err(
-                ProtocolError::BadTensor { index, reason: format!("{ndim} dimensions, over {MAX_DIMS}") }.into()
-            );
+            return Err(tensor_err(format!("{ndim} dimensions, over {MAX_DIMS}")));
+        }
+        let allowed_flags = if d[2] == SHM { LAZY } else { 0 };
+        if d[3] & !allowed_flags != 0 || d[4..8] != [0; 4] {
+            return Err(tensor_err(format!("reserved descriptor bits are set (flags {:#04x})", d[3])));
         }
         let nbytes = u64::from_le_bytes(d[8..16].try_into().expect("8 bytes"));
-        let dims_at = at + DESC;
-        let Some(dims) = record.get(dims_at..dims_at + 8 * ndim) else {
-            return Err(bad(format!("ends inside the shape of tensor {index}")));
+        let fields = match d[2] {
+            INLINE => 0,
+            SHM => 3,
+            SHM_RETURN => 2,
+            other => return Err(tensor_err(format!("unknown place number {other}"))),
         };
-        let shape: Vec<u64> =
-            dims.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-        metas.push((TensorMeta::new(dtype, shape), nbytes));
-        at = dims_at + 8 * ndim;
+        let mut words = Vec::with_capacity(fields + ndim);
+        for i in 0..fields + ndim {
+            let w =
+                word(at + DESC + 8 * i).ok_or_else(|| bad(format!("ends inside the descriptor of tensor {index}")))?;
+            words.push(w);
+        }
+        at += DESC + 8 * (fields + ndim);
+        let loc = match d[2] {
+            SHM => Location::Shm(ShmRef {
+                segment: words[0],
+                offset: words[1],
+                len: nbytes,
+                lease: words[2],
+                announce: None,
+                lazy_release: d[3] & LAZY != 0,
+            }),
+            SHM_RETURN => Location::ShmReturn(ShmReturnRef { lease: words[0], offset: words[1], len: nbytes }),
+            _ => Location::Inline(InlineRef { offset: 0, len: nbytes }),
+        };
+        let shape = words.split_off(fields);
+        described.push(Described { meta: TensorMeta::new(dtype, shape), nbytes, loc });
     }
     let data = &record[at.min(record.len())..];
-    let mut spans = Vec::with_capacity(metas.len());
+    let mut spans = Vec::with_capacity(described.len());
     let mut end = 0u64;
-    for (index, (_, nbytes)) in metas.iter().enumerate() {
-        let start = end.next_multiple_of(ALIGN as u64);
-        end = start.checked_add(*nbytes).filter(|e| *e <= data.len() as u64).ok_or_else(|| {
-            bad(format!("claims {nbytes} bytes for tensor {index}, past the {} bytes of data", data.len()))
-        })?;
-        spans.push(start as usize..end as usize);
+    for (index, d) in described.iter().enumerate() {
+        if let Location::Inline(_) = d.loc {
+            let start = end.next_multiple_of(ALIGN as u64);
+            end = start.checked_add(d.nbytes).filter(|e| *e <= data.len() as u64).ok_or_else(|| {
+                bad(format!("claims {} bytes for tensor {index}, past the {} bytes of data", d.nbytes, data.len()))
+            })?;
+            spans.push(start as usize..end as usize);
+        }
     }
     if end != data.len() as u64 {
         return Err(bad(format!("has {} bytes after its last tensor", data.len() as u64 - end)));
@@ -190,14 +239,21 @@ pub(super) fn unpack(record: &[u8], rules: &UnpackRules<'_>) -> Result<Message, 
     super::read::count_header_values(header, rules.max_header_values)?;
     let header: serde_json::Value =
         serde_json::from_slice(header).map_err(|e| ProtocolError::BadHeader(e.to_string()))?;
-    let one = metas.len() == 1;
-    let mut whole = Some(crate::frame::aligned_copy(data));
-    let mut tensors = Vec::with_capacity(metas.len());
-    for (index, ((meta, _), span)) in metas.into_iter().zip(spans).enumerate() {
-        // A lone tensor owns the whole copy (its span is all of it): no second handle.
-        let part = if one { whole.take() } else { whole.as_ref().map(|b| b.slice(span)) };
-        let part = part.unwrap_or_default();
-        let t = Tensor::new(meta, part).map_err(|e| ProtocolError::BadTensor { index, reason: e.to_string() })?;
+    // One copy for the inline tensors; a lone one owns it whole (no second handle).
+    let one = spans.len() == 1;
+    let mut whole = (!spans.is_empty()).then(|| crate::frame::aligned_copy(data));
+    let mut spans = spans.into_iter();
+    let mut tensors = Vec::with_capacity(described.len());
+    for (index, d) in described.into_iter().enumerate() {
+        let t = match d.loc {
+            Location::Inline(_) => {
+                let span = spans.next().unwrap_or_default();
+                let part = if one { whole.take() } else { whole.as_ref().map(|b| b.slice(span)) };
+                Tensor::new(d.meta, part.unwrap_or_default())
+                    .map_err(|e| ProtocolError::BadTensor { index, reason: e.to_string() })?
+            }
+            loc => decode(index, d.meta, &loc)?,
+        };
         tensors.push(t);
     }
     Ok(Message { header, tensors })

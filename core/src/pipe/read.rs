@@ -155,14 +155,27 @@ pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option
 }
 
 /// The message a packed ring record holds ([`super::packed`]), checked against this side's
-/// limits and channels.
+/// limits; tensors not inline are decoded by the CPU channel's session, without waiting.
 pub(super) fn unpack(shared: &Shared, record: &[u8]) -> Result<Message, PipeError> {
-    let rules = super::packed::UnpackRules {
-        limits: &shared.limits,
-        max_header_values: shared.max_header_values,
-        cpu_channel: shared.sessions.contains_key(&crate::dtype::DeviceKind::Cpu),
-    };
-    super::packed::unpack(record, &rules)
+    let rules = super::packed::UnpackRules { limits: &shared.limits, max_header_values: shared.max_header_values };
+    let mut incoming = Incoming::new(
+        bytes::Bytes::new(),
+        #[cfg(unix)]
+        Vec::new(),
+    );
+    super::packed::unpack(record, &rules, |index, meta, loc| {
+        let bad = |reason: String| PipeError::from(ProtocolError::BadTensor { index, reason });
+        let session = shared
+            .sessions
+            .get(&crate::dtype::DeviceKind::Cpu)
+            .ok_or_else(|| bad("no channel was negotiated for Cpu tensors".into()))?;
+        match session.decode_now(meta, loc, &mut incoming) {
+            Some(Ok(t)) => Ok(t),
+            Some(Err(ChannelError::Limit(l))) => Err(PipeError::Limit(l)),
+            Some(Err(e)) => Err(bad(e.to_string())),
+            None => Err(bad(format!("the {} channel cannot take it in a packed message", session.name()))),
+        }
+    })
 }
 
 /// Headers at least this long are counted before they are parsed

@@ -99,14 +99,27 @@ impl WriteSide {
         r.and(settled)
     }
 
-    /// Writes a packed message record (no tickets: its tensors went inline). The pulled
+    /// Writes a packed message record and settles its tickets by the outcome. The pulled
     /// CONTROL frames must have been written before.
-    async fn write_packed(&mut self, record: &[u8]) -> Result<(), PipeError> {
-        self.in_flight = Some((self.frames.writes_done(), None));
+    async fn write_packed(&mut self, record: &[u8], tickets: Tickets) -> Result<(), PipeError> {
+        self.in_flight = Some((self.frames.writes_done(), Some(tickets)));
         let r = self.frames.write_packed(record).await;
         let settled = self.settle();
         r.and(settled)
     }
+
+    /// True when a write may start without settling anything first.
+    fn clean(&self) -> bool {
+        self.in_flight.is_none() && !self.frames.is_torn() && self.pulled.is_empty()
+    }
+}
+
+/// What [`Shared::try_write_packed_now`] did.
+pub(super) enum Now {
+    /// It wrote the message (or failed to), on this thread.
+    Done(Result<(), PipeError>),
+    /// The write side was busy or not clean: nothing happened, here is everything back.
+    Busy(Message, Tickets),
 }
 
 impl Shared {
@@ -126,58 +139,93 @@ impl Shared {
         .await
     }
 
-    /// Steps 4 and 5 for a packed message ([`super::packed`]): it has no tickets (its
-    /// tensors went inline, and the message was dropped already), and the CONTROL frames
-    /// pulled with it go first, in a write of their own (none can name a lease it names).
-    pub(super) async fn write_packed(&self, record: Vec<u8>) -> Result<(), PipeError> {
+    /// Steps 4 and 5 for a packed message ([`super::packed`]). CONTROL frames due before it
+    /// are the control task's (it was woken for them); a CONTROL frame left over from a
+    /// dropped write goes first. Those that placing, dropping and settling the message make
+    /// due (the release of a lease it named) go right after it, without waking the control
+    /// task: the waker is held meanwhile ([`crate::ControlWaker::hold`]).
+    pub(super) async fn write_packed(&self, record: Vec<u8>, msg: Message, tickets: Tickets) -> Result<(), PipeError> {
         self.until_closed(async {
             let mut side = self.writer.lock().await;
+            let mut tickets = tickets;
             self.check_torn(&mut side).await?;
-            self.pull(&mut side);
             if !side.pulled.is_empty() {
                 let r = side.write(None, None).await;
                 self.close_if_torn(&mut side, r).await?;
             }
-            let r = side.write_packed(&record).await;
-            self.close_if_torn(&mut side, r).await
+            let held = self.control.hold();
+            tickets.placed();
+            drop(msg);
+            let r = side.write_packed(&record, tickets).await;
+            self.close_if_torn(&mut side, r).await?;
+            if held.take_missed() {
+                self.pull(&mut side);
+                self.write_pulled_after(&mut side).await;
+            }
+            Ok(())
         })
         .await
     }
 
-    /// [`Shared::write_packed`] for a blocking caller, when nothing stands in its way: both
-    /// locks free, nothing left over from a dropped write, no CONTROL frames due, room in
-    /// the ring. Publishes the record on this thread, with no future and no wait, and
-    /// returns true; false when any of that does not hold (nothing was written: the caller
-    /// then takes the ordinary way). A doorbell the peer is owed is written before it
-    /// returns.
+    /// Writes the CONTROL frames a message's settling made due, right behind it. They are
+    /// the message's afterthought: a failure here is the pipe's (a torn stream closes it;
+    /// frames not written stay pulled for the next writer), not the message's.
+    async fn write_pulled_after(&self, side: &mut WriteSide) {
+        if !side.pulled.is_empty() {
+            let r = side.write(None, None).await;
+            let _ = self.close_if_torn(side, r).await;
+        }
+    }
+
+    /// [`Shared::write_packed`] for a blocking caller that holds `send_order`: when the
+    /// write side is free and clean, does it on this thread, publishing the record with no
+    /// future and no wait when the ring has room (`run` runs what must wait: CONTROL frames
+    /// due before or after it, a full ring, a doorbell the peer is owed). Else hands
+    /// everything back.
     pub(super) fn try_write_packed_now(
         &self,
         record: &[u8],
-        run: impl FnOnce(std::pin::Pin<&mut dyn Future<Output = Result<(), PipeError>>>) -> Result<(), PipeError>,
-    ) -> Result<bool, PipeError> {
-        let (Ok(_order), Ok(mut side)) = (self.send_order.try_lock(), self.writer.try_lock()) else {
-            return Ok(false);
-        };
-        if side.in_flight.is_some() || side.frames.is_torn() || !side.pulled.is_empty() {
-            return Ok(false);
+        msg: Message,
+        mut tickets: Tickets,
+        run: impl Fn(std::pin::Pin<&mut dyn Future<Output = Result<(), PipeError>>>) -> Result<(), PipeError>,
+    ) -> Now {
+        let Ok(mut side) = self.writer.try_lock() else { return Now::Busy(msg, tickets) };
+        if !side.clean() || *self.closed_tx.borrow() {
+            return Now::Busy(msg, tickets);
         }
-        self.pull(&mut side);
-        if !side.pulled.is_empty() {
-            return Ok(false);
-        }
-        match side.frames.try_write_packed_now(record) {
-            Some(true) => {
-                // Published: the peer waits on its socket for the doorbell.
-                let pay = async {
-                    let r = side.frames.pay_ring_doorbell().await;
-                    self.close_if_torn(&mut side, r).await
-                };
-                run(std::pin::pin!(pay))?;
-                Ok(true)
+        let held = self.control.hold();
+        tickets.placed();
+        drop(msg);
+        let r = match side.frames.try_write_packed_now(record) {
+            Some(doorbell) => {
+                tickets.sent();
+                if doorbell {
+                    run(std::pin::pin!(async {
+                        let r = side.frames.pay_ring_doorbell().await;
+                        self.close_if_torn(&mut side, r).await
+                    }))
+                } else {
+                    Ok(())
+                }
             }
-            Some(false) => Ok(true),
-            None => Ok(false),
+            None => run(std::pin::pin!(async {
+                let r = side.write_packed(record, tickets).await;
+                self.close_if_torn(&mut side, r).await
+            })),
+        };
+        if r.is_err() {
+            return Now::Done(r);
         }
+        if held.take_missed() {
+            self.pull(&mut side);
+            if !side.pulled.is_empty() {
+                let _ = run(std::pin::pin!(async {
+                    self.write_pulled_after(&mut side).await;
+                    Ok(())
+                }));
+            }
+        }
+        Now::Done(Ok(()))
     }
 
     /// Writes a frame of another kind (CLOSE), with any pulled CONTROL frames behind it.
@@ -221,7 +269,7 @@ impl Shared {
         }
         // A sooner time than the control task waits for: it must look again.
         if next.is_some_and(|t| side.next_poll.is_none_or(|n| t < n)) {
-            self.control.wake();
+            self.control.wake_task();
         }
         side.next_poll = next;
     }

@@ -81,6 +81,12 @@ pub struct RawClient {
 
 /// Connects to `a` (a listener with a ring), offers the ring and says `ready`, by hand.
 pub async fn raw_ring_client(a: &str) -> RawClient {
+    raw_ring_client_offering(a, &["ring"]).await.0
+}
+
+/// [`raw_ring_client`] offering these features beside the usual ones (e.g. `["ring",
+/// "ring_messages"]` for packed messages); also returns the features the WELCOME granted.
+pub async fn raw_ring_client_offering(a: &str, features: &[&str]) -> (RawClient, Vec<String>) {
     use ferry_core::Transport;
     use ferry_core::frame::{FrameKind, FrameReader, FrameWriter, HANDSHAKE_LIMITS, OutFrame};
     use ferry_core::handshake::client_hello;
@@ -93,15 +99,17 @@ pub async fn raw_ring_client(a: &str) -> RawClient {
     let mut w = FrameWriter::new(split.write, split.fds);
     let chans: Vec<Arc<dyn Channel>> = vec![Arc::new(InlineChannel)];
     let mut hello = client_hello(&chans, &info, PROTOCOL_VERSION, None, Limits::default());
-    hello.features.push("ring".into());
+    hello.features.extend(features.iter().map(|f| f.to_string()));
     w.write_preamble(PROTOCOL_VERSION).await.unwrap();
     w.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await.unwrap();
     r.read_preamble().await.unwrap();
     let mut welcome_frame = r.read_frame().await.unwrap();
     let welcome: Welcome = welcome_frame.parse().unwrap();
+    let granted = welcome.features.clone();
     let offer = welcome.ring.expect("the server offers a ring");
     let fd = welcome_frame.fds.pop().expect("the ring file comes with the WELCOME");
     let ring = ferry_ring::Ring::open(fd, offer.capacity as usize, &RingOptions::default()).unwrap();
     w.write_frame(FrameKind::Ring, OutFrame::json(&RingAnswer::Ready)).await.unwrap();
-    RawClient { reader: r, writer: w, ring }
+    (RawClient { reader: r, writer: w, ring }, granted)
 }
+pub mod packed;

@@ -7,7 +7,21 @@ fn room(limits: &Limits) -> PackRoom<'_> {
 }
 
 fn rules(limits: &Limits) -> UnpackRules<'_> {
-    UnpackRules { limits, max_header_values: 1 << 20, cpu_channel: true }
+    UnpackRules { limits, max_header_values: 1 << 20 }
+}
+
+/// Every tensor inline (as the inline channel sends them).
+fn inline(msg: &Message) -> Vec<Location> {
+    msg.tensors.iter().map(|t| Location::Inline(InlineRef { offset: 0, len: t.nbytes() as u64 })).collect()
+}
+
+/// A record with no tensor but inline ones needs no session.
+fn no_session(index: usize, _: TensorMeta, loc: &Location) -> Result<Tensor, PipeError> {
+    panic!("tensor {index} at {loc:?} asked for a session")
+}
+
+fn unpack_inline(record: &[u8], rules: &UnpackRules<'_>) -> Result<Message, PipeError> {
+    unpack(record, rules, no_session)
 }
 
 fn sample() -> Message {
@@ -25,14 +39,14 @@ fn sample() -> Message {
 }
 
 fn packed(msg: &Message) -> Vec<u8> {
-    pack(msg, |_| true, &room(&Limits::default())).expect("the sample qualifies")
+    pack(msg, &inline(msg), &room(&Limits::default())).expect("the sample qualifies")
 }
 
 #[test]
 fn a_packed_message_comes_back_equal_with_aligned_tensors() {
     let limits = Limits::default();
     for msg in [sample(), Message::new(json!(null)), Message::new(json!({"only": "a header"}))] {
-        let back = unpack(&packed(&msg), &rules(&limits)).unwrap();
+        let back = unpack_inline(&packed(&msg), &rules(&limits)).unwrap();
         assert_eq!(back, msg);
         for t in &back.tensors {
             if t.nbytes() > 0 {
@@ -46,17 +60,52 @@ fn a_packed_message_comes_back_equal_with_aligned_tensors() {
 fn messages_that_do_not_qualify_are_not_packed() {
     let limits = Limits::default();
     let msg = sample();
-    assert!(pack(&msg, |t| t.nbytes() != 64, &room(&limits)).is_none(), "the session refused one");
+    let locs = inline(&msg);
+    let mut announcing = locs.clone();
+    announcing[1] = Location::Shm(ShmRef {
+        segment: 1,
+        offset: 0,
+        len: 24,
+        lease: 1,
+        announce: Some(crate::wire::SegmentAnnounce { fd: 0, size: 4096 }),
+        lazy_release: false,
+    });
+    assert!(pack(&msg, &announcing, &room(&limits)).is_none(), "a segment's announcement travels with its descriptor");
     let strided = Tensor::new(TensorMeta::new(DType::U8, vec![2, 2]).with_strides(vec![1, 2]), vec![0u8; 4].into());
     let strided = Message::with_tensors(json!({}), vec![strided.unwrap()]);
-    assert!(pack(&strided, |_| true, &room(&limits)).is_none(), "strides");
+    assert!(pack(&strided, &inline(&strided), &room(&limits)).is_none(), "strides");
     let small = PackRoom { peer: &limits, max_record: packed(&msg).len() - 1 };
-    assert!(pack(&msg, |_| true, &small).is_none(), "over the ring's largest record");
-    assert!(pack(&msg, |_| true, &PackRoom { peer: &limits, max_record: packed(&msg).len() }).is_some());
+    assert!(pack(&msg, &locs, &small).is_none(), "over the ring's largest record");
+    assert!(pack(&msg, &locs, &PackRoom { peer: &limits, max_record: packed(&msg).len() }).is_some());
     let tight = Limits { max_header_bytes: 10, ..Limits::default() };
-    assert!(pack(&msg, |_| true, &room(&tight)).is_none(), "over the peer's max_header_bytes");
+    assert!(pack(&msg, &locs, &room(&tight)).is_none(), "over the peer's max_header_bytes");
     let tight = Limits { max_payload_bytes: 64, ..Limits::default() };
-    assert!(pack(&msg, |_| true, &room(&tight)).is_none(), "over the peer's max_payload_bytes");
+    assert!(pack(&msg, &locs, &room(&tight)).is_none(), "over the peer's max_payload_bytes");
+}
+
+/// Shm and shm_return locations travel as binary fields and reach the session as they left.
+#[test]
+fn shm_locations_reach_the_session_as_sent() {
+    let limits = Limits::default();
+    let msg = sample();
+    let mut locs = inline(&msg);
+    let shm = ShmRef { segment: 7, offset: 4096, len: 24, lease: 99, announce: None, lazy_release: true };
+    locs[1] = Location::Shm(shm);
+    locs[4] = Location::ShmReturn(ShmReturnRef { lease: u64::MAX, offset: 3, len: 6 });
+    let record = pack(&msg, &locs, &room(&limits)).unwrap();
+    let mut asked = Vec::new();
+    let back = unpack(&record, &rules(&limits), |index, meta, loc| {
+        asked.push((index, loc.clone()));
+        assert_eq!(&meta, msg.tensors[index].meta());
+        Ok(msg.tensors[index].clone())
+    })
+    .unwrap();
+    assert_eq!(back, msg);
+    assert_eq!(asked, vec![(1, locs[1].clone()), (4, locs[4].clone())]);
+    let e = unpack(&record, &rules(&limits), |index, _, _| {
+        Err(PipeError::from(ProtocolError::BadTensor { index, reason: "refused".into() }))
+    });
+    bad_tensor(e, "refused");
 }
 
 fn ring_error(r: Result<Message, PipeError>, says: &str) {
@@ -98,24 +147,30 @@ fn lying_records_are_typed_errors() {
         r[at..at + bytes.len()].copy_from_slice(bytes);
         r
     };
-    ring_error(unpack(&good[..5], &rules), "shorter than its 8-byte start");
-    limit_error(unpack(&with(0, &u32::MAX.to_le_bytes()), &rules), "max_header_bytes");
-    ring_error(unpack(&with(0, &((good.len() as u32) + 4).to_le_bytes()), &rules), "-byte header in a");
-    ring_error(unpack(&with(0, &((good.len() as u32) - 16).to_le_bytes()), &rules), "ends inside the descriptor");
-    limit_error(unpack(&with(4, &u32::MAX.to_le_bytes()), &rules), "max_tensors");
-    ring_error(unpack(&with(4, &6u32.to_le_bytes()), &rules), "past the");
-    bad_tensor(unpack(&with(d, &[200]), &rules), "unknown dtype number 200");
-    bad_tensor(unpack(&with(d + 1, &[65]), &rules), "65 dimensions");
-    ring_error(unpack(&with(d + 8, &u64::MAX.to_le_bytes()), &rules), "past the");
+    ring_error(unpack_inline(&good[..5], &rules), "shorter than its 8-byte start");
+    limit_error(unpack_inline(&with(0, &u32::MAX.to_le_bytes()), &rules), "max_header_bytes");
+    ring_error(unpack_inline(&with(0, &((good.len() as u32) + 4).to_le_bytes()), &rules), "-byte header in a");
+    ring_error(
+        unpack_inline(&with(0, &((good.len() as u32) - 16).to_le_bytes()), &rules),
+        "ends inside the descriptor",
+    );
+    limit_error(unpack_inline(&with(4, &u32::MAX.to_le_bytes()), &rules), "max_tensors");
+    let one_more = unpack_inline(&with(4, &6u32.to_le_bytes()), &rules);
+    assert!(matches!(one_more, Err(PipeError::Protocol(_))), "{one_more:?}");
+    bad_tensor(unpack_inline(&with(d + 2, &[9]), &rules), "unknown place number 9");
+    bad_tensor(unpack_inline(&with(d + 3, &[1]), &rules), "reserved descriptor bits");
+    bad_tensor(unpack_inline(&with(d + 5, &[1]), &rules), "reserved descriptor bits");
+    bad_tensor(unpack_inline(&with(d, &[200]), &rules), "unknown dtype number 200");
+    bad_tensor(unpack_inline(&with(d + 1, &[65]), &rules), "65 dimensions");
+    ring_error(unpack_inline(&with(d + 8, &u64::MAX.to_le_bytes()), &rules), "past the");
     // A length that fits the record but not the shape: the tensor check catches it.
-    bad_tensor(unpack(&with(d + 8, &63u64.to_le_bytes()), &rules), "");
-    ring_error(unpack(&[good.as_slice(), &[0; 8]].concat(), &rules), "8 bytes after its last tensor");
+    bad_tensor(unpack_inline(&with(d + 8, &63u64.to_le_bytes()), &rules), "");
+    ring_error(unpack_inline(&[good.as_slice(), &[0; 8]].concat(), &rules), "8 bytes after its last tensor");
     let mut not_json = good.clone();
     not_json[FIXED] = b'!';
-    assert!(matches!(unpack(&not_json, &rules), Err(PipeError::Protocol(ProtocolError::BadHeader(_)))));
-    bad_tensor(unpack(&good, &UnpackRules { cpu_channel: false, ..rules }), "no channel was negotiated");
+    assert!(matches!(unpack_inline(&not_json, &rules), Err(PipeError::Protocol(ProtocolError::BadHeader(_)))));
     let tight = Limits { max_payload_bytes: 64, ..Limits::default() };
-    limit_error(unpack(&good, &UnpackRules { limits: &tight, ..rules }), "max_payload_bytes");
+    limit_error(unpack_inline(&good, &UnpackRules { limits: &tight, max_header_values: 1 << 20 }), "max_payload_bytes");
 }
 
 /// Every cut of a good record, and thousands of records with random bytes changed: each
@@ -126,7 +181,7 @@ fn cut_and_scribbled_records_never_panic() {
     let rules = rules(&limits);
     let good = packed(&sample());
     for n in 0..good.len() {
-        assert!(unpack(&good[..n], &rules).is_err(), "a record cut at {n} of {}", good.len());
+        assert!(unpack_inline(&good[..n], &rules).is_err(), "a record cut at {n} of {}", good.len());
     }
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = || {
@@ -141,6 +196,6 @@ fn cut_and_scribbled_records_never_panic() {
             let at = (next() % r.len() as u64) as usize;
             r[at] = next() as u8;
         }
-        let _ = unpack(&r, &rules);
+        let _ = unpack_inline(&r, &rules);
     }
 }
