@@ -245,19 +245,21 @@ pub struct FrameReader {
 impl FrameReader {
     /// The blocking caller's fast path (`Pipe::recv_blocking`, PROTOCOL.md §22.5): on a
     /// same-host ring with nothing else pending, waits on the ring for one slice and, when
-    /// the next record is a packed message, hands its bytes to `unpack` on this thread.
+    /// the next record is a packed message, hands its bytes to `unpack` on this thread
+    /// (CONTROL frames met on the way go to `control`, also on this thread).
     /// `None`: no ring, or the next thing to read is something else (kept for
     /// [`FrameReader::read_frame`] and [`FrameReader::wait_readable`]), or the slice ended.
     pub(crate) fn packed_now<T>(
         &mut self,
         deadline: Option<std::time::Instant>,
+        control: impl FnMut(Frame) -> Result<(), PipeError>,
         unpack: impl FnOnce(&[u8]) -> Result<T, PipeError>,
     ) -> Option<Result<T, PipeError>> {
         #[cfg(all(feature = "ring", target_os = "linux"))]
-        return self.ring_packed_now(deadline, unpack);
+        return self.ring_packed_now(deadline, control, unpack);
         #[cfg(not(all(feature = "ring", target_os = "linux")))]
         {
-            let _ = (deadline, unpack);
+            let _ = (deadline, control, unpack);
             None
         }
     }

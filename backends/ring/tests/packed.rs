@@ -542,3 +542,52 @@ async fn the_receivers_max_header_values_binds_packed_headers() {
         assert!(s.is_closed());
     }
 }
+
+/// The zero-copy hand-off through packed records, both sides blocking (the `bench-ring`
+/// case): the client sends tensors made in its shm pool, the peer sends each one back (a
+/// `shm_return` reference to the client's lease), and the client gets its own memory back,
+/// not a copy. The peer's releases of the client's leases travel right behind its answers
+/// and are read by the client's blocking calls on the way to the next answer: at the end no
+/// lease is left granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_tensors_go_and_come_back_by_reference_in_packed_records() {
+    let ep = endpoint(Some(RingOptions::default()), true);
+    let (s, c) = arc_pair(&ep, &ep, "zero-copy").await;
+    assert!(packs(&s) && packs(&c));
+    const ROUNDS: usize = 200;
+    let peer = std::thread::spawn(move || {
+        for _ in 0..ROUNDS {
+            let m = s.recv_blocking(LONG).unwrap();
+            s.send_blocking(m).unwrap();
+        }
+        s
+    });
+    let meta = TensorMeta::new(DType::F32, vec![256, 1024]);
+    let mut tensors = Vec::new();
+    for i in 0..4u8 {
+        let mut t = c.alloc(meta.clone()).await.unwrap();
+        t.as_bytes_mut().fill(i);
+        tensors.push(t.freeze());
+    }
+    let c2 = c.clone();
+    let client = std::thread::spawn(move || {
+        for round in 0..ROUNDS {
+            let t = &tensors[round % tensors.len()];
+            c2.send_blocking(Message::with_tensors(json!({"round": round}), vec![t.clone()])).unwrap();
+            let back = c2.recv_blocking(LONG).unwrap();
+            assert_eq!(back.header, json!({"round": round}));
+            assert_eq!(back.tensors[0].as_bytes().as_ptr(), t.as_bytes().as_ptr(), "round {round}: a copy came back");
+            assert!(back.tensors[0].as_bytes().iter().all(|b| *b == (round % 4) as u8));
+        }
+    });
+    join(client).await;
+    let s = join(peer).await;
+    // The last release may still be in the ring: the client's task reads it once no blocking
+    // call holds the reader (bounded wait).
+    let deadline = Instant::now() + BOUND;
+    while c.leases_granted() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(c.leases_granted(), 0, "every lease the peer held was released");
+    drop(s);
+}

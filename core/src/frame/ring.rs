@@ -301,6 +301,7 @@ impl FrameReader {
     pub(super) fn ring_packed_now<T>(
         &mut self,
         deadline: Option<Instant>,
+        mut control: impl FnMut(Frame) -> Result<(), PipeError>,
         unpack: impl FnOnce(&[u8]) -> Result<T, PipeError>,
     ) -> Option<Result<T, PipeError>> {
         self.ring.as_ref()?;
@@ -308,46 +309,65 @@ impl FrameReader {
         if !self.inner.buffer().is_empty() {
             return None;
         }
-        let ring = self.ring.as_mut()?;
-        let idle = ring.at >= ring.record.len() && ring.early.is_empty();
-        if !idle || ring.socket_ended || ring.divert_taken || ring.nudged {
-            return None;
-        }
-        if !ring.rx.has_data() {
-            let now = Instant::now();
-            if deadline.is_some_and(|d| d <= now) {
-                return None;
-            }
-            let slice = now + DEATH_CHECK;
-            match ring.rx.wait_for_data(deadline.map_or(slice, |d| d.min(slice))) {
-                Ok(WaitEnd::Data) => {}
-                Ok(WaitEnd::Nudged) => {
-                    ring.nudged = true;
+        let limits = self.limits;
+        loop {
+            let ring = self.ring.as_mut()?;
+            // Frames left in a frames record: CONTROL frames (a release that followed the
+            // last message) are handled here; anything else is the ordinary path's.
+            if let Some(&kind) = ring.record.get(ring.at) {
+                if kind != FrameKind::Control as u8 {
                     return None;
                 }
-                Ok(WaitEnd::Deadline) => return None,
+                match ring.next_in_record(&limits) {
+                    Ok(Some(f)) => match control(f) {
+                        Ok(()) => continue,
+                        Err(e) => return Some(Err(e)),
+                    },
+                    Ok(None) => return None,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            if !ring.early.is_empty() || ring.socket_ended || ring.divert_taken || ring.nudged {
+                return None;
+            }
+            if !ring.rx.has_data() {
+                let now = Instant::now();
+                if deadline.is_some_and(|d| d <= now) {
+                    return None;
+                }
+                let slice = now + DEATH_CHECK;
+                match ring.rx.wait_for_data(deadline.map_or(slice, |d| d.min(slice))) {
+                    Ok(WaitEnd::Data) => {}
+                    Ok(WaitEnd::Nudged) => {
+                        ring.nudged = true;
+                        return None;
+                    }
+                    Ok(WaitEnd::Deadline) => return None,
+                    Err(e) => return Some(Err(ring_error(e))),
+                }
+            }
+            ring.at = 0;
+            match ring.rx.try_recv(&mut ring.record) {
+                Ok(Some(TAG_MESSAGE)) if ring.packed => {
+                    let r = unpack(&ring.record);
+                    ring.record.clear();
+                    return Some(r);
+                }
+                Ok(Some(TAG_FRAMES)) if ring.record.is_empty() => {
+                    return Some(Err(ProtocolError::Ring("an empty frames record".into()).into()));
+                }
+                Ok(Some(TAG_FRAMES)) => {}
+                Ok(Some(TAG_DIVERT)) => {
+                    ring.record.clear();
+                    ring.divert_taken = true;
+                    return None;
+                }
+                Ok(Some(tag)) => {
+                    return Some(Err(ProtocolError::Ring(format!("a ring record with unknown tag {tag}")).into()));
+                }
+                Ok(None) => return None,
                 Err(e) => return Some(Err(ring_error(e))),
             }
-        }
-        ring.at = 0;
-        match ring.rx.try_recv(&mut ring.record) {
-            Ok(Some(TAG_MESSAGE)) if ring.packed => {
-                let r = unpack(&ring.record);
-                ring.record.clear();
-                Some(r)
-            }
-            Ok(Some(TAG_FRAMES)) if ring.record.is_empty() => {
-                Some(Err(ProtocolError::Ring("an empty frames record".into()).into()))
-            }
-            Ok(Some(TAG_FRAMES)) => None,
-            Ok(Some(TAG_DIVERT)) => {
-                ring.record.clear();
-                ring.divert_taken = true;
-                None
-            }
-            Ok(Some(tag)) => Some(Err(ProtocolError::Ring(format!("a ring record with unknown tag {tag}")).into())),
-            Ok(None) => None,
-            Err(e) => Some(Err(ring_error(e))),
         }
     }
 

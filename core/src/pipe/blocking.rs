@@ -177,7 +177,8 @@ impl Pipe {
         };
         let shared = &*self.shared;
         // A packed message within the first slice is read here, with no future at all.
-        let now = reader.packed_now(deadline, |record| read::unpack(shared, record));
+        let control = |frame| read::control_frame(shared, frame);
+        let now = reader.packed_now(deadline, control, |record| read::unpack(shared, record));
         let got = now.unwrap_or_else(|| {
             self.run_here(async {
                 loop {

@@ -125,22 +125,7 @@ pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option
     match frame.kind {
         FrameKind::Message if frame.packed => unpack(shared, &frame.header).map(Some),
         FrameKind::Message => decode_message(shared, frame).await.map(Some),
-        FrameKind::Control => {
-            let c: ControlHeader = frame.parse()?;
-            let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
-                ProtocolError::BadHeader(format!(
-                    "control frame for channel {:?}, which this pipe does not use",
-                    c.channel
-                ))
-            })?;
-            let mut incoming = Incoming::new(
-                frame.payload,
-                #[cfg(unix)]
-                frame.fds,
-            );
-            session.control(c.body, &mut incoming)?;
-            Ok(None)
-        }
+        FrameKind::Control => control_frame(shared, frame).map(|()| None),
         FrameKind::Close => {
             let c: Close =
                 frame.parse().unwrap_or_else(|e| Close { code: "unreadable".into(), message: e.to_string() });
@@ -152,6 +137,21 @@ pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option
         }
         k => Err(ProtocolError::UnexpectedFrame { kind: k as u8, context: "after the handshake" }.into()),
     }
+}
+
+/// Hands a CONTROL frame to its channel's session.
+pub(super) fn control_frame(shared: &Shared, frame: Frame) -> Result<(), PipeError> {
+    let c: ControlHeader = frame.parse()?;
+    let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
+        ProtocolError::BadHeader(format!("control frame for channel {:?}, which this pipe does not use", c.channel))
+    })?;
+    let mut incoming = Incoming::new(
+        frame.payload,
+        #[cfg(unix)]
+        frame.fds,
+    );
+    session.control(c.body, &mut incoming)?;
+    Ok(())
 }
 
 /// The message a packed ring record holds ([`super::packed`]), checked against this side's
