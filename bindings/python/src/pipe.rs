@@ -172,8 +172,9 @@ impl Pipe {
             }
         }
         let p = self.pipe.clone();
-        py.detach(|| runtime().block_on(p.send(ferry_core::Message::with_tensors(header, ts))))
-            .map_err(|e| io_err("sending", e))
+        // On this thread (a Python thread, never a runtime worker): a packed message goes
+        // into the ring with no runtime wake-up (`Pipe::send_blocking`).
+        py.detach(|| p.send_blocking(ferry_core::Message::with_tensors(header, ts))).map_err(|e| io_err("sending", e))
     }
 
     /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next message.

@@ -125,6 +125,8 @@ pub(super) struct UnpackRules<'a> {
 struct Described {
     meta: TensorMeta,
     nbytes: u64,
+    /// An inline tensor's bytes in the data part.
+    span: std::ops::Range<usize>,
     loc: Location,
 }
 
@@ -166,7 +168,6 @@ pub(super) fn unpack(
         return Err(bad(format!("claims a {header_len}-byte header in a {}-byte record", record.len())));
     };
     let mut at = header_end.next_multiple_of(8);
-    let word = |at: usize| record.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
     let mut described = Vec::with_capacity(count as usize);
     for index in 0..count as usize {
         let Some(d) = record.get(at..).and_then(|r| r.first_chunk::<DESC>()) else {
@@ -190,38 +191,42 @@ pub(super) fn unpack(
             SHM_RETURN => 2,
             other => return Err(tensor_err(format!("unknown place number {other}"))),
         };
-        let mut words = Vec::with_capacity(fields + ndim);
-        for i in 0..fields + ndim {
-            let w =
-                word(at + DESC + 8 * i).ok_or_else(|| bad(format!("ends inside the descriptor of tensor {index}")))?;
-            words.push(w);
+        let end = at + DESC + 8 * (fields + ndim);
+        let Some(words) = record.get(at + DESC..end) else {
+            return Err(bad(format!("ends inside the descriptor of tensor {index}")));
+        };
+        at = end;
+        let mut words = words.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        let mut field = [0u64; 3];
+        for f in field.iter_mut().take(fields) {
+            *f = words.next().unwrap_or_default();
         }
-        at += DESC + 8 * (fields + ndim);
         let loc = match d[2] {
             SHM => Location::Shm(ShmRef {
-                segment: words[0],
-                offset: words[1],
+                segment: field[0],
+                offset: field[1],
                 len: nbytes,
-                lease: words[2],
+                lease: field[2],
                 announce: None,
                 lazy_release: d[3] & LAZY != 0,
             }),
-            SHM_RETURN => Location::ShmReturn(ShmReturnRef { lease: words[0], offset: words[1], len: nbytes }),
+            SHM_RETURN => Location::ShmReturn(ShmReturnRef { lease: field[0], offset: field[1], len: nbytes }),
             _ => Location::Inline(InlineRef { offset: 0, len: nbytes }),
         };
-        let shape = words.split_off(fields);
-        described.push(Described { meta: TensorMeta::new(dtype, shape), nbytes, loc });
+        let shape: Vec<u64> = words.collect();
+        described.push(Described { meta: TensorMeta::new(dtype, shape), nbytes, span: 0..0, loc });
     }
     let data = &record[at.min(record.len())..];
-    let mut spans = Vec::with_capacity(described.len());
     let mut end = 0u64;
-    for (index, d) in described.iter().enumerate() {
+    let mut inline = 0usize;
+    for (index, d) in described.iter_mut().enumerate() {
         if let Location::Inline(_) = d.loc {
             let start = end.next_multiple_of(ALIGN as u64);
             end = start.checked_add(d.nbytes).filter(|e| *e <= data.len() as u64).ok_or_else(|| {
                 bad(format!("claims {} bytes for tensor {index}, past the {} bytes of data", d.nbytes, data.len()))
             })?;
-            spans.push(start as usize..end as usize);
+            d.span = start as usize..end as usize;
+            inline += 1;
         }
     }
     if end != data.len() as u64 {
@@ -240,15 +245,12 @@ pub(super) fn unpack(
     let header: serde_json::Value =
         serde_json::from_slice(header).map_err(|e| ProtocolError::BadHeader(e.to_string()))?;
     // One copy for the inline tensors; a lone one owns it whole (no second handle).
-    let one = spans.len() == 1;
-    let mut whole = (!spans.is_empty()).then(|| crate::frame::aligned_copy(data));
-    let mut spans = spans.into_iter();
+    let mut whole = (inline > 0).then(|| crate::frame::aligned_copy(data));
     let mut tensors = Vec::with_capacity(described.len());
     for (index, d) in described.into_iter().enumerate() {
         let t = match d.loc {
             Location::Inline(_) => {
-                let span = spans.next().unwrap_or_default();
-                let part = if one { whole.take() } else { whole.as_ref().map(|b| b.slice(span)) };
+                let part = if inline == 1 { whole.take() } else { whole.as_ref().map(|b| b.slice(d.span)) };
                 Tensor::new(d.meta, part.unwrap_or_default())
                     .map_err(|e| ProtocolError::BadTensor { index, reason: e.to_string() })?
             }

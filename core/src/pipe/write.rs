@@ -19,6 +19,12 @@
 //!    fit: a release never reaches the peer before a frame that names its lease.
 //! 5. The tickets are *sent* (or, if the write failed, *aborted*).
 //!
+//! A packed message ([`super::packed`]: a same-host ring record) takes the same steps with
+//! no JSON frame: [`Shared::write_packed`], or [`Shared::try_write_packed_now`] on a
+//! blocking caller's thread. Its step 4d pulls only what placing, dropping and settling it
+//! made due (the release of a lease it named), right behind it, while the writer holds the
+//! [`crate::ControlWaker`] so that the sessions' wakes in between wake no control task.
+//!
 //! CONTROL frames have this one route. When no message goes out, the pipe's control task
 //! takes the write side and pulls them the same way, when a session wakes it
 //! ([`crate::ControlWaker`]) or when the time a session asked for comes.
