@@ -61,7 +61,7 @@ impl ControlWaker {
         ControlWaker::default()
     }
 
-    /// Asks the writer to pull. While a writer holds the waker ([`ControlWaker::hold`]) the
+    /// Asks the writer to pull. While a writer holds the waker (the pipe does while it sends) the
     /// wake is only noted: that writer pulls before it lets go, and wakes the control task
     /// then if the wake came after its last pull.
     pub fn wake(&self) {
