@@ -30,7 +30,7 @@ struct Part {
     data: Vec<u8>,
 }
 
-/// Wire dtype numbers (PROTOCOL.md §5.1 order), written out here, not taken from the code.
+/// Wire dtype numbers (PROTOCOL.md §22.5), written out here, not taken from the code.
 const DT_BOOL: u8 = 0;
 const DT_U8: u8 = 1;
 const DT_I64: u8 = 8;
