@@ -238,11 +238,15 @@ impl Pipe {
         let Some(record) = self.shared.pack(&msg, &locs) else {
             return self.run_here(self.send_encoded(msg, locs, out));
         };
-        let (_, tickets) = out.finish(Vec::new());
-        match self.shared.try_write_packed_now(&record, msg, tickets, |f| self.run_here(f)) {
+        // The frame (its payload parts) and the locations are freed after the record is
+        // out, not before: off the way of the answer.
+        let (frame, tickets) = out.finish(Vec::new());
+        let r = match self.shared.try_write_packed_now(&record, msg, tickets, |f| self.run_here(f)) {
             Now::Done(r) => r,
             Now::Busy(msg, tickets) => self.run_here(self.shared.write_packed(record, msg, tickets)),
-        }
+        };
+        drop((frame, locs));
+        r
     }
 
     /// Runs `f` to its end on this thread, in the pipe's runtime's context (its I/O and

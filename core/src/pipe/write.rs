@@ -201,10 +201,13 @@ impl Shared {
         }
         let held = self.control.hold();
         tickets.placed();
-        drop(msg);
+        // The message is dropped once the record is out (off the way of the answer): the
+        // releases that frees are pulled behind the record either way.
+        let mut msg = Some(msg);
         let r = match side.frames.try_write_packed_now(record) {
             Some(doorbell) => {
                 tickets.sent();
+                drop(msg.take());
                 if doorbell {
                     run(std::pin::pin!(async {
                         let r = side.frames.pay_ring_doorbell().await;
@@ -214,10 +217,13 @@ impl Shared {
                     Ok(())
                 }
             }
-            None => run(std::pin::pin!(async {
-                let r = side.write_packed(record, tickets).await;
-                self.close_if_torn(&mut side, r).await
-            })),
+            None => {
+                drop(msg.take());
+                run(std::pin::pin!(async {
+                    let r = side.write_packed(record, tickets).await;
+                    self.close_if_torn(&mut side, r).await
+                }))
+            }
         };
         if r.is_err() {
             return Now::Done(r);
