@@ -357,3 +357,44 @@ impl Incoming {
         Some(self.payload.slice(r.offset as usize..end as usize))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ControlWaker;
+
+    /// Whether the control task would wake now (a stored permit), taking the permit.
+    fn woken(w: &ControlWaker) -> bool {
+        let mut f = std::pin::pin!(w.woken());
+        let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
+        f.as_mut().poll(cx).is_ready()
+    }
+
+    #[test]
+    fn a_held_waker_notes_wakes_and_the_guard_sends_only_those_after_the_last_pull() {
+        let w = ControlWaker::new();
+        w.wake();
+        assert!(woken(&w), "not held: a wake wakes the task");
+        assert!(!woken(&w));
+
+        let held = w.hold();
+        w.wake();
+        w.wake();
+        assert!(!woken(&w), "held: the wakes are only noted");
+        assert!(held.take_missed(), "the writer learns it must pull");
+        assert!(!held.take_missed(), "and only once");
+        drop(held);
+        assert!(!woken(&w), "answered by the pull: the guard wakes nobody");
+
+        let held = w.hold();
+        assert!(!held.take_missed());
+        w.wake();
+        drop(held);
+        assert!(woken(&w), "a wake after the last look wakes the task when the guard drops");
+
+        let held = w.hold();
+        w.wake_task();
+        assert!(woken(&w), "the writer's own wake for a sooner time is never held");
+        drop(held);
+        assert!(!woken(&w));
+    }
+}
