@@ -130,6 +130,17 @@ impl RingRead {
     }
 }
 
+/// The end of a blocking caller's next wait on the ring: a [`DEATH_CHECK`] slice, cut short
+/// by the caller's `deadline`; `None` when the deadline has passed.
+fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
+    let now = Instant::now();
+    if deadline.is_some_and(|d| d <= now) {
+        return None;
+    }
+    let slice = now + DEATH_CHECK;
+    Some(deadline.map_or(slice, |d| d.min(slice)))
+}
+
 /// A ring's finding as a pipe error: an orderly close or a death is the end of the pipe,
 /// anything else is the peer's fault.
 fn ring_error(e: RingError) -> PipeError {
@@ -251,12 +262,7 @@ impl FrameReader {
             }
             let ring = self.ring.as_mut().expect("wait_ring_readable is called with a ring");
             if let super::WaitSpin::Blocking(deadline) = spin {
-                let now = Instant::now();
-                if deadline.is_some_and(|d| d <= now) {
-                    return Ok(false);
-                }
-                let slice = now + DEATH_CHECK;
-                let until = deadline.map_or(slice, |d| d.min(slice));
+                let Some(until) = slice_end(deadline) else { return Ok(false) };
                 let end = if std::mem::take(&mut ring.nudged) {
                     WaitEnd::Nudged
                 } else {
@@ -331,12 +337,8 @@ impl FrameReader {
                 return None;
             }
             if !ring.rx.has_data() {
-                let now = Instant::now();
-                if deadline.is_some_and(|d| d <= now) {
-                    return None;
-                }
-                let slice = now + DEATH_CHECK;
-                match ring.rx.wait_for_data(deadline.map_or(slice, |d| d.min(slice))) {
+                let until = slice_end(deadline)?;
+                match ring.rx.wait_for_data(until) {
                     Ok(WaitEnd::Data) => {}
                     Ok(WaitEnd::Nudged) => {
                         ring.nudged = true;

@@ -168,7 +168,9 @@ pub(super) fn unpack(
         return Err(bad(format!("claims a {header_len}-byte header in a {}-byte record", record.len())));
     };
     let mut at = header_end.next_multiple_of(8);
-    let mut described = Vec::with_capacity(count as usize);
+    // Room for what the record can hold, not for what it claims: a 16-byte record saying
+    // 65,536 tensors must not cost megabytes before it is found out.
+    let mut described = Vec::with_capacity((count as usize).min(record.len().saturating_sub(at) / DESC));
     for index in 0..count as usize {
         let Some(d) = record.get(at..).and_then(|r| r.first_chunk::<DESC>()) else {
             return Err(bad(format!("ends inside the descriptor of tensor {index}")));
