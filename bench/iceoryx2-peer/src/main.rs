@@ -64,10 +64,13 @@ fn main() -> Res<()> {
         ("pipe socket async", slow, Box::new(move || pipe::rtt(Path::SocketAsync, false, slow))),
         ("pipe socket async 24.9MB", big, Box::new(move || pipe::rtt(Path::SocketAsync, true, big))),
     ];
+    // `--only NAME`: the case of that exact name if there is one, else every case whose
+    // name contains it.
     let only = flag(&args, "--only");
+    let exact = only.as_deref().is_some_and(|o| cases.iter().any(|(name, _, _)| *name == o));
     let rows: Vec<_> = cases
         .into_iter()
-        .filter(|(name, _, _)| only.as_deref().is_none_or(|o| name.contains(o)))
+        .filter(|(name, _, _)| only.as_deref().is_none_or(|o| if exact { *name == o } else { name.contains(o) }))
         .map(|(name, n, run)| (name, n, run()))
         .collect();
     let mut removed = remove_new(&before);
