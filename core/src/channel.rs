@@ -112,7 +112,8 @@ impl HeldWaker<'_> {
     /// pulls, which answers it.
     pub(crate) fn take_missed(&self) -> bool {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
-        self.0.state.compare_exchange(MISSED, HELD, AcqRel, Acquire).is_ok()
+        // A load first: the common answer (no wake came) costs no atomic write.
+        self.0.state.load(Acquire) == MISSED && self.0.state.compare_exchange(MISSED, HELD, AcqRel, Acquire).is_ok()
     }
 }
 

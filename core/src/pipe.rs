@@ -9,11 +9,15 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{Mutex, mpsc, watch};
+// futures' mutex, not tokio's: a lock and an unlock free of contention are one atomic
+// write each (tokio's unlock also takes its waiter list's lock), and a send takes two.
+use futures_util::lock::Mutex;
+use tokio::sync::{mpsc, watch};
 
 use crate::channel::{ChannelSession, ControlWaker, Outgoing};
 use crate::compact::DescsOut;
@@ -65,8 +69,13 @@ struct Shared {
     /// [`crate::EndpointBuilder::max_header_values`].
     max_header_values: usize,
     closed_tx: watch::Sender<bool>,
+    /// `closed_tx`'s value, set first: what a send looks at (a load, where borrowing the
+    /// watch takes and lets go of its lock: two atomic writes on every send).
+    closed: AtomicBool,
     error: StdMutex<Option<PipeError>>,
     handler: StdMutex<HandlerSlot>,
+    /// A handler is set ([`Pipe::set_handler`]; it stays set while the reader runs it).
+    has_handler: AtomicBool,
     /// Woken by a session with CONTROL frames due ([`crate::SessionCtx::control`]).
     control: ControlWaker,
     /// The peer takes compact tensor descriptors ([`crate::compact`]).
@@ -145,8 +154,10 @@ impl Pipe {
             limits: cfg.limits,
             max_header_values: cfg.max_header_values,
             closed_tx,
+            closed: AtomicBool::new(false),
             error: StdMutex::new(None),
             handler: StdMutex::new(HandlerSlot::default()),
+            has_handler: AtomicBool::new(false),
             control,
             compact: info.features.iter().any(|f| f == FEATURE_COMPACT_TENSORS),
             handover: blocking::Handover::default(),
@@ -176,7 +187,7 @@ impl Pipe {
 
     /// True once the pipe is closed (by either side or by an error).
     pub fn is_closed(&self) -> bool {
-        *self.shared.closed_tx.borrow()
+        self.shared.is_closed()
     }
 
     /// Sends a message. Returns once it is handed to the transport. Dropping the future
@@ -457,9 +468,15 @@ impl Shared {
         let old = {
             let mut slot = self.handler_slot();
             slot.generation = slot.generation.wrapping_add(1);
+            self.has_handler.store(new.is_some(), Ordering::Release);
             std::mem::replace(&mut slot.handler, new)
         };
         drop(old);
+    }
+
+    /// True once the pipe is closed.
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     fn closed_error(&self) -> PipeError {
@@ -479,6 +496,7 @@ impl Shared {
             *slot = Some(e);
         }
         drop(slot);
+        self.closed.store(true, Ordering::Release);
         if !self.closed_tx.send_replace(true) {
             for s in self.sessions.values() {
                 s.close();

@@ -44,6 +44,8 @@ mod session;
 #[cfg(target_os = "linux")]
 mod shared;
 #[cfg(target_os = "linux")]
+mod span;
+#[cfg(target_os = "linux")]
 mod sys;
 
 #[cfg(target_os = "linux")]

@@ -13,6 +13,7 @@ use ferry_core::{ChannelError, LimitError, WritableStorage};
 use tokio::sync::Notify;
 
 use crate::ShmOptions;
+use crate::span::AddrSpan;
 use crate::sys::{ExclusiveRange, OwnSegment, SharedRange};
 
 /// Segments grow in multiples of this.
@@ -39,6 +40,8 @@ pub(crate) struct Pool {
     state: Mutex<PoolState>,
     freed: Notify,
     opts: ShmOptions,
+    /// Covers every slot ever registered (`find`'s first look).
+    span: AddrSpan,
 }
 
 fn align_for(len: usize) -> usize {
@@ -47,7 +50,7 @@ fn align_for(len: usize) -> usize {
 
 impl Pool {
     pub(crate) fn new(opts: ShmOptions) -> Arc<Pool> {
-        Arc::new(Pool { state: Mutex::new(PoolState::default()), freed: Notify::new(), opts })
+        Arc::new(Pool { state: Mutex::new(PoolState::default()), freed: Notify::new(), opts, span: AddrSpan::new() })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
@@ -195,6 +198,9 @@ impl Pool {
         // The lock is let go before `core` can be dropped: when its last other holder let go
         // meanwhile, this is the last reference, and `SlotCore`'s drop takes the lock (held
         // here, that was a self-deadlock of the thread, a runtime worker).
+        if !self.span.may_hold(ptr, len) {
+            return None;
+        }
         let core = {
             let st = self.lock();
             let (_, w) = st.live.range(..=ptr).next_back()?;
@@ -205,6 +211,7 @@ impl Pool {
     }
 
     fn register(&self, core: &Arc<SlotCore>) {
+        self.span.add(core.addr(), core.len);
         self.lock().live.insert(core.addr(), Arc::downgrade(core));
     }
 }

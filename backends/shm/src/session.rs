@@ -19,6 +19,7 @@ use crate::ShmOptions;
 use crate::batch::Batcher;
 use crate::pool::{Pool, PoolSlotMut, SlotCore};
 use crate::shared::{self, Forgets, SharedSegment};
+use crate::span::AddrSpan;
 use crate::sys::{PeerSegment, PeerSegmentError};
 
 const NAME: &str = "shm";
@@ -77,6 +78,8 @@ pub(crate) struct ShmSession {
     granted: Arc<Mutex<HashMap<u64, Granted>>>,
     next_lease: AtomicU64,
     peer: Arc<Mutex<PeerState>>,
+    /// Covers every peer segment ever mapped (`name_held`'s first look).
+    peer_span: AddrSpan,
     batcher: Arc<Batcher>,
     /// Whether the peer takes `forget` (and so may be lent shared segments).
     forget_ok: bool,
@@ -93,6 +96,7 @@ impl ShmSession {
         let ctx_forget_ok = ctx.has_feature(ferry_core::wire::FEATURE_SHM_FORGET);
         Arc::new(ShmSession {
             pool: Pool::new(opts.clone()),
+            peer_span: AddrSpan::new(),
             batcher: Arc::new(Batcher::new(&opts, ctx.control.clone())),
             forgets: Arc::new(Forgets::new(ctx.control.clone())),
             ctx,
@@ -188,6 +192,9 @@ impl ShmSession {
     /// that the lease's release (if its last handle is dropped meanwhile: it need not be
     /// this tensor's own lease when several cover the range) cannot overtake the message.
     fn name_held(&self, ptr: usize, len: usize, out: &mut Outgoing) -> Option<(u64, u64)> {
+        if !self.peer_span.may_hold(ptr, len) {
+            return None;
+        }
         let mut peer = lock(&self.peer);
         let (lease, offset) = Self::find_held(&peer, ptr, len)?;
         *peer.named.entry(lease).or_insert(0) += 1;
@@ -238,6 +245,7 @@ impl ShmSession {
             PeerSegmentError::Io(e) => ChannelError::Backend(Arc::new(e)),
         })?;
         peer.mapped += a.size;
+        self.peer_span.add(seg.addr(), seg.len());
         peer.by_addr.insert(seg.addr(), id);
         peer.segs.insert(id, Arc::new(seg));
         Ok(())

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
+use crate::span::AddrSpan;
 use crate::sys::{ExclusiveRange, OwnSegment, SharedRange};
 
 /// Wire segment ids of shared segments start here; a pool's ids are below (u32).
@@ -94,6 +95,7 @@ impl SharedSegmentMut {
             range: self.range.freeze(),
             announced: Mutex::new(Vec::new()),
         });
+        SPAN.add(seg.addr(), seg.len());
         registry().insert(seg.addr(), Arc::downgrade(&seg));
         seg
     }
@@ -196,6 +198,9 @@ impl AsRef<[u8]> for SharedSlice {
     }
 }
 
+/// Covers every shared segment this process ever made (`find`'s first look).
+static SPAN: AddrSpan = AddrSpan::new();
+
 /// Live shared segments of this process by address.
 fn registry() -> std::sync::MutexGuard<'static, BTreeMap<usize, Weak<SharedSegment>>> {
     static REG: Mutex<BTreeMap<usize, Weak<SharedSegment>>> = Mutex::new(BTreeMap::new());
@@ -204,6 +209,9 @@ fn registry() -> std::sync::MutexGuard<'static, BTreeMap<usize, Weak<SharedSegme
 
 /// The live shared segment holding `[ptr, ptr + len)`, and the offset of `ptr` in it.
 pub(crate) fn find(ptr: usize, len: usize) -> Option<(Arc<SharedSegment>, usize)> {
+    if !SPAN.may_hold(ptr, len) {
+        return None;
+    }
     // The registry's lock is let go before `seg` can be dropped (its `Drop` takes it).
     let (base, seg) = {
         let reg = registry();

@@ -2,8 +2,9 @@
 //! off, iceoryx2 request-response (busy-polling, the way its own benchmarks wait), and a
 //! bare unix stream socket (blocking read/write, the floor under today's socket path);
 //! then the same through ferry's `Pipe` (`src/pipe.rs`): the blocking calls over the ring
-//! (spinning on and off; 64 bytes, and a 24.9 MB shm tensor handed back and forth without
-//! a copy) and over the socket, and the async calls over the socket.
+//! (spinning on and off; a 64-byte tensor, the same with a small JSON header, and a
+//! 24.9 MB shm tensor handed back and forth without a copy) and over the socket, and the
+//! async calls over the socket.
 //!
 //! ```sh
 //! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--json]
@@ -29,7 +30,7 @@ use ferry_ring::{Ring, RingError, RingOptions, deadline_in};
 use iceoryx2::prelude::*;
 
 mod pipe;
-use pipe::Path;
+use pipe::{Load, Path};
 
 pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -57,12 +58,17 @@ fn main() -> Res<()> {
         ("ferry-ring spin off", slow, Box::new(move || ring_rtt(Duration::ZERO, slow))),
         ("iceoryx2 request-response", iters, Box::new(move || iceoryx_rtt(iters))),
         ("unix socket (blocking)", slow, Box::new(move || socket_rtt(slow))),
-        ("pipe ring spin on", iters, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), false, iters))),
-        ("pipe ring spin on 24.9MB", big, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), true, big))),
-        ("pipe ring spin off", slow, Box::new(move || pipe::rtt(Path::Ring(Duration::ZERO), false, slow))),
-        ("pipe socket blocking", slow, Box::new(move || pipe::rtt(Path::SocketBlocking, false, slow))),
-        ("pipe socket async", slow, Box::new(move || pipe::rtt(Path::SocketAsync, false, slow))),
-        ("pipe socket async 24.9MB", big, Box::new(move || pipe::rtt(Path::SocketAsync, true, big))),
+        ("pipe ring spin on", iters, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64, iters))),
+        (
+            "pipe ring spin on +header",
+            iters,
+            Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64Header, iters)),
+        ),
+        ("pipe ring spin on 24.9MB", big, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), Load::Pool, big))),
+        ("pipe ring spin off", slow, Box::new(move || pipe::rtt(Path::Ring(Duration::ZERO), Load::Bytes64, slow))),
+        ("pipe socket blocking", slow, Box::new(move || pipe::rtt(Path::SocketBlocking, Load::Bytes64, slow))),
+        ("pipe socket async", slow, Box::new(move || pipe::rtt(Path::SocketAsync, Load::Bytes64, slow))),
+        ("pipe socket async 24.9MB", big, Box::new(move || pipe::rtt(Path::SocketAsync, Load::Pool, big))),
     ];
     // `--only NAME`: the case of that exact name if there is one, else every case whose
     // name contains it.
@@ -116,6 +122,11 @@ fn main() -> Res<()> {
             "pipe_ring_spin_on_over_iceoryx2",
             "pipe ring spin on / iceoryx2 request-response",
             ratio("pipe ring spin on", "iceoryx2 request-response"),
+        ),
+        (
+            "pipe_ring_header_over_iceoryx2",
+            "pipe ring spin on +header / iceoryx2 request-response",
+            ratio("pipe ring spin on +header", "iceoryx2 request-response"),
         ),
         (
             "pipe_zero_copy_over_64b",

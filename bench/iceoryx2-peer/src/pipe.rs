@@ -2,9 +2,14 @@
 //! client and the peer each call `send_blocking` / `recv_blocking` on a plain thread
 //! (issue 22's blocking fast path), over the same-host ring with spinning on and off, and
 //! over the bare socket; and the async `send` / `recv` over the socket (the path every
-//! pipe took before the ring). Messages are those of `ferry bench`: a u8[64] tensor, and a
-//! 24.9 MB f32[1920,1080,3] tensor made in the shm pool that the peer sends back (the
-//! zero-copy handoff).
+//! pipe took before the ring).
+//!
+//! What a round trip carries ([`Load`]): a u8[64] tensor and nothing else (the 64 bytes
+//! the ring and iceoryx2 rows carry); the same with a small JSON header, to show what a
+//! header costs; and a 24.9 MB f32[1920,1080,3] tensor made in the shm pool that the peer
+//! sends back (the zero-copy handoff). The timer brackets `send` and the `recv` of the
+//! answer, as the iceoryx2 row brackets its send and receive: the message is made before
+//! (a clone of one made once; making it is the caller's work, not the pipe's).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,15 +60,27 @@ fn runtime() -> Res<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
 
-/// The 64-byte message of `ferry bench`.
-fn small() -> Res<Message> {
-    let t = Tensor::from_slice(vec![64], &[7u8; 64])?;
-    Ok(Message::with_tensors(serde_json::json!({"bench": "64B"}), vec![t]))
+/// What each round trip carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Load {
+    /// A u8[64] tensor, no header (`null`).
+    Bytes64,
+    /// A u8[64] tensor and the header `{"bench":"64B"}` (as `ferry bench` sends).
+    Bytes64Header,
+    /// A 24.9 MB f32 tensor made in the shm pool, no header: it goes to the peer and comes
+    /// back by reference.
+    Pool,
 }
 
-/// Times `iters` round trips of the 64-byte message (`big`: of the 24.9 MB shm tensor)
-/// over `path`, after a tenth as many untimed.
-pub fn rtt(path: Path, big: bool, iters: usize) -> Res<Vec<Duration>> {
+/// A u8[64] tensor with `header`.
+fn small(header: serde_json::Value) -> Res<Message> {
+    let t = Tensor::from_slice(vec![64], &[7u8; 64])?;
+    Ok(Message::with_tensors(header, vec![t]))
+}
+
+/// Times `iters` round trips of `load` over `path`, after a tenth as many untimed.
+pub fn rtt(path: Path, load: Load, iters: usize) -> Res<Vec<Duration>> {
+    let big = load == Load::Pool;
     let rt = runtime()?;
     let addr = format!("unix:ferry-bench-ring-{}-{}", std::process::id(), crate::next());
     let (child, sock) = spawn("pipe", &format!("{addr} {}", path.arg()))?;
@@ -78,9 +95,11 @@ pub fn rtt(path: Path, big: bool, iters: usize) -> Res<Vec<Duration>> {
         let meta = TensorMeta::new(DType::F32, vec![1920, 1080, 3]);
         let mut t = rt.block_on(pipe.alloc(meta))?;
         t.as_bytes_mut().fill(1);
-        Message::with_tensors(serde_json::json!({"bench": "pool"}), vec![t.freeze()])
+        Message::with_tensors(serde_json::Value::Null, vec![t.freeze()])
+    } else if load == Load::Bytes64Header {
+        small(serde_json::json!({"bench": "64B"}))?
     } else {
-        small()?
+        small(serde_json::Value::Null)?
     };
     let want = msg.tensors[0].as_bytes().as_ptr() as usize;
     let check = |back: &Message| -> Res<()> {
@@ -94,8 +113,9 @@ pub fn rtt(path: Path, big: bool, iters: usize) -> Res<Vec<Duration>> {
         // One task does the whole loop, as an async program would.
         rt.block_on(async {
             for i in 0..iters + iters / 10 {
+                let m = msg.clone();
                 let t = Instant::now();
-                pipe.send(msg.clone()).await?;
+                pipe.send(m).await?;
                 let back = pipe.recv().await?;
                 let took = t.elapsed();
                 check(&back)?;
@@ -107,8 +127,9 @@ pub fn rtt(path: Path, big: bool, iters: usize) -> Res<Vec<Duration>> {
         })?;
     } else {
         for i in 0..iters + iters / 10 {
+            let m = msg.clone();
             let t = Instant::now();
-            pipe.send_blocking(msg.clone())?;
+            pipe.send_blocking(m)?;
             let back = pipe.recv_blocking(Some(crate::BOUND))?;
             let took = t.elapsed();
             check(&back)?;

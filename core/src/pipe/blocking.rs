@@ -94,6 +94,20 @@ impl Handover {
         }
     }
 
+    /// The parked reader if it is there now, or what the queue holds first (a message the
+    /// task queued before it parked the reader comes before anything the reader reads);
+    /// `None`: neither (the caller asks for the reader and waits).
+    fn take_parked(&self, rx: &mut mpsc::Receiver<Result<Message, PipeError>>) -> Option<Took> {
+        let mut slot = self.lock();
+        slot.reader.as_ref()?;
+        match rx.try_recv() {
+            Ok(r) => return Some(Took::Queued(r)),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => {}
+        }
+        slot.reader.take().map(Took::Reader)
+    }
+
     /// The task ended: waiting callers stop waiting for the reader.
     pub(super) fn end(&self) {
         let mut slot = self.lock();
@@ -155,25 +169,38 @@ impl Pipe {
         let deadline = timeout.map(|d| Instant::now().checked_add(d).unwrap_or_else(far_future));
         let timed_out = || PipeError::Timeout(timeout.unwrap_or_default(), "recv_blocking");
         let mut rx = match self.rx.try_lock() {
-            Ok(rx) => rx,
-            Err(_) => self.rx.blocking_lock(),
+            Some(rx) => rx,
+            None => self.run_here(self.rx.lock()),
         };
         if let Ok(r) = rx.try_recv() {
             return r;
         }
-        if self.shared.handler_slot().handler.is_some() {
+        if self.shared.has_handler.load(Ordering::Acquire) {
             return Err(PipeError::ApiMisuse(
                 "recv_blocking on a pipe with a handler (set_handler): the handler gets its messages".into(),
             ));
         }
         let h = &self.shared.handover;
-        h.wanted.fetch_add(1, Ordering::AcqRel);
-        let _unwant = Unwant(h);
-        h.ask.notify_one();
-        let mut reader = match self.take_reader(&mut rx, deadline) {
-            Some(Took::Reader(r)) => r,
+        // The reader parked by the last call, when it is still there (the common case of a
+        // caller calling again within LINGER): taken with no ask and no count.
+        let parked = match h.take_parked(&mut rx) {
+            Some(Took::Reader(r)) => Some(r),
             Some(Took::Queued(r)) => return r,
-            None => return Err(timed_out()),
+            None => None,
+        };
+        let _unwant;
+        let mut reader = match parked {
+            Some(r) => r,
+            None => {
+                h.wanted.fetch_add(1, Ordering::AcqRel);
+                _unwant = Unwant(h);
+                h.ask.notify_one();
+                match self.take_reader(&mut rx, deadline) {
+                    Some(Took::Reader(r)) => r,
+                    Some(Took::Queued(r)) => return r,
+                    None => return Err(timed_out()),
+                }
+            }
         };
         let shared = &*self.shared;
         // A packed message within the first slice is read here, with no future at all.
@@ -222,7 +249,7 @@ impl Pipe {
     /// Not for async tasks, as [`Pipe::recv_blocking`].
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
         self.check_send(&msg)?;
-        let Ok(_order) = self.shared.send_order.try_lock() else { return self.run_here(self.send(msg)) };
+        let Some(_order) = self.shared.send_order.try_lock() else { return self.run_here(self.send(msg)) };
         let mut out = crate::channel::Outgoing::default();
         let locs = match self.encode_now(&msg, &mut out) {
             Some(Ok(locs)) => locs,

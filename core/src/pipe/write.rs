@@ -195,8 +195,8 @@ impl Shared {
         mut tickets: Tickets,
         run: impl Fn(std::pin::Pin<&mut dyn Future<Output = Result<(), PipeError>>>) -> Result<(), PipeError>,
     ) -> Now {
-        let Ok(mut side) = self.writer.try_lock() else { return Now::Busy(msg, tickets) };
-        if !side.clean() || *self.closed_tx.borrow() {
+        let Some(mut side) = self.writer.try_lock() else { return Now::Busy(msg, tickets) };
+        if !side.clean() || self.is_closed() {
             return Now::Busy(msg, tickets);
         }
         let held = self.control.hold();
@@ -308,7 +308,7 @@ impl Shared {
 
     /// Runs `f` unless the pipe closes first; a closed error from `f` closes the pipe.
     async fn until_closed<T>(&self, f: impl Future<Output = Result<T, PipeError>>) -> Result<T, PipeError> {
-        if *self.closed_tx.borrow() {
+        if self.is_closed() {
             return Err(self.closed_error());
         }
         // `f` first, alone: a write that finishes at once (the common case) subscribes to
