@@ -61,8 +61,9 @@ struct Shared {
     /// The write side ([`write`]: the send sequence).
     writer: Mutex<WriteSide>,
     /// Held from the first tensor encoded to the frame written, so that messages reach the
-    /// wire in the order their tensors were encoded (channels may rely on it).
-    send_order: Mutex<()>,
+    /// wire in the order their tensors were encoded (channels may rely on it). It holds
+    /// the buffer packed records are built in ([`Shared::pack`]), reused by each send.
+    send_order: Mutex<Vec<u8>>,
     sessions: BTreeMap<DeviceKind, Arc<dyn ChannelSession>>,
     peer_limits: Limits,
     limits: Limits,
@@ -148,7 +149,7 @@ impl Pipe {
         let pack_room = if packs { writer.ring_max_record().unwrap_or(0) } else { 0 };
         let shared = Arc::new(Shared {
             writer: Mutex::new(WriteSide::new(writer)),
-            send_order: Mutex::new(()),
+            send_order: Mutex::new(Vec::new()),
             sessions,
             peer_limits,
             limits: cfg.limits,
@@ -195,14 +196,14 @@ impl Pipe {
     /// part-way closes the pipe; [`write`] has the sequence).
     pub async fn send(&self, msg: Message) -> Result<(), PipeError> {
         self.check_send(&msg)?;
-        let _order = self.shared.send_order.lock().await;
+        let mut order = self.shared.send_order.lock().await;
         let mut out = Outgoing::default();
         let locs = match self.encode_now(&msg, &mut out) {
             Some(r) => r,
             None => self.encode_tensors(&msg, &mut out).await,
         };
         match locs {
-            Ok(locs) => self.send_encoded(msg, locs, out).await,
+            Ok(locs) => self.send_encoded(msg, locs, out, &mut order).await,
             Err(e) => {
                 out.abort();
                 Err(e)
@@ -212,11 +213,19 @@ impl Pipe {
 
     /// Sends `msg`, whose tensors were encoded to `locs` in `out`, as a packed ring record
     /// ([`packed`]) when it can go as one, else as a MESSAGE frame ([`write`] has the
-    /// sequence). The caller holds `send_order`.
-    async fn send_encoded(&self, msg: Message, locs: Vec<Location>, out: Outgoing) -> Result<(), PipeError> {
-        if let Some(record) = self.shared.pack(&msg, &locs) {
+    /// sequence). The caller holds `send_order`; `scratch` is its buffer.
+    async fn send_encoded(
+        &self,
+        msg: Message,
+        locs: Vec<Location>,
+        out: Outgoing,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), PipeError> {
+        if self.shared.pack(&msg, &locs, scratch) {
             let (_, tickets) = out.finish(Vec::new());
-            return self.shared.write_packed(record, msg, tickets).await;
+            let r = self.shared.write_packed(scratch, msg, tickets).await;
+            packed::trim_scratch(scratch);
+            return r;
         }
         let header = match self.frame_header(&msg, locs, &out) {
             Ok(h) => h,
@@ -451,12 +460,14 @@ fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> 
 
 impl Shared {
     /// `msg`, its tensors encoded to `locs`, as a packed ring record ([`packed`]), when this
-    /// pipe packs messages and `msg` qualifies; `None`: it goes as a MESSAGE frame.
-    fn pack(&self, msg: &Message, locs: &[Location]) -> Option<Vec<u8>> {
+    /// pipe packs messages and `msg` qualifies.
+    /// The record is built in `out` (`send_order`'s buffer); false: it goes as a frame.
+    fn pack(&self, msg: &Message, locs: &[Location], out: &mut Vec<u8>) -> bool {
         if self.pack_room == 0 {
-            return None;
+            return false;
         }
-        packed::pack(msg, locs, &packed::PackRoom { peer: &self.peer_limits, max_record: self.pack_room })
+        let room = packed::PackRoom { peer: &self.peer_limits, max_record: self.pack_room };
+        packed::pack_into(msg, locs, &room, out).is_some()
     }
 
     fn handler_slot(&self) -> std::sync::MutexGuard<'_, HandlerSlot> {

@@ -249,7 +249,7 @@ impl Pipe {
     /// Not for async tasks, as [`Pipe::recv_blocking`].
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
         self.check_send(&msg)?;
-        let Some(_order) = self.shared.send_order.try_lock() else { return self.run_here(self.send(msg)) };
+        let Some(mut order) = self.shared.send_order.try_lock() else { return self.run_here(self.send(msg)) };
         let mut out = crate::channel::Outgoing::default();
         let locs = match self.encode_now(&msg, &mut out) {
             Some(Ok(locs)) => locs,
@@ -258,20 +258,21 @@ impl Pipe {
                 return Err(e);
             }
             None => {
-                drop(_order);
+                drop(order);
                 return self.run_here(self.send(msg));
             }
         };
-        let Some(record) = self.shared.pack(&msg, &locs) else {
-            return self.run_here(self.send_encoded(msg, locs, out));
-        };
+        if !self.shared.pack(&msg, &locs, &mut order) {
+            return self.run_here(self.send_encoded(msg, locs, out, &mut order));
+        }
         // The frame (its payload parts) and the locations are freed after the record is
         // out, not before: off the way of the answer.
         let (frame, tickets) = out.finish(Vec::new());
-        let r = match self.shared.try_write_packed_now(&record, msg, tickets, |f| self.run_here(f)) {
+        let r = match self.shared.try_write_packed_now(&order, msg, tickets, |f| self.run_here(f)) {
             Now::Done(r) => r,
-            Now::Busy(msg, tickets) => self.run_here(self.shared.write_packed(record, msg, tickets)),
+            Now::Busy(msg, tickets) => self.run_here(self.shared.write_packed(&order, msg, tickets)),
         };
+        super::packed::trim_scratch(&mut order);
         drop((frame, locs));
         r
     }

@@ -51,7 +51,16 @@ pub(super) struct PackRoom<'a> {
 /// record cannot hold (a new segment's announcement, whose descriptor travels on the
 /// socket; another channel's), a record over `room.max_record`, or a header or payload over
 /// the peer's limits (the MESSAGE frame path then reports it by name).
+#[cfg(test)]
 pub(super) fn pack(msg: &Message, locs: &[Location], room: &PackRoom<'_>) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    pack_into(msg, locs, room, &mut out)?;
+    Some(out)
+}
+
+/// [`pack`] into `out`, cleared first (a sender reuses one buffer); on `None`, what `out`
+/// holds is no record.
+pub(super) fn pack_into(msg: &Message, locs: &[Location], room: &PackRoom<'_>, out: &mut Vec<u8>) -> Option<()> {
     let mut data_len = 0usize;
     let mut descs_len = 0usize;
     for (t, loc) in msg.tensors.iter().zip(locs) {
@@ -70,9 +79,10 @@ pub(super) fn pack(msg: &Message, locs: &[Location], room: &PackRoom<'_>) -> Opt
     if locs.len() != msg.tensors.len() || data_len as u64 > room.peer.max_payload_bytes {
         return None;
     }
-    let mut out = Vec::with_capacity(FIXED + 64 + descs_len + data_len);
+    out.clear();
+    out.reserve(FIXED + 64 + descs_len + data_len);
     out.extend_from_slice(&[0; FIXED]);
-    serde_json::to_writer(&mut out, &msg.header).ok()?;
+    serde_json::to_writer(&mut *out, &msg.header).ok()?;
     let header_len = u32::try_from(out.len() - FIXED).ok()?;
     if header_len > room.peer.max_header_bytes {
         return None;
@@ -82,7 +92,7 @@ pub(super) fn pack(msg: &Message, locs: &[Location], room: &PackRoom<'_>) -> Opt
     }
     out[..4].copy_from_slice(&header_len.to_le_bytes());
     out[4..8].copy_from_slice(&u32::try_from(msg.tensors.len()).ok()?.to_le_bytes());
-    pad_to(&mut out, 8);
+    pad_to(out, 8);
     for (t, loc) in msg.tensors.iter().zip(locs) {
         let dtype = DType::ALL.iter().position(|d| *d == t.dtype())?;
         let (place, flags, fields): (u8, u8, &[u64]) = match loc {
@@ -105,7 +115,18 @@ pub(super) fn pack(msg: &Message, locs: &[Location], room: &PackRoom<'_>) -> Opt
             out.extend_from_slice(t.as_bytes());
         }
     }
-    Some(out)
+    Some(())
+}
+
+/// The most of a sender's record buffer kept between sends ([`trim_scratch`]).
+pub(super) const SCRATCH_KEEP: usize = 64 << 10;
+
+/// Lets go of a big record's memory once it is out: the buffer a sender keeps between
+/// sends stays small (a record may be as big as the ring's largest).
+pub(super) fn trim_scratch(scratch: &mut Vec<u8>) {
+    if scratch.capacity() > SCRATCH_KEEP {
+        *scratch = Vec::new();
+    }
 }
 
 /// Zeros up to the next multiple of `n` (of the record's length).

@@ -150,7 +150,7 @@ impl Shared {
     /// dropped write goes first. Those that placing, dropping and settling the message make
     /// due (the release of a lease it named) go right after it, without waking the control
     /// task: the waker is held meanwhile ([`crate::ControlWaker::hold`]).
-    pub(super) async fn write_packed(&self, record: Vec<u8>, msg: Message, tickets: Tickets) -> Result<(), PipeError> {
+    pub(super) async fn write_packed(&self, record: &[u8], msg: Message, tickets: Tickets) -> Result<(), PipeError> {
         self.until_closed(async {
             let mut side = self.writer.lock().await;
             let mut tickets = tickets;
@@ -162,7 +162,7 @@ impl Shared {
             let held = self.control.hold();
             tickets.placed();
             drop(msg);
-            let r = side.write_packed(&record, tickets).await;
+            let r = side.write_packed(record, tickets).await;
             self.close_if_torn(&mut side, r).await?;
             if held.take_missed() {
                 self.pull(&mut side);

@@ -199,3 +199,23 @@ fn cut_and_scribbled_records_never_panic() {
         let _ = unpack_inline(&r, &rules);
     }
 }
+
+#[test]
+fn one_buffer_packs_record_after_record_and_big_ones_are_let_go() {
+    let (small, limits) = (sample(), Limits::default());
+    let mut buf = Vec::new();
+    pack_into(&small, &inline(&small), &room(&limits), &mut buf).unwrap();
+    assert_eq!(buf, packed(&small), "the same record as a fresh buffer's");
+    // A record left in the buffer is cleared, not appended to.
+    pack_into(&small, &inline(&small), &room(&limits), &mut buf).unwrap();
+    assert_eq!(buf, packed(&small));
+    trim_scratch(&mut buf);
+    assert!(buf.capacity() > 0, "a small buffer is kept for the next send");
+    let t = Tensor::from_slice(vec![SCRATCH_KEEP as u64], &vec![1u8; SCRATCH_KEEP]).unwrap();
+    let big = Message::with_tensors(json!(null), vec![t]);
+    let room = PackRoom { peer: &limits, max_record: 1 << 20 };
+    pack_into(&big, &inline(&big), &room, &mut buf).unwrap();
+    assert!(buf.capacity() > SCRATCH_KEEP);
+    trim_scratch(&mut buf);
+    assert_eq!(buf.capacity(), 0, "a big record's memory is let go once it is out");
+}
