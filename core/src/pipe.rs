@@ -62,8 +62,8 @@ struct Shared {
     writer: Mutex<WriteSide>,
     /// Held from the first tensor encoded to the frame written, so that messages reach the
     /// wire in the order their tensors were encoded (channels may rely on it). It holds
-    /// the buffer packed records are built in ([`Shared::pack`]), reused by each send.
-    send_order: Mutex<Vec<u8>>,
+    /// the buffers a send reuses.
+    send_order: Mutex<SendScratch>,
     sessions: BTreeMap<DeviceKind, Arc<dyn ChannelSession>>,
     peer_limits: Limits,
     limits: Limits,
@@ -86,6 +86,27 @@ struct Shared {
     /// The largest packed message record ([`packed`]) the ring takes; 0 when messages are
     /// not packed (no ring, or the peer did not grant [`crate::wire::FEATURE_RING_MESSAGES`]).
     pack_room: usize,
+}
+
+/// What `send_order` guards: buffers each send reuses (no allocation per message).
+#[derive(Default)]
+struct SendScratch {
+    /// Where packed records are built ([`Shared::pack`]).
+    record: Vec<u8>,
+    /// The tensors' locations (`send_blocking`).
+    locs: Vec<Location>,
+}
+
+impl SendScratch {
+    /// Empties the buffers after a send, letting go of a big one's memory.
+    fn clear_and_trim(&mut self) {
+        const KEEP_LOCS: usize = 256;
+        packed::trim_scratch(&mut self.record);
+        self.locs.clear();
+        if self.locs.capacity() > KEEP_LOCS {
+            self.locs = Vec::new();
+        }
+    }
 }
 
 /// The handler and a count of `set_handler` / `clear_handler` calls, so that the reader,
@@ -149,7 +170,7 @@ impl Pipe {
         let pack_room = if packs { writer.ring_max_record().unwrap_or(0) } else { 0 };
         let shared = Arc::new(Shared {
             writer: Mutex::new(WriteSide::new(writer)),
-            send_order: Mutex::new(Vec::new()),
+            send_order: Mutex::new(SendScratch::default()),
             sessions,
             peer_limits,
             limits: cfg.limits,
@@ -203,7 +224,7 @@ impl Pipe {
             None => self.encode_tensors(&msg, &mut out).await,
         };
         match locs {
-            Ok(locs) => self.send_encoded(msg, locs, out, &mut order).await,
+            Ok(locs) => self.send_encoded(msg, locs, out, &mut order.record).await,
             Err(e) => {
                 out.abort();
                 Err(e)
@@ -213,7 +234,7 @@ impl Pipe {
 
     /// Sends `msg`, whose tensors were encoded to `locs` in `out`, as a packed ring record
     /// ([`packed`]) when it can go as one, else as a MESSAGE frame ([`write`] has the
-    /// sequence). The caller holds `send_order`; `scratch` is its buffer.
+    /// sequence). The caller holds `send_order`; `scratch` is its record buffer.
     async fn send_encoded(
         &self,
         msg: Message,
@@ -243,6 +264,17 @@ impl Pipe {
     /// tensors before it recorded was aborted).
     fn encode_now(&self, msg: &Message, out: &mut Outgoing) -> Option<Result<Vec<Location>, PipeError>> {
         let mut locs = Vec::with_capacity(msg.tensors.len());
+        Some(self.encode_now_into(msg, out, &mut locs)?.map(|()| locs))
+    }
+
+    /// [`Pipe::encode_now`] into `locs` (a reused buffer, cleared first).
+    fn encode_now_into(
+        &self,
+        msg: &Message,
+        out: &mut Outgoing,
+        locs: &mut Vec<Location>,
+    ) -> Option<Result<(), PipeError>> {
+        locs.clear();
         for t in &msg.tensors {
             let session = match self.session_for(t) {
                 Ok(s) => s,
@@ -257,7 +289,7 @@ impl Pipe {
                 }
             }
         }
-        Some(Ok(locs))
+        Some(Ok(()))
     }
 
     /// Encodes every tensor of `msg` through its channel's session (which may wait).

@@ -250,30 +250,35 @@ impl Pipe {
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
         self.check_send(&msg)?;
         let Some(mut order) = self.shared.send_order.try_lock() else { return self.run_here(self.send(msg)) };
+        let scratch = &mut *order;
         let mut out = crate::channel::Outgoing::default();
-        let locs = match self.encode_now(&msg, &mut out) {
-            Some(Ok(locs)) => locs,
+        match self.encode_now_into(&msg, &mut out, &mut scratch.locs) {
+            Some(Ok(())) => {}
             Some(Err(e)) => {
                 out.abort();
+                scratch.locs.clear();
                 return Err(e);
             }
             None => {
+                scratch.locs.clear();
                 drop(order);
                 return self.run_here(self.send(msg));
             }
-        };
-        if !self.shared.pack(&msg, &locs, &mut order) {
-            return self.run_here(self.send_encoded(msg, locs, out, &mut order));
+        }
+        if !self.shared.pack(&msg, &scratch.locs, &mut scratch.record) {
+            let locs = std::mem::take(&mut scratch.locs);
+            return self.run_here(self.send_encoded(msg, locs, out, &mut scratch.record));
         }
         // The frame (its payload parts) and the locations are freed after the record is
         // out, not before: off the way of the answer.
         let (frame, tickets) = out.finish(Vec::new());
-        let r = match self.shared.try_write_packed_now(&order, msg, tickets, |f| self.run_here(f)) {
+        let record = &scratch.record;
+        let r = match self.shared.try_write_packed_now(record, msg, tickets, |f| self.run_here(f)) {
             Now::Done(r) => r,
-            Now::Busy(msg, tickets) => self.run_here(self.shared.write_packed(&order, msg, tickets)),
+            Now::Busy(msg, tickets) => self.run_here(self.shared.write_packed(record, msg, tickets)),
         };
-        super::packed::trim_scratch(&mut order);
-        drop((frame, locs));
+        scratch.clear_and_trim();
+        drop(frame);
         r
     }
 
