@@ -85,6 +85,9 @@ pub(crate) struct ShmSession {
     forget_ok: bool,
     /// Shared segments announced to the peer, and those gone, for the peer to forget.
     forgets: Arc<Forgets>,
+    /// This session, for its tickets and leases: one weak reference each (one atomic
+    /// write to take and one to let go), not one per part they use.
+    me: Weak<ShmSession>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -94,7 +97,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl ShmSession {
     pub(crate) fn new(ctx: SessionCtx, opts: ShmOptions) -> Arc<Self> {
         let ctx_forget_ok = ctx.has_feature(ferry_core::wire::FEATURE_SHM_FORGET);
-        Arc::new(ShmSession {
+        Arc::new_cyclic(|me| ShmSession {
+            me: me.clone(),
             pool: Pool::new(opts.clone()),
             peer_span: AddrSpan::new(),
             batcher: Arc::new(Batcher::new(&opts, ctx.control.clone())),
@@ -111,11 +115,7 @@ impl ShmSession {
     /// This session's ticket in the message being built.
     fn ticket<'o>(&self, out: &'o mut Outgoing) -> &'o mut ShmTicket {
         out.ticket(|| ShmTicket {
-            granted: Arc::downgrade(&self.granted),
-            pool: Arc::downgrade(&self.pool),
-            forgets: self.forgets.clone(),
-            peer: Arc::downgrade(&self.peer),
-            batcher: Arc::downgrade(&self.batcher),
+            session: self.me.clone(),
             grants: Vec::new(),
             pool_announced: Vec::new(),
             shared_announced: Vec::new(),
@@ -281,8 +281,7 @@ impl ShmSession {
             len,
             weight: if r.lazy_release { 0 } else { len },
             lease: r.lease,
-            peer: Arc::downgrade(&self.peer),
-            batcher: Arc::downgrade(&self.batcher),
+            session: self.me.clone(),
         };
         Ok(Tensor::new(meta, Bytes::from_owner(owner))?)
     }
@@ -488,11 +487,7 @@ impl ChannelSession for ShmSession {
 /// What one message did in this session, settled as it goes out or does not
 /// ([`ferry_core::ticket`]).
 struct ShmTicket {
-    granted: Weak<Mutex<HashMap<u64, Granted>>>,
-    pool: Weak<Pool>,
-    forgets: Arc<Forgets>,
-    peer: Weak<Mutex<PeerState>>,
-    batcher: Weak<Batcher>,
+    session: Weak<ShmSession>,
     /// Leases it grants: forgotten if it is not sent.
     grants: Vec<u64>,
     /// Pool segments it announces: not announced after all if it is not sent.
@@ -506,32 +501,39 @@ struct ShmTicket {
 
 impl SendTicket for ShmTicket {
     fn placed(&mut self) {
+        if self.named.is_empty() {
+            return;
+        }
+        let Some(s) = self.session.upgrade() else { return };
         for &lease in &self.named {
-            unname(&self.peer, &self.batcher, lease);
+            s.unname(lease);
         }
     }
 
     fn sent(self: Box<Self>) {
+        if self.shared_announced.is_empty() {
+            return;
+        }
+        let Some(s) = self.session.upgrade() else { return };
         for (_, seg) in &self.shared_announced {
             if let Some(seg) = seg.upgrade() {
-                seg.announced_to(&self.forgets);
+                seg.announced_to(&s.forgets);
             }
         }
     }
 
     fn aborted(self: Box<Self>) {
-        if let Some(g) = self.granted.upgrade() {
-            let mut g = lock(&g);
+        let Some(s) = self.session.upgrade() else { return };
+        {
+            let mut g = lock(&s.granted);
             for lease in &self.grants {
                 g.remove(lease);
             }
         }
-        if let Some(p) = self.pool.upgrade() {
-            for &segment in &self.pool_announced {
-                p.mark_announced(segment, false);
-            }
+        for &segment in &self.pool_announced {
+            s.pool.mark_announced(segment, false);
         }
-        let mut announced = lock(&self.forgets.announced);
+        let mut announced = lock(&s.forgets.announced);
         for (id, _) in &self.shared_announced {
             announced.remove(id);
         }
@@ -548,8 +550,7 @@ struct LeaseBytes {
     /// when the peer said it keeps the memory in use (`lazy_release`).
     weight: usize,
     lease: u64,
-    peer: Weak<Mutex<PeerState>>,
-    batcher: Weak<Batcher>,
+    session: Weak<ShmSession>,
 }
 
 impl AsRef<[u8]> for LeaseBytes {
@@ -561,8 +562,9 @@ impl AsRef<[u8]> for LeaseBytes {
 
 impl Drop for LeaseBytes {
     fn drop(&mut self) {
-        if let Some(p) = self.peer.upgrade() {
-            let mut p = lock(&p);
+        let Some(s) = self.session.upgrade() else { return };
+        {
+            let mut p = lock(&s.peer);
             p.held.remove(&(self.seg_id, self.start, self.lease));
             p.held_ids.remove(&self.lease);
             if p.named.contains_key(&self.lease) {
@@ -570,27 +572,24 @@ impl Drop for LeaseBytes {
                 return; // released by `unname`, after the message that names it
             }
         }
-        if let Some(b) = self.batcher.upgrade() {
-            b.push(self.lease, self.weight);
-        }
+        s.batcher.push(self.lease, self.weight);
     }
 }
 
-/// A message that named `lease` has its place on the wire (or will not be sent): if no
-/// other names it and it was dropped meanwhile, release it now.
-fn unname(peer: &Weak<Mutex<PeerState>>, batcher: &Weak<Batcher>, lease: u64) {
-    let Some(p) = peer.upgrade() else { return };
-    let mut p = lock(&p);
-    let Some(n) = p.named.get_mut(&lease) else { return };
-    *n -= 1;
-    if *n > 0 {
-        return;
-    }
-    p.named.remove(&lease);
-    let Some(weight) = p.deferred.remove(&lease) else { return };
-    drop(p);
-    if let Some(b) = batcher.upgrade() {
-        b.push(lease, weight);
+impl ShmSession {
+    /// A message that named `lease` has its place on the wire (or will not be sent): if no
+    /// other names it and it was dropped meanwhile, release it now.
+    fn unname(&self, lease: u64) {
+        let mut p = lock(&self.peer);
+        let Some(n) = p.named.get_mut(&lease) else { return };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        p.named.remove(&lease);
+        let Some(weight) = p.deferred.remove(&lease) else { return };
+        drop(p);
+        self.batcher.push(lease, weight);
     }
 }
 
