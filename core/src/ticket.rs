@@ -40,7 +40,9 @@ pub trait SendTicket: Any + Send {
 #[derive(Default)]
 #[must_use = "settle them: sent() once the frame is written, aborted() if it is not"]
 pub struct Tickets {
-    list: Vec<Box<dyn SendTicket>>,
+    /// Inline room for one (a message's tickets are usually one session's): no list
+    /// allocated per message.
+    list: smallvec::SmallVec<[Box<dyn SendTicket>; 1]>,
     placed: bool,
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use smallvec::SmallVec;
 use bytes::Bytes;
 use ferry_core::inline::decode_inline;
 use ferry_core::wire::{Location, SegmentAnnounce, ShmControl, ShmRef, ShmReturnRef};
@@ -116,10 +117,10 @@ impl ShmSession {
     fn ticket<'o>(&self, out: &'o mut Outgoing) -> &'o mut ShmTicket {
         out.ticket(|| ShmTicket {
             session: self.me.clone(),
-            grants: Vec::new(),
+            grants: SmallVec::new(),
             pool_announced: Vec::new(),
             shared_announced: Vec::new(),
-            named: Vec::new(),
+            named: SmallVec::new(),
         })
     }
 
@@ -489,14 +490,14 @@ impl ChannelSession for ShmSession {
 struct ShmTicket {
     session: Weak<ShmSession>,
     /// Leases it grants: forgotten if it is not sent.
-    grants: Vec<u64>,
+    grants: SmallVec<[u64; 2]>,
     /// Pool segments it announces: not announced after all if it is not sent.
     pool_announced: Vec<u32>,
     /// Shared segments it announces: once it is sent, the peer is told to forget each when
     /// it goes; if it is not sent, not announced after all.
     shared_announced: Vec<(u64, Weak<SharedSegment>)>,
     /// The peer's leases it names (`shm_return`): their release waits until it is placed.
-    named: Vec<u64>,
+    named: SmallVec<[u64; 2]>,
 }
 
 impl SendTicket for ShmTicket {
