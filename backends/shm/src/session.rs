@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use smallvec::SmallVec;
 use bytes::Bytes;
 use ferry_core::inline::decode_inline;
 use ferry_core::wire::{Location, SegmentAnnounce, ShmControl, ShmRef, ShmReturnRef};
@@ -15,6 +14,7 @@ use ferry_core::{
     ChannelError, ChannelSession, ControlOut, Device, Incoming, LimitError, Outgoing, SendTicket, SessionCtx, Storage,
     Tensor, TensorMeta, TensorMut,
 };
+use smallvec::SmallVec;
 
 use crate::ShmOptions;
 use crate::batch::Batcher;
