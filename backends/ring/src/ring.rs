@@ -322,6 +322,9 @@ impl Sender {
         self.tail += need;
         sh.u64(ring.tail).store(self.tail, Ordering::Release);
         fence(Ordering::SeqCst);
+        // The consumer reads the record and the tail next: from the shared cache, not ours.
+        sh.map.demote(ring.data + at, (need as usize).min(ring.capacity - at));
+        sh.map.demote(ring.tail, 8);
         sh.wake(ring.consumer_sleeping)
     }
 
