@@ -199,18 +199,23 @@ fn ring_rtt(spin: Duration, iters: usize) -> Res<Vec<Duration>> {
         }
     }
     // Idle for a second: this thread waits for a frame that never comes, the peer waits for
-    // the next request. Both should spin at most their window, then sleep.
-    // Idle for a second: this thread waits for a frame that never comes, the peer waits for
-    // the next request. Both should spin at most their window, then sleep.
+    // the next request. Both should spin at most their window, then sleep. This thread's
+    // CPU time is exact from the start. The peer's (`schedstat`) is brought up to date only
+    // when it stops running, so it is read first 10 ms in, once the peer sleeps: read at
+    // the start, it would lack the time since the last tick (up to 4 ms of the benchmark's
+    // own busy polling, counted as idle time).
     let peer_stat = format!("/proc/{}/schedstat", child.id());
-    let (me0, peer0) = (thread_cpu_ns(), cpu_ns(&peer_stat));
+    let me0 = thread_cpu_ns();
+    let settle = ring.recv(&mut buf, deadline_in(Duration::from_millis(10)));
+    let peer0 = cpu_ns(&peer_stat);
     let idle = ring.recv(&mut buf, deadline_in(Duration::from_secs(1)));
     let (me1, peer1) = (thread_cpu_ns(), cpu_ns(&peer_stat));
-    if !matches!(idle, Err(RingError::Timeout)) {
-        return Err(format!("idle wait ended with {idle:?}").into());
+    if !matches!((&settle, &idle), (Err(RingError::Timeout), Err(RingError::Timeout))) {
+        return Err(format!("idle wait ended with {settle:?} / {idle:?}").into());
     }
     eprintln!(
-        "ferry-ring spin {spin:?}: idle 1 s after the last round trip: {} us CPU in the waiting thread, {} us in the peer",
+        "ferry-ring spin {spin:?}: idle 1 s after the last round trip: {} us CPU in the waiting thread, {} us in the \
+         peer (from 10 ms in)",
         (me1 - me0) / 1000,
         (peer1 - peer0) / 1000
     );
