@@ -499,7 +499,12 @@ impl Shared {
             return false;
         }
         let room = packed::PackRoom { peer: &self.peer_limits, max_record: self.pack_room };
-        packed::pack_into(msg, locs, &room, out).is_some()
+        let packed = packed::pack_into(msg, locs, &room, out).is_some();
+        if !packed {
+            // It goes as a frame: what a record that did not fit left is not kept.
+            packed::trim_scratch(out);
+        }
+        packed
     }
 
     fn handler_slot(&self) -> std::sync::MutexGuard<'_, HandlerSlot> {

@@ -79,6 +79,10 @@ pub(super) fn pack_into(msg: &Message, locs: &[Location], room: &PackRoom<'_>, o
     if locs.len() != msg.tensors.len() || data_len as u64 > room.peer.max_payload_bytes {
         return None;
     }
+    // Over the ring's largest record whatever the header: nothing is reserved for it.
+    if FIXED.checked_add(descs_len)?.checked_add(data_len)? > room.max_record {
+        return None;
+    }
     out.clear();
     out.reserve(FIXED + 64 + descs_len + data_len);
     out.extend_from_slice(&[0; FIXED]);
