@@ -201,7 +201,12 @@ impl Pipe {
             })
         });
         let msg = match r {
-            None => return Err(PyTimeoutError::new_err(format!("no message within {timeout:?} s"))),
+            None => {
+                return Err(PyTimeoutError::new_err(format!(
+                    "recv(timeout={}): no message arrived within {0} s; pass a longer timeout, or timeout=None to wait until one comes",
+                    timeout.unwrap_or_default()
+                )));
+            }
             Some(r) => r.map_err(|e| io_err("receiving", e))?,
         };
         let tensors = msg.tensors.into_iter().map(|t| Py::new(py, TensorRef::new(t))).collect::<PyResult<_>>()?;
