@@ -37,7 +37,7 @@
  */
 
 import { mkdirSync, writeFileSync } from "node:fs";
-import { dirname, resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { isDeepStrictEqual } from "node:util";
 
 import {
@@ -60,7 +60,7 @@ import {
   numberToF8e4m3fn,
   numberToF8e5m2,
 } from "../src/index.js";
-import { REPO_ROOT, type Server, type StartOptions, ensureFerry, startServer, within } from "../test/helpers.js";
+import { type Server, type StartOptions, cargoTargetDir, ensureFerry, startServer, within } from "../test/helpers.js";
 
 interface CaseReport {
   name: string;
@@ -533,7 +533,7 @@ function cases(): Case[] {
 
 async function main(): Promise<number> {
   const reportPath = resolve(
-    process.env["FERRY_CONFORMANCE_REPORT"] ?? resolve(REPO_ROOT, `target/conformance/${COLUMN}.json`),
+    process.env["FERRY_CONFORMANCE_REPORT"] ?? join(cargoTargetDir(), "conformance", `${COLUMN}.json`),
   );
   const report = { backend: COLUMN, viable: true, reason: null as string | null, cases: [] as CaseReport[] };
   let server: Server | undefined;

@@ -12,15 +12,27 @@ import { fileURLToPath } from "node:url";
 /** The repository root (this file is build/test/helpers.js or build/scripts/...). */
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../../../..");
 
-/** The `ferry` binary: `$FERRY_BIN`, else target/release/ferry, else target/debug/ferry. */
-export function ferryBin(): string {
-  const env = process.env["FERRY_BIN"];
-  if (env) return env;
-  for (const p of ["target/release/ferry", "target/debug/ferry"]) {
-    const full = join(REPO_ROOT, p);
+/**
+ * Cargo's target directory: `$CARGO_TARGET_DIR` (relative to the repository root, as cargo
+ * reads it there), else `target/` at the repository root.
+ */
+export function cargoTargetDir(env: NodeJS.ProcessEnv = process.env): string {
+  const dir = env["CARGO_TARGET_DIR"];
+  return dir ? resolve(REPO_ROOT, dir) : join(REPO_ROOT, "target");
+}
+
+/** The `ferry` binary: `$FERRY_BIN`, else release/ferry, else debug/ferry in [`cargoTargetDir`]. */
+export function ferryBin(env: NodeJS.ProcessEnv = process.env): string {
+  const bin = env["FERRY_BIN"];
+  if (bin) return bin;
+  const target = cargoTargetDir(env);
+  for (const profile of ["release", "debug"]) {
+    const full = join(target, profile, "ferry");
     if (existsSync(full)) return full;
   }
-  throw new Error("no ferry binary: set FERRY_BIN or run `cargo build --release -p ferry-cli` (npm test does)");
+  throw new Error(
+    `no ferry binary in ${target}/release or ${target}/debug: set FERRY_BIN or run \`cargo build --release -p ferry-cli\` (npm test does)`,
+  );
 }
 
 /** `$FERRY_BIN`, or a freshly built release binary (`cargo build --release -p ferry-cli --locked`). */
@@ -28,10 +40,10 @@ export function ensureFerry(): string {
   const env = process.env["FERRY_BIN"];
   if (env) return env;
   console.error("building ferry (cargo build --release -p ferry-cli --locked); set FERRY_BIN to skip");
-  const r = spawnSync("cargo", ["build", "--release", "-p", "ferry", "--locked"], { cwd: REPO_ROOT, stdio: "inherit" });
+  const r = spawnSync("cargo", ["build", "--release", "-p", "ferry-cli", "--locked"], { cwd: REPO_ROOT, stdio: "inherit" });
   if (r.error) throw new Error(`could not run cargo: ${r.error.message}`);
   if (r.status !== 0) throw new Error(`cargo build failed (${r.status})`);
-  return join(REPO_ROOT, "target", "release", "ferry");
+  return join(cargoTargetDir(), "release", "ferry");
 }
 
 /** Rejects with a clear message if `p` does not settle within `ms`. */
