@@ -142,7 +142,15 @@ class Connection:
             sock.setblocking(False)
             client = cls(sock, session, o.timeout)
             client._spin = _busy_poll_seconds(o.busy_poll_us)
-            client._handshake(deadline)
+            try:
+                client._handshake(deadline)
+            except CallTimeout:
+                raise CallTimeout(
+                    f"connected to {addr}, but it did not answer the handshake within "
+                    f"connect_timeout={o.connect_timeout}s: is a ferry server listening "
+                    "there (not another program), and is it overloaded? Raise "
+                    "connect_timeout= to wait longer"
+                ) from None
         except BaseException:
             sock.close()
             raise
@@ -350,7 +358,8 @@ class Connection:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise CallTimeout("no answer in time")
+                # (callers say what was waited for: a call, a message, the handshake)
+                raise CallTimeout("timed out waiting for the peer")
             if self._sock.fileno() < 0:
                 # Closed by another thread (`close()`): its poll set no longer has the
                 # socket, and polling it would sleep until the deadline.

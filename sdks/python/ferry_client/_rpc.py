@@ -104,7 +104,10 @@ def request_json(
         if params is not None:
             text += ',"params":' + params_json(params, tensors)
     except ValueError as e:  # NaN or infinity
-        raise ParamsError(f"params cannot be sent as JSON: {e}") from None
+        raise ParamsError(
+            f"params hold a NaN or infinite float, which JSON cannot carry ({e}): send "
+            "such values inside a numpy array, which travels as a tensor"
+        ) from None
     if call_id is not None:
         text += ',"id":%d' % call_id
     return text + "}"
@@ -185,9 +188,38 @@ def _fast_json(v: object, tensors: TensorRefs, depth: int) -> str:
     raise _Slow
 
 
-def encode_params(value: object, tensors: TensorRefs, depth: int = 0) -> object:
+class _Unsendable(Exception):
+    """A value `encode_params` cannot send; `path` collects where it is, innermost first."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__()
+        self.value = value
+        self.path: list[str] = []
+
+
+def encode_params(value: object, tensors: TensorRefs) -> object:
     """`value` as JSON, numpy arrays and `Tensor`s replaced by `{"$tensor": i}` (appended
-    to `tensors` with their ferry dtype)."""
+    to `tensors` with their ferry dtype). Raises `ParamsError` naming where in the params a
+    value that cannot be sent is, its type, and what can be sent instead."""
+    try:
+        return _encode(value, tensors, 0)
+    except _Unsendable as e:
+        where = "params" + "".join(reversed(e.path))
+        t = type(e.value)
+        name = (
+            t.__qualname__
+            if t.__module__ == "builtins"
+            else f"{t.__module__}.{t.__qualname__}"
+        )
+        raise ParamsError(
+            f"{where} is of type {name} ({e.value!r:.60}), which ferry cannot send: pass "
+            "JSON values (None, bool, int, float, str, lists, tuples, dicts with str keys), "
+            "numpy arrays, CUDA arrays (CuPy, torch), ferry_client.Tensor or TensorRef; "
+            "convert it to one of those first"
+        ) from None
+
+
+def _encode(value: object, tensors: TensorRefs, depth: int) -> object:
     if depth > MAX_PARAM_DEPTH:
         raise ParamsError(f"params nested deeper than {MAX_PARAM_DEPTH} levels")
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -206,16 +238,30 @@ def encode_params(value: object, tensors: TensorRefs, depth: int = 0) -> object:
         out: dict[str, object] = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ParamsError(f"object keys must be strings, got {k!r}")
-            out[k] = encode_params(v, tensors, depth + 1)
+                raise ParamsError(
+                    f"object keys must be strings, got {k!r} ({type(k).__qualname__}): "
+                    "JSON objects have string keys; convert the key with str()"
+                )
+            try:
+                out[k] = _encode(v, tensors, depth + 1)
+            except _Unsendable as e:
+                e.path.append(f"[{k!r}]")
+                raise
         return out
     if isinstance(value, (list, tuple)):
-        return [encode_params(v, tensors, depth + 1) for v in value]
+        items = []
+        for i, v in enumerate(value):
+            try:
+                items.append(_encode(v, tensors, depth + 1))
+            except _Unsendable as e:
+                e.path.append(f"[{i}]")
+                raise
+        return items
     cu = cuda_array(value)
     if cu is not None:
         tensors.append((cu, dtype_of(cu)))
         return {"$tensor": len(tensors) - 1}
-    raise ParamsError(f"a {type(value).__name__} cannot be sent as JSON: {value!r:.80}")
+    raise _Unsendable(value)
 
 
 def _is_ref(v: object) -> bool:

@@ -166,11 +166,17 @@ class AsyncClient:
                 )
             except asyncio.TimeoutError:
                 raise CallTimeout(
-                    f"no handshake with {addr} within {o.connect_timeout}s"
+                    f"connected to {addr}, but it did not answer the handshake within "
+                    f"connect_timeout={o.connect_timeout}s: is a ferry server listening "
+                    "there (not another program), and is it overloaded? Raise "
+                    "connect_timeout= to wait longer"
                 ) from None
         except BaseException:
             if client is not None:
                 client._teardown()
+                hs = client._handshake
+                if hs is not None and hs.done() and not hs.cancelled():
+                    hs.exception()  # (retrieved: the error raised here says it all)
             else:
                 sock.close()
             raise

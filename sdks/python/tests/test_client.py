@@ -289,9 +289,27 @@ def test_not_a_ferry_server(fake: Callable[..., FakeServer]) -> None:
 def test_silent_server_times_out(fake: Callable[..., FakeServer]) -> None:
     s = fake(lambda conn: time.sleep(2))
     t0 = time.monotonic()
-    with pytest.raises(CallTimeout):
+    with pytest.raises(
+        CallTimeout,
+        match=r"connected to .*, but it did not answer the handshake within "
+        r"connect_timeout=0\.5s: is a ferry server listening there",
+    ):
         Client.connect(s.addr, connect_timeout=0.5)
     assert time.monotonic() - t0 < 1.5
+
+
+def test_silent_server_times_out_async(fake: Callable[..., FakeServer]) -> None:
+    s = fake(lambda conn: time.sleep(2))
+
+    async def main() -> None:
+        await AsyncClient.connect(s.addr, connect_timeout=0.5)
+
+    with pytest.raises(
+        CallTimeout,
+        match=r"connected to .*, but it did not answer the handshake within "
+        r"connect_timeout=0\.5s: is a ferry server listening there",
+    ):
+        asyncio.run(main())
 
 
 def test_refusal(fake: Callable[..., FakeServer]) -> None:

@@ -516,6 +516,32 @@ def test_params_encoding() -> None:
         encode_params(deep, [])
 
 
+def test_unsendable_params_say_where_what_and_what_to_do() -> None:
+    """The errors a user meets for params ferry cannot send name the place in the params,
+    the value's type, and what to send instead (not "a object cannot be sent")."""
+    with pytest.raises(ParamsError) as e:
+        encode_params({"x": [1, {"y": object()}]}, [])
+    msg = str(e.value)
+    assert msg.startswith("params['x'][1]['y'] is of type object (<object object at"), (
+        msg
+    )
+    assert (
+        "which ferry cannot send: pass JSON values" in msg and "numpy arrays" in msg
+    ), msg
+    with pytest.raises(ParamsError, match=r"^params\[0\] is of type set \(\{1\}\)"):
+        encode_params([{1}], [])
+    with pytest.raises(
+        ParamsError, match=r"got 1 \(int\): .*convert the key with str\(\)"
+    ):
+        encode_params({1: 2}, [])
+    from ferry_client._rpc import request_json
+
+    with pytest.raises(
+        ParamsError, match="NaN or infinite float.*inside a numpy array"
+    ):
+        request_json("add", [float("nan"), 1], 1, [])
+
+
 def _general(params: object) -> tuple[str, str, list[tuple[str, str]]]:
     """`params` encoded the general way (two passes), or the error it ends with."""
     from ferry_client._outgoing import ENCODER as _ENCODER
