@@ -12,6 +12,7 @@ use crate::channel::{Channel, ControlWaker, SessionCtx};
 use crate::error::{PipeError, ProtocolError, TransportError};
 use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
 use crate::handshake::{ServerPolicy, client_accept, client_hello, server_decide};
+use crate::logsafe::peer_text;
 use crate::pipe::{Pipe, PipeInfo};
 use crate::transport::{Address, Connection, Listener, Split, Transport};
 use crate::wire::{Hello, Limits, PROTOCOL_VERSION, Refusal, Welcome};
@@ -384,7 +385,7 @@ async fn accept_loop(mut listener: Box<dyn Listener>, cfg: Arc<Config>, tx: mpsc
 
 fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInfo, FrameReader, FrameWriter) {
     let info = conn.info().clone();
-    let Split { read, write, fds, busy_poll } = conn.split();
+    let Split { read, write, fds, busy_poll, liveness } = conn.split();
     if let Some(b) = &busy_poll {
         b.set_window(cfg.busy_poll);
     }
@@ -393,7 +394,7 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
     let reader = FrameReader::new(read, fds.clone(), crate::frame::HANDSHAKE_LIMITS)
         .with_busy_poll(busy_poll)
         .with_frame_timeout(frame_timeout);
-    (info, reader, FrameWriter::new(write, fds))
+    (info, reader, FrameWriter::new(write, fds).with_liveness(liveness))
 }
 
 async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
@@ -412,7 +413,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         FrameKind::Welcome => frame.parse()?,
         FrameKind::Refuse => {
             let r: Refusal = frame.parse()?;
-            tracing::warn!(addr = %info.addr, "server refused the handshake: {r}");
+            tracing::warn!(addr = %info.addr, "server refused the handshake: {}", peer_text(&r.to_string()));
             return Err(PipeError::Refused(r));
         }
         _ => {
@@ -483,7 +484,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     match decision {
         Err((refusal, hello)) => {
             let agent = hello.map(|h| h.agent).unwrap_or_default();
-            tracing::warn!(addr = %info.addr, peer = %agent, "refusing handshake: {refusal}");
+            tracing::warn!(addr = %info.addr, peer = %peer_text(&agent), "refusing handshake: {}", peer_text(&refusal.to_string()));
             writer.write_frame(FrameKind::Refuse, OutFrame::json(&refusal)).await?;
             writer.shutdown().await;
             Err(PipeError::Refused(refusal))
@@ -519,7 +520,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             {
                 welcome.features.retain(|f| f != crate::wire::FEATURE_RING && f != crate::wire::FEATURE_RING_MESSAGES);
             }
-            tracing::debug!(addr = %info.addr, peer = %hello.agent, channels = ?welcome.channels, "accepted");
+            tracing::debug!(addr = %info.addr, peer = %peer_text(&hello.agent), channels = ?welcome.channels, "accepted");
             let pipe_info = PipeInfo {
                 conn: info,
                 channels: welcome.channels,

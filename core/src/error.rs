@@ -290,6 +290,14 @@ pub enum PipeError {
     /// The peer closed the connection and said why.
     #[error("peer closed the pipe: {0}")]
     ClosedByPeer(String),
+    /// A send waited for the peer to make room (it was not reading) and the peer's end of
+    /// the connection closed meanwhile: the peer process exited, crashed or was killed
+    /// without closing the pipe. The pipe is closed.
+    #[error(
+        "the peer is gone: its end of the connection closed while this side waited for it to read \
+         (the peer process exited, crashed or was killed); the pipe is closed"
+    )]
+    PeerGone,
     /// The peer broke the protocol; the pipe is closed.
     #[error("protocol error: {0}")]
     Protocol(ProtocolError),
@@ -324,6 +332,7 @@ impl PipeError {
             self,
             PipeError::Closed
                 | PipeError::ClosedByPeer(_)
+                | PipeError::PeerGone
                 | PipeError::Protocol(_)
                 | PipeError::Transport(TransportError::Closed)
         )

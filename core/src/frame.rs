@@ -19,6 +19,7 @@ use crate::wire::Limits;
 #[cfg(all(feature = "ring", target_os = "linux"))]
 mod ring;
 mod ring_api;
+pub(crate) use ring_api::RingCloser;
 
 /// The first six bytes each side sends: `89 46 45 52 52 59` ("\x89FERRY"). The first byte
 /// is not ASCII, so it can never be `{` or `[` (plain JSON-RPC) or any text protocol.
@@ -591,6 +592,10 @@ pub struct FrameWriter {
     /// The same-host ring, once the handshake agreed on one.
     #[cfg(all(feature = "ring", target_os = "linux"))]
     ring: Option<ring::RingWrite>,
+    /// Whether the peer is still there ([`crate::PeerLiveness`]): asked while a write waits
+    /// for room that only the peer can make.
+    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(dead_code))]
+    liveness: Option<Arc<dyn crate::PeerLiveness>>,
 }
 
 impl FrameWriter {
@@ -604,7 +609,21 @@ impl FrameWriter {
             done: 0,
             #[cfg(all(feature = "ring", target_os = "linux"))]
             ring: None,
+            liveness: None,
         }
+    }
+
+    /// The probe given to [`FrameWriter::with_liveness`].
+    pub(crate) fn liveness(&self) -> Option<Arc<dyn crate::PeerLiveness>> {
+        self.liveness.clone()
+    }
+
+    /// Asks `liveness` whether the peer is still there while a write waits for room only
+    /// the peer can make (a full same-host ring): a dead peer fails the write with
+    /// [`PipeError::PeerGone`].
+    pub fn with_liveness(mut self, liveness: Option<Arc<dyn crate::PeerLiveness>>) -> Self {
+        self.liveness = liveness;
+        self
     }
 
     /// True when a write stopped after some but not all of its bytes went to the transport

@@ -144,6 +144,6 @@ impl Connection for MemConnection {
 
     fn split(self: Box<Self>) -> Split {
         let (read, write) = tokio::io::split(self.stream);
-        Split { read: Box::new(read), write: Box::new(write), fds: None, busy_poll: None }
+        Split { read: Box::new(read), write: Box::new(write), fds: None, busy_poll: None, liveness: None }
     }
 }

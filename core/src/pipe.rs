@@ -24,7 +24,7 @@ use crate::compact::DescsOut;
 use crate::dtype::DeviceKind;
 use crate::endpoint::Config;
 use crate::error::{ChannelError, LimitError, PipeError};
-use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
+use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame, RingCloser};
 use crate::message::Message;
 use crate::meta::TensorMeta;
 use crate::tensor::{Tensor, TensorMut};
@@ -86,6 +86,15 @@ struct Shared {
     /// The largest packed message record ([`packed`]) the ring takes; 0 when messages are
     /// not packed (no ring, or the peer did not grant [`crate::wire::FEATURE_RING_MESSAGES`]).
     pack_room: usize,
+    /// Ends the ring's waits when the pipe closes (a write stuck on a full ring, on a plain
+    /// thread, then fails at once).
+    ring_closer: RingCloser,
+    /// Whether the peer's end is closed ([`crate::PeerLiveness`]), when the transport tells.
+    liveness: Option<Arc<dyn crate::PeerLiveness>>,
+    /// This side closed the pipe ([`Pipe::close`]).
+    closed_here: AtomicBool,
+    /// The peer sent a CLOSE frame (an orderly close, not a death).
+    peer_said_bye: AtomicBool,
 }
 
 /// What `send_order` guards: buffers each send reuses (no allocation per message).
@@ -168,7 +177,13 @@ impl Pipe {
             .iter()
             .all(|want| info.features.iter().any(|f| f == want));
         let pack_room = if packs { writer.ring_max_record().unwrap_or(0) } else { 0 };
+        let ring_closer = writer.ring_closer();
+        let liveness = writer.liveness();
         let shared = Arc::new(Shared {
+            ring_closer,
+            liveness,
+            closed_here: AtomicBool::new(false),
+            peer_said_bye: AtomicBool::new(false),
             writer: Mutex::new(WriteSide::new(writer)),
             send_order: Mutex::new(SendScratch::default()),
             sessions,
@@ -215,7 +230,26 @@ impl Pipe {
     /// Sends a message. Returns once it is handed to the transport. Dropping the future
     /// before then is safe: the message goes out whole or not at all (a write dropped
     /// part-way closes the pipe; [`write`] has the sequence).
+    ///
+    /// A send waits while the peer does not read (its ring or socket buffer is full); if the
+    /// peer dies meanwhile, it fails with [`PipeError::PeerGone`]. [`Pipe::send_timeout`]
+    /// bounds the wait.
     pub async fn send(&self, msg: Message) -> Result<(), PipeError> {
+        self.send_inner(msg).await.map_err(|e| self.shared.send_error(e))
+    }
+
+    /// [`Pipe::send`] that gives up after `timeout` with [`PipeError::Timeout`] (the peer
+    /// did not make room in time: it is not reading). A send given up before its message
+    /// reached the wire sends nothing and leaves the pipe open; one given up part-way
+    /// through a frame on the socket closes the pipe (the stream lost its frame boundary).
+    pub async fn send_timeout(&self, msg: Message, timeout: Duration) -> Result<(), PipeError> {
+        match tokio::time::timeout(timeout, self.send_inner(msg)).await {
+            Ok(r) => r.map_err(|e| self.shared.send_error(e)),
+            Err(_) => Err(PipeError::Timeout(timeout, "send")),
+        }
+    }
+
+    async fn send_inner(&self, msg: Message) -> Result<(), PipeError> {
         self.check_send(&msg)?;
         let mut order = self.shared.send_order.lock().await;
         let mut out = Outgoing::default();
@@ -441,15 +475,22 @@ impl Pipe {
     /// Closes the pipe with a CLOSE frame of this `code` (`normal`, `limit`,
     /// `protocol_error`, ...) and `message`, which the peer's pending and later operations
     /// report.
+    ///
+    /// It never waits for a write that is stuck (a peer that does not read): the CLOSE
+    /// frame goes only if the write side takes it within 100 ms; a send blocked meanwhile
+    /// fails with [`PipeError::Closed`] at once.
     pub async fn close_with(&self, code: &str, message: String) {
+        self.shared.closed_here.store(true, Ordering::Release);
         if !self.is_closed() {
             let bye = Close { code: code.into(), message };
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), self.write(FrameKind::Close, OutFrame::json(&bye))).await;
+            let _ = tokio::time::timeout(CLOSE_GRACE, self.shared.write(FrameKind::Close, OutFrame::json(&bye))).await;
         }
         self.shared.mark_closed(PipeError::Closed);
-        let mut w = self.shared.writer.lock().await;
-        w.frames.shutdown().await;
+        // A write that was stuck ends on the close (its wait looks at it); the socket is
+        // shut once it has let go of the write side.
+        if let Ok(mut w) = tokio::time::timeout(CLOSE_GRACE, self.shared.writer.lock()).await {
+            w.frames.shutdown().await;
+        }
     }
 
     fn session_for(&self, t: &Tensor) -> Result<&Arc<dyn ChannelSession>, PipeError> {
@@ -461,11 +502,12 @@ impl Pipe {
             })
         })
     }
-
-    async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
-        self.shared.write(kind, frame).await
-    }
 }
+
+/// The longest [`Pipe::close`] waits for the write side to send its CLOSE frame and to
+/// shut the socket: a peer that does not read makes it give up (the peer then sees the end
+/// of the connection, without a reason).
+const CLOSE_GRACE: Duration = Duration::from_millis(100);
 
 impl Drop for Pipe {
     fn drop(&mut self) {
@@ -545,11 +587,27 @@ impl Shared {
         }
         drop(slot);
         self.closed.store(true, Ordering::Release);
+        self.ring_closer.close();
         if !self.closed_tx.send_replace(true) {
             for s in self.sessions.values() {
                 s.close();
             }
         }
+    }
+
+    /// What a send that failed reports: a pipe that ended without a word from the peer,
+    /// not closed by this side, while the peer's end is closed, is [`PipeError::PeerGone`]
+    /// (the peer process died; whichever path noticed first).
+    fn send_error(&self, e: PipeError) -> PipeError {
+        let bare = matches!(e, PipeError::Closed | PipeError::Transport(crate::error::TransportError::Closed));
+        if bare
+            && !self.closed_here.load(Ordering::Acquire)
+            && !self.peer_said_bye.load(Ordering::Acquire)
+            && self.liveness.as_ref().is_some_and(|l| l.peer_gone())
+        {
+            return PipeError::PeerGone;
+        }
+        e
     }
 
     /// The peer broke the protocol: say why (best effort) and close.

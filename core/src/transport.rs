@@ -230,6 +230,21 @@ pub struct Split {
     pub fds: Option<FdQueueRef>,
     /// Busy-polling control, when the read half can poll its socket before it sleeps.
     pub busy_poll: Option<Arc<BusyPoll>>,
+    /// Asks whether the peer's end is closed without reading (see [`PeerLiveness`]), when
+    /// the transport can tell.
+    pub liveness: Option<Arc<dyn PeerLiveness>>,
+}
+
+/// A transport's answer to "is the peer still there?", asked without reading or waiting.
+///
+/// A writer that waits for room the peer makes by reading (a full same-host ring) asks it
+/// now and then, so that a peer that died (exit, crash, SIGKILL) fails the write with
+/// [`crate::PipeError::PeerGone`] instead of leaving it waiting for ever, even when nobody
+/// reads the connection's socket to see its end.
+pub trait PeerLiveness: Send + Sync + 'static {
+    /// True once the peer's end of the connection is closed (the kernel closes it when the
+    /// peer process dies) or shut for writing. Must not block or consume data.
+    fn peer_gone(&self) -> bool;
 }
 
 /// One established connection.

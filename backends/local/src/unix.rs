@@ -82,9 +82,27 @@ impl Connection for LocalConnection {
                 last_data: None,
                 spin: self.spin,
             }),
+            liveness: Some(Arc::new(Liveness(self.stream.clone()))),
             write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
             fds: Some(fds),
             busy_poll: Some(busy),
+        }
+    }
+}
+
+/// The peer's end, seen without reading: `poll(2)` with no wait for `POLLRDHUP` (the peer
+/// closed or shut its writing; the kernel closes a dead process's sockets) and the
+/// `POLLHUP` / `POLLERR` it always reports. It consumes nothing and costs one system call.
+struct Liveness(Arc<UnixStream>);
+
+impl ferry_core::PeerLiveness for Liveness {
+    fn peer_gone(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&*self.0, PollFlags::RDHUP)];
+        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(_) => fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+            Err(_) => false,
         }
     }
 }

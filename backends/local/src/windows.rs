@@ -139,6 +139,7 @@ impl Connection for LocalConnection {
             write: Box::new(WriteHalf(shared)),
             fds: None,
             busy_poll: None,
+            liveness: None,
         }
     }
 }

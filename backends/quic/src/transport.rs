@@ -297,6 +297,7 @@ impl Connection for QuicConnection {
             write: Box::new(WriteHalf { send: Some(this.send), conn: this.conn }),
             fds: None,
             busy_poll: None,
+            liveness: None,
         }
     }
 }

@@ -32,6 +32,8 @@ const OPEN: u8 = 0;
 const PEER_GONE: u8 = 1;
 /// One half found the shared memory corrupt.
 const CORRUPT: u8 = 2;
+/// This process ended the connection itself ([`PeerNotice::close_here`]).
+const CLOSED_HERE: u8 = 3;
 
 /// A `*_sleeping` word's value meaning "asleep on something else than the futex (an async
 /// reader waiting on its socket): tell the caller to ring the doorbell" (see
@@ -72,6 +74,7 @@ impl Shared {
         match self.state.load(Ordering::SeqCst) {
             OPEN => Ok(()),
             PEER_GONE => Err(RingError::PeerGone),
+            CLOSED_HERE => Err(RingError::Closed),
             _ => Err(RingError::Corrupt("the other direction of this connection was corrupted by the peer".into())),
         }
     }
@@ -208,6 +211,14 @@ impl PeerNotice {
         self.0.end(PEER_GONE);
     }
 
+    /// This process is done with the connection (its owner closed it): fail every wait
+    /// and every later call of both halves with [`RingError::Closed`], at once. A sender
+    /// waiting for room in a ring its peer stopped reading ends this way, without waiting
+    /// for the peer. Nothing is written to the shared memory.
+    pub fn close_here(&self) {
+        self.0.end(CLOSED_HERE);
+    }
+
     /// Whether the connection is still open (no death notice, no corruption).
     pub fn is_open(&self) -> bool {
         self.0.check_state().is_ok()
@@ -231,6 +242,11 @@ pub struct Sender {
 impl Sender {
     pub(crate) fn new(sh: Arc<Shared>, spin: Duration) -> Sender {
         Sender { sh, tail: 0, head_seen: 0, spin: SpinWindow::new(spin), poisoned: None }
+    }
+
+    /// A [`PeerNotice`] for this connection (both halves share it).
+    pub fn notice(&self) -> PeerNotice {
+        PeerNotice(self.sh.clone())
     }
 
     /// A [`Nudge`] for this ring's consumer.

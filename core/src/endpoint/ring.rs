@@ -120,7 +120,10 @@ pub(super) async fn server_finish(
             Ok(true)
         }
         RingAnswer::Refused { reason } => {
-            tracing::info!("the client refused the ring, staying on the socket: {reason}");
+            tracing::info!(
+                "the client refused the ring, staying on the socket: {}",
+                crate::logsafe::peer_text(&reason)
+            );
             Ok(false)
         }
     }

@@ -145,7 +145,8 @@ fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
 /// anything else is the peer's fault.
 fn ring_error(e: RingError) -> PipeError {
     match e {
-        RingError::Closed | RingError::PeerGone => PipeError::Closed,
+        RingError::Closed => PipeError::Closed,
+        RingError::PeerGone => PipeError::PeerGone,
         other => ProtocolError::Ring(other.to_string()).into(),
     }
 }
@@ -603,6 +604,12 @@ impl FrameWriter {
 
     /// Publishes one record, waiting while the ring is full. When the peer waits for its
     /// doorbell, a doorbell is owed ([`FrameWriter::pay_doorbell`]).
+    ///
+    /// A full ring waits for the peer to read. While it waits (yielding, then sleeping
+    /// [`FULL_SLEEP`] between tries) it asks the transport whether the peer is still there
+    /// ([`crate::PeerLiveness`]): a dead peer never reads again, so the write fails with
+    /// [`PipeError::PeerGone`] within a sleep of the death, whoever else reads the socket.
+    /// A local close ([`ferry_ring::PeerNotice::close_here`]) ends the wait too.
     async fn push(&mut self, tag: u32, parts: Option<&[&[u8]]>) -> Result<(), PipeError> {
         let mut tries = 0u32;
         loop {
@@ -617,11 +624,19 @@ impl FrameWriter {
                     if tries < YIELDS_WHEN_FULL {
                         tokio::task::yield_now().await;
                     } else {
+                        if self.liveness.as_ref().is_some_and(|l| l.peer_gone()) {
+                            return Err(PipeError::PeerGone);
+                        }
                         tokio::time::sleep(FULL_SLEEP).await;
                     }
                 }
             }
         }
+    }
+
+    /// A handle that ends this ring's waits from outside (`super::RingCloser`).
+    pub(super) fn ring_notice(&self) -> Option<ferry_ring::PeerNotice> {
+        self.ring.as_ref().map(|r| r.tx.notice())
     }
 
     /// Writes the doorbell the peer is owed, if any. A write dropped before its doorbell

@@ -28,7 +28,35 @@ impl FrameReader {
     }
 }
 
+/// Ends a same-host ring's waits from outside its halves, when this side closes the pipe:
+/// a write waiting for room in a ring its peer stopped reading (on a plain thread, where no
+/// close signal reaches its future) fails at once with [`PipeError::Closed`]. Without a
+/// ring it does nothing.
+#[derive(Default)]
+pub(crate) struct RingCloser {
+    #[cfg(all(feature = "ring", target_os = "linux"))]
+    notice: Option<ferry_ring::PeerNotice>,
+}
+
+impl RingCloser {
+    /// Fails every wait of the ring, now and later (nothing is written to the peer).
+    pub(crate) fn close(&self) {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        if let Some(n) = &self.notice {
+            n.close_here();
+        }
+    }
+}
+
 impl FrameWriter {
+    /// A [`RingCloser`] for this writer's ring (one that does nothing without a ring).
+    pub(crate) fn ring_closer(&self) -> RingCloser {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        return RingCloser { notice: self.ring_notice() };
+        #[cfg(not(all(feature = "ring", target_os = "linux")))]
+        RingCloser::default()
+    }
+
     /// The largest record the same-host ring takes (`None`: no ring).
     pub(crate) fn ring_max_record(&self) -> Option<usize> {
         #[cfg(all(feature = "ring", target_os = "linux"))]

@@ -248,8 +248,29 @@ impl Pipe {
     ///
     /// Not for async tasks, as [`Pipe::recv_blocking`].
     pub fn send_blocking(&self, msg: Message) -> Result<(), PipeError> {
+        self.send_blocking_timeout(msg, None)
+    }
+
+    /// [`Pipe::send_blocking`] that waits at most `timeout` (`None`: until the message is
+    /// out or the pipe ends) for a peer that does not read: past it, a
+    /// [`PipeError::Timeout`], as [`Pipe::send_timeout`] says (nothing was sent and the pipe
+    /// stays open, unless the write was cut part-way through a frame on the socket). A peer
+    /// that dies while the send waits fails it with [`PipeError::PeerGone`].
+    pub fn send_blocking_timeout(&self, msg: Message, timeout: Option<Duration>) -> Result<(), PipeError> {
+        let deadline = timeout.map(|d| Instant::now().checked_add(d).unwrap_or_else(far_future));
+        self.send_blocking_inner(msg, deadline, timeout).map_err(|e| self.shared.send_error(e))
+    }
+
+    fn send_blocking_inner(
+        &self,
+        msg: Message,
+        deadline: Option<Instant>,
+        timeout: Option<Duration>,
+    ) -> Result<(), PipeError> {
         self.check_send(&msg)?;
-        let Some(mut order) = self.shared.send_order.try_lock() else { return self.run_here(self.send(msg)) };
+        let Some(mut order) = self.shared.send_order.try_lock() else {
+            return self.run_here(within(deadline, timeout, self.send_inner(msg)));
+        };
         let scratch = &mut *order;
         let mut out = crate::channel::Outgoing::default();
         match self.encode_now_into(&msg, &mut out, &mut scratch.locs) {
@@ -262,20 +283,25 @@ impl Pipe {
             None => {
                 scratch.locs.clear();
                 drop(order);
-                return self.run_here(self.send(msg));
+                return self.run_here(within(deadline, timeout, self.send_inner(msg)));
             }
         }
         if !self.shared.pack(&msg, &scratch.locs, &mut scratch.record) {
             let locs = std::mem::take(&mut scratch.locs);
-            return self.run_here(self.send_encoded(msg, locs, out, &mut scratch.record));
+            return self.run_here(within(deadline, timeout, self.send_encoded(msg, locs, out, &mut scratch.record)));
         }
         // The frame (its payload parts) and the locations are freed after the record is
         // out, not before: off the way of the answer.
         let (frame, tickets) = out.finish(Vec::new());
         let record = &scratch.record;
-        let r = match self.shared.try_write_packed_now(record, msg, tickets, |f| self.run_here(f)) {
+        let run = |f: std::pin::Pin<&mut dyn Future<Output = Result<(), PipeError>>>| {
+            self.run_here(within(deadline, timeout, f))
+        };
+        let r = match self.shared.try_write_packed_now(record, msg, tickets, run) {
             Now::Done(r) => r,
-            Now::Busy(msg, tickets) => self.run_here(self.shared.write_packed(record, msg, tickets)),
+            Now::Busy(msg, tickets) => {
+                self.run_here(within(deadline, timeout, self.shared.write_packed(record, msg, tickets)))
+            }
         };
         scratch.clear_and_trim();
         drop(frame);
@@ -363,6 +389,20 @@ struct Unwant<'a>(&'a Handover);
 impl Drop for Unwant<'_> {
     fn drop(&mut self) {
         self.0.wanted.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `f`, given up at `deadline` with [`PipeError::Timeout`] (`timeout` is what it says).
+async fn within<F: Future<Output = Result<(), PipeError>>>(
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
+    f: F,
+) -> Result<(), PipeError> {
+    match deadline {
+        None => f.await,
+        Some(d) => tokio::time::timeout_at(d.into(), f)
+            .await
+            .unwrap_or_else(|_| Err(PipeError::Timeout(timeout.unwrap_or_default(), "send"))),
     }
 }
 

@@ -127,6 +127,7 @@ pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option
         FrameKind::Message => decode_message(shared, frame).await.map(Some),
         FrameKind::Control => control_frame(shared, frame).map(|()| None),
         FrameKind::Close => {
+            shared.peer_said_bye.store(true, std::sync::atomic::Ordering::Release);
             let c: Close =
                 frame.parse().unwrap_or_else(|e| Close { code: "unreadable".into(), message: e.to_string() });
             if c.code == "normal" {

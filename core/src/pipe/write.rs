@@ -209,20 +209,20 @@ impl Shared {
                 tickets.sent();
                 drop(msg.take());
                 if doorbell {
-                    run(std::pin::pin!(async {
+                    run(std::pin::pin!(self.until_closed(async {
                         let r = side.frames.pay_ring_doorbell().await;
                         self.close_if_torn(&mut side, r).await
-                    }))
+                    })))
                 } else {
                     Ok(())
                 }
             }
             None => {
                 drop(msg.take());
-                run(std::pin::pin!(async {
+                run(std::pin::pin!(self.until_closed(async {
                     let r = side.write_packed(record, tickets).await;
                     self.close_if_torn(&mut side, r).await
-                }))
+                })))
             }
         };
         if r.is_err() {
@@ -231,10 +231,10 @@ impl Shared {
         if held.take_missed() {
             self.pull(&mut side);
             if !side.pulled.is_empty() {
-                let _ = run(std::pin::pin!(async {
+                let _ = run(std::pin::pin!(self.until_closed(async {
                     self.write_pulled_after(&mut side).await;
                     Ok(())
-                }));
+                })));
             }
         }
         Now::Done(Ok(()))
