@@ -383,13 +383,20 @@ fn deliver(shared: &Shared, v: Value, tensors: Vec<Tensor>) {
     let resp = match parse_response(v) {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!("ignoring a message that is not a JSON-RPC response: {e}");
+            tracing::warn!(
+                "ignoring a message that is not a JSON-RPC response: {}",
+                ferry_core::logsafe::peer_text(&e.to_string())
+            );
             return;
         }
     };
     let Some(w) = shared.pending().resolve(&resp.id) else {
         if let Err(e) = &resp.outcome {
-            tracing::warn!(id = %resp.id, "server error for no waiting call: {e}");
+            tracing::warn!(
+                id = %resp.id,
+                "server error for no waiting call: {}",
+                ferry_core::logsafe::peer_text(&e.to_string())
+            );
         }
         return;
     };

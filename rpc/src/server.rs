@@ -243,7 +243,7 @@ impl Server {
                     });
                 }
                 Err(e) => {
-                    tracing::debug!("connection not accepted: {e}");
+                    tracing::debug!("connection not accepted: {}", ferry_core::logsafe::peer_text(&e.to_string()));
                     if matches!(e, PipeError::Closed) {
                         closed_in_a_row = closed_in_a_row.saturating_add(1);
                         if closed_in_a_row > 64 {
