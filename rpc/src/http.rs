@@ -275,17 +275,21 @@ impl Gate {
     }
 
     fn host_allowed(&self, host: &str) -> bool {
-        let name = host_name(host).to_ascii_lowercase();
-        if name.is_empty() {
-            return false;
-        }
-        if name == "localhost" || self.opts.allow_hosts.contains(&name) {
-            return true;
-        }
-        match name.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-            Ok(ip) => ip.is_loopback() || (ip == self.bound && !ip.is_unspecified()),
-            Err(_) => false,
-        }
+        let ip = match host_name(host) {
+            None => return false,
+            Some(HostName::Ip(ip)) => ip,
+            Some(HostName::Name(name)) => {
+                let name = name.to_ascii_lowercase();
+                if name == "localhost" || self.opts.allow_hosts.contains(&name) {
+                    return true;
+                }
+                match name.parse::<IpAddr>() {
+                    Ok(ip) => ip,
+                    Err(_) => return false,
+                }
+            }
+        };
+        ip.is_loopback() || (ip == self.bound && !ip.is_unspecified())
     }
 
     fn check_content_type_and_token(&self, h: &HeaderMap) -> Result<(), Refusal> {
@@ -300,8 +304,8 @@ impl Gate {
             ));
         }
         if let Some(want) = &self.opts.token {
-            let got = h.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-            if !got.is_some_and(|t| constant_time_eq(t.trim().as_bytes(), want.as_bytes())) {
+            let got = h.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
+            if !got.is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes())) {
                 return Err(Refusal::new(
                     StatusCode::UNAUTHORIZED,
                     "this server requires a bearer token: send Authorization: Bearer TOKEN".into(),
@@ -312,12 +316,46 @@ impl Gate {
     }
 }
 
-/// The host part of a `Host` header value (`name`, `1.2.3.4`, `[::1]`), without the port.
-fn host_name(host: &str) -> &str {
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or("");
+/// The token of an `Authorization` header value in the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 7235 §2.1: `bearer TOKEN` and `BEARER TOKEN` are the same), then
+/// one or more spaces or tabs; surrounding whitespace is not part of the token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let value = value.trim_matches([' ', '\t']);
+    let (scheme, token) = value.split_once([' ', '\t'])?;
+    let token = token.trim_matches([' ', '\t']);
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The host of a `Host` header value.
+#[derive(Debug, PartialEq, Eq)]
+enum HostName<'a> {
+    /// An IPv6 literal (`[::1]`).
+    Ip(IpAddr),
+    /// A name or an IPv4 address, not checked further.
+    Name(&'a str),
+}
+
+/// The host of a `Host` header value (RFC 9110 §7.2: `uri-host [ ":" port ]`): an IPv6
+/// literal in brackets is the whole host, and only an optional `:port` (digits) may follow
+/// it; a name or IPv4 address holds no `:` and no brackets. `None` for anything else
+/// (`[::1].evil.example`, `[::1]x`, `a:b:c`, an empty host).
+fn host_name(host: &str) -> Option<HostName<'_>> {
+    fn port_ok(port: &str) -> bool {
+        port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit())
     }
-    host.rsplit_once(':').map_or(host, |(h, _)| h)
+    if let Some(rest) = host.strip_prefix('[') {
+        let (literal, after) = rest.split_once(']')?;
+        if !(after.is_empty() || after.strip_prefix(':').is_some_and(port_ok)) {
+            return None;
+        }
+        return literal.parse::<std::net::Ipv6Addr>().ok().map(|ip| HostName::Ip(IpAddr::V6(ip)));
+    }
+    let name = match host.split_once(':') {
+        Some((name, port)) if port_ok(port) => name,
+        Some(_) => return None,
+        None => host,
+    };
+    (!name.is_empty() && !name.contains([']', '['])).then_some(HostName::Name(name))
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
@@ -348,7 +386,22 @@ mod tests {
         for ok in ["127.0.0.1:8080", "localhost:1", "LOCALHOST", "[::1]:80", "api.example:9", "127.0.0.2"] {
             assert!(g.host_allowed(ok), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:8080", "", "10.0.0.1:80", "localhost.evil.example"] {
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "",
+            "10.0.0.1:80",
+            "localhost.evil.example",
+            "[::1].evil.example",
+            "[::1]evil.example",
+            "[::1]:80.evil.example",
+            "[::1]:80:80",
+            "[127.0.0.1]",
+            "::1",
+            "localhost:80:80",
+            "localhost:x",
+            "[::1",
+        ] {
             assert!(!g.host_allowed(bad), "{bad}");
         }
         let any = gate("0.0.0.0", HttpOptions::default());
@@ -358,9 +411,32 @@ mod tests {
 
     #[test]
     fn host_names() {
-        assert_eq!(host_name("a.b:80"), "a.b");
-        assert_eq!(host_name("[::1]:80"), "::1");
-        assert_eq!(host_name("[::1]"), "::1");
-        assert_eq!(host_name("name"), "name");
+        let v6 = |s: &str| Some(HostName::Ip(s.parse().unwrap()));
+        assert_eq!(host_name("a.b:80"), Some(HostName::Name("a.b")));
+        assert_eq!(host_name("[::1]:80"), v6("::1"));
+        assert_eq!(host_name("[::1]"), v6("::1"));
+        assert_eq!(host_name("[::1]:"), v6("::1"));
+        assert_eq!(host_name("name"), Some(HostName::Name("name")));
+        for bad in ["[::1].evil.example", "[::1]x", "[::1]:80x", "[::1]:123456", "[evil]", "a:b:c", ":80", "a]:80", ""]
+        {
+            assert_eq!(host_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_case_insensitively() {
+        for (value, token) in [
+            ("Bearer t0k", Some("t0k")),
+            ("bearer t0k", Some("t0k")),
+            ("BEARER t0k", Some("t0k")),
+            ("bEaReR \t t0k ", Some("t0k")),
+            ("Bearer", None),
+            ("Bearer ", None),
+            ("Basic t0k", None),
+            ("Bearert0k", None),
+            ("Bearerx t0k", None),
+        ] {
+            assert_eq!(bearer_token(value), token, "{value:?}");
+        }
     }
 }
