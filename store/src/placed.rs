@@ -48,7 +48,9 @@ pub struct PlacementOptions {
     /// moment it is kept (default: the space free in `disk_dir` when the store starts).
     pub disk_budget_bytes: Option<u64>,
     /// The disk tier's directory (default: a new directory in the temp directory, removed
-    /// with the store); its files are removed with the store either way.
+    /// with the store, and removed by the next store to start if this one was killed); its
+    /// files are removed with the store either way. Made mode 0700 where missing, its files
+    /// 0600; one store at a time holds it ([`crate::placement::disk`]).
     pub disk_dir: Option<PathBuf>,
     /// Records every use of a reference the policy sees to this trace file (JSON lines
     /// `{"key":..,"bytes":..}`, [`crate::placement::TierOptions::record_trace`]; default
@@ -168,19 +170,17 @@ impl PlacedRefs {
     /// error naming the option.
     pub fn new(opts: &PlacementOptions) -> Result<PlacedRefs, String> {
         let policy = placement_policy(&opts.policy)?;
-        let (dir, own_dir) = match &opts.disk_dir {
-            Some(d) => (d.clone(), false),
+        let (dir, own_dir, lock) = match &opts.disk_dir {
+            Some(d) => (d.clone(), false, None),
             None => {
-                let d = std::env::temp_dir().join(format!(
-                    "ferry-store-tiers-{}-{:016x}",
-                    std::process::id(),
-                    fastrand::u64(..)
-                ));
-                (d, true)
+                let tmp = std::env::temp_dir();
+                // What stores killed before they could remove theirs left.
+                placement::disk::remove_leftovers(&tmp);
+                let (d, lock) = placement::disk::make_own_dir(&tmp)
+                    .map_err(|e| format!("disk tier in {}: {e} (PlacementOptions::disk_dir, TMPDIR)", tmp.display()))?;
+                (d, true, Some(lock))
             }
         };
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("disk tier {}: {e} (PlacementOptions::disk_dir)", dir.display()))?;
         let guard = DirGuard { path: dir.clone(), own: own_dir };
         let disk_budget = opts.disk_budget_bytes.unwrap_or_else(|| free_space(&dir));
         let tier_opts = TierOptions {
@@ -190,7 +190,10 @@ impl PlacedRefs {
             record_trace: opts.record_trace.clone(),
             trace_limit: opts.trace_limit,
         };
-        let tiers = Arc::new(Tiers::new(tier_opts, policy).map_err(|e| e.to_string())?);
+        let tiers = Arc::new(Tiers::with_lock(tier_opts, policy, lock).map_err(|e| match &e {
+            TierError::Io { path, .. } if *path == dir => format!("{e} (PlacementOptions::disk_dir)"),
+            _ => e.to_string(),
+        })?);
         let device = match &opts.device {
             Some(d) => {
                 let policy = placement_policy(&opts.policy)?;

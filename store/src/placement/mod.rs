@@ -32,6 +32,7 @@
 //! ahead of them, copies down when its policy lets a tensor go.
 
 mod device;
+pub mod disk;
 mod flow;
 mod kept;
 mod min;

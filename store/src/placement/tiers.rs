@@ -139,7 +139,10 @@ pub enum TierError {
 pub struct TierOptions {
     /// Bytes the cpu tier may hold.
     pub cpu_budget: u64,
-    /// The disk tier's directory (created if missing; its files are removed on drop).
+    /// The disk tier's directory (created mode 0700 if missing; its files are mode 0600 and
+    /// removed on drop). The tiers hold its lock ([`crate::placement::disk`]) while they
+    /// live: a directory another live store holds is an error, and tensor files a dead one
+    /// left there are removed.
     pub disk_dir: PathBuf,
     /// Bytes the disk tier may hold (default unlimited).
     pub disk_budget: u64,
@@ -219,6 +222,8 @@ pub struct TensorState {
 pub struct Tiers {
     shared: Arc<Shared>,
     mover: MoverThread<Job>,
+    /// The disk tier directory's lock, let go (after the files are removed) on drop.
+    _lock: super::disk::DirLock,
 }
 
 /// A tensor in cpu memory, held for a use: its bytes stay valid and unchanged while held.
@@ -235,10 +240,27 @@ const PREFETCH_WAIT: Duration = Duration::from_secs(60);
 
 impl Tiers {
     /// Tiers with these options and placement policy. A trace file that cannot be created
-    /// ([`TierOptions::record_trace`]) is an error naming it.
+    /// ([`TierOptions::record_trace`]) is an error naming it, and so is a disk directory
+    /// another live store holds.
     pub fn new(opts: TierOptions, policy: Box<dyn Policy + Send>) -> Result<Tiers, TierError> {
-        std::fs::create_dir_all(&opts.disk_dir)
-            .map_err(|source| TierError::Io { path: opts.disk_dir.clone(), source })?;
+        Self::with_lock(opts, policy, None)
+    }
+
+    /// [`Tiers::new`] in a directory whose lock the caller took already (`lock`), else
+    /// taken here.
+    pub(crate) fn with_lock(
+        opts: TierOptions,
+        policy: Box<dyn Policy + Send>,
+        lock: Option<super::disk::DirLock>,
+    ) -> Result<Tiers, TierError> {
+        let io = |source| TierError::Io { path: opts.disk_dir.clone(), source };
+        let lock = match lock {
+            Some(l) => l,
+            None => {
+                super::disk::make_private_dir(&opts.disk_dir).map_err(io)?;
+                super::disk::lock_for_tiers(&opts.disk_dir).map_err(io)?
+            }
+        };
         let recorder = match &opts.record_trace {
             Some(path) => Some(
                 record::Recorder::create(path, opts.trace_limit)
@@ -261,7 +283,7 @@ impl Tiers {
         let shared = Arc::new(Shared { state: Mutex::new(state), moved: Condvar::new(), dir: opts.disk_dir });
         let mover = MoverThread::spawn("ferry-tiers-mover", shared.clone())
             .map_err(|source| TierError::Io { path: PathBuf::from("<mover thread>"), source })?;
-        Ok(Tiers { shared, mover })
+        Ok(Tiers { shared, mover, _lock: lock })
     }
 
     /// Stores a tensor; returns its key. Its placement is the policy's decision after this

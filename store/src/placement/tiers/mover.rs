@@ -136,6 +136,6 @@ impl Shared {
 
 fn write_file(path: &Path, data: &[u8]) -> Result<(), TierError> {
     let io = |source| TierError::Io { path: path.to_owned(), source };
-    let mut f = std::fs::File::create(path).map_err(io)?;
+    let mut f = crate::placement::disk::private_file().open(path).map_err(io)?;
     f.write_all(data).map_err(io)
 }
