@@ -11,6 +11,7 @@
 //! - [`python_sdk`]: the Python SDK's checks and tests, a newcomer's install of it in an empty
 //!   venv, its conformance column, its benchmark.
 //! - [`windows`]: the Windows build, linted and tested under Wine.
+//! - [`readme`]: the README's shell blocks, run as written.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
@@ -20,6 +21,7 @@ mod conformance;
 mod flags;
 mod python_sdk;
 mod python_server;
+mod readme;
 mod rpc_clients;
 mod soak;
 mod test_bins;
@@ -36,7 +38,8 @@ use xshell::{Shell, cmd};
 
 use crate::flags::Flags;
 
-/// Usage text printed by `cargo xtask help`, with no arguments, or on an unknown subcommand.
+/// Usage text printed by `cargo xtask help`, with no arguments, or on an unknown subcommand
+/// ([`usage`] fills in `{ci_steps}`).
 const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
@@ -87,12 +90,22 @@ commands:
                            fds, memfd mappings, /dev/shm and a canary's p50/p99 per phase;
                            --full: issue 14's counts, release build
   windows                  the Windows build (x86_64-pc-windows-gnu): installs the rustup
-                           target, mingw and wine when missing, clippy for that target, then
+                           target, and as root (apt-get) mingw and wine, when missing;
+                           clippy for that target, then
                            the named-pipe, JSON-RPC and `ferry serve`/`call` tests under Wine
-  ci                       fmt, clippy, tests, codegen --check, tidy, docs, conformance and
-                           the facade's feature checks, stopping at the first failure
+  readme                   run the README's `sh` blocks as written (blocks marked as
+                           long-running demos are skipped, naming why), with a debug
+                           `ferry` (features rpc, http) first on PATH
+  ci [--list]              every step below in order, stopping at the first failure (--list:
+                           print them as the README lists them):
+{ci_steps}
   help                     print this text
 ";
+
+/// [`USAGE`] with the CI steps listed from [`ci::STEPS`].
+pub fn usage() -> String {
+    USAGE.replace("{ci_steps}\n", &ci::help_list())
+}
 
 fn main() -> ExitCode {
     match try_main() {
@@ -110,7 +123,7 @@ fn try_main() -> anyhow::Result<()> {
     let command = args.next();
     let flags = Flags::new(args.collect());
     if flags.wants_help() {
-        print!("{USAGE}");
+        print!("{}", usage());
         return Ok(());
     }
 
@@ -142,12 +155,16 @@ fn try_main() -> anyhow::Result<()> {
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         Some("soak") => soak::Soak::parse(flags)?.run(&sh),
         Some("windows") => windows::Windows::parse(flags)?.run(&sh),
+        Some("readme") => {
+            flags.finish("readme")?;
+            readme::run(&sh)
+        }
         None | Some("help" | "-h" | "--help") => {
-            print!("{USAGE}");
+            print!("{}", usage());
             Ok(())
         }
         Some(other) => {
-            eprint!("{USAGE}");
+            eprint!("{}", usage());
             anyhow::bail!("unknown command `{other}`")
         }
     }
