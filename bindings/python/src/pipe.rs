@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{Endpoint, Tensor};
-use pyo3::exceptions::{PyConnectionError, PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBrokenPipeError, PyConnectionError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tokio::sync::Mutex as AsyncMutex;
@@ -32,6 +32,30 @@ fn endpoint(token: Option<String>) -> Endpoint {
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> PyErr {
     PyConnectionError::new_err(format!("{what}: {e}"))
+}
+
+/// A failed send in Python's words: a dead peer is `BrokenPipeError` (a `ConnectionError`),
+/// a deadline passed is `TimeoutError`, the rest `ConnectionError`.
+fn send_err(e: ferry_core::PipeError, timeout: Option<f64>, closed: bool) -> PyErr {
+    match e {
+        ferry_core::PipeError::PeerGone => PyBrokenPipeError::new_err(
+            "sending: the peer is gone (its process exited, crashed or was killed while this send waited for it \
+             to read); the pipe is closed: connect again",
+        ),
+        ferry_core::PipeError::Timeout(..) => {
+            let s = timeout.unwrap_or_default();
+            let what = if closed {
+                "the message was cut off part-way, so the pipe is closed"
+            } else {
+                "nothing was sent and the pipe is still open"
+            };
+            PyTimeoutError::new_err(format!(
+                "send(timeout={s}): the peer did not take the message within {s} s (it is not reading); {what}. \
+                 Pass a longer timeout, or timeout=None to wait until it reads"
+            ))
+        }
+        e => io_err("sending", e),
+    }
 }
 
 /// Whether the pipe agreed on the same-host ring.
@@ -154,8 +178,19 @@ impl Pipe {
     }
 
     /// Sends a header (JSON text) and tensors ([`OutTensor`] from `alloc`, or received
-    /// [`TensorRef`]s to forward).
-    fn send(&self, py: Python<'_>, header: &str, tensors: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+    /// [`TensorRef`]s to forward); waits (GIL released; up to `timeout` seconds, forever if
+    /// None) while the peer does not read.
+    #[pyo3(signature = (header, tensors, timeout=None))]
+    fn send(&self, py: Python<'_>, header: &str, tensors: Vec<Bound<'_, PyAny>>, timeout: Option<f64>) -> PyResult<()> {
+        let limit = match timeout {
+            Some(s) if !(s.is_finite() && s >= 0.0) => {
+                return Err(PyValueError::new_err(format!(
+                    "send(timeout={s}): timeout is a number of seconds >= 0, or None to wait until the peer reads"
+                )));
+            }
+            Some(s) => Some(Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)),
+            None => None,
+        };
         let header: serde_json::Value =
             serde_json::from_str(header).map_err(|e| PyValueError::new_err(format!("header JSON: {e}")))?;
         let mut ts: Vec<Tensor> = Vec::with_capacity(tensors.len());
@@ -174,7 +209,8 @@ impl Pipe {
         let p = self.pipe.clone();
         // On this thread (a Python thread, never a runtime worker): a packed message goes
         // into the ring with no runtime wake-up (`Pipe::send_blocking`).
-        py.detach(|| p.send_blocking(ferry_core::Message::with_tensors(header, ts))).map_err(|e| io_err("sending", e))
+        py.detach(|| p.send_blocking_timeout(ferry_core::Message::with_tensors(header, ts), limit))
+            .map_err(|e| send_err(e, timeout, self.pipe.is_closed()))
     }
 
     /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next message.
@@ -213,7 +249,9 @@ impl Pipe {
         Ok(Message { header: msg.header.to_string(), tensors })
     }
 
-    /// Closes the pipe (the peer's `recv` then fails); waits for the close to be sent.
+    /// Closes the pipe (the peer's `recv` then fails). Never waits for a send stuck on a
+    /// peer that does not read (that send fails with `ConnectionError`): the close notice
+    /// gets at most 0.1 s.
     fn close(&self, py: Python<'_>) {
         let p = self.pipe.clone();
         py.detach(|| runtime().block_on(p.close()));

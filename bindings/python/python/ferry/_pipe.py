@@ -51,11 +51,22 @@ class Pipe:
             del self._allocated[:-64]
         return _tensors.out_array(out)
 
-    def send(self, header: Any = None, tensors: list[Any] | tuple[Any, ...] = ()) -> None:
+    def send(
+        self,
+        header: Any = None,
+        tensors: list[Any] | tuple[Any, ...] = (),
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """Sends `header` (any JSON value) and `tensors` (numpy, torch, anything with
-        `__dlpack__` or `__array_interface__`)."""
+        `__dlpack__` or `__array_interface__`).
+
+        A send waits while the peer does not read (its buffers are full). `timeout`
+        bounds that wait: past it, `TimeoutError`, and nothing was sent (the pipe stays
+        open). If the peer process dies meanwhile, the send fails with
+        `BrokenPipeError` (a `ConnectionError`) and the pipe is closed."""
         outs = [_tensors.to_out(t, self._native.alloc, self._allocated) for t in tensors]
-        self._native.send(json.dumps(header, allow_nan=False), outs)
+        self._native.send(json.dumps(header, allow_nan=False), outs, timeout)
 
     def recv(self, timeout: float | None = None) -> tuple[Any, list[np.ndarray[Any, Any]]]:
         """The next message: its header and its tensors (read-only views, released when
@@ -64,7 +75,9 @@ class Pipe:
         return json.loads(m.header), [_tensors.to_numpy(t) for t in m.tensors]
 
     def close(self) -> None:
-        """Closes the pipe: the peer's `recv` fails with `ConnectionError`."""
+        """Closes the pipe: the peer's `recv` fails with `ConnectionError`. Safe to call
+        from another thread while a `send` is stuck on a peer that does not read: it does
+        not wait for it, and that send fails with `ConnectionError`."""
         self._native.close()
 
     def __enter__(self) -> Pipe:
@@ -73,9 +86,15 @@ class Pipe:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def asend(self, header: Any = None, tensors: list[Any] | tuple[Any, ...] = ()) -> None:
+    async def asend(
+        self,
+        header: Any = None,
+        tensors: list[Any] | tuple[Any, ...] = (),
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """`send` for asyncio (runs in a worker thread)."""
-        await asyncio.to_thread(self.send, header, tensors)
+        await asyncio.to_thread(lambda: self.send(header, tensors, timeout=timeout))
 
     async def arecv(self, timeout: float | None = None) -> tuple[Any, list[np.ndarray[Any, Any]]]:
         """`recv` for asyncio (waits in a worker thread)."""
