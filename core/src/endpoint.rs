@@ -385,7 +385,7 @@ async fn accept_loop(mut listener: Box<dyn Listener>, cfg: Arc<Config>, tx: mpsc
 
 fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInfo, FrameReader, FrameWriter) {
     let info = conn.info().clone();
-    let Split { read, write, fds, busy_poll } = conn.split();
+    let Split { read, write, fds, busy_poll, liveness } = conn.split();
     if let Some(b) = &busy_poll {
         b.set_window(cfg.busy_poll);
     }
@@ -394,7 +394,7 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
     let reader = FrameReader::new(read, fds.clone(), crate::frame::HANDSHAKE_LIMITS)
         .with_busy_poll(busy_poll)
         .with_frame_timeout(frame_timeout);
-    (info, reader, FrameWriter::new(write, fds))
+    (info, reader, FrameWriter::new(write, fds).with_liveness(liveness))
 }
 
 async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {

@@ -58,7 +58,9 @@ pub use pipe::{Handled, MessageHandler, Pipe, PipeInfo};
 pub use spin::{BusyPoll, ListenerSpin, SpinStats};
 pub use tensor::{ALIGN, AlignedBuf, DeviceBuffer, Storage, Tensor, TensorMut, WritableStorage};
 pub use ticket::{SendTicket, Tickets};
-pub use transport::{Address, ConnInfo, Connection, FdQueue, Listener, Split, Transport, TransportHandle};
+pub use transport::{
+    Address, ConnInfo, Connection, FdQueue, Listener, PeerLiveness, Split, Transport, TransportHandle,
+};
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};
 
 /// The same-host ring's options ([`EndpointBuilder::ring`]).
