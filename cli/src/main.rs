@@ -63,9 +63,12 @@ enum Cmd {
     /// describe, whoami; tasks; rpc.discover) to ferry clients and plain JSON-RPC clients.
     #[cfg(feature = "rpc")]
     Serve {
-        /// Address to listen on.
+        /// Address to listen on (or `--addr ADDR`).
         #[arg(default_value = ferry_cli::cli_rpc::DEFAULT_ADDR)]
         addr: String,
+        /// Address to listen on, as a flag (the same as the positional ADDR; give one).
+        #[arg(long = "addr", value_name = "ADDR", conflicts_with = "addr")]
+        addr_flag: Option<String>,
         /// Also serve JSON-RPC over HTTP POST on HOST:PORT (feature `http`).
         #[arg(long, value_name = "HOST:PORT")]
         http: Option<String>,
@@ -125,16 +128,18 @@ enum Cmd {
     /// (`ferry.ref.keep`) live in a cpu tier above a disk tier, moved by that policy.
     #[cfg(feature = "rpc")]
     ServeWeights {
-        /// The checkpoint files (`.safetensors`), published together as one bundle (none:
-        /// an empty store).
-        #[arg(value_name = "FILE")]
+        /// The address to listen on, then the checkpoint files (`.safetensors`), published
+        /// together as one bundle (none: an empty store). The address, as in `ferry serve
+        /// ADDR`, is the first argument when it starts with a scheme (`unix:`, `quic://`);
+        /// default unix:ferry-weights.
+        #[arg(value_name = "[ADDR] FILE")]
         files: Vec<std::path::PathBuf>,
         /// The bundle's name.
         #[arg(long)]
         name: String,
-        /// Address to listen on.
-        #[arg(long, default_value = ferry_cli::weights::DEFAULT_ADDR)]
-        addr: String,
+        /// Address to listen on, as a flag (the same as a first positional ADDR; give one).
+        #[arg(long, value_name = "ADDR")]
+        addr: Option<String>,
         /// Most MiB of buckets the store holds (latest versions, superseded versions readers
         /// still hold, versions being published); default: half of this machine's memory.
         #[arg(long, value_name = "MIB")]
@@ -425,6 +430,7 @@ fn main() -> ExitCode {
             #[cfg(feature = "rpc")]
             Cmd::Serve {
                 addr,
+                addr_flag,
                 http,
                 api,
                 busy_poll_us,
@@ -449,6 +455,7 @@ fn main() -> ExitCode {
                     max_queued_answer_bytes: max_queued_answer_mib.saturating_mul(1 << 20),
                 };
                 let shm_pool = shm_pool_mib.map(|m| m.saturating_mul(1 << 20));
+                let addr = addr_flag.unwrap_or(addr);
                 ferry_cli::cli_rpc::serve(&addr, http.as_deref(), api, busy_poll, shm_pool, &access).await
             }
             #[cfg(feature = "rpc")]
@@ -520,6 +527,7 @@ fn main() -> ExitCode {
                     max_queued_answer_bytes: 64 << 20,
                 };
                 let busy_poll = serve_busy_poll(None)?;
+                let (addr, files) = ferry_cli::weights::address_and_files(files, addr)?;
                 ferry_cli::weights::serve_weights(ferry_cli::weights::WeightsOptions {
                     files,
                     name,
@@ -569,6 +577,14 @@ fn main() -> ExitCode {
                         .join(", ")
                 );
                 println!("channels (priority order): {}", ep.channel_names().join(", "));
+                if cfg!(all(feature = "ring", target_os = "linux")) {
+                    println!(
+                        "same-host ring: ring (frames through shared-memory rings beside a unix: socket, where \
+                         both ends ask for it: EndpointBuilder::ring)"
+                    );
+                } else {
+                    println!("same-host ring: not compiled in (feature `ring`, Linux)");
+                }
                 Ok(())
             }
             Cmd::Echo { addr } => bench::echo_peer(&addr).await,

@@ -15,6 +15,39 @@ use crate::cli_rpc::{Access, ServeOptions, bind, run, stop_signal};
 /// The address `ferry serve-weights` uses when none is given.
 pub const DEFAULT_ADDR: &str = "unix:ferry-weights";
 
+/// The address and the checkpoint files of `ferry serve-weights [ADDR] [FILE]... [--addr ADDR]`:
+/// like `ferry serve ADDR`, the address may come first among the positional arguments, when
+/// it names a transport's scheme (`unix:`, `quic://`) and is not an existing file; or with
+/// `--addr`; else [`DEFAULT_ADDR`]. Two addresses, or an address after a file, are refused
+/// with what to write instead.
+pub fn address_and_files(positional: Vec<PathBuf>, addr: Option<String>) -> anyhow::Result<(String, Vec<PathBuf>)> {
+    let is_address = |p: &PathBuf| {
+        !p.exists()
+            && p.to_str().is_some_and(|s| {
+                ferry::transports().iter().any(|t| s.strip_prefix(t.scheme()).is_some_and(|r| r.starts_with(':')))
+            })
+    };
+    let mut files = positional;
+    let first = if files.first().is_some_and(is_address) { Some(files.remove(0)) } else { None };
+    if let Some(late) = files.iter().find(|p| is_address(p)) {
+        anyhow::bail!(
+            "{} looks like an address, not a checkpoint file: give the address first \
+             (ferry serve-weights ADDR FILE... --name NAME) or as --addr ADDR",
+            late.display()
+        );
+    }
+    let addr = match (first, addr) {
+        (Some(p), Some(flag)) => anyhow::bail!(
+            "two addresses: {} and --addr {flag}; give one (ferry serve-weights ADDR FILE... or --addr ADDR)",
+            p.display()
+        ),
+        (Some(p), None) => p.to_string_lossy().into_owned(),
+        (None, Some(flag)) => flag,
+        (None, None) => DEFAULT_ADDR.to_owned(),
+    };
+    Ok((addr, files))
+}
+
 /// What `ferry serve-weights` was asked.
 #[derive(Debug, Clone)]
 pub struct WeightsOptions {

@@ -119,3 +119,41 @@ fn a_device_tier_without_placement_or_a_gpu_is_refused_by_name() {
         assert!(err.contains("needs ferry built with the `cuda-ipc` feature"), "{err}");
     }
 }
+
+#[test]
+fn info_lists_the_same_host_ring() {
+    let out = run(Command::new(exe()).arg("info"), Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    if cfg!(all(feature = "ring", target_os = "linux")) {
+        assert!(text.contains("same-host ring: ring ("), "{text}");
+    } else {
+        assert!(text.contains("same-host ring: not compiled in"), "{text}");
+    }
+}
+
+#[test]
+fn serve_and_serve_weights_take_the_address_the_same_two_ways() {
+    let n = std::process::id();
+    // Positional, as `ferry serve ADDR`.
+    let addr = format!("unix:ferry-cli-test-weights-pos-{n}");
+    let s = Served::start_command(&["serve-weights", &addr, "--name", "m"], &addr);
+    let out = run(Command::new(exe()).args(["call", &s.addr, "store.list", "{}"]), Duration::from_secs(60));
+    assert!(out.status.success(), "store.list at {addr}: {}", String::from_utf8_lossy(&out.stderr));
+    drop(s);
+    // As a flag, both.
+    let addr = format!("unix:ferry-cli-test-weights-flag-{n}");
+    drop(Served::start_command(&["serve-weights", "--addr", &addr, "--name", "m"], &addr));
+    let addr = format!("unix:ferry-cli-test-serve-flag-{n}");
+    let s = Served::start_command(&["serve", "--addr", &addr], &addr);
+    let out = run(Command::new(exe()).args(["call", &addr, "add", "[1, 2]"]), Duration::from_secs(60));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.0", "{}", String::from_utf8_lossy(&out.stderr));
+    drop(s);
+    // Two addresses, or an address after a file, are refused saying what to write.
+    let err = stderr_of(&["serve-weights", "unix:a", "--addr", "unix:b", "--name", "m"]);
+    assert!(err.contains("two addresses: unix:a and --addr unix:b"), "{err}");
+    let err = stderr_of(&["serve-weights", "/nonexistent/w.safetensors", "unix:late", "--name", "m"]);
+    assert!(err.contains("unix:late looks like an address") && err.contains("give the address first"), "{err}");
+    let err = stderr_of(&["serve", "unix:a", "--addr", "unix:b"]);
+    assert!(err.contains("--addr") && err.contains("cannot be used with"), "{err}");
+}

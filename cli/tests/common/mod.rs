@@ -60,6 +60,18 @@ impl Served {
         if http {
             cmd.args(["--http", "127.0.0.1:0"]);
         }
+        Self::spawn(cmd, addr, dir, http)
+    }
+
+    /// Runs `ferry ARGS` (a server of any kind that serves `addr`) and waits until it
+    /// prints `listening on`.
+    pub fn start_command(args: &[&str], addr: &str) -> Served {
+        let mut cmd = Command::new(exe());
+        cmd.args(args);
+        Self::spawn(cmd, addr.to_owned(), None, false)
+    }
+
+    fn spawn(mut cmd: Command, addr: String, dir: Option<tempfile::TempDir>, http: bool) -> Served {
         let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
         let out = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
