@@ -153,3 +153,29 @@ async fn a_lying_record_fails_the_pipe_cleanly() {
     .expect("the socket ends");
     assert!(matches!(end, Err(PipeError::Closed)), "{end:?}");
 }
+
+/// A RING frame after the handshake is a doorbell, a prefix and nothing else: one that
+/// carries a header or a payload is refused with a typed ring error (not read and ignored),
+/// whether it comes while the reader waits for its doorbell or where a divert record
+/// points.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_frame_with_bytes_is_refused() {
+    use ferry_core::frame::{FrameKind, OutFrame};
+
+    for (what, frame) in [
+        ("header", OutFrame { header: b"{\"hidden\":1}".to_vec(), ..OutFrame::default() }),
+        ("payload", OutFrame { payload: vec![bytes::Bytes::from_static(&[7u8; 32])], ..OutFrame::default() }),
+    ] {
+        let ep = endpoint(Some(RingOptions::default()), false);
+        let a = addr("ring-bytes");
+        let mut l = ep.listen(&a).await.unwrap();
+        let server = tokio::spawn(async move { l.accept().await });
+        let common::RawClient { reader: _r, writer: mut w, ring: _ring } = common::raw_ring_client(&a).await;
+        let s = server.await.unwrap().unwrap();
+        assert!(has_ring(&s));
+        w.write_frame(FrameKind::Ring, frame).await.unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(10), s.recv()).await.expect("the server notices").unwrap_err();
+        assert!(matches!(&e, PipeError::Protocol(ProtocolError::Ring(_))), "{what}: {e:?}");
+        assert!(e.to_string().contains("a doorbell carries none"), "{what}: {e}");
+    }
+}

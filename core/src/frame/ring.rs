@@ -222,7 +222,7 @@ impl FrameReader {
             if !ring.rx.arm_doorbell().map_err(ring_error)? {
                 continue;
             }
-            let got = self.read_socket_frame().await;
+            let got = self.read_socket_frame().await.and_then(doorbell_or_frame);
             let ring = self.ring.as_mut().expect("still attached");
             ring.rx.disarm();
             match got {
@@ -434,7 +434,7 @@ impl FrameReader {
     /// doorbell.
     async fn read_diverted(&mut self) -> Result<Frame, PipeError> {
         loop {
-            let f = self.read_socket_frame().await?;
+            let f = doorbell_or_frame(self.read_socket_frame().await?)?;
             if f.kind != FrameKind::Ring {
                 return Ok(f);
             }
@@ -463,6 +463,22 @@ impl FrameReader {
             }
         }
     }
+}
+
+/// A RING frame on the socket after the handshake is a doorbell: a prefix and nothing
+/// else. One that carries bytes is refused (a peer hiding data where nobody reads it).
+fn doorbell_or_frame(f: Frame) -> Result<Frame, PipeError> {
+    if f.kind == FrameKind::Ring && (!f.header.is_empty() || !f.payload.is_empty() || !f.fds.is_empty()) {
+        return Err(ProtocolError::Ring(format!(
+            "a RING frame after the handshake carries a {}-byte header, a {}-byte payload and {} descriptors; \
+             a doorbell carries none",
+            f.header.len(),
+            f.payload.len(),
+            f.fds.len()
+        ))
+        .into());
+    }
+    Ok(f)
 }
 
 /// How a wait behind the doorbell ended ([`FrameReader::wait_behind_doorbell`]).
