@@ -4,12 +4,17 @@
 //! calls the user's function, encodes the result):
 //!
 //! - sync: `call(params | None, [TensorRef], Context) -> outcome`, run on a thread of
-//!   [`crate::pool`] with the GIL (`params`: a `dict` of the params by name, as
-//!   `json.loads` makes it, see [`crate::json`]);
+//!   [`crate::pool`] with the GIL, once [`crate::gate`] admits it (`params`: the params by
+//!   name, as a `dict` like `json.loads` makes it (see [`crate::json`]) for a method whose
+//!   params are all plain types (`fast_params`), else as compact JSON `bytes`, written
+//!   without the GIL, for pydantic's `model_validate_json`);
 //! - async: `call(params | None, [TensorRef], Context, Done) -> handle`: it schedules
 //!   the coroutine on the app's asyncio loop and returns at once; the loop calls
 //!   `Done(outcome)` when it ends; dropping the call (cancelled, timed out, connection
 //!   gone) calls `handle.cancel()`, which raises `CancelledError` in the coroutine.
+//!
+//! A call whose call is gone (cancelled, its connection closed) before its job starts never
+//! calls Python.
 //!
 //! An outcome is `(result_json, [OutTensor | TensorRef])` or `(code, message, data_json | None)`.
 
@@ -84,11 +89,31 @@ fn refs<'py>(py: Python<'py>, tensors: Vec<Tensor>) -> PyResult<Bound<'py, PyLis
     PyList::new(py, items)
 }
 
-/// A call's params for its handler: a `dict` by name, or `None` when there are none.
-fn py_params<'py>(py: Python<'py>, params: Option<&Value>) -> PyResult<Bound<'py, PyAny>> {
-    match params {
-        Some(v) => crate::json::to_py(py, v),
-        None => Ok(py.None().into_bound(py)),
+/// A call's params as they go to Python (see the module docs).
+enum Params {
+    None,
+    /// For `fast_params` methods: converted to a `dict` on the handler's thread.
+    Value(Value),
+    /// Compact JSON, for pydantic to parse and validate in one pass.
+    Json(Vec<u8>),
+}
+
+impl Params {
+    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Params::None => Ok(py.None().into_bound(py)),
+            Params::Value(v) => crate::json::to_py(py, v),
+            Params::Json(b) => Ok(PyBytes::new(py, b).into_any()),
+        }
+    }
+
+    /// About how many bytes of JSON they are (exact for [`Params::Json`]).
+    fn size(&self) -> usize {
+        match self {
+            Params::None => 0,
+            Params::Value(v) => crate::json::approx_size(v),
+            Params::Json(b) => b.len(),
+        }
     }
 }
 
@@ -100,6 +125,10 @@ pub(crate) struct PyHandler {
     pub(crate) is_async: bool,
     /// Its params in positional order.
     pub(crate) names: Vec<String>,
+    /// Whether its params are all plain types (validated from a `dict` without pydantic).
+    pub(crate) fast_params: bool,
+    /// Its server's admission of handler runs.
+    pub(crate) gate: Arc<crate::gate::Gate>,
 }
 
 impl PyHandler {
@@ -131,46 +160,77 @@ impl ErasedHandler for PyHandler {
                 // Plain JSON and HTTP callers send tensors inline: Python sees references only.
                 ferry_rpc::tensor::inline_to_refs(&mut v, &mut tensors)
                     .map_err(|e| ErrorObject::invalid_params("", e))?;
-                Some(self.named_params(v)?)
+                let v = self.named_params(v)?;
+                if self.fast_params {
+                    Params::Value(v)
+                } else {
+                    // Written here, without the GIL, and the parsed tree freed at once (it
+                    // takes several times the text's size while the call waits).
+                    Params::Json(
+                        serde_json::to_vec(&v).map_err(|e| ErrorObject::internal(format!("params JSON: {e}")))?,
+                    )
+                }
             }
-            None => None,
+            None => Params::None,
         };
         let call = self.call.clone();
         if !self.is_async {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            crate::pool::run(move |py| {
-                let r = match py_params(py, params.as_ref()).and_then(|p| Ok((p, refs(py, tensors)?))) {
-                    Ok((params, refs)) => match call.call1(py, (params, refs, Context { ctx })) {
-                        Ok(o) => outcome(py, o.bind(py)),
-                        Err(e) => Err(internal_from(py, &e)),
-                    },
-                    Err(e) => Err(internal_from(py, &e)),
-                };
-                // The call may be gone (cancelled): then nobody waits for its answer.
-                let _ = crate::answer::delivering(|| tx.send(r));
-            });
+            let mut admission = self.gate.admit(&ctx)?;
             return Ok(Box::pin(async move {
+                let room = admission.params(params.size()).await;
+                let Some(slot) = admission.run_slot().await else {
+                    return Err(ErrorObject::internal("the server's handler slots are closed"));
+                };
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                crate::pool::run(move |py| {
+                    // Held until the handler returns, cancelled or not.
+                    let held = (admission, room, slot);
+                    if tx.is_closed() || ctx.is_cancelled() {
+                        // The call is gone (cancelled, its connection closed): never start it.
+                        return;
+                    }
+                    let r = match params.to_py(py).and_then(|p| Ok((p, refs(py, tensors)?))) {
+                        Ok((params, refs)) => match call.call1(py, (params, refs, Context { ctx })) {
+                            Ok(o) => outcome(py, o.bind(py)),
+                            Err(e) => Err(internal_from(py, &e)),
+                        },
+                        Err(e) => Err(internal_from(py, &e)),
+                    };
+                    // Freed before the answer goes: a client that waits for it and calls
+                    // again finds its place.
+                    drop(held);
+                    // The call may be gone (cancelled): then nobody waits for its answer.
+                    let _ = crate::answer::delivering(|| tx.send(r));
+                });
                 rx.await.unwrap_or_else(|_| Err(ErrorObject::internal("the handler's thread ended without an answer")))
             }));
         }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (started_tx, started) = tokio::sync::oneshot::channel();
-        crate::pool::run(move |py| {
-            let done = Done { tx: Mutex::new(Some(tx)) };
-            let r = match py_params(py, params.as_ref()).and_then(|p| Ok((p, refs(py, tensors)?))) {
-                Ok((params, refs)) => {
-                    call.call1(py, (params, refs, Context { ctx }, done)).map_err(|e| internal_from(py, &e))
-                }
-                Err(e) => Err(internal_from(py, &e)),
-            };
-            // The handle travels armed: a call dropped (cancelled) before it took the handle
-            // out of the channel drops it there, or here when the channel is gone, and
-            // either drop cancels the task. A bare handle would be dropped unseen, and the
-            // coroutine would run on though its call was answered `cancelled`.
-            let r = r.map(|h| CancelOnDrop(Some(h)));
-            let _ = crate::answer::delivering(|| started_tx.send(r));
-        });
+        // Async handlers hold no thread while they run (a cancelled one gets
+        // `CancelledError`): only their params' room is bounded.
+        let gate = self.gate.clone();
         Ok(Box::pin(async move {
+            let room = gate.param_room(params.size()).await;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (started_tx, started) = tokio::sync::oneshot::channel();
+            crate::pool::run(move |py| {
+                if started_tx.is_closed() || ctx.is_cancelled() {
+                    return;
+                }
+                let done = Done { tx: Mutex::new(Some(tx)) };
+                let r = match params.to_py(py).and_then(|p| Ok((p, refs(py, tensors)?))) {
+                    Ok((params, refs)) => {
+                        call.call1(py, (params, refs, Context { ctx }, done)).map_err(|e| internal_from(py, &e))
+                    }
+                    Err(e) => Err(internal_from(py, &e)),
+                };
+                // The handle travels armed: a call dropped (cancelled) before it took the
+                // handle out of the channel drops it there, or here when the channel is
+                // gone, and either drop cancels the task. A bare handle would be dropped
+                // unseen, and the coroutine would run on though its call was answered
+                // `cancelled`.
+                let r = r.map(|h| CancelOnDrop(Some(h)));
+                let _ = crate::answer::delivering(|| started_tx.send(r));
+            });
             let mut guard = started
                 .await
                 .unwrap_or_else(|_| Err(ErrorObject::internal("the handler's thread ended without starting it")))?;
@@ -178,6 +238,7 @@ impl ErasedHandler for PyHandler {
                 .await
                 .unwrap_or_else(|_| Err(ErrorObject::internal("the app's event loop stopped before the call ended")));
             guard.0 = None;
+            drop(room);
             r
         }))
     }

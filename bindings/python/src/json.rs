@@ -38,3 +38,14 @@ pub fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
         }
     })
 }
+
+/// About how many bytes `v` takes as JSON text (strings and keys by their length, other
+/// values by a small constant), without writing it.
+pub fn approx_size(v: &Value) -> usize {
+    match v {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|i| approx_size(i) + 1).sum::<usize>(),
+        Value::Object(map) => 2 + map.iter().map(|(k, i)| k.len() + 4 + approx_size(i)).sum::<usize>(),
+    }
+}

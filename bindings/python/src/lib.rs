@@ -14,7 +14,8 @@
 //! - [`pipe`]: `ferry.listen` / `ferry.connect`, messages of a header and tensors without
 //!   JSON-RPC.
 //!
-//! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads
+//! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads,
+//! admitted by their server's [`gate`]
 //! (which keep their Python thread state; the GIL released whenever Rust waits), async
 //! handlers on the app's asyncio loop (its own thread), which reports back through
 //! [`handler::Done`]. A sync handler's thread writes its response itself ([`answer`]).
@@ -24,6 +25,7 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 
 pub mod answer;
+pub mod gate;
 pub mod handler;
 pub mod json;
 pub mod pipe;

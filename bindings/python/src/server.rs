@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime;
 
+use crate::gate::{self, Gate, GateLimits};
 use crate::handler::PyHandler;
 
 /// A method table with Python handlers, and its server once built.
@@ -25,6 +26,8 @@ pub struct Server {
     limits: RpcLimits,
     built: std::sync::OnceLock<ferry_rpc::Server>,
     stop: CancellationToken,
+    /// What its Python handlers may hold at once.
+    gate: Arc<Gate>,
 }
 
 impl Server {
@@ -62,12 +65,17 @@ fn parse_json(what: &str, text: &str) -> PyResult<Value> {
 #[pymethods]
 impl Server {
     /// A server for the API `title` `version`. Limits as `ferry serve`'s (see
-    /// `ferry_rpc::RpcLimits`); `None` keeps the default.
+    /// `ferry_rpc::RpcLimits`); `None` keeps the default. The Python handlers' own limits
+    /// ([`crate::gate`]): `max_running_handlers` sync handlers running at once (default
+    /// 256, at most the pool's 512 threads), `max_queued_handlers` calls waiting for one
+    /// (1024), `max_param_bytes_in_flight` bytes of JSON params being converted or held
+    /// by handlers (16 MiB); `max_in_flight` also bounds a connection's handler runs.
     #[new]
     #[pyo3(signature = (title, version, description=None, *, max_connections=None, max_in_flight=None,
         max_request_bytes=None, max_tasks=None, max_tasks_per_identity=None, idle_timeout=None,
         max_queued_answers=None, max_queued_answer_bytes=None, max_refs=None, max_refs_per_identity=None,
-        max_ref_bytes=None, ref_ttl=None))]
+        max_ref_bytes=None, ref_ttl=None, max_running_handlers=None, max_queued_handlers=None,
+        max_param_bytes_in_flight=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         title: String,
@@ -85,6 +93,9 @@ impl Server {
         max_refs_per_identity: Option<usize>,
         max_ref_bytes: Option<u64>,
         ref_ttl: Option<f64>,
+        max_running_handlers: Option<usize>,
+        max_queued_handlers: Option<usize>,
+        max_param_bytes_in_flight: Option<u64>,
     ) -> PyResult<Server> {
         let mut limits = RpcLimits::default();
         if let Some(n) = max_connections {
@@ -123,7 +134,22 @@ impl Server {
         if let Some(s) = ref_ttl {
             limits = limits.ref_ttl(seconds("ref_ttl", s)?);
         }
+        let max_running = max_running_handlers.unwrap_or(gate::DEFAULT_RUNNING);
+        if max_running == 0 || max_running > crate::pool::MAX_THREADS {
+            return Err(PyValueError::new_err(format!(
+                "max_running_handlers {max_running}: from 1 to {} (the handler threads)",
+                crate::pool::MAX_THREADS
+            )));
+        }
+        let max_queued = max_queued_handlers.unwrap_or(gate::DEFAULT_QUEUED);
+        let max_param_bytes = max_param_bytes_in_flight.unwrap_or(gate::DEFAULT_PARAM_BYTES);
+        if max_param_bytes == 0 {
+            return Err(PyValueError::new_err("max_param_bytes_in_flight 0: give at least 1"));
+        }
+        let gate =
+            Gate::new(GateLimits { max_in_flight: limits.max_in_flight, max_running, max_queued, max_param_bytes });
         Ok(Server {
+            gate,
             methods: Mutex::new(Some(Methods::new())),
             title,
             version,
@@ -134,11 +160,13 @@ impl Server {
         })
     }
 
-    /// Registers a method. `params_schema` (an object schema whose properties are the
+    /// Registers a method. `fast_params`: its params are all plain types, validated from a
+    /// `dict` (others get their params as JSON `bytes`). `params_schema` (an object schema whose properties are the
     /// params, in `param_names` order), `result_schema` and `defs` (schemas they refer to
     /// as `#/components/schemas/NAME`) are JSON texts.
     #[pyo3(signature = (name, call, *, is_async, params_schema, result_schema, defs, param_names,
-        summary=None, description=None, deprecated=false, concurrency=None, allow_unknown_params=false))]
+        summary=None, description=None, deprecated=false, concurrency=None, allow_unknown_params=false,
+        fast_params=false))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &self,
@@ -154,6 +182,7 @@ impl Server {
         deprecated: bool,
         concurrency: Option<usize>,
         allow_unknown_params: bool,
+        fast_params: bool,
     ) -> PyResult<()> {
         let mut guard =
             self.methods.lock().map_err(|_| PyRuntimeError::new_err("the method table's lock was poisoned"))?;
@@ -184,7 +213,13 @@ impl Server {
             additional_params: allow_unknown_params,
             given: Some(Arc::new(given)),
         };
-        let handler = Arc::new(PyHandler { call: Arc::new(call), is_async, names: param_names });
+        let handler = Arc::new(PyHandler {
+            call: Arc::new(call),
+            is_async,
+            names: param_names,
+            fast_params,
+            gate: self.gate.clone(),
+        });
         let doc = methods.register_erased(handler, info).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let doc = if allow_unknown_params { doc.allow_unknown_params() } else { doc };
         if let Some(n) = concurrency {

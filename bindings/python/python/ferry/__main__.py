@@ -104,6 +104,24 @@ def main(argv: list[str] | None = None) -> int:
         "--max-ref-mib", type=int, metavar="MIB", help="bytes of tensor references held at once"
     )
     s.add_argument(
+        "--max-running-handlers",
+        type=int,
+        metavar="N",
+        help="sync handlers running at once, cancelled ones included (default 256)",
+    )
+    s.add_argument(
+        "--max-queued-handlers",
+        type=int,
+        metavar="N",
+        help="calls waiting for a sync handler thread (default 1024)",
+    )
+    s.add_argument(
+        "--max-param-bytes-in-flight",
+        type=int,
+        metavar="BYTES",
+        help="bytes of JSON params held by handlers at once (default 16 MiB)",
+    )
+    s.add_argument(
         "--debug",
         action="store_true",
         help="internal errors carry the handler's traceback",
@@ -127,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         max_queued_answers=a.max_queued_answers,
         max_refs=a.max_refs,
         max_ref_bytes=None if a.max_ref_mib is None else a.max_ref_mib << 20,
+        max_running_handlers=a.max_running_handlers,
+        max_queued_handlers=a.max_queued_handlers,
+        max_param_bytes_in_flight=a.max_param_bytes_in_flight,
     )
     return 0
 

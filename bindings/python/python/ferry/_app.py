@@ -433,6 +433,7 @@ class App:
                 description=f.description,
                 deprecated=f.deprecated,
                 concurrency=f.concurrency,
+                fast_params=f.sig.fast_params is not None,
             )
         return s
 
@@ -466,6 +467,9 @@ class App:
         max_refs_per_identity: int | None = None,
         max_ref_bytes: int | None = None,
         ref_ttl: float | None = None,
+        max_running_handlers: int | None = None,
+        max_queued_handlers: int | None = None,
+        max_param_bytes_in_flight: int | None = None,
     ) -> None:
         """Serves on `addrs` (default `unix:NAME`; `unix:/path`, `quic://HOST:PORT`) and
         `http` (`HOST:PORT`) until Ctrl-C or SIGTERM (then it returns after a clean
@@ -474,7 +478,17 @@ class App:
 
         Tensor references (`Context.keep`, `ferry.ref.keep`) are bounded by `max_refs`
         (default 4096 held at once), `max_refs_per_identity` (1024), `max_ref_bytes` (8
-        GiB in all); one kept over HTTP without a TTL lives `ref_ttl` seconds (600)."""
+        GiB in all); one kept over HTTP without a TTL lives `ref_ttl` seconds (600).
+
+        Sync handlers: at most `max_running_handlers` run at once (default 256, at most
+        512, the handler threads); calls beyond wait, at most `max_queued_handlers` of
+        them (1024; then LIMIT_EXCEEDED naming it). A cancelled call, or one whose
+        connection closed, never starts if it is still waiting; one already running is
+        answered `cancelled` at once, but its handler runs on until it returns (check
+        `ctx.cancelled`) and keeps counting against these limits and against its
+        connection's `max_in_flight` (default 64) until then. Params bigger than 64 KiB
+        as JSON wait for room under `max_param_bytes_in_flight` (16 MiB of them held by
+        handlers at once; a bigger one runs alone)."""
         limits = _limits(
             max_connections,
             max_in_flight,
@@ -488,6 +502,9 @@ class App:
             max_refs_per_identity,
             max_ref_bytes,
             ref_ttl,
+            max_running_handlers,
+            max_queued_handlers,
+            max_param_bytes_in_flight,
         )
         server = self._native_server(limits)
         self._servers.append(server)
@@ -584,6 +601,9 @@ _LIMIT_NAMES = (
     "max_refs_per_identity",
     "max_ref_bytes",
     "ref_ttl",
+    "max_running_handlers",
+    "max_queued_handlers",
+    "max_param_bytes_in_flight",
 )
 """The keyword options of `serve` that are limits of the native server."""
 
