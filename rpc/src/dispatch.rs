@@ -31,7 +31,9 @@ use crate::limits::RpcLimits;
 use crate::method::{CallContext, HandlerFuture, Methods, PeerInfo, Reply, decode_params, encode_result};
 use crate::openrpc::ApiInfo;
 use crate::outbox::Outbox;
-use crate::remote::{FetchParams, FreeParams, KeepParams, ListRefsParams, PublishParams as RefPublishParams, RefTable};
+use crate::remote::{
+    FetchParams, FreeParams, KeepParams, ListRefsParams, PublishParams as RefPublishParams, RefTable, check_ttl,
+};
 use crate::task::{ResultParams, SubmitParams, Submitted, Submitter, TaskParams, TaskTable};
 use crate::tensor::shift_refs;
 
@@ -444,7 +446,8 @@ impl Conn {
             "ferry.ref.keep" => {
                 let p: KeepParams = decode_params(params, tensors)?;
                 let t = (shared.ref_copy)(&p.tensor).map_err(|m| ErrorObject::invalid_params("tensor", m))?;
-                encode_result(&ctx.keep(t, p.ttl_ms.map(Duration::from_millis))?).map(ready_ok)
+                let ttl = p.ttl_ms.map(|ms| check_ttl("ttl_ms", Duration::from_millis(ms))).transpose()?;
+                encode_result(&ctx.keep(t, ttl)?).map(ready_ok)
             }
             "ferry.ref.fetch" => {
                 let p: FetchParams = decode_params(params, tensors)?;

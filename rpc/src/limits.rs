@@ -67,7 +67,8 @@ pub struct RpcLimits {
     /// Bytes of the tensors that references hold, all together (default 8 GiB).
     pub max_ref_bytes: u64,
     /// The time to live of a reference made without a connection to die with (over HTTP)
-    /// and without a TTL of its own (default 10 minutes).
+    /// and without a TTL of its own (default 10 minutes; at most
+    /// [`crate::remote::MAX_REF_TTL`], 365 days: a longer one counts as that).
     pub ref_ttl: Duration,
 }
 
@@ -209,10 +210,10 @@ impl RpcLimits {
         self
     }
 
-    /// Sets [`RpcLimits::ref_ttl`].
+    /// Sets [`RpcLimits::ref_ttl`] (at most [`crate::remote::MAX_REF_TTL`], 365 days).
     #[must_use]
     pub fn ref_ttl(mut self, d: Duration) -> Self {
-        self.ref_ttl = d;
+        self.ref_ttl = d.min(crate::remote::MAX_REF_TTL);
         self
     }
 

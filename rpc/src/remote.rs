@@ -18,6 +18,9 @@
 //! - It is freed when the connection that made it closes, unless it was published
 //!   (`ferry.ref.publish`), when its TTL passes, or by `ferry.ref.free`. Made without a
 //!   connection (over HTTP) and without a TTL, it lives [`RpcLimits::ref_ttl`].
+//! - A TTL is at most [`MAX_REF_TTL`] (365 days): a longer one (`ttl_ms`, the `ttl` of
+//!   [`CallContext::keep`](crate::CallContext::keep)) is refused with INVALID_PARAMS naming
+//!   it, and never overflows the expiry's arithmetic.
 //! - The table is bounded: [`RpcLimits::max_refs`], [`RpcLimits::max_refs_per_identity`],
 //!   [`RpcLimits::max_ref_bytes`]; over one, LIMIT_EXCEEDED naming it.
 //!
@@ -37,6 +40,26 @@ use serde_json::Value;
 use crate::codes::{ErrorObject, NOT_FOUND};
 use crate::limits::RpcLimits;
 use crate::method::Identity;
+
+/// The longest time to live of a reference (365 days). A longer TTL is refused with
+/// INVALID_PARAMS naming the option ([`check_ttl`]); [`RpcLimits::ref_ttl`] is capped to it.
+pub const MAX_REF_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// `ttl` if it is at most [`MAX_REF_TTL`], else INVALID_PARAMS naming `option` (the
+/// caller's name for it: `ttl_ms` on the wire, `ttl` in the Rust API).
+pub fn check_ttl(option: &str, ttl: Duration) -> Result<Duration, ErrorObject> {
+    if ttl <= MAX_REF_TTL {
+        return Ok(ttl);
+    }
+    Err(ErrorObject::invalid_params(
+        option,
+        format!(
+            "a reference lives at most 365 days ({} ms, MAX_REF_TTL); {} ms asked",
+            MAX_REF_TTL.as_millis(),
+            ttl.as_millis()
+        ),
+    ))
+}
 
 /// The reserved key of a remote tensor reference.
 pub const REF_KEY: &str = "$tensor_ref";
@@ -162,9 +185,12 @@ pub fn not_found(id: &str) -> ErrorObject {
     .with_data(serde_json::json!({ "ref": id }))
 }
 
+/// `at` as milliseconds since the Unix epoch (0 before it; saturating past `u64`).
 fn epoch_ms(at: Instant, now: Instant) -> u64 {
-    let wall = SystemTime::now() + at.saturating_duration_since(now);
-    wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    match SystemTime::now().checked_add(at.saturating_duration_since(now)) {
+        Some(wall) => wall.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        None => u64::MAX,
+    }
 }
 
 impl RefTable {
@@ -202,7 +228,8 @@ impl RefTable {
     }
 
     /// Keeps `tensor` for `owner`; it dies with connection `conn` (if any) and after `ttl`
-    /// (if any; without a connection, [`RpcLimits::ref_ttl`] by default).
+    /// (if any; without a connection, [`RpcLimits::ref_ttl`] by default). A `ttl` over
+    /// [`MAX_REF_TTL`] is INVALID_PARAMS naming `ttl`.
     pub fn keep(
         &self,
         tensor: Tensor,
@@ -212,8 +239,16 @@ impl RefTable {
         now: Instant,
     ) -> Result<TensorRef, ErrorObject> {
         let bytes = tensor.nbytes() as u64;
-        let ttl = ttl.or(conn.is_none().then_some(self.limits.ref_ttl));
-        let expires = ttl.map(|t| now + t);
+        let ttl = match ttl {
+            Some(t) => Some(check_ttl("ttl", t)?),
+            None => conn.is_none().then_some(self.limits.ref_ttl.min(MAX_REF_TTL)),
+        };
+        let expires = match ttl {
+            Some(t) => Some(now.checked_add(t).ok_or_else(|| {
+                ErrorObject::invalid_params("ttl", "the expiry is past what this machine's clock can count")
+            })?),
+            None => None,
+        };
         let id = crate::task::random_id('r', "a reference id")?;
         let mut kept = self.lock();
         let expired = purge(&mut kept, now);
@@ -486,6 +521,29 @@ mod tests {
         assert!(table.get(&a.0.id, &me, now).is_ok() && table.get(&f.0.id, &me, now).is_err());
         assert_eq!(table.list(&me, now).len(), 2);
         assert!(table.list(&you, now).is_empty());
+    }
+
+    #[test]
+    fn a_ttl_over_max_ref_ttl_is_refused_naming_it_and_never_overflows() {
+        let me = Identity::Uid(1);
+        let now = Instant::now();
+        let table = RefTable::new(RpcLimits::default());
+        for ttl in [MAX_REF_TTL + Duration::from_millis(1), Duration::from_millis(u64::MAX), Duration::MAX] {
+            let e = table.keep(t(1), &me, Some(1), Some(ttl), now).unwrap_err();
+            assert_eq!(e.code, crate::codes::INVALID_PARAMS, "{ttl:?}");
+            assert!(e.message.contains("ttl") && e.message.contains("MAX_REF_TTL"), "{}", e.message);
+        }
+        assert!(table.is_empty());
+        let max = table.keep(t(1), &me, Some(1), Some(MAX_REF_TTL), now).unwrap();
+        let in_a_year = SystemTime::now() + MAX_REF_TTL;
+        let ms = in_a_year.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        let got = max.0.expires_ms.unwrap();
+        assert!(got.abs_diff(ms) < 60_000, "expires_ms {got}, about {ms}");
+        // A ref_ttl set past the maximum (the field is public) is capped, not overflowed.
+        let limits = RpcLimits { ref_ttl: Duration::MAX, ..RpcLimits::default() };
+        let capped = RefTable::new(limits).keep(t(1), &me, None, None, now).unwrap();
+        assert!(capped.0.expires_ms.unwrap().abs_diff(ms) < 60_000);
+        assert_eq!(RpcLimits::default().ref_ttl(Duration::MAX).ref_ttl, MAX_REF_TTL);
     }
 
     #[test]

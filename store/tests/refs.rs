@@ -179,3 +179,25 @@ async fn a_pipe_holding_lent_memory_outlives_the_idle_timeout() {
     let err = tokio::time::timeout(T, c.pipe().recv()).await.expect("not closed in time").unwrap_err();
     assert!(err.to_string().contains("idle_timeout"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_past_max_ref_ttl_is_refused_naming_ttl_ms_and_the_server_keeps_serving() {
+    let (addr, ep) = serve(RpcLimits::default(), "max-ttl").await;
+    let c = Client::new(ep.connect(&addr).await.unwrap()).with_timeout(Some(T));
+    let one = || RpcTensor(Tensor::from_slice(vec![1], &[1.0f32]).unwrap());
+    let max_ms = ferry_rpc::remote::MAX_REF_TTL.as_millis() as u64;
+    for ttl_ms in [u64::MAX, max_ms + 1] {
+        let e =
+            c.call::<_, TensorRef>("ferry.ref.keep", &json!({ "tensor": one(), "ttl_ms": ttl_ms })).await.unwrap_err();
+        let CallError::Rpc(e) = e else { panic!("ttl_ms {ttl_ms}: {e}") };
+        assert_eq!(e.code, ferry_rpc::codes::INVALID_PARAMS, "{}", e.message);
+        assert!(e.message.contains("ttl_ms"), "{}", e.message);
+    }
+    // The longest TTL is kept, and its expiry is a year from now, not a wrapped number.
+    let year: TensorRef = c.call("ferry.ref.keep", &json!({ "tensor": one(), "ttl_ms": max_ms })).await.unwrap();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let expires = year.0.expires_ms.unwrap();
+    assert!(expires > now_ms + max_ms - 60_000 && expires <= now_ms + max_ms + 60_000, "{expires}");
+    let sum: f64 = c.call("sum", &json!({ "x": year })).await.unwrap();
+    assert_eq!(sum, 1.0);
+}
