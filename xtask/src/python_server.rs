@@ -22,6 +22,8 @@
 //!   in the test venv by a `.pth` file. `FERRY_NO_TORCH=1` skips it (the torch tests then
 //!   say they are skipped).
 //!
+//! - the Python server's soak in its short mode ([`soak`]).
+//!
 //! `bench-python-server` runs `bindings/python/bench/bench_server.py` with that venv and a
 //! release `ferry`.
 
@@ -189,8 +191,30 @@ impl PythonServer {
             .env_remove("PYTHONPATH")
             .run()
             .context("pytest bindings/python/tests")?;
-        Ok(())
+        drop(_dir);
+        soak_with(sh, &root, &python, false)
     }
+}
+
+/// The Python server's soak, `bindings/python/bench/soak_server.py` (issue 43 points 2
+/// and 4: cancelled, abandoned and hanging calls, big JSON params, under a canary): short
+/// counts as a step of `python-server`, the full ones from `cargo xtask soak --full`, which
+/// installs the package (release, as a user gets it) into the venv first.
+pub fn soak(sh: &Shell, full: bool) -> anyhow::Result<()> {
+    let root = sh.current_dir();
+    let python = install(sh, &root, false, if full { Profile::Release } else { Profile::Dev })?;
+    soak_with(sh, &root, &python, full)
+}
+
+fn soak_with(sh: &Shell, root: &Path, python: &Path, full: bool) -> anyhow::Result<()> {
+    let _dir = sh.push_dir(root.join("bindings/python/bench"));
+    let full = full.then_some("--full");
+    cmd!(sh, "{python} soak_server.py {full...}")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("PYTHONPATH")
+        .run()
+        .context("the Python server's soak (bindings/python/bench/soak_server.py)")?;
+    Ok(())
 }
 
 /// `cargo xtask bench-python-server [ARGS..]`.

@@ -1,6 +1,8 @@
 //! `cargo xtask soak [--full] [--release]`: `ferry serve` under heavy and hostile load
 //! (`ferry __soak`, cli/src/soak.rs), one table row per phase. The short mode is CI's step
-//! (debug build, small counts); `--full` takes issue 14's counts and a release build.
+//! (debug build, small counts); `--full` takes issue 14's counts and a release build, and
+//! then runs the Python server's soak with issue 43's counts
+//! ([`crate::python_server::soak`]; its short mode is a step of `python-server`).
 
 use xshell::{Shell, cmd};
 
@@ -30,6 +32,10 @@ impl Soak {
         let ferry = crate::python_sdk::ferry_bin(sh, self.release)?;
         let full = self.full.then_some("--full");
         cmd!(sh, "{ferry} __soak {full...}").run()?;
+        if self.full {
+            // The Python server's phases (its short mode runs in `python-server`).
+            crate::python_server::soak(sh, true)?;
+        }
         Ok(())
     }
 }
