@@ -201,13 +201,21 @@ def drain(c: ferry.Client, within: float) -> dict[str, int]:
 def cancel_storm(addr: str, n: int, nap_s: float) -> tuple[str, bool]:
     """One plain JSON connection: `n` naps, each cancelled at once (`ferry.cancel`)."""
     s = plain(addr)
+    f = s.makefile("rb")
+    limited = [0]
+
+    def read() -> None:
+        # Every call is answered (cancelled or refused), read while sending: a client that
+        # does not read its answers is not read either.
+        limited[0] = sum("max_in_flight" in f.readline().decode() for _ in range(n))
+
+    reader = threading.Thread(target=read)
+    reader.start()
     for i in range(n):
         s.sendall(line("nap", [nap_s], i) + line("ferry.cancel", {"id": i}))
-    # Every call is answered (cancelled or refused): read n answers.
-    f = s.makefile("rb")
-    limited = sum("max_in_flight" in f.readline().decode() for _ in range(n))
+    reader.join(600)
     s.close()
-    return f"{n} calls cancelled at once ({limited} refused by max_in_flight)", True
+    return f"{n} calls cancelled at once ({limited[0]} refused by max_in_flight)", True
 
 
 def close_storm(addr: str, conns: int, per_conn: int, nap_s: float) -> tuple[str, bool]:
