@@ -134,7 +134,9 @@ pub fn filled(meta: TensorMeta) -> anyhow::Result<Tensor> {
 }
 
 /// The echo peer the benchmark starts in a second process (`ferry __echo ADDR`): serves
-/// every pipe, echoing each message, until stdin closes.
+/// every pipe, echoing each message, until stdin closes. Over the ring, a message with the
+/// header `{"bench": "stall"}` makes it stop reading that pipe for good (the soak's
+/// dead-peer phase).
 pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
     let ep = ferry::endpoint();
     // Grants the same-host ring to a client that asks for it (the `+ring` rows).
@@ -167,6 +169,12 @@ pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
                 // of its own.
                 tokio::task::spawn_blocking(move || {
                     while let Ok(m) = p.recv_blocking(None) {
+                        if m.header["bench"] == "stall" {
+                            // A peer that stops reading (the soak's dead-peer phase kills
+                            // it next); it exits when stdin closes.
+                            std::thread::park();
+                            continue;
+                        }
                         let reply = if m.header["bench"] == "sink" {
                             Message::new(serde_json::json!({"bench": "ack"}))
                         } else {

@@ -23,6 +23,7 @@ use ferry_rpc::Client;
 use crate::bench::{ChildProcess, start_child};
 
 mod phases;
+mod ring_peers;
 
 /// How hard to push.
 #[derive(Debug, Clone, Copy)]

@@ -31,6 +31,7 @@ pub(crate) const ALL: &[(&str, Phase)] = &[
     ("inline result over the limit", |c| Box::pin(inline_result(c))),
     ("clients SIGKILLed mid-call", |c| Box::pin(kill_clients(c))),
     ("servers SIGKILLed under a client", |c| Box::pin(kill_servers(c))),
+    ("ring peers SIGKILLed, not reading", |c| Box::pin(super::ring_peers::killed_ring_peers(c))),
 ];
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -349,7 +350,13 @@ async fn kill_clients(ctx: &mut Ctx) -> anyhow::Result<String> {
 
 /// Waits up to 20 s for process `pid` to hold no more than `before` (fds: plus `fd_slack`)
 /// with `also` true; else an error saying what `who` still holds.
-async fn back_to(pid: u32, before: Usage, fd_slack: usize, also: impl Fn() -> bool, who: &str) -> anyhow::Result<()> {
+pub(super) async fn back_to(
+    pid: u32,
+    before: Usage,
+    fd_slack: usize,
+    also: impl Fn() -> bool,
+    who: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let now = usage(pid);
