@@ -102,6 +102,10 @@ impl TensorCodec for RawCodec {
         if header.tensors.len() > MAX_CODEC_TENSORS {
             return Err(malformed("raw", format!("{} tensors, more than {MAX_CODEC_TENSORS}", header.tensors.len())));
         }
+        let mut names = std::collections::HashSet::with_capacity(header.tensors.len());
+        if let Some(e) = header.tensors.iter().find(|e| !names.insert(e.name.as_str())) {
+            return Err(CodecError::DuplicateName { codec: "raw", name: e.name.clone() });
+        }
         let data = src.slice(data_start as usize..);
         let mut out = Vec::with_capacity(header.tensors.len());
         for e in header.tensors {
@@ -119,6 +123,54 @@ impl TensorCodec for RawCodec {
 
 fn is_aligned(t: &Tensor) -> bool {
     (t.as_bytes().as_ptr() as usize).is_multiple_of(t.dtype().itemsize())
+}
+
+/// Refuses a safetensors header that names a tensor (or `__metadata__`) twice: the
+/// safetensors crate reads the header into a map, where the last of two entries silently
+/// wins. A header that is not a JSON object is left for the crate to report.
+fn refuse_duplicate_names(src: &[u8]) -> Result<(), CodecError> {
+    use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
+
+    /// Reads the header's keys; a repeated one is put in `.0` (and stops the parse).
+    struct Keys<'a>(&'a mut Option<String>);
+
+    impl<'de> DeserializeSeed<'de> for Keys<'_> {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Keys<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if !seen.insert(key.clone()) {
+                    *self.0 = Some(key.into_owned());
+                    return Err(A::Error::custom("duplicate key"));
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+
+    let header = src
+        .get(..8)
+        .map(|n| u64::from_le_bytes(n.try_into().unwrap_or_default()))
+        .and_then(|n| usize::try_from(n).ok()?.checked_add(8))
+        .and_then(|end| src.get(8..end));
+    let Some(header) = header else { return Ok(()) };
+    let mut dup = None;
+    let _ = Keys(&mut dup).deserialize(&mut serde_json::Deserializer::from_slice(header));
+    match dup {
+        Some(name) => Err(CodecError::DuplicateName { codec: "safetensors", name }),
+        None => Ok(()),
+    }
 }
 
 /// The safetensors format (contiguous row-major tensors only).
@@ -231,6 +283,7 @@ impl TensorCodec for SafetensorsCodec {
     }
 
     fn decode(&self, src: Bytes) -> Result<Vec<(String, Tensor)>, CodecError> {
+        refuse_duplicate_names(&src)?;
         let st = safetensors::SafeTensors::deserialize(&src).map_err(|e| malformed("safetensors", e.to_string()))?;
         let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
         if names.len() > MAX_CODEC_TENSORS {
@@ -324,6 +377,41 @@ mod tests {
         let odd = String::from_utf8_lossy(&odd).replace("F8_E4M3", "F8_E8M0").into_bytes();
         let err = SafetensorsCodec.decode(Bytes::from(odd)).unwrap_err();
         assert!(err.to_string().contains("F8_E8M0"), "{err}");
+    }
+
+    /// `buf` with the first `from` replaced by `to` (same length), bytes not text.
+    fn replaced(buf: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+        assert_eq!(from.len(), to.len());
+        let at = buf.windows(from.len()).position(|w| w == from).expect("pattern present");
+        let mut out = buf.to_vec();
+        out[at..at + to.len()].copy_from_slice(to);
+        out
+    }
+
+    #[test]
+    fn a_tensor_name_given_twice_is_refused_naming_it() {
+        // safetensors: the header written by the crate, with one name repeated by hand.
+        let two = [
+            ("a".to_owned(), Tensor::from_slice(vec![1], &[1.0f32]).unwrap()),
+            ("b".to_owned(), Tensor::from_slice(vec![1], &[2.0f32]).unwrap()),
+        ];
+        let mut buf = Vec::new();
+        SafetensorsCodec.encode(&two, &mut buf).unwrap();
+        let text = replaced(&buf, b"\"b\":", b"\"a\":");
+        let err = SafetensorsCodec.decode(Bytes::from(text)).unwrap_err();
+        assert!(matches!(&err, CodecError::DuplicateName { codec: "safetensors", name } if name == "a"), "{err:?}");
+        assert_eq!(err.to_string(), "safetensors data names tensor \"a\" twice");
+        // A header that names each tensor once still decodes; a broken one is still Malformed.
+        assert_eq!(SafetensorsCodec.decode(Bytes::from(buf.clone())).unwrap().len(), 2);
+        let mut broken = buf.clone();
+        broken[9] = b'[';
+        assert!(matches!(SafetensorsCodec.decode(Bytes::from(broken)), Err(CodecError::Malformed { .. })));
+        // raw: the same.
+        let mut raw = Vec::new();
+        RawCodec.encode(&two, &mut raw).unwrap();
+        let text = replaced(&raw, b"\"name\":\"b\"", b"\"name\":\"a\"");
+        let err = RawCodec.decode(Bytes::from(text)).unwrap_err();
+        assert!(matches!(&err, CodecError::DuplicateName { codec: "raw", name } if name == "a"), "{err:?}");
     }
 
     #[test]

@@ -112,6 +112,14 @@ pub enum CodecError {
         /// Why.
         reason: String,
     },
+    /// The input names one tensor twice (which of the two is meant cannot be told).
+    #[error("{codec} data names tensor {name:?} twice")]
+    DuplicateName {
+        /// Codec name.
+        codec: &'static str,
+        /// The repeated name.
+        name: String,
+    },
 }
 
 /// A limit was exceeded. The message names the limit and how to raise it.

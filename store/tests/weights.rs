@@ -88,3 +88,20 @@ fn checkpoints_are_published_through_their_codec_in_place() {
         .unwrap_err();
     assert!(e.to_string().contains("is in both"), "{e}");
 }
+
+#[test]
+fn a_safetensors_file_naming_a_tensor_twice_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = tensors(2);
+    let path = write(&dir, "dup.safetensors", &SafetensorsCodec, &all);
+    // The same header with the second name made the first (same length, so offsets hold).
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.windows(17).position(|w| w == b"\"layers.1.weight\"").unwrap();
+    bytes[at + 8] = b'0';
+    std::fs::write(&path, bytes).unwrap();
+    let store = Store::new(StoreOptions { budget_bytes: 1 << 30, ..StoreOptions::default() });
+    let e = weights::publish_safetensors(&store, "dup", &[path], serde_json::Value::Null, &mut |_, _| {}).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("dup.safetensors") && text.contains("\"layers.0.weight\" twice"), "{text}");
+    assert!(store.open("dup", None).is_err(), "nothing was published");
+}
