@@ -88,7 +88,9 @@ pub async fn generate(
 ) -> anyhow::Result<Vec<PathBuf>> {
     let (doc, default_name) = document(from, timeout).await?;
     let name = name.unwrap_or(&default_name);
-    let api = ferry_sdk_gen::ir::Api::from_openrpc(name, &doc).with_context(|| format!("reading the API of {from}"))?;
+    let mut api =
+        ferry_sdk_gen::ir::Api::from_openrpc(name, &doc).with_context(|| format!("reading the API of {from}"))?;
+    api.generated_by = command_line(lang, from, name, &default_name, ts_runtime);
     for w in &api.warnings {
         eprintln!("ferry sdk: warning: {w}");
     }
@@ -109,6 +111,23 @@ pub async fn generate(
     Ok(written)
 }
 
+/// The `ferry sdk` command that makes this client again (the output directory left out:
+/// the same command writes the same files wherever they go).
+fn command_line(lang: Lang, from: &str, name: &str, default_name: &str, ts_runtime: &str) -> String {
+    let lang = match lang {
+        Lang::Python => "python",
+        Lang::TypeScript => "typescript",
+    };
+    let mut line = format!("ferry sdk --lang {lang} --from {from}");
+    if name != default_name {
+        line.push_str(&format!(" --name {name}"));
+    }
+    if lang == "typescript" && ts_runtime != "ferry-client" {
+        line.push_str(&format!(" --ts-runtime {ts_runtime}"));
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +144,14 @@ mod tests {
             assert_eq!(names, [format!("{}.js", api.name()), format!("{}.d.ts", api.name())]);
         }
         assert_eq!("conformance".parse::<Api>(), Ok(Api::Conformance));
+        assert_eq!(
+            command_line(Lang::Python, "unix:x", "x", "x", "ferry-client"),
+            "ferry sdk --lang python --from unix:x"
+        );
+        assert_eq!(
+            command_line(Lang::TypeScript, "api.json", "calc", "api", "./rt.js"),
+            "ferry sdk --lang typescript --from api.json --name calc --ts-runtime ./rt.js"
+        );
         assert!("nope".parse::<Api>().is_err());
     }
 }

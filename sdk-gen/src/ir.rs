@@ -15,6 +15,7 @@
 //! - What the generator does not understand becomes [`Ty::Any`] with a note in
 //!   [`Api::warnings`]; only a document without the basic OpenRPC shape is an error.
 
+mod doc;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value};
@@ -59,6 +60,8 @@ pub struct Api {
     pub errors: Vec<ErrorDef>,
     /// What was not understood (and became [`Ty::Any`]).
     pub warnings: Vec<String>,
+    /// The command that makes the client, named in its first line ([`crate::preamble`]).
+    pub generated_by: String,
 }
 
 /// One method.
@@ -286,6 +289,7 @@ impl Api {
             types: lower.types,
             errors,
             warnings: lower.warnings,
+            generated_by: crate::DEFAULT_GENERATED_BY.to_owned(),
         })
     }
 
@@ -464,12 +468,8 @@ impl<'a> Lower<'a> {
                 .map_or_else(|| format!("arg{i}"), str::to_owned);
             let schema = p.get("schema").unwrap_or(&Value::Bool(true));
             let ty = self.ty(schema, &format!("{name}.{pname}"), 0)?;
-            let description = p
-                .get("description")
-                .or_else(|| p.get("summary"))
-                .or_else(|| schema.get("description"))
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            let own = p.get("description").or_else(|| p.get("summary")).and_then(Value::as_str);
+            let description = doc::param_doc(own, schema, self.schemas);
             params.push(Param {
                 name: pname,
                 description,

@@ -284,7 +284,7 @@ pub fn module(api: &Api) -> String {
     let body = body.finish();
 
     let mut w = CodeWriter::new("    ", WIDTH);
-    w.line(format!("# {PREAMBLE}"));
+    w.line(format!("# {}", crate::preamble(&api.generated_by)));
     module_doc(&mut w, api, &class);
     w.line("");
     w.line("from __future__ import annotations");

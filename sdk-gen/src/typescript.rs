@@ -21,10 +21,10 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+use crate::Emitter;
 use crate::ir::{Api, Method, ParamStructure, Ty, TypeDef, pascal_case};
 use crate::names::{Scope, TS_RESERVED, camel_case, error_class_name, reserved_code};
 use crate::writer::CodeWriter;
-use crate::{Emitter, PREAMBLE};
 
 /// Emits `<api>.js` and `<api>.d.ts`.
 #[derive(Debug, Clone)]
@@ -200,7 +200,7 @@ pub fn modules(api: &Api, runtime: &str) -> (String, String) {
         pascal_case(&api.name)
     ));
     let head = |w: &mut CodeWriter, what: &str, imports: &str| {
-        w.line(format!("// {PREAMBLE}"));
+        w.line(format!("// {}", crate::preamble(&api.generated_by)));
         w.line("");
         jsdoc(w, &format!("{doc}\n\n{what}"));
         w.line("");

@@ -87,8 +87,10 @@ fn apis() -> Vec<ferry_sdk_gen::ir::Api> {
     ferry_cli::sdk::Api::ALL
         .iter()
         .map(|api| {
-            ferry_sdk_gen::ir::Api::from_openrpc(api.name(), &api.document())
-                .unwrap_or_else(|e| panic!("the {} API's OpenRPC document: {e}", api.name()))
+            let mut ir = ferry_sdk_gen::ir::Api::from_openrpc(api.name(), &api.document())
+                .unwrap_or_else(|e| panic!("the {} API's OpenRPC document: {e}", api.name()));
+            ir.generated_by = "cargo xtask codegen".to_owned();
+            ir
         })
         .collect()
 }

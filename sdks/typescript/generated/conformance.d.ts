@@ -187,7 +187,10 @@ export interface MakeCudaParams {
   dtype: DType;
   /** Dimensions (`[]` for a scalar). */
   shape: number[];
-  /** The server's CUDA device ordinal. Default (applied by the server): `0`. */
+  /**
+   * The server's CUDA device ordinal (at least 0). Default (applied by the
+   * server): `0`.
+   */
   device?: number;
 }
 
@@ -218,7 +221,7 @@ export type RoundtripResult = Shapes;
 
 /** Params of `slow`. */
 export interface SlowParams {
-  /** Milliseconds to sleep. */
+  /** Milliseconds to sleep (at least 0). */
   ms: number;
 }
 

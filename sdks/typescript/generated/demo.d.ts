@@ -120,7 +120,7 @@ export type MatmulResult = Tensor;
 
 /** Params of `sleep`. */
 export interface SleepParams {
-  /** Milliseconds to sleep. */
+  /** Milliseconds to sleep (at least 0). */
   ms: number;
 }
 

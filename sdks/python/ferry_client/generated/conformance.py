@@ -487,8 +487,8 @@ class ConformanceClient:
         Args:
             dtype: Element type.
             shape: Dimensions (`[]` for a scalar).
-            device: The server's CUDA device ordinal. Default (applied by the
-                server): `0`.
+            device: The server's CUDA device ordinal (at least 0). Default (applied
+                by the server): `0`.
             timeout: Seconds to wait for the answer (default: the client's timeout).
         """
         params: dict[str, object] = {"dtype": dtype, "shape": shape}
@@ -541,7 +541,7 @@ class ConformanceClient:
         """Sleeps ms milliseconds (cancellable)
 
         Args:
-            ms: Milliseconds to sleep.
+            ms: Milliseconds to sleep (at least 0).
             timeout: Seconds to wait for the answer (default: the client's timeout).
         """
         params: dict[str, object] = {"ms": ms}
@@ -772,8 +772,8 @@ class AsyncConformanceClient:
         Args:
             dtype: Element type.
             shape: Dimensions (`[]` for a scalar).
-            device: The server's CUDA device ordinal. Default (applied by the
-                server): `0`.
+            device: The server's CUDA device ordinal (at least 0). Default (applied
+                by the server): `0`.
             timeout: Seconds to wait for the answer (default: the client's timeout).
         """
         params: dict[str, object] = {"dtype": dtype, "shape": shape}
@@ -826,7 +826,7 @@ class AsyncConformanceClient:
         """Sleeps ms milliseconds (cancellable)
 
         Args:
-            ms: Milliseconds to sleep.
+            ms: Milliseconds to sleep (at least 0).
             timeout: Seconds to wait for the answer (default: the client's timeout).
         """
         params: dict[str, object] = {"ms": ms}

@@ -328,7 +328,7 @@ class DemoClient:
         """Sleeps ms milliseconds (cancellable); for tasks
 
         Args:
-            ms: Milliseconds to sleep.
+            ms: Milliseconds to sleep (at least 0).
             timeout: Seconds to wait for the answer (default: the client's timeout).
         """
         params: dict[str, object] = {"ms": ms}
@@ -519,7 +519,7 @@ class AsyncDemoClient:
         """Sleeps ms milliseconds (cancellable); for tasks
 
         Args:
-            ms: Milliseconds to sleep.
+            ms: Milliseconds to sleep (at least 0).
             timeout: Seconds to wait for the answer (default: the client's timeout).
         """
         params: dict[str, object] = {"ms": ms}
