@@ -152,5 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _run(argv: list[str] | None = None) -> int:
+    """`main` as the command line runs it: a server that cannot start (an address already
+    in use, a bad option) ends with one line saying why and what to do, not a traceback
+    (`--debug` keeps it)."""
+    try:
+        return main(argv)
+    except RuntimeError as e:
+        args = sys.argv[1:] if argv is None else argv
+        if "--debug" in args:
+            raise
+        msg = str(e)
+        if "in use" in msg:
+            msg += (
+                ": another server is listening there; stop it, or serve on another "
+                "address (python -m ferry serve MODULE:APP unix:OTHER_NAME)"
+            )
+        print(f"ferry: {msg}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run())

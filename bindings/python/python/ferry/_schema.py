@@ -70,6 +70,31 @@ class Encoding:
         raise TypeError(f"cannot send a result of type {type(x).__module__}.{type(x).__qualname__}")
 
 
+_INLINE_EXAMPLE = '{"$tensor": {"dtype": "f32", "shape": [2], "data": "<base64 of the bytes>"}}'
+"""How a plain JSON client writes a tensor inline (PROTOCOL.md), for the errors."""
+
+
+def _json_kind(value: object) -> str:
+    """What a received JSON value is, in the words of someone who sent it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list (a nested list is not a tensor)"
+    if isinstance(value, dict):
+        return (
+            'an object without a "$tensor" key'
+            if "$tensor" not in value
+            else ('a "$tensor" object that is not a tensor index')
+        )
+    return f"a {type(value).__qualname__}"
+
+
 def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
     def validate(value: Any, info: pydantic.ValidationInfo) -> Any:
         if not isinstance(value, dict) and _tensors.is_tensor_like(value):
@@ -77,7 +102,12 @@ def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
         refs = info.context.get("tensors") if isinstance(info.context, dict) else None
         i = value.get("$tensor") if isinstance(value, dict) and len(value) == 1 else None
         if refs is None or not isinstance(i, int) or isinstance(i, bool):
-            raise PydanticCustomError("tensor", 'expected a tensor ({"$tensor": i})')
+            raise PydanticCustomError(
+                "tensor",
+                "expected a tensor, got {got}: pass a numpy array or torch tensor from a "
+                "ferry client (ferry.Client, ferry_client), or from plain JSON {example}",
+                {"got": _json_kind(value), "example": _INLINE_EXAMPLE},
+            )
         if not 0 <= i < len(refs):
             raise PydanticCustomError(
                 "tensor",
@@ -400,8 +430,44 @@ def _fast_kwargs(
 _FAST_TYPES: dict[str, type] = {v: k for k, v in _FAST.items()}
 
 
+_SENDABLE = (
+    "use JSON types (None, bool, int, float, str, list, dict, tuple, Literal, Optional), "
+    "dataclasses, TypedDicts, pydantic models, np.ndarray or torch.Tensor, or leave it "
+    "unannotated to take any JSON"
+)
+"""What a param or result may be annotated with, for the errors that refuse one."""
+
+_SCHEMA_ERRORS = (
+    pydantic.PydanticSchemaGenerationError,
+    pydantic.PydanticInvalidForJsonSchema,
+    pydantic.PydanticUserError,
+)
+"""What pydantic raises for a type it cannot validate or describe."""
+
+
+def _unsendable(fn: Callable[..., Any], what: str, tp: Any) -> TypeError:
+    """The error for `fn`'s `what` (a param or its result) annotated with `tp`, a type
+    ferry cannot describe, in the words of the person who wrote the function."""
+    name = getattr(tp, "__qualname__", None) or repr(tp)
+    return TypeError(
+        f"{fn.__qualname__}: {what} is annotated {name}, which ferry cannot receive or "
+        f"send (it has no JSON form): {_SENDABLE}"
+    )
+
+
 def signature(fn: Callable[..., Any], context_type: type) -> Signature:
-    """The `Signature` of `fn`, from its type hints (unannotated params take any JSON)."""
+    """The `Signature` of `fn`, from its type hints (unannotated params take any JSON).
+    Raises `TypeError` naming the param (or the result) whose type ferry cannot carry."""
+    try:
+        return _signature(fn, context_type)
+    except NameError as e:
+        raise TypeError(
+            f"{fn.__qualname__}: its type hints do not resolve ({e}): import or define the "
+            "types they name at the module's top level"
+        ) from None
+
+
+def _signature(fn: Callable[..., Any], context_type: type) -> Signature:
     sig = inspect.signature(fn)
     hints = typing.get_type_hints(fn, include_extras=True)
     fields: dict[str, Any] = {}
@@ -431,13 +497,20 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
             fast[p.name] = (kind, _REQUIRED if default is ... else default)
         else:
             fast = None
-    model = pydantic.create_model(
-        f"{fn.__name__}_params",
-        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
-        **fields,
-    )
+    config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    try:
+        model = pydantic.create_model(f"{fn.__name__}_params", __config__=config, **fields)
+        params_json_schema = model.model_json_schema(ref_template=REF_TEMPLATE)
+    except _SCHEMA_ERRORS:
+        for name, field in fields.items():  # which one: each alone, in the same model
+            try:
+                one = pydantic.create_model("one", __config__=config, **{name: field})
+                one.model_json_schema(ref_template=REF_TEMPLATE)
+            except _SCHEMA_ERRORS:
+                raise _unsendable(fn, f"param {name}", hints.get(name, field[0])) from None
+        raise
     defs: dict[str, Any] = {}
-    params_schema = _split_defs(model.model_json_schema(ref_template=REF_TEMPLATE), defs)
+    params_schema = _split_defs(params_json_schema, defs)
     params_schema.pop("title", None)
     ret = hints.get("return", sig.return_annotation)
     result_json = None
@@ -447,12 +520,19 @@ def signature(fn: Callable[..., Any], context_type: type) -> Signature:
         result_schema: dict[str, Any] = {}
     else:
         plain = _needs_config(ret)
-        result = pydantic.TypeAdapter(rewrite(ret), config=_RESULT_CONFIG if plain else None)
-        result_schema = _split_defs(
-            result.json_schema(ref_template=REF_TEMPLATE, mode="serialization"), defs
-        )
+        try:
+            adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(
+                rewrite(ret), config=_RESULT_CONFIG if plain else None
+            )
+            result_json_schema = adapter.json_schema(
+                ref_template=REF_TEMPLATE, mode="serialization"
+            )
+        except _SCHEMA_ERRORS:
+            raise _unsendable(fn, "its result", ret) from None
+        result = adapter
+        result_schema = _split_defs(result_json_schema, defs)
         if plain:
-            result_json = result.dump_json
+            result_json = adapter.dump_json
     return Signature(
         names,
         ctx_param,
