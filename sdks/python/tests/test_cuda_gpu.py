@@ -13,8 +13,6 @@ machine:
 from __future__ import annotations
 
 import importlib
-import statistics
-import time
 from typing import Any
 
 
@@ -83,17 +81,24 @@ def test_server_memory_arrives_zero_copy(cp: Any, conformance: Server) -> None:
         assert t.is_cuda and t.shape == (8,)
 
 
-def test_round_trip_time_is_reported(cp: Any, echo_peer: EchoPeer) -> None:
-    """Not a pass/fail on speed (no timing thresholds in tests): prints the p50."""
+def test_repeated_round_trips_bring_back_each_payload(
+    cp: Any, echo_peer: EchoPeer
+) -> None:
+    """Round trips of one device tensor, rewritten before each: every echo comes back as
+    this side's own memory holding what was written last (no stale mapping, no copy).
+    Its speed is a benchmark's (`sdks/python/bench/bench_cuda_rtt.py`), not a test's."""
     with _cuda_pipe(echo_peer) as p:
-        a = p.alloc([1920, 1080, 3], "f32", device="cuda:0")
-        samples = []
-        for _ in range(200):
-            t0 = time.perf_counter()
-            p.send({}, [a])
-            [back] = p.recv(timeout=30).tensors
-            samples.append(time.perf_counter() - t0)
+        a = p.alloc([256, 1024], "f32", device="cuda:0")
+        for i in range(20):
+            a[...] = cp.arange(a.size, dtype=cp.float32).reshape(a.shape) + i
+            p.send({"i": i}, [a])
+            msg = p.recv(timeout=30)
+            [back] = msg.tensors
+            assert msg.header == {"i": i}
+            assert isinstance(back, cp.ndarray) and back.shape == a.shape
+            assert back.data.ptr == a.data.ptr
+            assert float(back[0, 0]) == float(i) and float(back[-1, -1]) == float(
+                a.size - 1 + i
+            )
+            assert bool((back == a).all())
             del back
-        print(
-            f"cuda-ipc f32[1920,1080,3] round trip p50 {statistics.median(samples) * 1e6:.1f} us"
-        )
