@@ -286,30 +286,57 @@ def test_not_a_ferry_server(fake: Callable[..., FakeServer]) -> None:
         Client.connect(s.addr, connect_timeout=5)
 
 
+def _silent(
+    hang_guard: float = 60.0,
+) -> tuple[Callable[[socket.socket], None], threading.Event, threading.Event]:
+    """A server script that accepts, reads nothing and answers nothing until released (or
+    until `hang_guard` seconds pass, a bound so a client that never times out fails the
+    test with a closed connection instead of hanging it); -> (script, release, silent),
+    `silent` set while the script holds the connection unanswered."""
+    release, silent = threading.Event(), threading.Event()
+
+    def script(conn: socket.socket) -> None:
+        silent.set()
+        release.wait(hang_guard)
+        silent.clear()
+
+    return script, release, silent
+
+
 def test_silent_server_times_out(fake: Callable[..., FakeServer]) -> None:
-    s = fake(lambda conn: time.sleep(2))
-    t0 = time.monotonic()
-    with pytest.raises(
-        CallTimeout,
-        match=r"connected to .*, but it did not answer the handshake within "
-        r"connect_timeout=0\.5s: is a ferry server listening there",
-    ):
-        Client.connect(s.addr, connect_timeout=0.5)
-    assert time.monotonic() - t0 < 1.5
+    """The client gives up on its own, while the server still holds the connection open
+    and silent, with a timeout that names connect_timeout in the caller's words."""
+    script, release, silent = _silent()
+    s = fake(script)
+    try:
+        with pytest.raises(
+            CallTimeout,
+            match=r"connected to .*, but it did not answer the handshake within "
+            r"connect_timeout=0\.5s: is a ferry server listening there",
+        ):
+            Client.connect(s.addr, connect_timeout=0.5)
+        assert silent.is_set(), "the server let go first: the client did not time out"
+    finally:
+        release.set()
 
 
 def test_silent_server_times_out_async(fake: Callable[..., FakeServer]) -> None:
-    s = fake(lambda conn: time.sleep(2))
+    script, release, silent = _silent()
+    s = fake(script)
 
     async def main() -> None:
         await AsyncClient.connect(s.addr, connect_timeout=0.5)
 
-    with pytest.raises(
-        CallTimeout,
-        match=r"connected to .*, but it did not answer the handshake within "
-        r"connect_timeout=0\.5s: is a ferry server listening there",
-    ):
-        asyncio.run(main())
+    try:
+        with pytest.raises(
+            CallTimeout,
+            match=r"connected to .*, but it did not answer the handshake within "
+            r"connect_timeout=0\.5s: is a ferry server listening there",
+        ):
+            asyncio.run(main())
+        assert silent.is_set(), "the server let go first: the client did not time out"
+    finally:
+        release.set()
 
 
 def test_refusal(fake: Callable[..., FakeServer]) -> None:
