@@ -304,9 +304,11 @@ class _Nothing:
 def _invalid_params(e: Exception) -> Outcome:
     if isinstance(e, pydantic.ValidationError):
         errors = e.errors(include_url=False, include_input=False, include_context=False)
-        first = errors[0] if errors else {"loc": (), "msg": str(e)}
-        path = ".".join(str(p) for p in first["loc"])
-        reason = str(first["msg"])
+        if errors:
+            path = ".".join(str(p) for p in errors[0]["loc"])
+            reason = errors[0]["msg"]
+        else:  # pydantic raises none without an error, but the text is all there is then
+            path, reason = "", str(e)
         data: dict[str, Any] = {"path": path, "reason": reason, "errors": errors}
     else:
         path, reason = "", str(e)
