@@ -16,8 +16,14 @@
 //!   reuses the slot. A received tensor sent back over the same pipe travels as a reference
 //!   to the peer's own memory (no copy either way).
 //! - **Limits**: [`ShmOptions::pool_limit`] bounds what a side allocates (sends wait up to
-//!   [`ShmOptions::full_wait`], then fail naming the limit); [`ShmOptions::max_peer_bytes`]
-//!   bounds what a side maps of its peer's memory.
+//!   [`ShmOptions::full_wait`], then fail naming the limit in the caller's words,
+//!   [`ShmOptions::names`]); [`ShmOptions::max_peer_bytes`] bounds what a side maps of its
+//!   peer's memory.
+//! - **Giving memory back**: a segment no slot of which is in use is unmapped and closed
+//!   once it has been empty for [`ShmOptions::idle_release`] (past the
+//!   [`ShmOptions::keep_idle_bytes`] kept for the next messages), or at once when a new
+//!   segment would not fit under the limit; the peer is told to unmap it too (`forget`,
+//!   feature `shm_forget`).
 //! - **Negotiation**: offered only over transports that pass descriptors, accepted only when
 //!   both peers share boot id and IPC / network namespaces; otherwise the handshake falls
 //!   back to the next channel (inline).
@@ -28,6 +34,7 @@
 //! # Feature flags
 //! None.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -117,6 +124,39 @@ pub struct ShmOptions {
     /// Releases of `lazy_release` leases, which no size makes due, wait for the count or
     /// this delay: keep it short.
     pub release_delay: Duration,
+    /// A segment of the pool no slot of which has been in use for this long is given back:
+    /// unmapped and closed here, and the peer told to unmap it (default 500 ms; zero: as soon
+    /// as it empties). Segments kept under [`ShmOptions::keep_idle_bytes`] stay. A peer that
+    /// did not agree to `shm_forget` cannot be told, so segments it was sent stay until the
+    /// connection ends.
+    pub idle_release: Duration,
+    /// Bytes of empty segments kept however long they idle, so that a steady stream of
+    /// messages does not make and unmake segments (default 64 MiB: one segment of the default
+    /// size; the largest empty segments go first).
+    pub keep_idle_bytes: u64,
+    /// How errors name these options: in the words of whoever sets them (Rust, a command
+    /// line, Python).
+    pub names: ShmOptionNames,
+}
+
+/// How the shm channel's errors tell the user to change its options, in the words of the
+/// layer that sets them: a Rust field, a command-line flag, a Python argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmOptionNames {
+    /// How to raise [`ShmOptions::pool_limit`] (default
+    /// `ShmOptions::pool_limit (ShmChannel::with_options)`).
+    pub pool_limit: Cow<'static, str>,
+    /// How to lengthen [`ShmOptions::full_wait`]; `None` where the caller cannot set it.
+    pub full_wait: Option<Cow<'static, str>>,
+}
+
+impl Default for ShmOptionNames {
+    fn default() -> Self {
+        ShmOptionNames {
+            pool_limit: "ShmOptions::pool_limit (ShmChannel::with_options)".into(),
+            full_wait: Some("ShmOptions::full_wait".into()),
+        }
+    }
 }
 
 impl Default for ShmOptions {
@@ -130,6 +170,9 @@ impl Default for ShmOptions {
             release_batch: 32,
             release_batch_bytes: 16 << 20,
             release_delay: Duration::from_millis(1),
+            idle_release: Duration::from_millis(500),
+            keep_idle_bytes: 64 << 20,
+            names: ShmOptionNames::default(),
         }
     }
 }

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 
 use crate::ShmOptions;
 use crate::batch::Batcher;
-use crate::pool::{Pool, PoolSlotMut, SlotCore};
+use crate::pool::{Holders, Pool, PoolSlotMut, SlotCore};
 use crate::shared::{self, Forgets, SharedSegment};
 use crate::span::AddrSpan;
 use crate::sys::{PeerSegment, PeerSegmentError};
@@ -100,7 +100,7 @@ impl ShmSession {
         let ctx_forget_ok = ctx.has_feature(ferry_core::wire::FEATURE_SHM_FORGET);
         Arc::new_cyclic(|me| ShmSession {
             me: me.clone(),
-            pool: Pool::new(opts.clone()),
+            pool: Pool::new(opts.clone(), ctx_forget_ok, ctx.control.clone()),
             peer_span: AddrSpan::new(),
             batcher: Arc::new(Batcher::new(&opts, ctx.control.clone())),
             forgets: Arc::new(Forgets::new(ctx.control.clone())),
@@ -151,6 +151,14 @@ impl ShmSession {
             announce,
             lazy_release: false,
         }))
+    }
+
+    /// Where this side's pool bytes are: the leases the peer holds on them.
+    fn holders(&self) -> Holders {
+        let granted = lock(&self.granted);
+        let on_pool = granted.values().filter(|g| matches!(g.core, Source::Slot(_)));
+        let (leases, leased_bytes) = on_pool.fold((0, 0u64), |(n, b), g| (n + 1, b + g.len as u64));
+        Holders { leases, leased_bytes }
     }
 
     fn record_grant(&self, lease: u64, g: Granted, out: &mut Outgoing) {
@@ -356,7 +364,7 @@ impl ChannelSession for ShmSession {
         };
         let n = bytes.len();
         let mut closed = self.ctx.closed.clone();
-        let (seg, range) = self.pool.alloc(n, &mut closed).await?;
+        let (seg, range) = self.pool.alloc(n, &mut closed, || self.holders()).await?;
         let mut slot = PoolSlotMut::new(&self.pool, seg, n, range);
         ferry_core::WritableStorage::bytes_mut(&mut slot).copy_from_slice(bytes);
         let core = slot.into_core().ok_or_else(|| bad("slot vanished"))?;
@@ -421,7 +429,7 @@ impl ChannelSession for ShmSession {
             return Ok(None);
         }
         let mut closed = self.ctx.closed.clone();
-        let (seg, range) = self.pool.alloc(len, &mut closed).await?;
+        let (seg, range) = self.pool.alloc(len, &mut closed, || self.holders()).await?;
         let slot = PoolSlotMut::new(&self.pool, seg, len, range);
         Ok(Some(TensorMut::from_storage(meta.clone(), Box::new(slot))?))
     }
@@ -432,9 +440,12 @@ impl ChannelSession for ShmSession {
 
     fn stats(&self) -> serde_json::Value {
         let peer = lock(&self.peer);
+        let (segments, reserved, created, given_back) = self.pool.counts();
         serde_json::json!({
-            "segments": self.pool.segments(),
-            "reserved_bytes": self.pool.reserved(),
+            "segments": segments,
+            "reserved_bytes": reserved,
+            "segments_created": created,
+            "segments_given_back": given_back,
             "leases_granted": lock(&self.granted).len(),
             "peer_segments": peer.segs.len(),
             "peer_mapped_bytes": peer.mapped,
@@ -447,7 +458,14 @@ impl ChannelSession for ShmSession {
             Ok(ids) => (ids, None),
             Err(next) => (Vec::new(), next),
         };
-        let forget = self.forgets.take();
+        // Idle pool segments are given back here, and the peer told to forget them (behind
+        // any message that leased them: this runs on the writer, in wire order).
+        let next = match (next, self.pool.give_back_idle(now)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut forget = self.forgets.take();
+        forget.extend(self.pool.take_forgets());
         if !release.is_empty() || !forget.is_empty() {
             let body = serde_json::to_value(ShmControl { release, forget }).unwrap_or_default();
             out.push(ControlOut::new(NAME, body));
