@@ -160,6 +160,9 @@ impl Conn {
                 tracing::debug!(addr = %self.peer.addr, freed, "connection closed: its tensor references are freed");
             }
         }
+        for f in &self.shared.methods.closers {
+            f(&self.peer);
+        }
     }
 }
 
@@ -357,6 +360,7 @@ impl Conn {
             pipe: self.pipe.clone(),
             permit: None,
             refs: Some(self.shared.refs.clone()),
+            conn_closed: Some(self.closed.clone()),
         };
         let started = self.start_method(method, params, tensors, ctx);
         let fut = async move {
@@ -422,6 +426,7 @@ impl Conn {
                     pipe: None,
                     permit: None,
                     refs: ctx.refs.clone(),
+                    conn_closed: ctx.conn_closed.clone(),
                 };
                 let fut = handler.call(p.params, tensors, task_ctx)?;
                 let by =

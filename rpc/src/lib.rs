@@ -93,7 +93,10 @@ pub use dispatch::{CancelParams, CancelResult};
 #[cfg(feature = "http")]
 pub use http::HttpOptions;
 pub use limits::RpcLimits;
-pub use method::{CallContext, ConnKind, GivenSchemas, Identity, MethodInfo, Methods, PeerInfo, RegisterError, Reply};
+pub use method::{
+    CallContext, ConnKind, ConnectionClosed, GivenSchemas, Identity, MethodInfo, Methods, PeerInfo, RegisterError,
+    Reply,
+};
 pub use remote::{RefBacking, TensorRef};
 pub use server::{RefCopy, Server, ServerBuilder, Spawner};
 pub use task::{TaskState, TaskStatus};

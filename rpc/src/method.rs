@@ -100,13 +100,15 @@ pub struct CallContext {
     pub(crate) permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
     /// The server's tensor references (`None` for a detached context).
     pub(crate) refs: Option<Arc<crate::remote::RefTable>>,
+    /// Cancelled once the caller's connection ended (`None`: not known, a detached context).
+    pub(crate) conn_closed: Option<CancellationToken>,
 }
 
 impl CallContext {
     /// A context for calling a handler directly (tests, in-process use): no pipe, never
     /// cancelled unless `cancel` is.
     pub fn detached(peer: PeerInfo, cancel: CancellationToken) -> CallContext {
-        CallContext { peer: Arc::new(peer), id: None, cancel, pipe: None, permit: None, refs: None }
+        CallContext { peer: Arc::new(peer), id: None, cancel, pipe: None, permit: None, refs: None, conn_closed: None }
     }
 
     pub(crate) fn with_permit(mut self, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
@@ -157,6 +159,14 @@ impl CallContext {
     /// is cancelled; watch the token to stop work running elsewhere (a thread, a child).
     pub fn token(&self) -> &CancellationToken {
         &self.cancel
+    }
+
+    /// True once the caller's connection has ended (never for a detached context). Unlike
+    /// [`CallContext::is_cancelled`], a call cancelled by `ferry.cancel` does not make it
+    /// true. A handler that makes something a per-connection identity owns checks it after,
+    /// and frees it itself when true ([`Methods::on_connection_closed`] ran before it).
+    pub fn connection_closed(&self) -> bool {
+        self.conn_closed.as_ref().is_some_and(CancellationToken::is_cancelled)
     }
 
     /// True once the call is cancelled.
@@ -396,7 +406,13 @@ pub enum RegisterError {
 #[derive(Default)]
 pub struct Methods {
     pub(crate) map: BTreeMap<String, Method>,
+    /// Called as each connection ends ([`Methods::on_connection_closed`]).
+    pub(crate) closers: Vec<ConnectionClosed>,
 }
+
+/// A function called with the peer of each connection that ends
+/// ([`Methods::on_connection_closed`]).
+pub type ConnectionClosed = Arc<dyn Fn(&PeerInfo) + Send + Sync>;
 
 /// Documentation and scheduling setters for a method just registered.
 pub struct MethodDoc<'a>(&'a mut Method);
@@ -543,13 +559,25 @@ impl Methods {
         }
     }
 
-    /// Moves every method of `other` into this table.
+    /// Moves every method of `other` into this table (and its
+    /// [`Methods::on_connection_closed`] functions).
     pub fn merge(&mut self, other: Methods) -> Result<(), RegisterError> {
         if let Some(dup) = other.map.keys().find(|k| self.map.contains_key(*k)) {
             return Err(RegisterError::Duplicate(dup.clone()));
         }
         self.map.extend(other.map);
+        self.closers.extend(other.closers);
         Ok(())
+    }
+
+    /// Calls `f` with the peer of each connection that ends (closed by either side, idle,
+    /// or its process gone), after its calls are cancelled and its tasks and references
+    /// freed: where methods keep what a per-connection identity ([`Identity::Connection`])
+    /// made, which nobody could reach after it, they free it here. Calls of the connection
+    /// still running may finish after it (a blocking handler cannot be stopped): such a
+    /// handler checks [`CallContext::connection_closed`] after making something.
+    pub fn on_connection_closed(&mut self, f: impl Fn(&PeerInfo) + Send + Sync + 'static) {
+        self.closers.push(Arc::new(f));
     }
 
     /// The registered names, sorted.

@@ -18,6 +18,10 @@
 //! - It is freed when the connection that made it closes, unless it was published
 //!   (`ferry.ref.publish`), when its TTL passes, or by `ferry.ref.free`. Made without a
 //!   connection (over HTTP) and without a TTL, it lives [`RpcLimits::ref_ttl`].
+//! - Only a durable identity (a local user, the server's token) may publish: a
+//!   per-connection identity ([`Identity::Connection`], QUIC without a token) is refused
+//!   (FORBIDDEN), since nobody could ever reach the reference after its connection, and
+//!   everything it owns is freed when that connection closes.
 //! - A TTL is at most [`MAX_REF_TTL`] (365 days): a longer one (`ttl_ms`, the `ttl` of
 //!   [`CallContext::keep`](crate::CallContext::keep)) is refused with INVALID_PARAMS naming
 //!   it, and never overflows the expiry's arithmetic.
@@ -37,7 +41,7 @@ use serde::ser::SerializeMap as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::codes::{ErrorObject, NOT_FOUND};
+use crate::codes::{ErrorObject, FORBIDDEN, NOT_FOUND};
 use crate::limits::RpcLimits;
 use crate::method::Identity;
 
@@ -341,8 +345,17 @@ impl RefTable {
         n
     }
 
-    /// Lets `id` outlive its connection (its TTL, if any, still holds).
+    /// Lets `id` outlive its connection (its TTL, if any, still holds). FORBIDDEN for a
+    /// per-connection identity (see the module docs).
     pub fn publish(&self, id: &str, who: &Identity, now: Instant) -> Result<TensorRef, ErrorObject> {
+        if matches!(who, Identity::Connection(_)) {
+            return Err(ErrorObject::new(
+                FORBIDDEN,
+                "this connection has no durable identity (QUIC without a token): its tensor references die with \
+                 it, and no other connection could use one. Give the server a token (`ferry serve --token`, \
+                 FERRY_TOKEN) and present it to publish references",
+            ));
+        }
         let mut kept = self.lock();
         let expired = purge(&mut kept, now);
         let r = kept.get_mut(id).filter(|k| &k.owner == who).map(|k| {
@@ -371,10 +384,15 @@ impl RefTable {
         self.lock().values().any(|k| k.conn == Some(conn))
     }
 
-    /// Connection `conn` closed: its unpublished references are freed; the count.
+    /// Connection `conn` closed: its unpublished references are freed, and every reference
+    /// of its own identity if it was one ([`Identity::Connection`]); the count.
     pub fn connection_closed(&self, conn: u64) -> usize {
         let mut kept = self.lock();
-        let gone: Vec<String> = kept.iter().filter(|(_, k)| k.conn == Some(conn)).map(|(id, _)| id.clone()).collect();
+        let gone: Vec<String> = kept
+            .iter()
+            .filter(|(_, k)| k.conn == Some(conn) || k.owner == Identity::Connection(conn))
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in &gone {
             kept.remove(id);
         }
@@ -486,6 +504,26 @@ mod tests {
 
     fn t(n: usize) -> Tensor {
         Tensor::from_slice(vec![n as u64], &vec![1.0f32; n]).unwrap()
+    }
+
+    #[test]
+    fn a_per_connection_identity_cannot_publish_and_its_references_die_with_it() {
+        let table = RefTable::new(RpcLimits::default().max_refs(2));
+        let now = Instant::now();
+        let who = Identity::Connection(9);
+        let a = table.keep(t(4), &who, Some(9), None, now).unwrap();
+        let e = table.publish(&a.0.id, &who, now).unwrap_err();
+        assert_eq!(e.code, FORBIDDEN);
+        assert!(e.message.contains("token"), "{}", e.message);
+        assert!(!table.info(&a.0.id, &who, now).unwrap().published);
+        table.keep(t(4), &who, Some(9), None, now).unwrap();
+        assert!(table.keep(t(4), &Identity::Token, None, None, now).is_err(), "max_refs is full");
+        // Closing another connection frees nothing; its own frees everything it owned.
+        assert_eq!(table.connection_closed(10), 0);
+        assert_eq!(table.connection_closed(9), 2);
+        assert!(table.is_empty());
+        let b = table.keep(t(4), &Identity::Token, None, None, now).unwrap();
+        assert!(table.publish(&b.0.id, &Identity::Token, now).unwrap().0.published, "a token may publish");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use ferry_rpc::codes::{FORBIDDEN, NOT_FOUND};
-use ferry_rpc::{CallContext, ErrorObject, Methods, RegisterError, RpcTensor, TensorMap};
+use ferry_rpc::{CallContext, ErrorObject, Identity, Methods, RegisterError, RpcTensor, TensorMap};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -191,7 +191,12 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
     let s = store.clone();
     m.register_blocking("store.publish", move |p: PublishParams, ctx: CallContext| {
         let tensors = p.tensors.into_iter().map(|(n, t)| (n, t.into_inner())).collect();
-        let v = s.publish(&p.name, tensors, p.metadata, Some(ctx.peer().identity.clone())).map_err(error)?;
+        let who = ctx.peer().identity.clone();
+        let v = s.publish(&p.name, tensors, p.metadata, Some(who.clone())).map_err(error)?;
+        if matches!(who, Identity::Connection(_)) && ctx.connection_closed() {
+            // Its connection ended while this ran, after the store let go of its bundles.
+            s.owner_gone(&who);
+        }
         let m = v.manifest();
         Ok(Published { name: m.name.clone(), version: m.version, bytes: m.bytes, tensors: m.entries.len() as u64 })
     })?
@@ -199,8 +204,20 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
     .description(
         "Copies the tensors once into the store's buckets and makes them the bundle's latest version. A name \
          belongs to the identity that first published it (FORBIDDEN for others); past the store's budget: \
-         LIMIT_EXCEEDED naming budget_bytes.",
+         LIMIT_EXCEEDED naming budget_bytes. What a per-connection identity (QUIC without a token) published is \
+         unpublished when its connection closes.",
     );
+    // What a per-connection identity (QUIC without a token) published dies with its
+    // connection: nobody else could ever unpublish it or reuse its names.
+    let s = store.clone();
+    m.on_connection_closed(move |peer| {
+        if matches!(peer.identity, Identity::Connection(_)) {
+            let n = s.owner_gone(&peer.identity);
+            if n > 0 {
+                tracing::debug!(addr = %peer.addr, n, "connection closed: the bundles it published are unpublished");
+            }
+        }
+    });
     let s = store.clone();
     m.register("store.open", move |p: OpenParams| {
         let s = s.clone();
