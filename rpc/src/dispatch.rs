@@ -67,6 +67,9 @@ pub(crate) struct Shared {
     pub(crate) connections: AtomicUsize,
     /// Runs answers instead of `tokio::spawn` ([`crate::ServerBuilder::spawner`]).
     pub(crate) spawner: Option<crate::server::Spawner>,
+    /// Room for big requests parsed and being answered, in KiB
+    /// ([`RpcLimits::max_parse_bytes_in_flight`]; `crate::server::parse_room`).
+    pub(crate) parse_room: Arc<tokio::sync::Semaphore>,
 }
 
 /// One served connection's place under [`RpcLimits::max_connections`]; freed when dropped.

@@ -31,6 +31,13 @@ pub struct RpcLimits {
     /// (base64 inline, or a ferry pipe). Batch length and nesting depth (128) are checked
     /// the same way.
     pub max_request_values: usize,
+    /// Bytes of big requests (plain JSON lines and HTTP bodies of 1 MiB or more) parsed
+    /// and being answered at once, over the whole server (default 8 MiB). Parsed JSON costs
+    /// 8 to 17 times its text until its call ends (and a Python handler's objects as much
+    /// again), so this bounds what many big requests at once cost: one that finds no room
+    /// waits, its connection not read meanwhile, until a big call ends. A request bigger
+    /// than the whole budget goes alone.
+    pub max_parse_bytes_in_flight: usize,
     /// A plain JSON connection (or an HTTP keep-alive connection) with no call running and
     /// nothing sent for this long is closed (default 5 minutes). So is a ferry pipe that
     /// holds nothing it would lose: no call running, no tensor reference or task of its
@@ -81,6 +88,7 @@ impl Default for RpcLimits {
             max_request_bytes: 64 << 20,
             max_batch: 1024,
             max_request_values: 1 << 20,
+            max_parse_bytes_in_flight: 8 << 20,
             idle_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(30),
             max_connections: 512,
@@ -137,6 +145,13 @@ impl RpcLimits {
     #[must_use]
     pub fn max_request_values(mut self, n: usize) -> Self {
         self.max_request_values = n.max(1);
+        self
+    }
+
+    /// Sets [`RpcLimits::max_parse_bytes_in_flight`] (at least 1 MiB).
+    #[must_use]
+    pub fn max_parse_bytes_in_flight(mut self, n: usize) -> Self {
+        self.max_parse_bytes_in_flight = n.max(1 << 20);
         self
     }
 

@@ -117,6 +117,9 @@ impl ServerBuilder {
                 doc: OnceLock::new(),
                 connections: std::sync::atomic::AtomicUsize::new(0),
                 spawner: self.spawner,
+                parse_room: Arc::new(tokio::sync::Semaphore::new(
+                    (self.limits.max_parse_bytes_in_flight >> 10).min(tokio::sync::Semaphore::MAX_PERMITS),
+                )),
             }),
             shutdown: CancellationToken::new(),
         }
@@ -397,27 +400,36 @@ impl Server {
                         ErrorObject::limit("max_request_bytes", "request line length in bytes", n as u64, max as u64);
                     failure(Value::Null, e)
                 }
-                Ok(Line::Data) => match parse_line(&mut buf, self.shared.limits).await {
-                    Err(e) => failure(Value::Null, e),
-                    Ok(None) => continue,
-                    Ok(Some(v)) => {
-                        let inline = conn.runs_inline(&v);
-                        let mut ticket = conn.outbox.ticket();
-                        let work = conn.start(v, Vec::new());
-                        let tx = tx.clone();
-                        let answer = async move {
-                            let out = work.await;
-                            if let Some(reply) = out.reply {
-                                let line = inline_line(reply, max_inline);
-                                ticket.add_bytes(line.len() as u64);
-                                let _ = tx.send((line, ticket)).await;
-                            }
-                            drop(out.slots);
-                        };
-                        conn.answer_here_or_spawn(answer, inline);
-                        continue;
+                Ok(Line::Data) => {
+                    // A big request waits for room first (its connection is not read
+                    // meanwhile), and holds it until its call ends.
+                    let room = tokio::select! {
+                        r = parse_room(&self.shared, buf.len()) => r,
+                        _ = self.shutdown.cancelled() => break,
+                    };
+                    match parse_line(&mut buf, self.shared.limits).await {
+                        Err(e) => failure(Value::Null, e),
+                        Ok(None) => continue,
+                        Ok(Some(v)) => {
+                            let inline = conn.runs_inline(&v);
+                            let mut ticket = conn.outbox.ticket();
+                            let work = conn.start(v, Vec::new());
+                            let tx = tx.clone();
+                            let answer = async move {
+                                let _room = room;
+                                let out = work.await;
+                                if let Some(reply) = out.reply {
+                                    let line = inline_line(reply, max_inline);
+                                    ticket.add_bytes(line.len() as u64);
+                                    let _ = tx.send((line, ticket)).await;
+                                }
+                                drop(out.slots);
+                            };
+                            conn.answer_here_or_spawn(answer, inline);
+                            continue;
+                        }
                     }
-                },
+                }
             };
             if tx.send(line_for(inline_line(Reply { value: v, tensors: Vec::new() }, max_inline))).await.is_err() {
                 break;
@@ -437,10 +449,12 @@ impl Server {
     pub async fn handle_text(&self, text: &[u8], peer: PeerInfo) -> Option<Vec<u8>> {
         let conn = Conn::new(self.shared.clone(), peer, None);
         let mut text = text.to_vec();
+        let room = parse_room(&self.shared, text.len()).await;
         let reply = match parse_request(&mut text, self.shared.limits).await {
             Err(e) => Some(Reply { value: failure(Value::Null, e), tensors: Vec::new() }),
             Ok(v) => conn.start(v, Vec::new()).await.reply,
         };
+        drop(room);
         conn.end();
         reply.map(|r| {
             let mut line = inline_line(r, self.shared.limits.max_inline_bytes);
@@ -453,6 +467,19 @@ impl Server {
 /// Requests at least this long are parsed on the blocking pool, not on the reader (whose
 /// runtime worker other connections need).
 const PARSE_OFF_READER_BYTES: usize = 1 << 20;
+
+/// Room for a request of `len` bytes under [`RpcLimits::max_parse_bytes_in_flight`]:
+/// nothing for a small one (under [`PARSE_OFF_READER_BYTES`]), else its size in KiB (the
+/// whole budget at most, so that one bigger than it goes alone), waited for.
+async fn parse_room(shared: &Shared, len: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if len < PARSE_OFF_READER_BYTES {
+        return None;
+    }
+    let kib = (len.div_ceil(1 << 10)).min(shared.limits.max_parse_bytes_in_flight >> 10);
+    let kib = u32::try_from(kib).unwrap_or(u32::MAX);
+    // The semaphore is never closed.
+    shared.parse_room.clone().acquire_many_owned(kib).await.ok()
+}
 
 /// Parses one plain JSON-RPC text (a request or a batch) after checking its shape
 /// ([`crate::shape::check`]: batch length, depth, values) on the bytes; a big one on the

@@ -93,3 +93,50 @@ async fn ferry_local_reading_stops_at_the_bound() {
     assert_eq!(gate.started.load(Ordering::SeqCst), 5);
     server.shutdown();
 }
+
+/// `RpcLimits::max_parse_bytes_in_flight`: big requests (1 MiB of text or more) from
+/// different connections are parsed and answered one budget at a time, while small ones go
+/// on: with a 1 MiB budget, the second big call starts only once the first ended; a small
+/// call on a third connection is not held behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_requests_wait_for_parse_room_and_small_ones_do_not() {
+    let gate = Arc::new(Gate { started: AtomicUsize::new(0), open: Semaphore::new(0) });
+    let limits = RpcLimits::default().max_parse_bytes_in_flight(1 << 20);
+    let mut m = Methods::new();
+    let g = gate.clone();
+    m.register("big", move |(pad,): (String,)| {
+        let gate = g.clone();
+        async move {
+            gate.started.fetch_add(1, Ordering::SeqCst);
+            let _pass = gate.open.acquire().await.map_err(|_| ErrorObject::internal("gate closed"))?;
+            Ok::<_, ErrorObject>(pad.len())
+        }
+    })
+    .unwrap();
+    m.register("small", |(): ()| async move { Ok::<_, ErrorObject>(true) }).unwrap();
+    let server = Server::builder(m).limits(limits).build();
+    let addr = addr();
+    let listener = t(endpoint().listen(&addr)).await.unwrap();
+    let s = server.clone();
+    tokio::spawn(async move {
+        let _ = s.serve(listener).await;
+    });
+    let pad = "x".repeat((1 << 20) + 100);
+    let big = format!("{{\"jsonrpc\":\"2.0\",\"method\":\"big\",\"params\":[\"{pad}\"],\"id\":1}}\n");
+    let (mut a, mut b, mut c) = (Plain::connect(&addr).await, Plain::connect(&addr).await, Plain::connect(&addr).await);
+    a.send(&big).await;
+    b.send(&big).await;
+    started_settles_at(&gate, 1).await;
+    // A small call is answered while both big ones are held.
+    c.send("{\"jsonrpc\":\"2.0\",\"method\":\"small\",\"id\":7}\n").await;
+    assert_eq!(c.line().await["result"], true);
+    // The first big call ends: the second gets the room and starts.
+    gate.open.add_permits(1);
+    started_settles_at(&gate, 2).await;
+    gate.open.add_permits(1);
+    for p in [&mut a, &mut b] {
+        let r = p.line().await;
+        assert_eq!(r["result"], pad.len(), "{r}");
+    }
+    server.shutdown();
+}

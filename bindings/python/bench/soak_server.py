@@ -322,6 +322,9 @@ def main() -> int:
             mem = f"{above / 2**20:.0f} MiB"
             if len(out) > 2:
                 mem += f" ({above / out[2]:.1f}x the {out[2] / 2**20:.0f} MiB sent)"
+                if full and above > 3 * out[2]:
+                    ok = False
+                    what += "; RSS peak over 3x the bytes sent"
             rows.append(
                 (
                     name,

@@ -55,7 +55,7 @@ fn seconds(option: &str, s: f64) -> PyResult<Duration> {
     if !(s.is_finite() && s > 0.0) {
         return Err(PyValueError::new_err(format!("{option} {s}: give a positive number of seconds")));
     }
-    Ok(Duration::from_secs_f64(s))
+    Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{option} {s}: too many seconds")))
 }
 
 fn parse_json(what: &str, text: &str) -> PyResult<Value> {
@@ -69,7 +69,9 @@ impl Server {
     /// ([`crate::gate`]): `max_running_handlers` sync handlers running at once (default
     /// 256, at most the pool's 512 threads), `max_queued_handlers` calls waiting for one
     /// (1024), `max_param_bytes_in_flight` bytes of JSON params being converted or held
-    /// by handlers (16 MiB); `max_in_flight` also bounds a connection's handler runs.
+    /// by handlers (16 MiB; for big plain-JSON and HTTP requests, from their parsing on:
+    /// `RpcLimits::max_parse_bytes_in_flight`); `max_in_flight` also bounds a connection's
+    /// handler runs.
     #[new]
     #[pyo3(signature = (title, version, description=None, *, max_connections=None, max_in_flight=None,
         max_request_bytes=None, max_tasks=None, max_tasks_per_identity=None, idle_timeout=None,
@@ -132,7 +134,16 @@ impl Server {
             limits = limits.idle_timeout(seconds("idle_timeout", s)?);
         }
         if let Some(s) = ref_ttl {
-            limits = limits.ref_ttl(seconds("ref_ttl", s)?);
+            let max = ferry_rpc::remote::MAX_REF_TTL;
+            let d = seconds("ref_ttl", s)?;
+            if d > max {
+                let days = max.as_secs() / 86_400;
+                return Err(PyValueError::new_err(format!(
+                    "ref_ttl {s}: at most {} seconds ({days} days)",
+                    max.as_secs()
+                )));
+            }
+            limits = limits.ref_ttl(d);
         }
         let max_running = max_running_handlers.unwrap_or(gate::DEFAULT_RUNNING);
         if max_running == 0 || max_running > crate::pool::MAX_THREADS {
@@ -146,6 +157,9 @@ impl Server {
         if max_param_bytes == 0 {
             return Err(PyValueError::new_err("max_param_bytes_in_flight 0: give at least 1"));
         }
+        // The same budget bounds big plain-JSON and HTTP requests while the RPC layer
+        // parses them and until their calls end (`RpcLimits::max_parse_bytes_in_flight`).
+        limits = limits.max_parse_bytes_in_flight(usize::try_from(max_param_bytes).unwrap_or(usize::MAX));
         let gate =
             Gate::new(GateLimits { max_in_flight: limits.max_in_flight, max_running, max_queued, max_param_bytes });
         Ok(Server {

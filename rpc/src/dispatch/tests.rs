@@ -36,6 +36,7 @@ fn conn(limits: RpcLimits, gate: Arc<Notify>) -> Arc<Conn> {
         doc: OnceLock::new(),
         connections: std::sync::atomic::AtomicUsize::new(0),
         spawner: None,
+        parse_room: Arc::new(tokio::sync::Semaphore::new(limits.max_parse_bytes_in_flight >> 10)),
     });
     Conn::new(shared, peer(), None)
 }
@@ -167,6 +168,7 @@ async fn non_finite_results_are_errors() {
         doc: OnceLock::new(),
         connections: std::sync::atomic::AtomicUsize::new(0),
         spawner: None,
+        parse_room: Arc::new(tokio::sync::Semaphore::new(limits.max_parse_bytes_in_flight >> 10)),
     });
     let c = Conn::new(shared, peer(), None);
     let r = finish(c.start(json!({"jsonrpc": "2.0", "method": "add", "params": [1e308, 1e308], "id": 1}), vec![]))
