@@ -73,14 +73,20 @@ pub fn channels() -> Vec<Arc<dyn Channel>> {
 /// ([`ferry_shm::ShmOptions::pool_limit`]; `ferry serve --shm-pool-mib`).
 #[cfg(feature = "shm")]
 pub fn endpoint_with_shm_pool(pool_limit: u64) -> EndpointBuilder {
+    endpoint_with_shm(ferry_shm::ShmOptions { pool_limit, ..ferry_shm::ShmOptions::default() })
+}
+
+/// [`endpoint()`], with these options for the shm channel (e.g. a binding's words for them in
+/// errors, [`ferry_shm::ShmOptions::names`]).
+#[cfg(feature = "shm")]
+pub fn endpoint_with_shm(opts: ferry_shm::ShmOptions) -> EndpointBuilder {
     let mut b = Endpoint::builder();
     for t in transports() {
         b = b.transport(t);
     }
     for c in channels() {
         if c.name() == "shm" {
-            let opts = ferry_shm::ShmOptions { pool_limit, ..ferry_shm::ShmOptions::default() };
-            b = b.channel(Arc::new(ferry_shm::ShmChannel::with_options(opts)));
+            b = b.channel(Arc::new(ferry_shm::ShmChannel::with_options(opts.clone())));
         } else {
             b = b.channel(c);
         }

@@ -143,8 +143,8 @@ pub struct ShmOptions {
 /// layer that sets them: a Rust field, a command-line flag, a Python argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShmOptionNames {
-    /// How to raise [`ShmOptions::pool_limit`] (default
-    /// `ShmOptions::pool_limit (ShmChannel::with_options)`).
+    /// How to raise [`ShmOptions::pool_limit`] (default: the Rust field, and the flag of
+    /// `ferry serve` and `App.serve(shm_pool_mib=...)` for a server).
     pub pool_limit: Cow<'static, str>,
     /// How to lengthen [`ShmOptions::full_wait`]; `None` where the caller cannot set it.
     pub full_wait: Option<Cow<'static, str>>,
@@ -153,7 +153,9 @@ pub struct ShmOptionNames {
 impl Default for ShmOptionNames {
     fn default() -> Self {
         ShmOptionNames {
-            pool_limit: "ShmOptions::pool_limit (ShmChannel::with_options)".into(),
+            pool_limit: "ShmOptions::pool_limit (ShmChannel::with_options); for a server: `ferry serve \
+                         --shm-pool-mib N`, or shm_pool_mib=N of App.serve in Python"
+                .into(),
             full_wait: Some("ShmOptions::full_wait".into()),
         }
     }
