@@ -15,9 +15,28 @@ use tokio::sync::Mutex as AsyncMutex;
 use crate::runtime;
 use crate::tensors::{OutTensor, TensorRef, meta_of};
 
+/// The shm channel's options for `ferry.listen` / `ferry.connect`: its errors name what
+/// Python sets (`shm_pool_mib=`), not Rust fields.
+fn shm_options(shm_pool_mib: Option<u64>) -> PyResult<ferry::ferry_shm::ShmOptions> {
+    let mut o = ferry::ferry_shm::ShmOptions::default();
+    if let Some(m) = shm_pool_mib {
+        if m < 2 {
+            return Err(PyValueError::new_err(format!(
+                "shm_pool_mib={m}: the pool needs at least 2 MiB (segments grow in 2 MiB steps)"
+            )));
+        }
+        o.pool_limit = m.saturating_mul(1 << 20);
+    }
+    o.names = ferry::ferry_shm::ShmOptionNames {
+        pool_limit: "shm_pool_mib=N of ferry.connect / ferry.listen on the sending side (default 2048)".into(),
+        full_wait: None,
+    };
+    Ok(o)
+}
+
 /// The endpoint pipes use: every transport and channel this build has.
-fn endpoint(token: Option<String>) -> Endpoint {
-    let mut b = ferry::endpoint();
+fn endpoint(token: Option<String>, shm_pool_mib: Option<u64>) -> PyResult<Endpoint> {
+    let mut b = ferry::endpoint_with_shm(shm_options(shm_pool_mib)?);
     // The same-host ring wherever the peer has one too (unix sockets on Linux): `recv`
     // then waits on the ring itself (`Pipe::recv_blocking`).
     #[cfg(target_os = "linux")]
@@ -27,7 +46,7 @@ fn endpoint(token: Option<String>) -> Endpoint {
     if let Some(t) = token {
         b = b.token(t.clone()).require_token(t);
     }
-    b.build()
+    Ok(b.build())
 }
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> PyErr {
@@ -264,22 +283,24 @@ impl Pipe {
     }
 }
 
-/// Listens on `addr` (`unix:NAME`, a socket path, `quic://HOST:PORT`) for pipes.
+/// Listens on `addr` (`unix:NAME`, a socket path, `quic://HOST:PORT`) for pipes; each
+/// pipe's shm pool holds at most `shm_pool_mib` MiB (default 2048).
 #[pyfunction]
-#[pyo3(signature = (addr, *, token=None))]
-pub fn listen(py: Python<'_>, addr: &str, token: Option<String>) -> PyResult<Listener> {
-    let ep = endpoint(token);
+#[pyo3(signature = (addr, *, token=None, shm_pool_mib=None))]
+pub fn listen(py: Python<'_>, addr: &str, token: Option<String>, shm_pool_mib: Option<u64>) -> PyResult<Listener> {
+    let ep = endpoint(token, shm_pool_mib)?;
     let l =
         py.detach(|| runtime().block_on(ep.listen(addr))).map_err(|e| io_err(&format!("listening on {addr}"), e))?;
     let addr = l.local_addr().to_string();
     Ok(Listener { inner: AsyncMutex::new(l), addr })
 }
 
-/// Connects to a listener.
+/// Connects to a listener; the pipe's shm pool holds at most `shm_pool_mib` MiB (default
+/// 2048).
 #[pyfunction]
-#[pyo3(signature = (addr, *, token=None))]
-pub fn connect(py: Python<'_>, addr: &str, token: Option<String>) -> PyResult<Pipe> {
-    let ep = endpoint(token);
+#[pyo3(signature = (addr, *, token=None, shm_pool_mib=None))]
+pub fn connect(py: Python<'_>, addr: &str, token: Option<String>, shm_pool_mib: Option<u64>) -> PyResult<Pipe> {
+    let ep = endpoint(token, shm_pool_mib)?;
     let p =
         py.detach(|| runtime().block_on(ep.connect(addr))).map_err(|e| io_err(&format!("connecting to {addr}"), e))?;
     Ok(Pipe { pipe: Arc::new(p) })

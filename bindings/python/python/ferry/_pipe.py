@@ -121,11 +121,23 @@ class Listener:
         return await asyncio.to_thread(self.accept, timeout)
 
 
-def listen(addr: str, *, token: str | None = None) -> Listener:
-    """Listens on `addr` (`unix:NAME`, a socket path, `quic://HOST:PORT`)."""
-    return Listener(_native.listen(addr, token=token))
+def listen(
+    addr: str, *, token: str | None = None, shm_pool_mib: int | None = None
+) -> Listener:
+    """Listens on `addr` (`unix:NAME`, a socket path, `quic://HOST:PORT`).
+
+    `shm_pool_mib`: the most shared memory (MiB, default 2048) each accepted pipe holds for
+    what it sends; memory nothing uses any more is given back while the pipe lives.
+    """
+    return Listener(_native.listen(addr, token=token, shm_pool_mib=shm_pool_mib))
 
 
-def connect(addr: str, *, token: str | None = None) -> Pipe:
-    """Connects to a `listen`ing peer."""
-    return Pipe(_native.connect(addr, token=token))
+def connect(
+    addr: str, *, token: str | None = None, shm_pool_mib: int | None = None
+) -> Pipe:
+    """Connects to a `listen`ing peer.
+
+    `shm_pool_mib`: the most shared memory (MiB, default 2048) this pipe holds for what it
+    sends; memory nothing uses any more is given back while the pipe lives.
+    """
+    return Pipe(_native.connect(addr, token=token, shm_pool_mib=shm_pool_mib))
