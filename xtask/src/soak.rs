@@ -29,7 +29,10 @@ impl Soak {
     /// Builds `ferry` and runs the soak; fails when a phase's check fails.
     pub fn run(&self, sh: &Shell) -> anyhow::Result<()> {
         anyhow::ensure!(cfg!(target_os = "linux"), "the soak reads /proc: Linux only");
-        let ferry = crate::python_sdk::ferry_bin(sh, self.release)?;
+        // With QUIC: a phase soaks tokenless `quic://` connections (per-connection identities).
+        let flag = self.release.then_some("--release");
+        cmd!(sh, "cargo build -p ferry-cli --bin ferry --features quic --locked {flag...}").run()?;
+        let ferry = crate::target_dir(sh)?.join(if self.release { "release" } else { "debug" }).join("ferry");
         let full = self.full.then_some("--full");
         cmd!(sh, "{ferry} __soak {full...}").run()?;
         if self.full {

@@ -22,6 +22,7 @@ use ferry_rpc::Client;
 
 use crate::bench::{ChildProcess, start_child};
 
+mod conn_owner;
 mod phases;
 mod ring_peers;
 

@@ -32,6 +32,7 @@ pub(crate) const ALL: &[(&str, Phase)] = &[
     ("clients SIGKILLed mid-call", |c| Box::pin(kill_clients(c))),
     ("servers SIGKILLed under a client", |c| Box::pin(kill_servers(c))),
     ("ring peers SIGKILLed, not reading", |c| Box::pin(super::ring_peers::killed_ring_peers(c))),
+    ("tokenless QUIC conns close", |c| Box::pin(super::conn_owner::tokenless_quic_connections(c))),
 ];
 
 const WAIT: Duration = Duration::from_secs(60);
