@@ -298,7 +298,9 @@ pub async fn run(exe: &Path, counts: Counts) -> anyhow::Result<()> {
     );
     print_header();
     let mut failed = 0;
-    for (name, phase) in phases::ALL {
+    // FERRY_SOAK_ONLY=TEXT runs only the phases whose name contains TEXT (to measure one).
+    let only = std::env::var("FERRY_SOAK_ONLY").ok();
+    for (name, phase) in phases::ALL.iter().filter(|(n, _)| only.as_deref().is_none_or(|o| n.contains(o))) {
         let _ = sampler.take_peak();
         let _ = canary.take();
         let check = phase(&mut ctx).await.map_err(|e| format!("{e:#}"));
