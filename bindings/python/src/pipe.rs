@@ -28,7 +28,7 @@ fn shm_options(shm_pool_mib: Option<u64>) -> PyResult<ferry::ferry_shm::ShmOptio
         o.pool_limit = m.saturating_mul(1 << 20);
     }
     o.names = ferry::ferry_shm::ShmOptionNames {
-        pool_limit: "shm_pool_mib=N of ferry.connect / ferry.listen on the sending side (default 2048)".into(),
+        pool_limit: "shm_pool_mib=N of ferry.connect / ferry.listen (default 2048)".into(),
         full_wait: None,
     };
     Ok(o)

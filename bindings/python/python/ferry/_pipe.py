@@ -121,9 +121,7 @@ class Listener:
         return await asyncio.to_thread(self.accept, timeout)
 
 
-def listen(
-    addr: str, *, token: str | None = None, shm_pool_mib: int | None = None
-) -> Listener:
+def listen(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Listener:
     """Listens on `addr` (`unix:NAME`, a socket path, `quic://HOST:PORT`).
 
     `shm_pool_mib`: the most shared memory (MiB, default 2048) each accepted pipe holds for
@@ -132,9 +130,7 @@ def listen(
     return Listener(_native.listen(addr, token=token, shm_pool_mib=shm_pool_mib))
 
 
-def connect(
-    addr: str, *, token: str | None = None, shm_pool_mib: int | None = None
-) -> Pipe:
+def connect(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Pipe:
     """Connects to a `listen`ing peer.
 
     `shm_pool_mib`: the most shared memory (MiB, default 2048) this pipe holds for what it
