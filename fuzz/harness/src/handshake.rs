@@ -206,6 +206,12 @@ impl Connection for MemConn {
     }
 
     fn split(self: Box<Self>) -> Split {
-        Split { read: reader(&self.read), write: Box::new(self.write), fds: Some(FdQueue::new()), busy_poll: None }
+        Split {
+            read: reader(&self.read),
+            write: Box::new(self.write),
+            fds: Some(FdQueue::new()),
+            busy_poll: None,
+            liveness: None,
+        }
     }
 }
