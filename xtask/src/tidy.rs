@@ -11,9 +11,13 @@
 //!   [`LONG_FILES`], which may not grow past their listed count; an entry whose file is
 //!   back under the limit must be removed.
 //! - Public test modules: no `pub mod` named like test-only code (`testing`, `test_util`,
-//!   `tests`, `fake`, `mock`, ..) in a crate's `src/` unless `#[cfg(test)]` or a feature
-//!   whose name starts with `__` gates it; [`PUBLIC_TEST_MODULES`] lists today's
-//!   exceptions, and an entry that no longer matches fails.
+//!   `tests`, `fake`, `mock`, ..) in a crate's `src/` unless `#[cfg(test)]` or the crate's
+//!   test-only feature `__testing` gates it ([`test_only`]).
+//! - Test-only features: a test-only feature (a name starting with `__`) is `__testing`, and
+//!   no build of a package that ships (`cargo build -p ferry-cli`, the facade with any
+//!   features, a bare `cargo build`) enables one: only dev-dependencies and the test-code
+//!   packages of `TEST_PACKAGES` do ([`test_only`]; checked on the manifests and on cargo's
+//!   resolution, `cargo tree -e features`).
 //! - Wire types: every type in `core/src/wire.rs` that derives or implements `Serialize`
 //!   or `Deserialize` is described by a checked-in JSON Schema: listed in
 //!   `core/src/schema.rs` (`schema_for!(Type)`) or a definition inside one of those schemas.
@@ -25,6 +29,7 @@
 //! rustfmt-formatted code.
 
 mod scan;
+mod test_only;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -62,7 +67,8 @@ pub fn check_all(root: &Path) -> anyhow::Result<()> {
     problems.extend(backends_instantiate_conformance(root)?);
     problems.extend(conformance_cases_registered(root)?);
     problems.extend(file_lengths(root)?);
-    problems.extend(public_test_modules(root)?);
+    problems.extend(test_only::public_test_modules(root)?);
+    problems.extend(test_only::test_features(root)?);
     problems.extend(wire_types_have_schemas(root)?);
     fail_on(problems)
 }
@@ -325,84 +331,6 @@ fn file_length_problems(files: &[(String, usize)], allowed: &[(&str, usize, &str
 }
 
 // ---------------------------------------------------------------------------------------
-// No public test modules
-
-/// Public test-only modules not yet behind a `__` feature: `(file, module)`. This list
-/// only shrinks: tidy fails on an entry that no longer matches an ungated module.
-const PUBLIC_TEST_MODULES: &[(&str, &str)] = &[
-    // Empty: shm's `testing` and cuda-ipc's `fake` are behind `__testing` / `__fake`.
-];
-
-/// Whether a module name says the module is test-only code.
-fn is_test_module_name(name: &str) -> bool {
-    const NAMES: &[&str] =
-        &["test", "tests", "testing", "test_util", "test_utils", "test_support", "fake", "fakes", "mock", "mocks"];
-    NAMES.contains(&name) || ["test_", "fake_", "mock_"].iter().any(|p| name.starts_with(p))
-}
-
-/// Every public test-only module in a `src/` directory that is neither gated nor allowed
-/// by [`PUBLIC_TEST_MODULES`], and every stale entry of that list.
-fn public_test_modules(root: &Path) -> anyhow::Result<Vec<String>> {
-    let mut found = Vec::new();
-    for path in rust_files(root)? {
-        let rel = crate::relative(root, &path);
-        if !format!("/{rel}").contains("/src/") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {rel}"))?;
-        for (line, name) in ungated_test_modules(&text) {
-            found.push((rel.clone(), line, name));
-        }
-    }
-    Ok(public_test_module_problems(&found, PUBLIC_TEST_MODULES))
-}
-
-/// The public-test-module rule on `(file, line, module)` findings.
-fn public_test_module_problems(found: &[(String, usize, String)], allowed: &[(&str, &str)]) -> Vec<String> {
-    const LIST: &str = "PUBLIC_TEST_MODULES in xtask/src/tidy.rs";
-    let mut problems = Vec::new();
-    for (rel, line, name) in found {
-        if !allowed.iter().any(|&(file, module)| file == rel && module == name) {
-            problems.push(format!(
-                "{rel}:{line}: `pub mod {name}` puts test-only code in the public API: gate it with \
-                 `#[cfg(feature = \"__{name}\")]` (a feature whose name starts with `__`, declared in the \
-                 crate's Cargo.toml), or make it private under `#[cfg(test)]`"
-            ));
-        }
-    }
-    for &(file, module) in allowed {
-        if !found.iter().any(|(rel, _, name)| rel == file && name == module) {
-            problems.push(format!("{file}: no ungated `pub mod {module}` any more: remove its entry from {LIST}"));
-        }
-    }
-    problems
-}
-
-/// `(line, name)` of every `pub mod NAME` with a test-only name that neither
-/// `#[cfg(test)]` nor a `#[cfg(.. feature = "__..")]` gates.
-fn ungated_test_modules(text: &str) -> Vec<(usize, String)> {
-    let raw = ascii_fold(text);
-    let code = ascii_fold(&blank_comments_and_strings(text));
-    let mut found = Vec::new();
-    for at in ident_positions(&code, "mod") {
-        let Some(name) = ident_at(&code, at + "mod".len()) else { continue };
-        let start = item_start(&code, at);
-        if start == at || code[start..at].trim() != "pub" || !is_test_module_name(name) {
-            continue; // private, `pub(crate)` and the like, or not a test-only name
-        }
-        let gated = attributes_before(&code, &raw, start).iter().any(|attr| {
-            let attr: String = attr.chars().filter(|c| !c.is_whitespace()).collect();
-            attr == "#[cfg(test)]"
-                || (attr.starts_with("#[cfg(") && attr.contains("feature=\"__") && !attr.contains("not("))
-        });
-        if !gated {
-            found.push((code[..at].matches('\n').count() + 1, name.to_owned()));
-        }
-    }
-    found
-}
-
-// ---------------------------------------------------------------------------------------
 // Every wire type has a JSON Schema
 
 /// Every serde type of `core/src/wire.rs` that no schema describes.
@@ -527,11 +455,6 @@ mod tests {
     }
 
     #[test]
-    fn no_public_test_modules() {
-        fail_on(public_test_modules(&crate::project_root()).unwrap()).unwrap();
-    }
-
-    #[test]
     fn every_wire_type_has_a_schema() {
         fail_on(wire_types_have_schemas(&crate::project_root()).unwrap()).unwrap();
     }
@@ -551,32 +474,6 @@ mod tests {
         assert!(problems[1].contains("more than the 850"), "{}", problems[1]);
         assert!(problems[2].contains("remove its entry"), "{}", problems[2]);
         assert!(problems[3].contains("not found"), "{}", problems[3]);
-    }
-
-    #[test]
-    fn finds_ungated_public_test_modules() {
-        let src = "/// Helpers.\n#[doc(hidden)]\npub mod testing {\n}\n\
-                   #[cfg(test)]\nmod tests;\n\
-                   #[cfg(test)]\npub mod test_util;\n\
-                   #[cfg(feature = \"__fake\")]\n/// Doc.\n#[doc(hidden)]\npub mod fake;\n\
-                   #[cfg(feature = \"fake\")]\npub mod fakes;\n\
-                   #[cfg(not(feature = \"__mock\"))]\npub mod mock;\n\
-                   pub(crate) mod fake_driver;\npub mod tensor;\n// pub mod tests;\n\
-                   const S: &str = \"pub mod tests;\";\npub mod mock_gpu {}\n";
-        let found = ungated_test_modules(src);
-        let found: Vec<(usize, &str)> = found.iter().map(|(line, name)| (*line, name.as_str())).collect();
-        assert_eq!(found, [(3, "testing"), (14, "fakes"), (16, "mock"), (21, "mock_gpu")]);
-    }
-
-    #[test]
-    fn public_test_module_allow_list_only_shrinks() {
-        let found =
-            [("a/src/lib.rs".to_owned(), 3, "fake".to_owned()), ("b/src/lib.rs".to_owned(), 9, "testing".to_owned())];
-        let problems = public_test_module_problems(&found, &[("a/src/lib.rs", "fake"), ("c/src/lib.rs", "testing")]);
-        assert_eq!(problems.len(), 2, "{problems:#?}");
-        assert!(problems[0].starts_with("b/src/lib.rs:9: `pub mod testing`"), "{}", problems[0]);
-        assert!(problems[0].contains("__testing"), "{}", problems[0]);
-        assert!(problems[1].starts_with("c/src/lib.rs: no ungated `pub mod testing`"), "{}", problems[1]);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Everything above this trait (descriptors, the handle cache, leases, the pool, the
 //! session) is plain Rust and is tested with the in-memory driver of the `fake` module
-//! (feature `__fake`); everything below it is the real driver ([`crate::sys::CudaDriver`], the only unsafe code
+//! (feature `__testing`); everything below it is the real driver ([`crate::sys::CudaDriver`], the only unsafe code
 //! of the crate).
 //!
 //! Contract every implementation keeps (the fake checks the callers against it):

@@ -48,7 +48,8 @@
 //! run the GPU tests is in this crate's `README.md`.
 //!
 //! # Feature flags
-//! None. (The facade `ferry` enables this crate with its `cuda-ipc` feature.)
+//! None. (The facade `ferry` enables this crate with its `cuda-ipc` feature; `__testing`, for
+//! tests only, adds the in-memory CUDA driver `fake`.)
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -62,10 +63,10 @@ use ferry_core::{
 mod cache;
 mod descriptor;
 pub mod driver;
-// An in-memory CUDA driver for tests. Test-only, behind the `__fake` feature: not part of
+// An in-memory CUDA driver for tests. Test-only, behind the `__testing` feature: not part of
 // the API. (A `///` here would make rustdoc resolve the module's own doc links from this
 // crate root.)
-#[cfg(any(test, feature = "__fake"))]
+#[cfg(any(test, feature = "__testing"))]
 #[doc(hidden)]
 pub mod fake;
 mod lease;
@@ -156,7 +157,7 @@ impl CudaIpcChannel {
         Self::with_driver(sys::CudaDriver::shared(), opts)
     }
 
-    /// Over another [`Driver`] (tests use the in-memory driver of the `__fake` feature).
+    /// Over another [`Driver`] (tests use the in-memory driver of the `__testing` feature).
     #[doc(hidden)]
     pub fn with_driver(driver: Arc<dyn Driver>, opts: CudaIpcOptions) -> Self {
         let pool_opts = PoolOpts { limit: opts.pool_limit, slab_bytes: opts.slab_bytes, full_wait: opts.full_wait };
