@@ -344,14 +344,18 @@ impl Context {
     }
 
     /// Keeps `out` (from `keep_alloc`, filled) on the server as a reference owned by the
-    /// caller, freed after `ttl` seconds if given. Returns `(info_json, None)`, the inside
+    /// caller, freed after `ttl` seconds if given (at most 365 days). Returns `(info_json, None)`, the inside
     /// of its wire form (`RefInfo`), or `(None, (code, message, data_json))` past the
     /// server's reference limits (LIMIT_EXCEEDED naming the limit), for `RpcError`.
     #[pyo3(signature = (out, ttl=None))]
     fn keep(&self, out: &Bound<'_, OutTensor>, ttl: Option<f64>) -> PyResult<KeepOutcome> {
+        use ferry_rpc::remote::MAX_REF_TTL;
         let ttl = match ttl {
-            Some(s) if !(s.is_finite() && s >= 0.0) => {
-                return Err(PyValueError::new_err(format!("ttl={s}: seconds, finite and not negative")));
+            Some(s) if !(s.is_finite() && s >= 0.0 && s <= MAX_REF_TTL.as_secs_f64()) => {
+                return Err(PyValueError::new_err(format!(
+                    "ttl={s}: seconds, finite, not negative and at most {} (365 days, MAX_REF_TTL)",
+                    MAX_REF_TTL.as_secs()
+                )));
             }
             Some(s) => Some(Duration::from_secs_f64(s)),
             None => None,

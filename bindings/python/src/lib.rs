@@ -24,6 +24,7 @@ use std::sync::OnceLock;
 
 use pyo3::prelude::*;
 
+pub mod accept;
 pub mod answer;
 pub mod gate;
 pub mod handler;

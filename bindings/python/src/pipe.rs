@@ -123,23 +123,12 @@ impl Listener {
         self.addr.clone()
     }
 
-    /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next peer.
+    /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next peer;
+    /// a connection whose handshake fails is logged and skipped ([`crate::accept`]).
     #[pyo3(signature = (timeout=None))]
     fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Pipe> {
-        let r = py.detach(|| {
-            runtime().block_on(async {
-                let mut l = self.inner.lock().await;
-                match timeout {
-                    Some(s) => tokio::time::timeout(Duration::from_secs_f64(s.max(0.0)), l.accept()).await.ok(),
-                    None => Some(l.accept().await),
-                }
-            })
-        });
-        match r {
-            None => Err(PyTimeoutError::new_err(format!("no peer connected to {} within {timeout:?} s", self.addr))),
-            Some(Ok(p)) => Ok(Pipe { pipe: Arc::new(p) }),
-            Some(Err(e)) => Err(io_err("accepting", e)),
-        }
+        let p = crate::accept::accept_next(py, &self.inner, &self.addr, timeout)?;
+        Ok(Pipe { pipe: Arc::new(p) })
     }
 }
 
