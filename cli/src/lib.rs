@@ -21,6 +21,8 @@
 pub mod bench;
 #[cfg(feature = "rpc")]
 pub mod bench_rpc;
+#[cfg(all(feature = "shm", target_os = "linux"))]
+pub mod bench_shm_memory;
 #[cfg(feature = "rpc")]
 pub mod cli_rpc;
 #[cfg(feature = "rpc")]

@@ -58,6 +58,10 @@ enum Cmd {
         /// Skip the JSON-RPC rows (calls to `ferry serve`).
         #[arg(long)]
         no_rpc: bool,
+        /// The shm memory rows' large tensor in MiB (memory given back after a param and a
+        /// result of this size; this size sent after 1,000 small messages); 0: skip them.
+        #[arg(long, default_value_t = 1024)]
+        shm_memory_mib: u64,
     },
     /// Serve the demo JSON-RPC API (add, echo, create_tensor, sum, matmul, sleep, weights,
     /// describe, whoami; tasks; rpc.discover) to ferry clients and plain JSON-RPC clients.
@@ -263,6 +267,12 @@ enum Cmd {
         /// Address to listen on.
         addr: String,
     },
+    /// Internal: the peer of `ferry bench`'s shm memory rows.
+    #[command(name = "__shm-memory-peer", hide = true)]
+    ShmMemoryPeer {
+        /// Address to listen on.
+        addr: String,
+    },
 }
 
 /// A timeout given in seconds on the command line.
@@ -373,7 +383,19 @@ fn main() -> ExitCode {
     };
     let r = rt.block_on(async move {
         match cli.command {
-            Cmd::Bench { shape, dtype, iters, small_iters, warmup, big_mib, big_iters, only, json, no_rpc } => {
+            Cmd::Bench {
+                shape,
+                dtype,
+                iters,
+                small_iters,
+                warmup,
+                big_mib,
+                big_iters,
+                only,
+                json,
+                no_rpc,
+                shm_memory_mib,
+            } => {
                 let opts = BenchOptions {
                     shape,
                     dtype,
@@ -386,27 +408,31 @@ fn main() -> ExitCode {
                     progress: !json,
                 };
                 let exe = std::env::current_exe()?;
-                if !json {
-                    eprintln!(
-                        "ferry bench: {} round trips of {}[{}] and {} of 64 bytes per backend",
-                        opts.iters,
-                        opts.dtype,
-                        opts.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
-                        opts.small_iters
-                    );
-                }
-                let rows = bench::run(&exe, &opts, |r| {
-                    if json {
-                        println!("{}", serde_json::to_string(r).unwrap_or_default());
+                // `--only shm-memory`: those rows alone.
+                let memory_only = !opts.only.is_empty() && opts.only.iter().all(|o| o == "shm-memory");
+                if !memory_only {
+                    if !json {
+                        eprintln!(
+                            "ferry bench: {} round trips of {}[{}] and {} of 64 bytes per backend",
+                            opts.iters,
+                            opts.dtype,
+                            opts.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+                            opts.small_iters
+                        );
                     }
-                })
-                .await?;
-                if !json {
-                    print!("{}", bench::table(&rows));
-                    println!("round trips: GB/s counts both directions; memcpy: one copy.");
+                    let rows = bench::run(&exe, &opts, |r| {
+                        if json {
+                            println!("{}", serde_json::to_string(r).unwrap_or_default());
+                        }
+                    })
+                    .await?;
+                    if !json {
+                        print!("{}", bench::table(&rows));
+                        println!("round trips: GB/s counts both directions; memcpy: one copy.");
+                    }
                 }
                 #[cfg(feature = "rpc")]
-                if !no_rpc {
+                if !no_rpc && !memory_only {
                     let rows = ferry_cli::bench_rpc::run(&exe, &opts, |r| {
                         if json {
                             println!("{}", serde_json::to_string(r).unwrap_or_default());
@@ -425,6 +451,20 @@ fn main() -> ExitCode {
                 }
                 #[cfg(not(feature = "rpc"))]
                 let _ = no_rpc;
+                #[cfg(all(feature = "shm", target_os = "linux"))]
+                if shm_memory_mib > 0 && (opts.only.is_empty() || opts.only.iter().any(|o| o == "shm-memory")) {
+                    let rows = ferry_cli::bench_shm_memory::run(&exe, shm_memory_mib).await?;
+                    if json {
+                        for r in &rows {
+                            println!("{}", serde_json::to_string(r).unwrap_or_default());
+                        }
+                    } else {
+                        println!();
+                        print!("{}", ferry_cli::bench_shm_memory::table(&rows));
+                    }
+                }
+                #[cfg(not(all(feature = "shm", target_os = "linux")))]
+                let _ = shm_memory_mib;
                 Ok(())
             }
             #[cfg(feature = "rpc")]
@@ -588,6 +628,10 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Cmd::Echo { addr } => bench::echo_peer(&addr).await,
+            #[cfg(all(feature = "shm", target_os = "linux"))]
+            Cmd::ShmMemoryPeer { addr } => ferry_cli::bench_shm_memory::peer(&addr).await,
+            #[cfg(not(all(feature = "shm", target_os = "linux")))]
+            Cmd::ShmMemoryPeer { .. } => Err(anyhow::anyhow!("the shm memory peer needs shm (Linux)")),
             #[cfg(all(feature = "rpc", target_os = "linux"))]
             Cmd::Soak { full } => {
                 let exe = std::env::current_exe()?;
