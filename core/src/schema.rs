@@ -43,7 +43,19 @@ pub fn schemas() -> Vec<(&'static str, String)> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+
     use super::*;
+    use crate::compact::DescsOut;
+    use crate::handshake::{client_hello, server_choose};
+    use crate::transport::ConnInfo;
+    use crate::wire::{
+        CudaIpcRef, CudaIpcReturnRef, InlineRef, Location, MAX_WIRE_INT, PROTOCOL_VERSION, QuicStreamRef, RingOffer,
+        SegmentAnnounce, ShmRef, ShmReturnRef,
+    };
+    use crate::{Channel, InlineChannel};
 
     /// The checked-in schemas match the wire types. Run `cargo xtask codegen` to refresh.
     #[test]
@@ -59,12 +71,215 @@ mod tests {
         assert!(stale.is_empty(), "stale schemas {stale:?}: run `cargo xtask codegen`");
     }
 
+    /// The checked-in schema `name`, compiled by a JSON Schema validator.
+    fn validator(name: &str) -> jsonschema::Validator {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas").join(name);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let schema: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{name} is not a valid schema: {e}"))
+    }
+
+    fn value(v: impl serde::Serialize) -> Value {
+        serde_json::to_value(v).unwrap()
+    }
+
+    fn descriptors() -> Vec<TensorDesc> {
+        let f32_2x3 = TensorMeta::new(DType::F32, vec![2, 3]);
+        let gpu = f32_2x3.clone().with_device(Device::Cuda(1));
+        let handle = "A".repeat(88);
+        let at = |data| TensorDesc { meta: f32_2x3.clone(), data };
+        vec![
+            at(Location::Inline(InlineRef { offset: 64, len: 24 })),
+            TensorDesc {
+                meta: TensorMeta::new(DType::U8, vec![3, 2]).with_strides(vec![1, 3]),
+                data: Location::Inline(InlineRef { offset: 0, len: 6 }),
+            },
+            TensorDesc {
+                meta: TensorMeta::new(DType::F64, vec![]),
+                data: Location::Inline(InlineRef { offset: 0, len: 8 }),
+            },
+            at(Location::Shm(ShmRef {
+                segment: 1,
+                offset: 0,
+                len: 24,
+                lease: MAX_WIRE_INT,
+                announce: Some(SegmentAnnounce { fd: 0, size: 1 << 20 }),
+                lazy_release: false,
+            })),
+            at(Location::Shm(ShmRef { segment: 1, offset: 64, len: 24, lease: 2, announce: None, lazy_release: true })),
+            at(Location::ShmReturn(ShmReturnRef { lease: 7, offset: 0, len: 24 })),
+            TensorDesc {
+                meta: gpu.clone(),
+                data: Location::CudaIpc(CudaIpcRef {
+                    device_uuid: "GPU-5f8e0c4a-0000-0000-0000-000000000000".into(),
+                    mem_handle: handle.clone(),
+                    alloc_id: 3,
+                    alloc_size: 64 << 20,
+                    offset: 512,
+                    len: 24,
+                    event_handle: handle.clone(),
+                    lease: 12,
+                }),
+            },
+            TensorDesc {
+                meta: gpu,
+                data: Location::CudaIpcReturn(CudaIpcReturnRef { lease: 12, offset: 0, len: 24, event_handle: handle }),
+            },
+            at(Location::QuicStream(QuicStreamRef { stream: 6, len: 24 })),
+        ]
+    }
+
+    /// Real serialized values of each wire type, as ferry writes them, by schema file.
+    fn real_values() -> Vec<(&'static str, Vec<Value>)> {
+        let chans: Vec<Arc<dyn Channel>> = vec![Arc::new(InlineChannel)];
+        let conn = ConnInfo::default();
+        let hello = client_hello(&chans, &conn, PROTOCOL_VERSION, Some("s3cret".into()), Limits::default());
+        let bare_hello = Hello { token: None, limits: None, features: vec![], ..hello.clone() };
+        let welcome = server_choose(&chans, &hello, &conn, PROTOCOL_VERSION, Limits::default()).unwrap();
+        let mut ring_welcome = welcome.clone();
+        ring_welcome.ring = Some(RingOffer { capacity: 1 << 20 });
+        ring_welcome.features.push(crate::wire::FEATURE_RING.into());
+        let descs = descriptors();
+        let header = json!({"op": "matmul", "args": [1, 2.5, null, "x"]});
+        let compact = value(DescsOut { descs: &descs, compact: true });
+        let objects = value(DescsOut { descs: &descs, compact: false });
+        assert!(compact.as_array().unwrap().iter().any(Value::is_array), "no compact descriptor to check");
+        let shm = ShmControl { release: vec![1, MAX_WIRE_INT], forget: vec![] };
+        let shm_forget = ShmControl { release: vec![], forget: vec![4] };
+        let cuda = CudaIpcControl {
+            release: vec![12],
+            device: Some("GPU-00".into()),
+            event: Some("ZZ".into()),
+            retire: vec![3],
+        };
+        vec![
+            (
+                "close.json",
+                vec![
+                    value(Close { code: "normal".into(), message: String::new() }),
+                    value(Close { code: "limit".into(), message: "max_tensors".into() }),
+                ],
+            ),
+            ("control-cuda-ipc.json", vec![value(&cuda), value(CudaIpcControl::default())]),
+            ("control-shm.json", vec![value(&shm), value(&shm_forget)]),
+            (
+                "control.json",
+                vec![
+                    value(ControlHeader { channel: "shm".into(), body: value(&shm) }),
+                    value(ControlHeader { channel: "cuda-ipc".into(), body: value(&cuda) }),
+                ],
+            ),
+            ("device.json", vec![value(Device::Cpu), value(Device::Cuda(0)), value(Device::Cuda(u32::MAX))]),
+            ("dtype.json", DType::ALL.iter().map(value).collect()),
+            ("hello.json", vec![value(&hello), value(&bare_hello)]),
+            ("limits.json", vec![value(Limits::default()), value(crate::frame::HANDSHAKE_LIMITS)]),
+            (
+                "message.json",
+                vec![
+                    json!({"header": header, "tensors": compact}),
+                    json!({"header": header, "tensors": objects}),
+                    value(MessageHeader { header: Value::Null, tensors: vec![] }),
+                ],
+            ),
+            (
+                "refusal.json",
+                vec![
+                    value(Refusal::VersionMismatch { server: 1, client: 2 }),
+                    value(Refusal::NoCommonChannel { offered: vec!["shm".into()], supported: vec!["inline".into()] }),
+                    value(Refusal::BadToken),
+                    value(Refusal::Malformed { detail: "expected value at line 1".into() }),
+                ],
+            ),
+            (
+                "ring-answer.json",
+                vec![value(RingAnswer::Ready), value(RingAnswer::Refused { reason: "no memfd".into() })],
+            ),
+            (
+                "tensor-desc.json",
+                compact.as_array().unwrap().iter().chain(objects.as_array().unwrap()).cloned().collect(),
+            ),
+            ("tensor-meta.json", descs.iter().map(|d| value(&d.meta)).collect()),
+            ("welcome.json", vec![value(&welcome), value(&ring_welcome)]),
+        ]
+    }
+
+    /// A value each schema must reject (serde refuses each too).
+    fn rejected() -> Vec<(&'static str, Value)> {
+        vec![
+            ("close.json", json!({"code": 1})),
+            ("control-cuda-ipc.json", json!({"release": ["12"]})),
+            ("control-shm.json", json!({"release": [MAX_WIRE_INT + 1]})),
+            ("control.json", json!({"channel": "shm"})),
+            ("device.json", json!("tpu:0")),
+            ("dtype.json", json!("f33")),
+            ("hello.json", json!({"version": 1, "channels": []})),
+            ("limits.json", json!({"max_fds": 65_536})),
+            (
+                "message.json",
+                json!({"header": 0, "tensors": [{"meta": {"dtype": "f32", "shape": [2]}, "data": {"inline": {"offset": -1, "len": 8}}}]}),
+            ),
+            ("refusal.json", json!({"reason": "version_mismatch", "server": 1})),
+            ("ring-answer.json", json!({"answer": "refused"})),
+            ("tensor-desc.json", json!({"meta": {"dtype": "f32", "shape": [2]}, "data": {"carrier_pigeon": {}}})),
+            ("tensor-meta.json", json!({"dtype": "f32", "shape": [-1]})),
+            ("welcome.json", json!({"version": 1, "channels": {"cpu": "inline"}})),
+        ]
+    }
+
+    /// The type each schema file describes parses `v` (the schemas and the parsers agree).
+    fn parses(name: &str, v: &Value) -> bool {
+        fn p<T: serde::de::DeserializeOwned>(v: &Value) -> bool {
+            serde_json::from_value::<T>(v.clone()).is_ok()
+        }
+        match name {
+            "close.json" => p::<Close>(v),
+            "control-cuda-ipc.json" => p::<CudaIpcControl>(v),
+            "control-shm.json" => p::<ShmControl>(v),
+            "control.json" => p::<ControlHeader>(v),
+            "device.json" => p::<Device>(v),
+            "dtype.json" => p::<DType>(v),
+            "hello.json" => p::<Hello>(v),
+            "limits.json" => p::<Limits>(v),
+            "message.json" => p::<MessageHeader>(v),
+            "refusal.json" => p::<Refusal>(v),
+            "ring-answer.json" => p::<RingAnswer>(v),
+            "tensor-desc.json" => p::<TensorDesc>(v),
+            "tensor-meta.json" => p::<TensorMeta>(v),
+            "welcome.json" => p::<Welcome>(v),
+            other => panic!("no type for {other}"),
+        }
+    }
+
+    /// Every checked-in schema accepts the real values ferry writes of its type, checked by
+    /// a JSON Schema validator (draft 2020-12, as the files declare).
     #[test]
     fn schemas_accept_real_values() {
-        // Every schema is an object with a title; the real values carry the described keys.
-        for (name, text) in schemas() {
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-            assert!(v.get("title").is_some() || v.get("type").is_some(), "{name}");
+        let values = real_values();
+        let names: Vec<&str> = values.iter().map(|(n, _)| *n).collect();
+        let files: Vec<&str> = schemas().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, files, "a schema without real values to check");
+        for (name, vs) in values {
+            let v8r = validator(name);
+            assert!(!vs.is_empty(), "{name}");
+            for v in &vs {
+                let errors: Vec<String> =
+                    v8r.iter_errors(v).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+                assert!(errors.is_empty(), "{name} refuses ferry's own {v}: {errors:?}");
+                assert!(parses(name, v), "{name}: {v} does not parse back");
+            }
+        }
+    }
+
+    /// Every checked-in schema rejects a value that ferry's parser refuses too.
+    #[test]
+    fn schemas_reject_invalid_values() {
+        let bad = rejected();
+        let names: Vec<&str> = bad.iter().map(|(n, _)| *n).collect();
+        let files: Vec<&str> = schemas().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, files, "a schema without a value it must reject");
+        for (name, v) in bad {
+            assert!(!validator(name).is_valid(&v), "{name} accepts {v}");
+            assert!(!parses(name, &v), "{name}: ferry parses {v}, which the schema rejects");
         }
     }
 }
