@@ -304,17 +304,29 @@ impl Connection for QuicConnection {
 
 /// The frame stream's read half. Any connection loss reads as a reset (so the pipe reports
 /// `Closed`).
+///
+/// Both halves spend tokio's cooperative budget ([`tokio::task::coop`]) the way tokio's own
+/// sockets do. quinn's streams do not: a write is buffered and returns at once while the
+/// flow-control window has room, so without this a task sending 10,000 small messages ran
+/// them all in one poll and never yielded. The connection's driver, woken by those writes
+/// into the same worker's (unstealable) LIFO slot, then sent nothing, keep-alives included,
+/// for as long as that poll lasted; past the idle timeout the peer declared the connection
+/// dead and the sender's `recv` read `Closed` (issue 45 point 6).
 struct ReadHalf {
     recv: quinn::RecvStream,
 }
 
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         match Pin::new(&mut self.get_mut().recv).poll_read(cx, buf) {
-            Poll::Ready(Err(e)) => {
-                Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, format!("QUIC: {e}"))))
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                coop.made_progress();
+                Poll::Ready(
+                    r.map_err(|e| std::io::Error::new(std::io::ErrorKind::ConnectionReset, format!("QUIC: {e}"))),
+                )
             }
-            other => other,
         }
     }
 }
@@ -333,14 +345,17 @@ fn gone() -> std::io::Error {
 
 impl tokio::io::AsyncWrite for WriteHalf {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut().send.as_mut() {
-            Some(s) => match tokio::io::AsyncWrite::poll_write(Pin::new(s), cx, buf) {
-                Poll::Ready(Err(e)) => {
-                    Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, format!("QUIC: {e}"))))
-                }
-                other => other,
-            },
-            None => Poll::Ready(Err(gone())),
+        let Some(s) = self.get_mut().send.as_mut() else { return Poll::Ready(Err(gone())) };
+        // Yield when the task's budget is spent (see `ReadHalf`).
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+        match tokio::io::AsyncWrite::poll_write(Pin::new(s), cx, buf) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                coop.made_progress();
+                Poll::Ready(
+                    r.map_err(|e| std::io::Error::new(std::io::ErrorKind::ConnectionReset, format!("QUIC: {e}"))),
+                )
+            }
         }
     }
 
