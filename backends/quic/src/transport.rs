@@ -159,7 +159,7 @@ impl Transport for QuicTransport {
         let shown = Address::new("quic", format!("//{local}#sha256={fp}"));
         tracing::info!(addr = %shown, "QUIC listening; clients pin sha256={fp}");
         let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(accept_loop(endpoint.clone(), tx, self.opts.handshake_timeout, shown.to_string()));
+        let task = tokio::spawn(accept_loop(endpoint.clone(), tx, self.opts.clone(), shown.to_string()));
         Ok(Box::new(QuicListener { endpoint, rx, task, addr: shown }))
     }
 
@@ -189,16 +189,18 @@ impl Transport for QuicTransport {
         };
         let (send, recv) =
             conn.open_bi().await.map_err(|e| TransportError::PeerRefused(format!("opening the frame stream: {e}")))?;
-        Ok(Box::new(QuicConnection::new(conn, send, recv, addr.to_string(), Some(endpoint))))
+        let idle = self.opts.idle_timeout;
+        Ok(Box::new(QuicConnection::new(conn, send, recv, addr.to_string(), Some(endpoint), idle)))
     }
 }
 
 async fn accept_loop(
     endpoint: quinn::Endpoint,
     tx: mpsc::Sender<Result<Box<dyn Connection>, TransportError>>,
-    limit: Duration,
+    opts: QuicOptions,
     addr: String,
 ) {
+    let (limit, idle) = (opts.handshake_timeout, opts.idle_timeout);
     while let Some(incoming) = endpoint.accept().await {
         let (tx, addr) = (tx.clone(), addr.clone());
         tokio::spawn(async move {
@@ -211,7 +213,9 @@ async fn accept_loop(
                     .accept_bi()
                     .await
                     .map_err(|e| TransportError::PeerRefused(format!("{remote} opened no frame stream: {e}")))?;
-                Ok::<Box<dyn Connection>, TransportError>(Box::new(QuicConnection::new(conn, send, recv, addr, None)))
+                Ok::<Box<dyn Connection>, TransportError>(Box::new(QuicConnection::new(
+                    conn, send, recv, addr, None, idle,
+                )))
             })
             .await
             .unwrap_or_else(|_| {
@@ -261,6 +265,8 @@ struct QuicConnection {
     conn: quinn::Connection,
     send: quinn::SendStream,
     recv: quinn::RecvStream,
+    /// This side's [`QuicOptions::idle_timeout`], named when the connection dies of it.
+    idle: Duration,
 }
 
 impl QuicConnection {
@@ -270,6 +276,7 @@ impl QuicConnection {
         recv: quinn::RecvStream,
         addr: String,
         endpoint: Option<quinn::Endpoint>,
+        idle: Duration,
     ) -> Self {
         let handle = TransportHandle(Arc::new(QuicConn { conn: conn.clone(), endpoint }));
         let info = ConnInfo {
@@ -281,7 +288,7 @@ impl QuicConnection {
             same_host: false,
             handle: Some(handle),
         };
-        QuicConnection { info, conn, send, recv }
+        QuicConnection { info, conn, send, recv, idle }
     }
 }
 
@@ -293,7 +300,7 @@ impl Connection for QuicConnection {
     fn split(self: Box<Self>) -> Split {
         let this = *self;
         Split {
-            read: Box::new(ReadHalf { recv: this.recv }),
+            read: Box::new(ReadHalf { recv: this.recv, peer: this.conn.remote_address(), idle: this.idle }),
             write: Box::new(WriteHalf { send: Some(this.send), conn: this.conn }),
             fds: None,
             busy_poll: None,
@@ -314,18 +321,31 @@ impl Connection for QuicConnection {
 /// dead and the sender's `recv` read `Closed` (issue 45 point 6).
 struct ReadHalf {
     recv: quinn::RecvStream,
+    peer: SocketAddr,
+    idle: Duration,
 }
 
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-        match Pin::new(&mut self.get_mut().recv).poll_read(cx, buf) {
+        let this = self.get_mut();
+        match Pin::new(&mut this.recv).poll_read(cx, buf) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(r) => {
                 coop.made_progress();
-                Poll::Ready(
-                    r.map_err(|e| std::io::Error::new(std::io::ErrorKind::ConnectionReset, format!("QUIC: {e}"))),
-                )
+                Poll::Ready(r.map_err(|e| {
+                    let lost = e.get_ref().and_then(|inner| inner.downcast_ref::<quinn::ReadError>());
+                    if let Some(quinn::ReadError::ConnectionLost(quinn::ConnectionError::TimedOut)) = lost {
+                        // The pipe reports this as `Closed`; say here which option decided it.
+                        tracing::warn!(
+                            peer = %this.peer,
+                            "QUIC connection timed out: nothing heard from the peer within the idle timeout \
+                             (the smaller of the two sides' QuicOptions::idle_timeout; this side's is {:?})",
+                            this.idle
+                        );
+                    }
+                    std::io::Error::new(std::io::ErrorKind::ConnectionReset, format!("QUIC: {e}"))
+                }))
             }
         }
     }

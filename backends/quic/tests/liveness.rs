@@ -1,5 +1,5 @@
-//! A task that sends without ever having to wait must not starve its own QUIC connection
-//! (issue 45 point 6).
+//! Liveness of QUIC pipes (issue 45 point 6): a busy sender does not starve its own
+//! connection, and a connection that does die of silence says which option decided it.
 //!
 //! quinn buffers a write and returns at once while the flow-control window has room, so a
 //! task sending many small messages never meets a `Pending`. Before the frame stream's halves
@@ -9,13 +9,9 @@
 //! included, and once that passed the idle timeout the peer dropped the connection: the
 //! sender's `recv` read `pipe closed` (seen as `data::order_10k` failing in the conformance
 //! suite beside CPU burners).
-//!
-//! Here each send is followed by a little blocking work, standing in for a slow or starved
-//! CPU, so that one poll of all the sends would last twice the idle timeout. The test
-//! asserts what must hold whatever the speed: every message comes back, in order, and the
-//! pipe stays open.
 
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_core::{Endpoint, InlineChannel, Message, Tensor};
@@ -39,8 +35,12 @@ fn options() -> QuicOptions {
 }
 
 fn endpoint() -> Endpoint {
+    endpoint_with(options())
+}
+
+fn endpoint_with(opts: QuicOptions) -> Endpoint {
     Endpoint::builder()
-        .transport(Arc::new(QuicTransport::with_options(options())))
+        .transport(Arc::new(QuicTransport::with_options(opts)))
         .channel(Arc::new(QuicChannel::new()))
         .channel(Arc::new(InlineChannel))
         .build()
@@ -71,6 +71,9 @@ fn echo_server(addr_tx: std::sync::mpsc::Sender<String>, stop: tokio::sync::ones
     });
 }
 
+/// Each send is followed by a little blocking work, standing in for a slow or starved CPU,
+/// so that one poll of all the sends would last twice the idle timeout. Asserted is what
+/// must hold whatever the speed: every message comes back, in order, and the pipe stays open.
 #[test]
 fn a_sender_that_never_waits_does_not_starve_its_connection() {
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -108,4 +111,65 @@ fn a_sender_that_never_waits_does_not_starve_its_connection() {
     });
     let _ = stop_tx.send(());
     server.join().unwrap();
+}
+
+/// A `MakeWriter` collecting everything the subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// The peer completes the handshake and then falls silent (its only thread blocked until
+/// the test ends, so not even a keep-alive leaves it): this side's `recv` ends with `Closed`
+/// and the log names the option that decided it, with this side's value.
+#[test]
+fn a_connection_that_times_out_names_idle_timeout_in_the_log() {
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let mut listener = endpoint().listen("quic://127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().to_string()).unwrap();
+            let _pipe = listener.accept().await.unwrap();
+            // Blocks the runtime's only thread: nothing of this peer runs until released.
+            let _ = release_rx.recv_timeout(T);
+        });
+    });
+    let addr = addr_rx.recv_timeout(T).expect("the peer listens");
+
+    let out = Captured::default();
+    let sub = tracing_subscriber::fmt().with_writer(out.clone()).with_ansi(false).finish();
+    let _guard = tracing::subscriber::set_default(sub);
+    // One thread for this side, so every event of its pipe reaches the subscriber above.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let idle = Duration::from_millis(300);
+    let r = rt.block_on(async {
+        let opts = QuicOptions { keep_alive: Duration::from_millis(100), idle_timeout: idle, ..options() };
+        let pipe = endpoint_with(opts).connect(&addr).await.unwrap();
+        pipe.recv_timeout(T).await
+    });
+    let _ = release_tx.send(());
+    peer.join().unwrap();
+    assert!(matches!(&r, Err(e) if e.is_closed()), "recv from a silent peer gave {r:?}");
+    let log = String::from_utf8(out.0.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap();
+    assert!(
+        log.contains("QuicOptions::idle_timeout") && log.contains(&format!("{idle:?}")),
+        "the log does not name the idle timeout and its value:\n{log}"
+    );
 }
