@@ -187,7 +187,24 @@ impl Pool {
         let need = len.next_multiple_of(align);
         let mut guard = self.lock();
         let st = &mut *guard;
-        for (&id, e) in st.segs.iter_mut() {
+        // Where to look, so that empty segments stay empty (and can be given back): those in
+        // use first, then empty ones, smallest first; an empty segment larger than
+        // `segment_bytes` (made for one large tensor) takes a claim that a new segment of
+        // the usual size could hold only when no such segment fits under the limit.
+        let normal = self.opts.segment_bytes.next_multiple_of(SEGMENT_GRANULE);
+        let mut order: Vec<(bool, usize, u32)> = st
+            .segs
+            .iter()
+            .map(|(&id, e)| (e.empty_since.is_some(), if e.empty_since.is_some() { e.len() } else { 0 }, id))
+            .collect();
+        order.sort_unstable();
+        let fresh_fits =
+            st.reserved + need.max(normal).next_multiple_of(SEGMENT_GRANULE) as u64 <= self.opts.pool_limit;
+        for (empty, len, id) in order {
+            if empty && fresh_fits && need <= normal && len > normal {
+                continue;
+            }
+            let Some(e) = st.segs.get_mut(&id) else { continue };
             let fit = e.free.iter().find_map(|(&off, &flen)| {
                 let start = off.next_multiple_of(align);
                 (start + need <= off + flen).then_some((off, flen, start))

@@ -158,3 +158,27 @@ fn a_claim_that_would_not_fit_gives_back_empty_segments_first() {
     assert!(pool.reserved() <= 256 << 20);
     drop((held, slot));
 }
+
+/// Small results after a large one must not pin the large segment (each would keep a slot
+/// in it alive, so it never empties): they go to a segment of the usual size, and the large
+/// one is given back once idle.
+#[test]
+fn small_claims_do_not_land_in_an_empty_oversized_segment() {
+    let pool = Pool::new(opts(64 << 20), true, ControlWaker::new());
+    let (big, slot) = take(&pool, 256 * MIB, true);
+    drop(slot);
+    let (small, s1) = take(&pool, MIB, true);
+    assert_ne!(small, big, "a small claim went into the empty 256 MiB segment");
+    // In-use segments come first: the next small claim joins it, the large one stays empty.
+    let (again, s2) = take(&pool, MIB, true);
+    assert_eq!(again, small);
+    assert_eq!(pool.give_back_idle(Instant::now() + Duration::from_secs(3600)), None);
+    assert_eq!(pool.take_forgets(), vec![u64::from(big)]);
+    assert_eq!(pool.counts().0, 1);
+    // A large claim still uses an empty large segment rather than making another.
+    drop((s1, s2));
+    let (l1, s3) = take(&pool, 200 * MIB, true);
+    drop(s3);
+    let (l2, _s4) = take(&pool, 200 * MIB, true);
+    assert_eq!(l1, l2);
+}
