@@ -125,7 +125,7 @@ pub struct ShmOptions {
     /// this delay: keep it short.
     pub release_delay: Duration,
     /// A segment of the pool no slot of which has been in use for this long is given back:
-    /// unmapped and closed here, and the peer told to unmap it (default 500 ms; zero: as soon
+    /// unmapped and closed here, and the peer told to unmap it (default 250 ms; zero: as soon
     /// as it empties). Segments kept under [`ShmOptions::keep_idle_bytes`] stay. A peer that
     /// did not agree to `shm_forget` cannot be told, so segments it was sent stay until the
     /// connection ends.
@@ -172,7 +172,7 @@ impl Default for ShmOptions {
             release_batch: 32,
             release_batch_bytes: 16 << 20,
             release_delay: Duration::from_millis(1),
-            idle_release: Duration::from_millis(500),
+            idle_release: Duration::from_millis(250),
             keep_idle_bytes: 64 << 20,
             names: ShmOptionNames::default(),
         }
