@@ -11,7 +11,9 @@
 //!   (`EndpointBuilder::require_token` / `token`).
 //! - Liveness: keep-alives and an idle timeout ([`QuicOptions::keep_alive`],
 //!   [`QuicOptions::idle_timeout`]): a peer that vanishes without a word is noticed within
-//!   the idle timeout, and pending operations fail with `Closed`.
+//!   the idle timeout, and pending operations fail with `Closed` (a warning names the
+//!   option). The frame stream spends tokio's cooperative budget like tokio's own sockets,
+//!   so a task that sends without ever waiting still lets the connection's keep-alives out.
 //! - [`QuicChannel`] (name `quic`): each tensor on its own unidirectional stream, in
 //!   parallel, with flow-control windows sized for throughput ([`QuicOptions`]).
 //!
@@ -53,9 +55,17 @@ pub struct QuicOptions {
     pub identity: IdentitySource,
     /// Client: trust servers signed by these CAs (PEM) when the address pins no fingerprint.
     pub ca_bundle: Option<PathBuf>,
-    /// Keep-alive interval (default 2 s).
+    /// Keep-alive interval (default 2 s): a side that has sent nothing for this long sends
+    /// a PING. Must be above zero and shorter than [`QuicOptions::idle_timeout`] (a third of
+    /// it or less, so that one lost keep-alive does not end the connection); otherwise
+    /// `listen` and `connect` fail with `ApiMisuse` naming both.
     pub keep_alive: Duration,
-    /// A connection silent this long is dead (default 10 s).
+    /// A connection from whose peer nothing arrived for this long is dead (default 10 s).
+    /// The smaller of the two sides' non-zero values applies (zero: this side sets none, and
+    /// with neither side setting one a vanished peer is never noticed). Such a pipe
+    /// reports `Closed`, and a warning naming this option is logged. A process starved of
+    /// CPU for longer than this looks dead to its peer: keep it well above the longest
+    /// stall the machines may see.
     pub idle_timeout: Duration,
     /// How long the QUIC + TLS handshake may take (default 10 s).
     pub handshake_timeout: Duration,

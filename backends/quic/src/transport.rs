@@ -112,6 +112,12 @@ impl QuicTransport {
 
     fn transport_config(&self) -> Result<Arc<quinn::TransportConfig>, TransportError> {
         let o = &self.opts;
+        if o.keep_alive.is_zero() || (!o.idle_timeout.is_zero() && o.keep_alive >= o.idle_timeout) {
+            return Err(TransportError::ApiMisuse(
+                "QuicOptions::keep_alive must be above zero and shorter than QuicOptions::idle_timeout \
+                 (a third of it or less, so that a lost keep-alive does not end the connection)",
+            ));
+        }
         let mut t = quinn::TransportConfig::default();
         let idle = quinn::IdleTimeout::try_from(o.idle_timeout)
             .map_err(|_| TransportError::ApiMisuse("QuicOptions::idle_timeout is out of range"))?;
@@ -414,6 +420,28 @@ impl Drop for WriteHalf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keep_alive_not_under_the_idle_timeout_is_refused_naming_both() {
+        let with = |keep_alive: u64, idle_timeout: u64| {
+            QuicTransport::with_options(QuicOptions {
+                keep_alive: Duration::from_millis(keep_alive),
+                idle_timeout: Duration::from_millis(idle_timeout),
+                ..QuicOptions::default()
+            })
+            .transport_config()
+        };
+        for (keep_alive, idle_timeout) in [(1000, 1000), (2000, 1000), (0, 1000)] {
+            match with(keep_alive, idle_timeout) {
+                Err(TransportError::ApiMisuse(m)) => {
+                    assert!(m.contains("QuicOptions::keep_alive") && m.contains("QuicOptions::idle_timeout"), "{m}")
+                }
+                other => panic!("keep_alive {keep_alive} ms, idle_timeout {idle_timeout} ms gave {other:?}"),
+            }
+        }
+        assert!(with(300, 1000).is_ok(), "a keep-alive under the idle timeout is accepted");
+        assert!(with(2000, 0).is_ok(), "idle_timeout zero (no idle timeout) takes any keep-alive");
+    }
 
     #[test]
     fn addresses() {
