@@ -38,6 +38,8 @@ mod linux {
     const MAX_FILL: usize = 100_000;
 
     type Outcome = Result<(), Failed>;
+    /// A named test.
+    type Case = (&'static str, fn() -> Outcome);
 
     pub fn main() -> ExitCode {
         if let Ok(role) = std::env::var("FERRY_DEAD_PEER_ROLE") {
@@ -49,7 +51,7 @@ mod linux {
                 }
             };
         }
-        let tests: [(&'static str, fn() -> Outcome); 4] = [
+        let tests: [Case; 4] = [
             ("sigkill_of_a_peer_that_does_not_read_fails_a_blocked_send_with_peer_gone", || killed_peer(false)),
             ("sigkill_is_noticed_even_when_nobody_reads_the_socket", || killed_peer(true)),
             ("a_send_with_a_deadline_gives_up_and_the_pipe_stays_open", deadline),

@@ -298,19 +298,20 @@ impl Context {
     /// Blocks up to `timeout` seconds (forever if None) for cancellation, the GIL released;
     /// returns whether the call is cancelled.
     #[pyo3(signature = (timeout=None))]
-    fn wait_cancelled(&self, py: Python<'_>, timeout: Option<f64>) -> bool {
+    fn wait_cancelled(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let limit = crate::pipe::wait_limit("wait_cancelled", timeout)?;
         let ctx = self.ctx.clone();
-        py.detach(|| {
+        Ok(py.detach(|| {
             runtime().block_on(async {
-                match timeout {
-                    Some(s) => tokio::time::timeout(Duration::from_secs_f64(s.max(0.0)), ctx.cancelled()).await.is_ok(),
+                match limit {
+                    Some(d) => tokio::time::timeout(d, ctx.cancelled()).await.is_ok(),
                     None => {
                         ctx.cancelled().await;
                         true
                     }
                 }
             })
-        })
+        }))
     }
 
     /// A writable tensor for the result in the connection's memory (shm for a ferry client

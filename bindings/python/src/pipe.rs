@@ -77,6 +77,21 @@ fn send_err(e: ferry_core::PipeError, timeout: Option<f64>, closed: bool) -> PyE
     }
 }
 
+/// A Python `timeout` in seconds as a wait limit: `None` (or one too long to be a
+/// deadline, `inf` included) waits for ever; NaN and negative numbers are a `ValueError`
+/// naming `call` and what to pass.
+pub(crate) fn wait_limit(call: &str, timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        None => Ok(None),
+        Some(s) if s.is_nan() || s < 0.0 => Err(PyValueError::new_err(format!(
+            "{call}(timeout={s}): timeout is a number of seconds >= 0, or None to wait for ever"
+        ))),
+        Some(s) => Ok(Duration::try_from_secs_f64(s)
+            .ok()
+            .filter(|d| std::time::Instant::now().checked_add(*d).is_some())),
+    }
+}
+
 /// Whether the pipe agreed on the same-host ring.
 fn uses_ring(p: &ferry_core::Pipe) -> bool {
     p.info().features.iter().any(|f| f == "ring")
@@ -190,15 +205,7 @@ impl Pipe {
     /// None) while the peer does not read.
     #[pyo3(signature = (header, tensors, timeout=None))]
     fn send(&self, py: Python<'_>, header: &str, tensors: Vec<Bound<'_, PyAny>>, timeout: Option<f64>) -> PyResult<()> {
-        let limit = match timeout {
-            Some(s) if !(s.is_finite() && s >= 0.0) => {
-                return Err(PyValueError::new_err(format!(
-                    "send(timeout={s}): timeout is a number of seconds >= 0, or None to wait until the peer reads"
-                )));
-            }
-            Some(s) => Some(Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)),
-            None => None,
-        };
+        let limit = wait_limit("send", timeout)?;
         let header: serde_json::Value =
             serde_json::from_str(header).map_err(|e| PyValueError::new_err(format!("header JSON: {e}")))?;
         let mut ts: Vec<Tensor> = Vec::with_capacity(tensors.len());
@@ -224,11 +231,11 @@ impl Pipe {
     /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next message.
     #[pyo3(signature = (timeout=None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
+        let limit = wait_limit("recv", timeout)?;
         let p = self.pipe.clone();
         let r = py.detach(|| {
             if uses_ring(&p) {
                 // Waits on this thread: the ring's spin, then its futex (no runtime wake-up).
-                let limit = timeout.map(|s| Duration::from_secs_f64(s.max(0.0)));
                 return match p.recv_blocking(limit) {
                     Err(ferry_core::PipeError::Timeout(_, "recv_blocking")) => None,
                     r => Some(r),
@@ -239,7 +246,10 @@ impl Pipe {
             }
             runtime().block_on(async {
                 match timeout {
-                    Some(s) => tokio::time::timeout(Duration::from_secs_f64(s.max(0.0)), p.recv()).await.ok(),
+                    Some(_) => match limit {
+                        Some(d) => tokio::time::timeout(d, p.recv()).await.ok(),
+                        None => Some(p.recv().await),
+                    },
                     None => Some(p.recv().await),
                 }
             })

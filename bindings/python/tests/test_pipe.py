@@ -222,6 +222,20 @@ def test_timeouts(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
         listener.accept(timeout=0.05)
 
 
+def test_odd_timeouts_are_refused_or_mean_for_ever(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
+    """NaN and negative timeouts are a ValueError naming the call; an infinite or huge one
+    waits for ever (no overflow, no panic)."""
+    a, b = pair
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(ValueError, match=r"^recv\(timeout="):
+            a.recv(timeout=bad)
+        with pytest.raises(ValueError, match=r"^send\(timeout="):
+            a.send({}, timeout=bad)
+    for long in (float("inf"), 1e300):
+        a.send({"long": str(long)}, timeout=long)
+        assert b.recv(timeout=long)[0] == {"long": str(long)}
+
+
 def test_headers_must_be_json(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
     a, b = pair
     with pytest.raises(ValueError):

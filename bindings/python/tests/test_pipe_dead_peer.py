@@ -67,17 +67,20 @@ def fill(pipe: ferry.Pipe) -> None:
 
 
 def blocked_send(pipe: ferry.Pipe) -> queue.Queue[BaseException | None]:
-    """A send with no deadline on another thread; its outcome comes on the queue."""
+    """A send with no deadline on another thread; its outcome comes on the queue (after
+    the thread let go of the pipe)."""
     out: queue.Queue[BaseException | None] = queue.Queue()
 
-    def run() -> None:
+    def run(p: list[ferry.Pipe]) -> None:
+        outcome: BaseException | None = None
         try:
-            pipe.send({"stuck": True})
-            out.put(None)
+            p[0].send({"stuck": True})
         except BaseException as e:  # the outcome is the test's to judge
-            out.put(e)
+            outcome = e.with_traceback(None)
+        p.clear()
+        out.put(outcome)
 
-    threading.Thread(target=run, daemon=True).start()
+    threading.Thread(target=run, args=([pipe],), daemon=True).start()
     return out
 
 
@@ -130,6 +133,7 @@ def test_close_from_another_thread_does_not_wait_for_a_stuck_send(
 
 
 def test_nothing_is_left_after_a_killed_peer() -> None:
+    gc.collect()
     before = held()
     listener = ferry.listen(unique_addr("leak"))
     child = subprocess.Popen(
@@ -150,7 +154,9 @@ def test_nothing_is_left_after_a_killed_peer() -> None:
     del pipe, listener, outcome
 
     def back() -> bool:
+        # At most as many as before: what earlier tests left for the collector may go too.
         gc.collect()
-        return held() == before
+        now = held()
+        return now[0] <= before[0] and now[1] <= before[1]
 
-    wait_until(back, f"descriptors and ring mappings back to {before} (now {held()})")
+    wait_until(back, f"descriptors and ring mappings back to at most {before}")
