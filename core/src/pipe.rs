@@ -35,6 +35,7 @@ use crate::wire::{Close, Limits, Location, TensorDesc};
 mod blocking;
 mod packed;
 mod read;
+mod shared;
 mod write;
 use write::WriteSide;
 
@@ -530,98 +531,4 @@ fn peer_limit(limit: &'static str, what: &'static str, value: u64, max: u64) -> 
         max,
         " on the peer (its limit, announced in the handshake)",
     ))
-}
-
-impl Shared {
-    /// `msg`, its tensors encoded to `locs`, as a packed ring record ([`packed`]), when this
-    /// pipe packs messages and `msg` qualifies.
-    /// The record is built in `out` (`send_order`'s buffer); false: it goes as a frame.
-    fn pack(&self, msg: &Message, locs: &[Location], out: &mut Vec<u8>) -> bool {
-        if self.pack_room == 0 {
-            return false;
-        }
-        let room = packed::PackRoom { peer: &self.peer_limits, max_record: self.pack_room };
-        let packed = packed::pack_into(msg, locs, &room, out).is_some();
-        if !packed {
-            // It goes as a frame: what a record that did not fit left is not kept.
-            packed::trim_scratch(out);
-        }
-        packed
-    }
-
-    fn handler_slot(&self) -> std::sync::MutexGuard<'_, HandlerSlot> {
-        self.handler.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Replaces the handler (`None`: clears it); the old one is dropped outside the lock.
-    fn replace_handler(&self, new: Option<MessageHandler>) {
-        let old = {
-            let mut slot = self.handler_slot();
-            slot.generation = slot.generation.wrapping_add(1);
-            self.has_handler.store(new.is_some(), Ordering::Release);
-            std::mem::replace(&mut slot.handler, new)
-        };
-        drop(old);
-    }
-
-    /// True once the pipe is closed.
-    fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    fn closed_error(&self) -> PipeError {
-        match &*self.error.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(e @ PipeError::ClosedByPeer(_)) => e.clone(),
-            _ => PipeError::Closed,
-        }
-    }
-
-    fn mark_closed(&self, e: PipeError) {
-        let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        // The peer's stated reason (its CLOSE frame) beats a bare end of stream seen first
-        // (a write that failed because the peer had already closed).
-        let bare =
-            matches!(&*slot, Some(PipeError::Closed | PipeError::Transport(crate::error::TransportError::Closed)));
-        if slot.is_none() || (bare && matches!(e, PipeError::ClosedByPeer(_))) {
-            *slot = Some(e);
-        }
-        drop(slot);
-        self.closed.store(true, Ordering::Release);
-        self.ring_closer.close();
-        if !self.closed_tx.send_replace(true) {
-            for s in self.sessions.values() {
-                s.close();
-            }
-        }
-    }
-
-    /// What a send that failed reports: a pipe that ended without a word from the peer,
-    /// not closed by this side, while the peer's end is closed, is [`PipeError::PeerGone`]
-    /// (the peer process died; whichever path noticed first).
-    fn send_error(&self, e: PipeError) -> PipeError {
-        let bare = matches!(e, PipeError::Closed | PipeError::Transport(crate::error::TransportError::Closed));
-        if bare
-            && !self.closed_here.load(Ordering::Acquire)
-            && !self.peer_said_bye.load(Ordering::Acquire)
-            && self.liveness.as_ref().is_some_and(|l| l.peer_gone())
-        {
-            return PipeError::PeerGone;
-        }
-        e
-    }
-
-    /// The peer broke the protocol: say why (best effort) and close.
-    async fn fail(&self, e: &PipeError) {
-        let code = match e {
-            PipeError::Limit(_) => "limit",
-            _ => "protocol_error",
-        };
-        let bye = Close { code: code.into(), message: e.to_string() };
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            let mut w = self.writer.lock().await;
-            let _ = w.frames.write_frame(FrameKind::Close, OutFrame::json(&bye)).await;
-            w.frames.shutdown().await;
-        })
-        .await;
-    }
 }
