@@ -142,7 +142,8 @@ pub fn methods() -> Methods {
         m.register("sleep", |p: SleepParams| async move {
             tokio::time::sleep(Duration::from_millis(p.ms)).await;
             Ok::<_, ErrorObject>(p.ms)
-        }),
+        })
+        .map(|d| d.task()),
         "Sleeps ms milliseconds (cancellable); for tasks",
     );
     reg(m.register("weights", |(): ()| async move { weights() }), "A small MLP's weights, as a named tensor map");

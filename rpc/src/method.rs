@@ -313,6 +313,10 @@ pub struct MethodInfo {
     /// Schemas known only at run time (a method registered from another language): when
     /// set, they stand for `params`, `result` and `param_names`.
     pub given: Option<Arc<GivenSchemas>>,
+    /// A long-running method, meant to be started as a task (`ferry.task.submit`) rather
+    /// than called and waited on (see [`MethodDoc::task`]): `rpc.discover` says so
+    /// (`x-ferry-task: true`), and generated clients add submit, status and result helpers.
+    pub task: bool,
 }
 
 /// A method's schemas as JSON values, for methods whose types are known only at run time
@@ -376,6 +380,7 @@ fn typed_info<P: DeserializeOwned + JsonSchema, R: JsonSchema>(name: &str) -> Re
         param_names: crate::openrpc::field_names::<P>,
         additional_params: false,
         given: None,
+        task: false,
     })
 }
 
@@ -452,6 +457,16 @@ impl MethodDoc<'_> {
     /// invalid-params error naming it, before the handler runs.
     pub fn allow_unknown_params(self) -> Self {
         self.0.info.additional_params = true;
+        self
+    }
+
+    /// Marks the method long-running: callers should start it as a task
+    /// (`ferry.task.submit`, then `ferry.task.status` / `ferry.task.result`) rather than
+    /// call it and wait. Any method can be submitted as a task; this only documents it:
+    /// `rpc.discover` says `x-ferry-task: true`, and clients generated from the document
+    /// (`ferry sdk`) add `NAME_submit`, `NAME_status` and `NAME_result` helpers for it.
+    pub fn task(self) -> Self {
+        self.0.info.task = true;
         self
     }
 

@@ -7,7 +7,8 @@
 //! - Each method's params are its params struct's fields, in declaration order (read from
 //!   serde's own field list), with `paramStructure: "either"`: by name or by position.
 //! - Extensions: `x-ferry-errors` (the error-code table, with names and descriptions) and
-//!   `x-ferry-tensors` (how tensors are written). The codes are also in
+//!   `x-ferry-tensors` (how tensors are written); on a method, `x-ferry-additional-params`
+//!   and, for a long-running one ([`crate::method::MethodDoc::task`]), `x-ferry-task: true`. The codes are also in
 //!   `components/errors`.
 //! - `rpc.discover` itself is not listed (OpenRPC's convention); ferry's built-in methods
 //!   (`ferry.cancel`, `ferry.task.*`) are.
@@ -136,6 +137,11 @@ fn method(g: &mut SchemaGenerator, info: &MethodInfo) -> Value {
     // Whether by-name params may carry other names (JSON Schema's additionalProperties of
     // the params object, which OpenRPC's list of params has no place for).
     m["x-ferry-additional-params"] = json!(info.additional_params);
+    // A long-running method, to be submitted as a task (`ferry.task.submit`): generated
+    // clients add submit/status/result helpers for it.
+    if info.task {
+        m["x-ferry-task"] = json!(true);
+    }
     m
 }
 
@@ -256,6 +262,7 @@ fn info(
         param_names: names,
         additional_params: false,
         given: None,
+        task: false,
     }
 }
 
@@ -360,6 +367,18 @@ mod tests {
     }
 
     #[test]
+    fn a_method_registered_as_a_task_says_so() {
+        let mut m = Methods::new();
+        m.register("train", |(n,): (u32,)| async move { Ok::<_, ErrorObject>(n) }).unwrap().task();
+        m.register("add", |(a, b): (u8, u8)| async move { Ok::<_, ErrorObject>(a + b) }).unwrap();
+        let doc = document(&ApiInfo::default(), &m);
+        let by_name = |n: &str| doc["methods"].as_array().unwrap().iter().find(|x| x["name"] == n).unwrap().clone();
+        assert_eq!(by_name("train")["x-ferry-task"], true);
+        assert!(by_name("add").get("x-ferry-task").is_none());
+        assert!(by_name("ferry.task.submit").get("x-ferry-task").is_none());
+    }
+
+    #[test]
     fn document_shape() {
         let mut m = Methods::new();
         m.register("f", |_: Params| async { Ok::<_, ErrorObject>(1u32) }).unwrap().summary("does f");
@@ -376,6 +395,7 @@ mod tests {
         assert_eq!(f["params"][1]["required"], false);
         assert_eq!(f["params"][0]["description"], "Second in the alphabet, first in the struct.");
         assert_eq!(f["params"][3]["schema"]["$ref"], "#/components/schemas/Tensor");
+        assert!(f.get("x-ferry-task").is_none(), "{f}");
         let pair = &doc["methods"][1];
         assert_eq!(pair["paramStructure"], "by-position");
         assert_eq!(pair["params"].as_array().unwrap().len(), 2);

@@ -85,6 +85,9 @@ pub struct Method {
     pub result_description: Option<String>,
     /// A built-in of ferry's runtime (`rpc.*`, `ferry.*`): clients provide these themselves.
     pub builtin: bool,
+    /// A long-running method, to be started as a task (`x-ferry-task: true`): clients get
+    /// submit, status and result helpers for it beside the call.
+    pub task: bool,
 }
 
 /// OpenRPC `paramStructure`.
@@ -497,6 +500,7 @@ impl<'a> Lower<'a> {
             summary: text("summary"),
             description: text("description"),
             deprecated: m.get("deprecated").and_then(Value::as_bool).unwrap_or(false),
+            task: m.get("x-ferry-task").and_then(Value::as_bool).unwrap_or(false),
             params,
             param_structure,
             result,
@@ -753,60 +757,4 @@ fn union(tys: Vec<Ty>) -> Ty {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn api(doc: Value) -> Api {
-        Api::from_openrpc("t", &doc).unwrap()
-    }
-
-    #[test]
-    fn names() {
-        assert_eq!(pascal_case("create_tensor.opts"), "CreateTensorOpts");
-        assert_eq!(pascal_case("PARSE_ERROR"), "ParseError");
-        assert_eq!(pascal_case("fooBar"), "FooBar");
-        assert_eq!(type_ident("Vec<u8>"), "Vec_u8_");
-        assert_eq!(type_ident("1x"), "T1x");
-    }
-
-    #[test]
-    fn refuses_what_is_not_openrpc() {
-        assert!(matches!(Api::from_openrpc("t", &json!([])), Err(IrError::NotOpenRpc(_))));
-        assert!(matches!(Api::from_openrpc("t", &json!({"info": {}})), Err(IrError::NotOpenRpc(_))));
-        assert!(matches!(Api::from_openrpc("Bad-Name", &json!({"methods": []})), Err(IrError::BadName(_))));
-        let bad =
-            json!({"methods": [{"name": "m", "params": [], "result": {"name": "r", "schema": {"$ref": "#/nope"}}}]});
-        assert!(matches!(Api::from_openrpc("t", &bad), Err(IrError::BadRef { .. })));
-    }
-
-    #[test]
-    fn unions_flatten_and_absorb() {
-        assert_eq!(
-            union(vec![Ty::Integer, Ty::Union(vec![Ty::Null, Ty::Integer])]),
-            Ty::Union(vec![Ty::Integer, Ty::Null])
-        );
-        assert_eq!(union(vec![Ty::Integer, Ty::Any]), Ty::Any);
-        assert_eq!(union(vec![Ty::String]), Ty::String);
-    }
-
-    #[test]
-    fn reachable_types_skip_builtins() {
-        let a = api(json!({
-            "methods": [
-                {"name": "m", "params": [], "result": {"name": "r", "schema": {"$ref": "#/components/schemas/A"}}},
-                {"name": "ferry.x", "params": [], "result": {"name": "r", "schema": {"$ref": "#/components/schemas/C"}}},
-            ],
-            "components": {"schemas": {
-                "A": {"type": "object", "properties": {"b": {"$ref": "#/components/schemas/B"}}},
-                "B": {"type": "string", "enum": ["x", "y"]},
-                "C": {"type": "object", "properties": {"c": {"type": "integer"}}},
-                "Unused": {"type": "string"},
-            }},
-        }));
-        assert_eq!(a.types.keys().collect::<Vec<_>>(), ["A", "B", "C"]);
-        assert_eq!(a.client_types().keys().copied().collect::<Vec<_>>(), ["A", "B"]);
-        assert!(a.methods["ferry.x"].builtin);
-    }
-}
+mod tests;

@@ -23,7 +23,10 @@ use crate::writer::CodeWriter;
 use crate::{Emitter, PREAMBLE};
 
 mod errors;
+mod layout;
+mod tasks;
 pub use errors::runtime_module;
+use layout::expr;
 
 /// Emits `<api>.py`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -127,7 +130,7 @@ const BUILTIN_EXCEPTIONS: &[&str] = &[
 ];
 
 /// Methods of the generated client classes that API methods must not take.
-const CLIENT_MEMBERS: &[&str] = &["client", "connect", "close", "_call"];
+const CLIENT_MEMBERS: &[&str] = &["client", "connect", "close", "_call", "_submit", "_status", "_result"];
 
 /// Where a type appears: params accept more (any sequence, mapping, `Tensor`, a remote
 /// `TensorRef` where a tensor goes) than results give (lists, dicts, numpy arrays).
@@ -490,107 +493,6 @@ fn spec_dict(w: &mut CodeWriter, open: &str, items: &[String], close: &str) {
     w.line(close);
 }
 
-/// Writes the Python expression `e` followed by `end`, breaking it inside its brackets
-/// (recursively, one argument per line with a trailing comma) until it fits, as black does.
-fn expr(w: &mut CodeWriter, e: &str, end: &str) {
-    let flat = format!("{e}{end}");
-    if w.fits(&flat) {
-        w.line(flat);
-        return;
-    }
-    let Some((head, args, close)) = split_call(e) else {
-        w.line(flat);
-        return;
-    };
-    w.line(head);
-    w.indented(|w| {
-        for a in &args {
-            expr(w, a, ",");
-        }
-    });
-    w.line(format!("{close}{end}"));
-}
-
-/// `f(a, g(b, c), {k: v})` -> (`f(`, [`a`, `g(b, c)`, `{k: v}`], `)`), splitting at the
-/// outermost bracket's top-level commas (outside strings). A `key: value` item whose value
-/// is bracketed keeps its key on the opening line.
-fn split_call(e: &str) -> Option<(String, Vec<String>, String)> {
-    let bytes: Vec<char> = e.chars().collect();
-    let open = first_bracket(&bytes)?;
-    let close_char = match bytes[open] {
-        '(' => ')',
-        '[' => ']',
-        _ => '}',
-    };
-    if *bytes.last()? != close_char {
-        return None;
-    }
-    let inner: String = bytes[open + 1..bytes.len() - 1].iter().collect();
-    let mut args = Vec::new();
-    let mut depth = 0i32;
-    let mut in_str: Option<char> = None;
-    let mut current = String::new();
-    let mut escaped = false;
-    for c in inner.chars() {
-        if let Some(q) = in_str {
-            current.push(c);
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == q {
-                in_str = None;
-            }
-            continue;
-        }
-        match c {
-            '"' | '\'' => {
-                in_str = Some(c);
-                current.push(c);
-            }
-            '(' | '[' | '{' => {
-                depth += 1;
-                current.push(c);
-            }
-            ')' | ']' | '}' => {
-                depth -= 1;
-                current.push(c);
-            }
-            ',' if depth == 0 => {
-                args.push(current.trim().to_owned());
-                current.clear();
-            }
-            _ => current.push(c),
-        }
-    }
-    if !current.trim().is_empty() {
-        args.push(current.trim().to_owned());
-    }
-    if args.is_empty() {
-        return None;
-    }
-    let head: String = bytes[..=open].iter().collect();
-    Some((head, args, close_char.to_string()))
-}
-
-/// The index of the first `(`, `[` or `{` outside string literals.
-fn first_bracket(chars: &[char]) -> Option<usize> {
-    let mut in_str: Option<char> = None;
-    let mut escaped = false;
-    for (i, &c) in chars.iter().enumerate() {
-        match in_str {
-            Some(_) if escaped => escaped = false,
-            Some(_) if c == '\\' => escaped = true,
-            Some(q) if c == q => in_str = None,
-            Some(_) => {}
-            None if c == '"' || c == '\'' => in_str = Some(c),
-            None if matches!(c, '(' | '[' | '{') => return Some(i),
-            None => {}
-        }
-    }
-    None
-}
-
 fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool) {
     let (name, runtime, aw, def) = if asynchronous {
         (format!("Async{class}Client"), "AsyncClient", "await ", "async def")
@@ -688,6 +590,9 @@ fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool)
             w.line("except RpcError as e:");
             w.indented(|w| w.line("raise error_from_code(e.code, e.message, e.data) from None"));
         });
+        if cx.api.client_methods().any(|m| m.task) {
+            tasks::runtime_calls(w, asynchronous);
+        }
         let mut members = Scope::new(PYTHON_RESERVED.iter().chain(CLIENT_MEMBERS).copied());
         let methods: Vec<&Method> = cx.api.client_methods().collect();
         for m in methods {
@@ -699,7 +604,10 @@ fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool)
 
 fn method(cx: &mut Ctx<'_>, w: &mut CodeWriter, m: &Method, members: &mut Scope, asynchronous: bool) {
     let name = members.name(&m.name, &snake_case(&m.name));
-    let mut locals = Scope::new(PYTHON_RESERVED.iter().chain(&["self", "timeout", "params", "result"]).copied());
+    // A task's helpers take these too (`f_submit(.., keep, detached)`).
+    let task_args: &[&str] = if m.task { &["keep", "detached"] } else { &[] };
+    let reserved = ["self", "timeout", "params", "result"].iter().chain(task_args);
+    let mut locals = Scope::new(PYTHON_RESERVED.iter().chain(reserved).copied());
     let mut args = vec!["self".to_owned()];
     let mut optional = Vec::new();
     // Required params first, in order; then the optional ones, keyword-only.
@@ -716,6 +624,7 @@ fn method(cx: &mut Ctx<'_>, w: &mut CodeWriter, m: &Method, members: &mut Scope,
         args.push(format!("{id}: {ty} = None"));
         optional.push(*p);
     }
+    let params_args = args.clone();
     args.push("timeout: float | None = None".into());
     let result_ty = cx.ty(&m.result, Pos::Result);
     let def = if asynchronous { "async def" } else { "def" };
@@ -735,6 +644,17 @@ fn method(cx: &mut Ctx<'_>, w: &mut CodeWriter, m: &Method, members: &mut Scope,
         let ret = format!("return cast({}, t.check(result, {spec}, {}, _TYPES))", py_str(&result_ty), py_str(&m.name));
         expr(w, &ret, "");
     });
+    if m.task {
+        let call = tasks::Call {
+            m,
+            name: &name,
+            args: params_args,
+            required: &required,
+            optional: &optional,
+            locals: &locals,
+        };
+        tasks::helpers(cx, w, &call, members, asynchronous);
+    }
 }
 
 /// Writes `params = ..`: a dict by name (optional params only when given) or a list by
@@ -787,7 +707,18 @@ fn method_doc(m: &Method, locals: &Scope) -> String {
         parts.push("Deprecated.".into());
     }
     let mut args = vec!["Args:".to_owned()];
-    for p in &m.params {
+    args.extend(arg_docs(m, locals));
+    args.push("    timeout: Seconds to wait for the answer (default: the client's timeout).".into());
+    parts.push(args.join("\n"));
+    if let Some(returns) = &m.result_description {
+        parts.push(format!("Returns:\n    {returns}"));
+    }
+    parts.join("\n\n")
+}
+
+/// The `Args:` lines of `m`'s params, indented.
+fn arg_docs(m: &Method, locals: &Scope) -> Vec<String> {
+    let doc = |p: &crate::ir::Param| {
         let id = locals.get(&p.name).unwrap_or(&p.name);
         let mut d = p.description.clone().unwrap_or_else(|| format!("`{}`.", p.name));
         if let Some(default) = &p.default {
@@ -795,14 +726,9 @@ fn method_doc(m: &Method, locals: &Scope) -> String {
         } else if !p.required {
             d.push_str(" Optional.");
         }
-        args.push(format!("    {id}: {d}"));
-    }
-    args.push("    timeout: Seconds to wait for the answer (default: the client's timeout).".into());
-    parts.push(args.join("\n"));
-    if let Some(returns) = &m.result_description {
-        parts.push(format!("Returns:\n    {returns}"));
-    }
-    parts.join("\n\n")
+        format!("    {id}: {d}")
+    };
+    m.params.iter().map(doc).collect()
 }
 
 /// Writes a docstring: one line if it fits, else the text wrapped, closing quotes on their
@@ -894,24 +820,4 @@ fn is_identifier(s: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn literals() {
-        assert_eq!(py_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
-        assert_eq!(py_value(&serde_json::json!(true)), "True");
-        assert_eq!(py_value(&serde_json::json!(null)), "None");
-        assert_eq!(doc_text("say \"hi\""), "say \"hi\\\"");
-        assert_eq!(doc_text("a \"\"\" b"), "a \\\"\\\"\\\" b");
-    }
-
-    #[test]
-    fn splits_calls_at_top_level_commas() {
-        let (head, args, close) = split_call("t.Object({\"a\": t.ListOf(x), \"b,\": y}, {}, None)").unwrap();
-        assert_eq!(head, "t.Object(");
-        assert_eq!(args, ["{\"a\": t.ListOf(x), \"b,\": y}", "{}", "None"]);
-        assert_eq!(close, ")");
-        assert!(split_call("plain").is_none());
-    }
-}
+mod tests;

@@ -55,6 +55,9 @@ const MODULE_NAMES: &[&str] = &[
     "Tensor",
     "TensorRef",
     "CallOptions",
+    "TaskStatus",
+    "TaskSubmitOptions",
+    "TaskResultOptions",
     "errorFromCode",
     "ERRORS",
     "RpcErrorClass",
@@ -62,7 +65,7 @@ const MODULE_NAMES: &[&str] = &[
 ];
 
 /// Members of the generated client class.
-const CLIENT_MEMBERS: &[&str] = &["client", "call", "constructor"];
+const CLIENT_MEMBERS: &[&str] = &["client", "call", "settle", "constructor"];
 
 /// Whether `text` has `word` as a whole identifier (not inside `TensorRefsClient`).
 fn mentions(text: &str, word: &str) -> bool {
@@ -217,6 +220,9 @@ pub fn modules(api: &Api, runtime: &str) -> (String, String) {
     // A user type cannot be called `TensorRef` (MODULE_NAMES): the name is the runtime's.
     if mentions(&body_text, "TensorRef") {
         type_imports.push("TensorRef");
+    }
+    if methods.iter().any(|m| m.task) {
+        type_imports.push("TaskStatus");
     }
     d.line(format!("import type {{ {} }} from {};", type_imports.join(", "), ts_str(runtime)));
     d.line("");
@@ -418,6 +424,9 @@ fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(S
             w.line("timeoutMs?: number;");
         });
         w.line("}");
+        if methods.iter().any(|m| m.task) {
+            task_options(w);
+        }
         w.blank(1);
         jsdoc(
             w,
@@ -458,19 +467,15 @@ fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(S
                     if m.params.is_empty() { format!("_params?: {params}") } else { format!("params: {params}") };
                 let args = [params_arg, "opts?: CallOptions".to_owned()];
                 w.list(&format!("{name}("), &args, &format!("): Promise<{result}>;"));
+                if m.task {
+                    task_helpers(w, m, &mut members, params, result, out);
+                }
                 continue;
             }
             let params_arg = if m.params.is_empty() { "_params = {}" } else { "params" };
             w.list(&format!("{name}("), &[params_arg.to_owned(), "opts".to_owned()], ") {");
             w.indented(|w| {
-                let send = if m.params.is_empty() {
-                    "undefined".to_owned()
-                } else if m.param_structure == ParamStructure::ByPosition {
-                    let items: Vec<String> = m.params.iter().map(|p| format!("params{}", ts_access(&p.name))).collect();
-                    format!("[{}]", items.join(", "))
-                } else {
-                    "params".to_owned()
-                };
+                let send = send_params(m);
                 let call = format!("return this.call({}, {send}, opts);", ts_str(&m.name));
                 if w.fits(&call) {
                     w.line(call);
@@ -485,12 +490,38 @@ fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(S
                 }
             });
             w.line("}");
+            if m.task {
+                task_helpers(w, m, &mut members, params, result, out);
+            }
         }
         w.line("");
+        let tasks = methods.iter().any(|m| m.task);
         if dts {
             jsdoc(w, "Calls `method`, rethrowing error responses as this module's error classes.");
             w.line("private call;");
+            if tasks {
+                jsdoc(w, "Awaits a task call of the runtime, rethrowing as `call` does.");
+                w.line("private settle;");
+            }
             return;
+        }
+        if tasks {
+            w.line("async settle(pending) {");
+            w.indented(|w| {
+                w.line("try {");
+                w.indented(|w| w.line("return await pending;"));
+                w.line("} catch (e) {");
+                w.indented(|w| {
+                    w.line("throw e instanceof RpcError && ERRORS.has(e.code)");
+                    w.indented(|w| {
+                        w.line("? errorFromCode(e.code, e.message, e.data)");
+                        w.line(": e;");
+                    });
+                });
+                w.line("}");
+            });
+            w.line("}");
+            w.line("");
         }
         w.line("async call(method, params, opts) {");
         w.indented(|w| {
@@ -510,6 +541,105 @@ fn client(w: &mut CodeWriter, api: &Api, methods: &[&Method], method_types: &[(S
         w.line("}");
     });
     w.line("}");
+}
+
+/// The params `m`'s call sends, as a JS expression of its `params` argument.
+fn send_params(m: &Method) -> String {
+    if m.params.is_empty() {
+        "undefined".to_owned()
+    } else if m.param_structure == ParamStructure::ByPosition {
+        let items: Vec<String> = m.params.iter().map(|p| format!("params{}", ts_access(&p.name))).collect();
+        format!("[{}]", items.join(", "))
+    } else {
+        "params".to_owned()
+    }
+}
+
+/// The options of a task method's submit and result helpers (in the `.d.ts`).
+fn task_options(w: &mut CodeWriter) {
+    w.blank(1);
+    jsdoc(w, "Options of a task's submit helper (`ferry.task.submit`).");
+    w.line("export interface TaskSubmitOptions extends CallOptions {");
+    w.indented(|w| {
+        jsdoc(w, "Keep the result after it is fetched (until it expires).");
+        w.line("keep?: boolean;");
+        jsdoc(w, "Let the task outlive this connection (else closing it cancels the task).");
+        w.line("detached?: boolean;");
+    });
+    w.line("}");
+    w.blank(1);
+    jsdoc(w, "Options of a task's result helper (`ferry.task.result`).");
+    w.line("export interface TaskResultOptions extends CallOptions {");
+    w.indented(|w| {
+        jsdoc(w, "Milliseconds the server waits for the task to finish before answering.");
+        w.line("waitMs?: number;");
+        jsdoc(w, "Keep the result after this fetch (until it expires).");
+        w.line("keep?: boolean;");
+    });
+    w.line("}");
+}
+
+/// `NAMESubmit`, `NAMEStatus` and `NAMEResult` of a long-running method (`x-ferry-task`),
+/// through the runtime's `submitTask`, `taskStatus` and `taskResult`.
+fn task_helpers(w: &mut CodeWriter, m: &Method, members: &mut Scope, params: &str, result: &str, out: Out) {
+    let base = camel_case(&m.name);
+    let submit = members.name(&format!("{}\0submit", m.name), &format!("{base}Submit"));
+    let status = members.name(&format!("{}\0status", m.name), &format!("{base}Status"));
+    let fetch = members.name(&format!("{}\0result", m.name), &format!("{base}Result"));
+    let wire = ts_str(&m.name);
+    if out == Out::Dts {
+        w.line("");
+        jsdoc(
+            w,
+            &format!(
+                "Starts `{}` as a task on the server (`ferry.task.submit`); resolves to the task id, for \
+                 `{status}` and `{fetch}`. The task is cancelled, its result dropped, when this connection \
+                 closes, unless `detached`.",
+                m.name
+            ),
+        );
+        let params_arg = if m.params.is_empty() { format!("_params?: {params}") } else { format!("params: {params}") };
+        let args = [params_arg, "opts?: TaskSubmitOptions".to_owned()];
+        w.list(&format!("{submit}("), &args, "): Promise<string>;");
+        w.line("");
+        jsdoc(w, &format!("Where the `{}` task `task` is (`ferry.task.status`).", m.name));
+        w.line(format!("{status}(task: string, opts?: CallOptions): Promise<TaskStatus>;"));
+        w.line("");
+        jsdoc(
+            w,
+            &format!(
+                "The result of the `{}` task `task` (`ferry.task.result`), waiting up to `waitMs` on the \
+                 server; rejects with `TaskPendingError` while it still runs, and with the task's own error \
+                 if it failed.",
+                m.name
+            ),
+        );
+        w.line(format!("{fetch}(task: string, opts?: TaskResultOptions): Promise<{result}>;"));
+        return;
+    }
+    let one = |w: &mut CodeWriter, head: String, call: String| {
+        w.line("");
+        w.line(head);
+        w.indented(|w| {
+            let line = format!("return this.settle({call});");
+            if w.fits(&line) {
+                w.line(line);
+            } else {
+                w.line("return this.settle(");
+                w.indented(|w| w.line(format!("{call},")));
+                w.line(");");
+            }
+        });
+        w.line("}");
+    };
+    let params_arg = if m.params.is_empty() { "_params = {}" } else { "params" };
+    one(
+        w,
+        format!("{submit}({params_arg}, opts) {{"),
+        format!("this.client.submitTask({wire}, {}, opts)", send_params(m)),
+    );
+    one(w, format!("{status}(task, opts) {{"), "this.client.taskStatus(task, opts)".to_owned());
+    one(w, format!("{fetch}(task, opts) {{"), "this.client.taskResult(task, opts)".to_owned());
 }
 
 /// A JSDoc comment: `/** text */` when it fits on one line, else one line per line.

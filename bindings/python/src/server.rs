@@ -177,10 +177,11 @@ impl Server {
     /// Registers a method. `fast_params`: its params are all plain types, validated from a
     /// `dict` (others get their params as JSON `bytes`). `params_schema` (an object schema whose properties are the
     /// params, in `param_names` order), `result_schema` and `defs` (schemas they refer to
-    /// as `#/components/schemas/NAME`) are JSON texts.
+    /// as `#/components/schemas/NAME`) are JSON texts. `task`: a long-running function
+    /// (`@app.function(task=True)`), which `rpc.discover` marks `x-ferry-task: true`.
     #[pyo3(signature = (name, call, *, is_async, params_schema, result_schema, defs, param_names,
         summary=None, description=None, deprecated=false, concurrency=None, allow_unknown_params=false,
-        fast_params=false))]
+        fast_params=false, task=false))]
     #[allow(clippy::too_many_arguments)]
     fn add(
         &self,
@@ -197,6 +198,7 @@ impl Server {
         concurrency: Option<usize>,
         allow_unknown_params: bool,
         fast_params: bool,
+        task: bool,
     ) -> PyResult<()> {
         let mut guard =
             self.methods.lock().map_err(|_| PyRuntimeError::new_err("the method table's lock was poisoned"))?;
@@ -226,6 +228,7 @@ impl Server {
             param_names: || None,
             additional_params: allow_unknown_params,
             given: Some(Arc::new(given)),
+            task,
         };
         let handler = Arc::new(PyHandler {
             call: Arc::new(call),

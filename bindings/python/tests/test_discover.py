@@ -55,6 +55,15 @@ def test_document(doc: dict[str, Any]) -> None:
     assert "x-ferry-errors" in doc
 
 
+def test_a_task_function_is_marked_as_a_task(doc: dict[str, Any]) -> None:
+    """`@app.function(task=True)` reaches the document as `x-ferry-task: true` (which
+    generated clients turn into submit/status/result helpers); other functions have none."""
+    ms = methods(doc)
+    assert ms["gated_sum"]["x-ferry-task"] is True
+    assert "x-ferry-task" not in ms["async_gated"]
+    assert "x-ferry-task" not in ms["ferry.task.submit"]
+
+
 def test_every_ref_resolves(doc: dict[str, Any]) -> None:
     all_refs = refs(doc)
     assert all_refs

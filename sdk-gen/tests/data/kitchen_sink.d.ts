@@ -17,7 +17,7 @@
  */
 
 import { RpcError } from "ferry-client";
-import type { Client, Tensor, TensorRef } from "ferry-client";
+import type { Client, Tensor, TensorRef, TaskStatus } from "ferry-client";
 
 export type Color = "red" | "blue";
 
@@ -129,6 +129,24 @@ export interface CallOptions {
   timeoutMs?: number;
 }
 
+/** Options of a task's submit helper (`ferry.task.submit`). */
+export interface TaskSubmitOptions extends CallOptions {
+  /** Keep the result after it is fetched (until it expires). */
+  keep?: boolean;
+  /**
+   * Let the task outlive this connection (else closing it cancels the task).
+   */
+  detached?: boolean;
+}
+
+/** Options of a task's result helper (`ferry.task.result`). */
+export interface TaskResultOptions extends CallOptions {
+  /** Milliseconds the server waits for the task to finish before answering. */
+  waitMs?: number;
+  /** Keep the result after this fetch (until it expires). */
+  keep?: boolean;
+}
+
 /**
  * Client of the "kitchen "sink"" API: one method per API method, over a
  * connected `Client`.
@@ -152,6 +170,23 @@ export declare class KitchenSinkClient {
    */
   close(_params?: CloseParams, opts?: CallOptions): Promise<CloseResult>;
 
+  /**
+   * Starts `close` as a task on the server (`ferry.task.submit`); resolves to
+   * the task id, for `closeStatus` and `closeResult`. The task is cancelled,
+   * its result dropped, when this connection closes, unless `detached`.
+   */
+  closeSubmit(_params?: CloseParams, opts?: TaskSubmitOptions): Promise<string>;
+
+  /** Where the `close` task `task` is (`ferry.task.status`). */
+  closeStatus(task: string, opts?: CallOptions): Promise<TaskStatus>;
+
+  /**
+   * The result of the `close` task `task` (`ferry.task.result`), waiting up to
+   * `waitMs` on the server; rejects with `TaskPendingError` while it still
+   * runs, and with the task's own error if it failed.
+   */
+  closeResult(task: string, opts?: TaskResultOptions): Promise<CloseResult>;
+
   /** Calls `load-weights`. */
   loadWeights(
     params: LoadWeightsParams,
@@ -162,6 +197,23 @@ export declare class KitchenSinkClient {
   pair(params: PairParams, opts?: CallOptions): Promise<PairResult>;
 
   /**
+   * Starts `pair` as a task on the server (`ferry.task.submit`); resolves to
+   * the task id, for `pairStatus` and `pairResult`. The task is cancelled, its
+   * result dropped, when this connection closes, unless `detached`.
+   */
+  pairSubmit(params: PairParams, opts?: TaskSubmitOptions): Promise<string>;
+
+  /** Where the `pair` task `task` is (`ferry.task.status`). */
+  pairStatus(task: string, opts?: CallOptions): Promise<TaskStatus>;
+
+  /**
+   * The result of the `pair` task `task` (`ferry.task.result`), waiting up to
+   * `waitMs` on the server; rejects with `TaskPendingError` while it still
+   * runs, and with the task's own error if it failed.
+   */
+  pairResult(task: string, opts?: TaskResultOptions): Promise<PairResult>;
+
+  /**
    * Scales a tensor.
    *
    * Multiplies every element by `factor`.
@@ -169,7 +221,26 @@ export declare class KitchenSinkClient {
   scale(params: ScaleParams, opts?: CallOptions): Promise<ScaleResult>;
 
   /**
+   * Starts `scale` as a task on the server (`ferry.task.submit`); resolves to
+   * the task id, for `scaleStatus` and `scaleResult`. The task is cancelled,
+   * its result dropped, when this connection closes, unless `detached`.
+   */
+  scaleSubmit(params: ScaleParams, opts?: TaskSubmitOptions): Promise<string>;
+
+  /** Where the `scale` task `task` is (`ferry.task.status`). */
+  scaleStatus(task: string, opts?: CallOptions): Promise<TaskStatus>;
+
+  /**
+   * The result of the `scale` task `task` (`ferry.task.result`), waiting up to
+   * `waitMs` on the server; rejects with `TaskPendingError` while it still
+   * runs, and with the task's own error if it failed.
+   */
+  scaleResult(task: string, opts?: TaskResultOptions): Promise<ScaleResult>;
+
+  /**
    * Calls `method`, rethrowing error responses as this module's error classes.
    */
   private call;
+  /** Awaits a task call of the runtime, rethrowing as `call` does. */
+  private settle;
 }

@@ -50,6 +50,18 @@ export class KitchenSinkClient {
     return this.call("close", undefined, opts);
   }
 
+  closeSubmit(_params = {}, opts) {
+    return this.settle(this.client.submitTask("close", undefined, opts));
+  }
+
+  closeStatus(task, opts) {
+    return this.settle(this.client.taskStatus(task, opts));
+  }
+
+  closeResult(task, opts) {
+    return this.settle(this.client.taskResult(task, opts));
+  }
+
   loadWeights(params, opts) {
     return this.call("load-weights", params, opts);
   }
@@ -58,8 +70,44 @@ export class KitchenSinkClient {
     return this.call("pair", [params.arg0, params.arg1], opts);
   }
 
+  pairSubmit(params, opts) {
+    return this.settle(
+      this.client.submitTask("pair", [params.arg0, params.arg1], opts),
+    );
+  }
+
+  pairStatus(task, opts) {
+    return this.settle(this.client.taskStatus(task, opts));
+  }
+
+  pairResult(task, opts) {
+    return this.settle(this.client.taskResult(task, opts));
+  }
+
   scale(params, opts) {
     return this.call("scale", params, opts);
+  }
+
+  scaleSubmit(params, opts) {
+    return this.settle(this.client.submitTask("scale", params, opts));
+  }
+
+  scaleStatus(task, opts) {
+    return this.settle(this.client.taskStatus(task, opts));
+  }
+
+  scaleResult(task, opts) {
+    return this.settle(this.client.taskResult(task, opts));
+  }
+
+  async settle(pending) {
+    try {
+      return await pending;
+    } catch (e) {
+      throw e instanceof RpcError && ERRORS.has(e.code)
+        ? errorFromCode(e.code, e.message, e.data)
+        : e;
+    }
   }
 
   async call(method, params, opts) {

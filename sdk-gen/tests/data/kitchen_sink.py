@@ -167,6 +167,35 @@ class KitchenSinkClient:
         except RpcError as e:
             raise error_from_code(e.code, e.message, e.data) from None
 
+    def _submit(self, method: str, params: object, keep: bool, detached: bool) -> str:
+        try:
+            return self.client.submit(method, params, keep=keep, detached=detached)
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    def _status(self, task: str) -> dict[str, Any]:
+        try:
+            return self.client.task_status(task)
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    def _result(
+        self,
+        task: str,
+        wait: float,
+        keep: bool,
+        timeout: float | None,
+    ) -> object:
+        try:
+            return self.client.task_result(
+                task,
+                wait_ms=round(wait * 1000),
+                keep=keep,
+                timeout=timeout,
+            )
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
     def anything(
         self,
         x: Any,
@@ -222,6 +251,50 @@ class KitchenSinkClient:
         result = self._call("close", None, timeout)
         return cast("None", t.check(result, t.NULL, "close", _TYPES))
 
+    def close_submit(self, *, keep: bool = False, detached: bool = False) -> str:
+        """Starts `close` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `close_status` and `close_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        return self._submit("close", None, keep, detached)
+
+    def close_status(self, task: str) -> dict[str, Any]:
+        """Where the `close` task `task` (from `close_submit`) is
+        (`ferry.task.status`): `{"task", "method", "state", "elapsed_ms"}`, the
+        state one of running, done, failed and cancelled.
+        """
+        return self._status(task)
+
+    def close_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """The result of the `close` task `task` (from `close_submit`), checked as
+        `close_`'s is (`ferry.task.result`). Raises `TaskPendingError` while the
+        task still runs, and the task's own error if it failed; a result is fetched
+        once unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = self._result(task, wait, keep, timeout)
+        return cast("None", t.check(result, t.NULL, "close", _TYPES))
+
     def load_weights(
         self,
         names: Sequence[str],
@@ -269,6 +342,66 @@ class KitchenSinkClient:
             t.check(result, t.TupleOf(t.INTEGER, t.STRING), "pair", _TYPES),
         )
 
+    def pair_submit(
+        self,
+        arg0: int,
+        *,
+        arg1: str | None = None,
+        keep: bool = False,
+        detached: bool = False,
+    ) -> str:
+        """Starts `pair` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `pair_status` and `pair_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            arg0: `arg0`.
+            arg1: `arg1`. Optional.
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        args: list[object] = [arg0, arg1]
+        while args and args[-1] is None:
+            args.pop()
+        params = args
+        return self._submit("pair", params, keep, detached)
+
+    def pair_status(self, task: str) -> dict[str, Any]:
+        """Where the `pair` task `task` (from `pair_submit`) is (`ferry.task.status`):
+        `{"task", "method", "state", "elapsed_ms"}`, the state one of running, done,
+        failed and cancelled.
+        """
+        return self._status(task)
+
+    def pair_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> list[int | str]:
+        """The result of the `pair` task `task` (from `pair_submit`), checked as
+        `pair`'s is (`ferry.task.result`). Raises `TaskPendingError` while the task
+        still runs, and the task's own error if it failed; a result is fetched once
+        unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = self._result(task, wait, keep, timeout)
+        return cast(
+            "list[int | str]",
+            t.check(result, t.TupleOf(t.INTEGER, t.STRING), "pair", _TYPES),
+        )
+
     def scale(
         self,
         tensor: TensorParam,
@@ -296,6 +429,66 @@ class KitchenSinkClient:
         if mode is not None:
             params["mode"] = mode
         result = self._call("scale", params, timeout)
+        return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "scale", _TYPES))
+
+    def scale_submit(
+        self,
+        tensor: TensorParam,
+        *,
+        factor: float | None = None,
+        mode: Rounding | None = None,
+        keep: bool = False,
+        detached: bool = False,
+    ) -> str:
+        """Starts `scale` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `scale_status` and `scale_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            tensor: The input.
+            factor: `factor`. Default (applied by the server): `1.0`.
+            mode: How to round. Optional.
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        params: dict[str, object] = {"tensor": tensor}
+        if factor is not None:
+            params["factor"] = factor
+        if mode is not None:
+            params["mode"] = mode
+        return self._submit("scale", params, keep, detached)
+
+    def scale_status(self, task: str) -> dict[str, Any]:
+        """Where the `scale` task `task` (from `scale_submit`) is
+        (`ferry.task.status`): `{"task", "method", "state", "elapsed_ms"}`, the
+        state one of running, done, failed and cancelled.
+        """
+        return self._status(task)
+
+    def scale_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any]:
+        """The result of the `scale` task `task` (from `scale_submit`), checked as
+        `scale`'s is (`ferry.task.result`). Raises `TaskPendingError` while the task
+        still runs, and the task's own error if it failed; a result is fetched once
+        unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = self._result(task, wait, keep, timeout)
         return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "scale", _TYPES))
 
 
@@ -355,6 +548,46 @@ class AsyncKitchenSinkClient:
         except RpcError as e:
             raise error_from_code(e.code, e.message, e.data) from None
 
+    async def _submit(
+        self,
+        method: str,
+        params: object,
+        keep: bool,
+        detached: bool,
+    ) -> str:
+        try:
+            return await self.client.submit(
+                method,
+                params,
+                keep=keep,
+                detached=detached,
+            )
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    async def _status(self, task: str) -> dict[str, Any]:
+        try:
+            return await self.client.task_status(task)
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    async def _result(
+        self,
+        task: str,
+        wait: float,
+        keep: bool,
+        timeout: float | None,
+    ) -> object:
+        try:
+            return await self.client.task_result(
+                task,
+                wait_ms=round(wait * 1000),
+                keep=keep,
+                timeout=timeout,
+            )
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
     async def anything(
         self,
         x: Any,
@@ -410,6 +643,50 @@ class AsyncKitchenSinkClient:
         result = await self._call("close", None, timeout)
         return cast("None", t.check(result, t.NULL, "close", _TYPES))
 
+    async def close_submit(self, *, keep: bool = False, detached: bool = False) -> str:
+        """Starts `close` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `close_status` and `close_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        return await self._submit("close", None, keep, detached)
+
+    async def close_status(self, task: str) -> dict[str, Any]:
+        """Where the `close` task `task` (from `close_submit`) is
+        (`ferry.task.status`): `{"task", "method", "state", "elapsed_ms"}`, the
+        state one of running, done, failed and cancelled.
+        """
+        return await self._status(task)
+
+    async def close_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """The result of the `close` task `task` (from `close_submit`), checked as
+        `close_`'s is (`ferry.task.result`). Raises `TaskPendingError` while the
+        task still runs, and the task's own error if it failed; a result is fetched
+        once unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = await self._result(task, wait, keep, timeout)
+        return cast("None", t.check(result, t.NULL, "close", _TYPES))
+
     async def load_weights(
         self,
         names: Sequence[str],
@@ -457,6 +734,66 @@ class AsyncKitchenSinkClient:
             t.check(result, t.TupleOf(t.INTEGER, t.STRING), "pair", _TYPES),
         )
 
+    async def pair_submit(
+        self,
+        arg0: int,
+        *,
+        arg1: str | None = None,
+        keep: bool = False,
+        detached: bool = False,
+    ) -> str:
+        """Starts `pair` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `pair_status` and `pair_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            arg0: `arg0`.
+            arg1: `arg1`. Optional.
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        args: list[object] = [arg0, arg1]
+        while args and args[-1] is None:
+            args.pop()
+        params = args
+        return await self._submit("pair", params, keep, detached)
+
+    async def pair_status(self, task: str) -> dict[str, Any]:
+        """Where the `pair` task `task` (from `pair_submit`) is (`ferry.task.status`):
+        `{"task", "method", "state", "elapsed_ms"}`, the state one of running, done,
+        failed and cancelled.
+        """
+        return await self._status(task)
+
+    async def pair_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> list[int | str]:
+        """The result of the `pair` task `task` (from `pair_submit`), checked as
+        `pair`'s is (`ferry.task.result`). Raises `TaskPendingError` while the task
+        still runs, and the task's own error if it failed; a result is fetched once
+        unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = await self._result(task, wait, keep, timeout)
+        return cast(
+            "list[int | str]",
+            t.check(result, t.TupleOf(t.INTEGER, t.STRING), "pair", _TYPES),
+        )
+
     async def scale(
         self,
         tensor: TensorParam,
@@ -484,4 +821,64 @@ class AsyncKitchenSinkClient:
         if mode is not None:
             params["mode"] = mode
         result = await self._call("scale", params, timeout)
+        return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "scale", _TYPES))
+
+    async def scale_submit(
+        self,
+        tensor: TensorParam,
+        *,
+        factor: float | None = None,
+        mode: Rounding | None = None,
+        keep: bool = False,
+        detached: bool = False,
+    ) -> str:
+        """Starts `scale` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `scale_status` and `scale_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            tensor: The input.
+            factor: `factor`. Default (applied by the server): `1.0`.
+            mode: How to round. Optional.
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        params: dict[str, object] = {"tensor": tensor}
+        if factor is not None:
+            params["factor"] = factor
+        if mode is not None:
+            params["mode"] = mode
+        return await self._submit("scale", params, keep, detached)
+
+    async def scale_status(self, task: str) -> dict[str, Any]:
+        """Where the `scale` task `task` (from `scale_submit`) is
+        (`ferry.task.status`): `{"task", "method", "state", "elapsed_ms"}`, the
+        state one of running, done, failed and cancelled.
+        """
+        return await self._status(task)
+
+    async def scale_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> npt.NDArray[Any]:
+        """The result of the `scale` task `task` (from `scale_submit`), checked as
+        `scale`'s is (`ferry.task.result`). Raises `TaskPendingError` while the task
+        still runs, and the task's own error if it failed; a result is fetched once
+        unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = await self._result(task, wait, keep, timeout)
         return cast("npt.NDArray[Any]", t.check(result, t.TENSOR, "scale", _TYPES))

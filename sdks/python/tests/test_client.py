@@ -35,7 +35,13 @@ from ferry_client import (
 )
 from ferry_client import _shm
 from ferry_client._wire import CLOSE, MESSAGE, PREAMBLE, WELCOME, frame
-from ferry_client.generated.demo import AsyncDemoClient, DemoClient, InvalidParamsError
+from ferry_client.generated.demo import (
+    AsyncDemoClient,
+    DemoClient,
+    InvalidParamsError,
+    TaskNotFoundError,
+    TaskPendingError,
+)
 
 
 def _base(a: npt.NDArray[Any]) -> object:
@@ -177,6 +183,40 @@ def test_timeouts_cancel_on_the_server(demo: Server) -> None:
         assert c.call("add", [1, 1], timeout=5) == 2.0
         task = c.submit("sleep", {"ms": 200})
         assert c.task_result(task, wait_ms=5000) == 200
+
+
+def test_generated_task_helpers_run_a_task(demo: Server) -> None:
+    """`sleep` is a task method of the demo API (`x-ferry-task`): the generated client's
+    `sleep_submit`, `sleep_status` and `sleep_result` start it on `ferry serve demo`, see
+    it run, refuse its result while it runs, and fetch the result, checked, once done."""
+    with DemoClient.connect(demo.addr, timeout=30) as c:
+        slow = c.sleep_submit(60_000)
+        status = c.sleep_status(slow)
+        assert status["task"] == slow and status["method"] == "sleep", status
+        assert status["state"] == "running", status
+        with pytest.raises(TaskPendingError):
+            c.sleep_result(slow)
+        quick = c.sleep_submit(20, keep=True)
+        assert c.sleep_result(quick, wait=20) == 20
+        assert c.sleep_status(quick)["state"] == "done"
+        assert c.sleep_result(quick) == 20  # kept by the submit
+        once = c.sleep_submit(0)
+        assert c.sleep_result(once, wait=20) == 0
+        with pytest.raises(TaskNotFoundError):  # fetched once, not kept
+            c.sleep_status(once)
+
+
+def test_generated_task_helpers_run_a_task_async(demo: Server) -> None:
+    async def main() -> None:
+        async with await AsyncDemoClient.connect(demo.addr, timeout=30) as c:
+            slow = await c.sleep_submit(60_000)
+            assert (await c.sleep_status(slow))["state"] == "running"
+            with pytest.raises(TaskPendingError):
+                await c.sleep_result(slow)
+            quick = await c.sleep_submit(20)
+            assert await c.sleep_result(quick, wait=20) == 20
+
+    asyncio.run(main())
 
 
 def test_tasks_end_with_their_connection_unless_detached(demo: Server) -> None:

@@ -17,7 +17,7 @@
  */
 
 import { RpcError } from "ferry-client";
-import type { Client, Tensor, TensorRef } from "ferry-client";
+import type { Client, Tensor, TensorRef, TaskStatus } from "ferry-client";
 
 /**
  * The element type of a tensor. The wire name is the lowercase variant name
@@ -171,6 +171,24 @@ export interface CallOptions {
   timeoutMs?: number;
 }
 
+/** Options of a task's submit helper (`ferry.task.submit`). */
+export interface TaskSubmitOptions extends CallOptions {
+  /** Keep the result after it is fetched (until it expires). */
+  keep?: boolean;
+  /**
+   * Let the task outlive this connection (else closing it cancels the task).
+   */
+  detached?: boolean;
+}
+
+/** Options of a task's result helper (`ferry.task.result`). */
+export interface TaskResultOptions extends CallOptions {
+  /** Milliseconds the server waits for the task to finish before answering. */
+  waitMs?: number;
+  /** Keep the result after this fetch (until it expires). */
+  keep?: boolean;
+}
+
 /**
  * Client of the "ferry demo" API: one method per API method, over a connected
  * `Client`.
@@ -202,6 +220,23 @@ export declare class DemoClient {
   /** Sleeps ms milliseconds (cancellable); for tasks */
   sleep(params: SleepParams, opts?: CallOptions): Promise<SleepResult>;
 
+  /**
+   * Starts `sleep` as a task on the server (`ferry.task.submit`); resolves to
+   * the task id, for `sleepStatus` and `sleepResult`. The task is cancelled,
+   * its result dropped, when this connection closes, unless `detached`.
+   */
+  sleepSubmit(params: SleepParams, opts?: TaskSubmitOptions): Promise<string>;
+
+  /** Where the `sleep` task `task` is (`ferry.task.status`). */
+  sleepStatus(task: string, opts?: CallOptions): Promise<TaskStatus>;
+
+  /**
+   * The result of the `sleep` task `task` (`ferry.task.result`), waiting up to
+   * `waitMs` on the server; rejects with `TaskPendingError` while it still
+   * runs, and with the task's own error if it failed.
+   */
+  sleepResult(task: string, opts?: TaskResultOptions): Promise<SleepResult>;
+
   /** Sum of a tensor's elements */
   sum(params: SumParams, opts?: CallOptions): Promise<SumResult>;
 
@@ -215,4 +250,6 @@ export declare class DemoClient {
    * Calls `method`, rethrowing error responses as this module's error classes.
    */
   private call;
+  /** Awaits a task call of the runtime, rethrowing as `call` does. */
+  private settle;
 }

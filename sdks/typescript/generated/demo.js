@@ -56,6 +56,18 @@ export class DemoClient {
     return this.call("sleep", params, opts);
   }
 
+  sleepSubmit(params, opts) {
+    return this.settle(this.client.submitTask("sleep", params, opts));
+  }
+
+  sleepStatus(task, opts) {
+    return this.settle(this.client.taskStatus(task, opts));
+  }
+
+  sleepResult(task, opts) {
+    return this.settle(this.client.taskResult(task, opts));
+  }
+
   sum(params, opts) {
     return this.call("sum", params, opts);
   }
@@ -66,6 +78,16 @@ export class DemoClient {
 
   whoami(_params = {}, opts) {
     return this.call("whoami", undefined, opts);
+  }
+
+  async settle(pending) {
+    try {
+      return await pending;
+    } catch (e) {
+      throw e instanceof RpcError && ERRORS.has(e.code)
+        ? errorFromCode(e.code, e.message, e.data)
+        : e;
+    }
   }
 
   async call(method, params, opts) {

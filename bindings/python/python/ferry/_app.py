@@ -380,7 +380,9 @@ class App:
         """Registers a function (sync or async) under its name (or `name`). Its params and
         result are described and validated by its type hints; its docstring's first
         paragraph is the summary. `concurrency=N` caps the calls running at once;
-        `task=True` documents it as long-running (callers submit it as a task)."""
+        `task=True` documents it as long-running (callers submit it as a task): the OpenRPC
+        document marks it `x-ferry-task`, and clients generated from it (`ferry sdk`) get
+        `NAME_submit`, `NAME_status` and `NAME_result` helpers beside `NAME`."""
 
         def register(f: F) -> F:
             n = name or f.__name__
@@ -436,6 +438,7 @@ class App:
                 deprecated=f.deprecated,
                 concurrency=f.concurrency,
                 fast_params=f.sig.fast_params is not None,
+                task=f.task,
             )
         return s
 

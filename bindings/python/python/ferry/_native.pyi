@@ -120,6 +120,7 @@ class Server:
         concurrency: int | None = None,
         allow_unknown_params: bool = False,
         fast_params: bool = False,
+        task: bool = False,
     ) -> None: ...
     def discover(self) -> str: ...
     def serve(

@@ -233,6 +233,35 @@ class DemoClient:
         except RpcError as e:
             raise error_from_code(e.code, e.message, e.data) from None
 
+    def _submit(self, method: str, params: object, keep: bool, detached: bool) -> str:
+        try:
+            return self.client.submit(method, params, keep=keep, detached=detached)
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    def _status(self, task: str) -> dict[str, Any]:
+        try:
+            return self.client.task_status(task)
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    def _result(
+        self,
+        task: str,
+        wait: float,
+        keep: bool,
+        timeout: float | None,
+    ) -> object:
+        try:
+            return self.client.task_result(
+                task,
+                wait_ms=round(wait * 1000),
+                keep=keep,
+                timeout=timeout,
+            )
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
     def add(self, a: float, b: float, *, timeout: float | None = None) -> float:
         """a + b
 
@@ -335,6 +364,58 @@ class DemoClient:
         result = self._call("sleep", params, timeout)
         return cast("int", t.check(result, t.INTEGER, "sleep", _TYPES))
 
+    def sleep_submit(
+        self,
+        ms: int,
+        *,
+        keep: bool = False,
+        detached: bool = False,
+    ) -> str:
+        """Starts `sleep` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `sleep_status` and `sleep_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            ms: Milliseconds to sleep (at least 0).
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        params: dict[str, object] = {"ms": ms}
+        return self._submit("sleep", params, keep, detached)
+
+    def sleep_status(self, task: str) -> dict[str, Any]:
+        """Where the `sleep` task `task` (from `sleep_submit`) is
+        (`ferry.task.status`): `{"task", "method", "state", "elapsed_ms"}`, the
+        state one of running, done, failed and cancelled.
+        """
+        return self._status(task)
+
+    def sleep_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> int:
+        """The result of the `sleep` task `task` (from `sleep_submit`), checked as
+        `sleep`'s is (`ferry.task.result`). Raises `TaskPendingError` while the task
+        still runs, and the task's own error if it failed; a result is fetched once
+        unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = self._result(task, wait, keep, timeout)
+        return cast("int", t.check(result, t.INTEGER, "sleep", _TYPES))
+
     def sum(self, tensor: TensorParam, *, timeout: float | None = None) -> float:
         """Sum of a tensor's elements
 
@@ -421,6 +502,46 @@ class AsyncDemoClient:
     async def _call(self, method: str, params: object, timeout: float | None) -> object:
         try:
             return await self.client.call(method, params, timeout=timeout)
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    async def _submit(
+        self,
+        method: str,
+        params: object,
+        keep: bool,
+        detached: bool,
+    ) -> str:
+        try:
+            return await self.client.submit(
+                method,
+                params,
+                keep=keep,
+                detached=detached,
+            )
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    async def _status(self, task: str) -> dict[str, Any]:
+        try:
+            return await self.client.task_status(task)
+        except RpcError as e:
+            raise error_from_code(e.code, e.message, e.data) from None
+
+    async def _result(
+        self,
+        task: str,
+        wait: float,
+        keep: bool,
+        timeout: float | None,
+    ) -> object:
+        try:
+            return await self.client.task_result(
+                task,
+                wait_ms=round(wait * 1000),
+                keep=keep,
+                timeout=timeout,
+            )
         except RpcError as e:
             raise error_from_code(e.code, e.message, e.data) from None
 
@@ -524,6 +645,58 @@ class AsyncDemoClient:
         """
         params: dict[str, object] = {"ms": ms}
         result = await self._call("sleep", params, timeout)
+        return cast("int", t.check(result, t.INTEGER, "sleep", _TYPES))
+
+    async def sleep_submit(
+        self,
+        ms: int,
+        *,
+        keep: bool = False,
+        detached: bool = False,
+    ) -> str:
+        """Starts `sleep` as a task on the server (`ferry.task.submit`); returns the
+        task id, for `sleep_status` and `sleep_result`.
+
+        The task is cancelled, its result dropped, when this connection closes,
+        unless `detached`: then any connection of the same identity may fetch it
+        until it expires.
+
+        Args:
+            ms: Milliseconds to sleep (at least 0).
+            keep: Keep the result after it is fetched (until it expires).
+            detached: Let the task outlive this connection.
+        """
+        params: dict[str, object] = {"ms": ms}
+        return await self._submit("sleep", params, keep, detached)
+
+    async def sleep_status(self, task: str) -> dict[str, Any]:
+        """Where the `sleep` task `task` (from `sleep_submit`) is
+        (`ferry.task.status`): `{"task", "method", "state", "elapsed_ms"}`, the
+        state one of running, done, failed and cancelled.
+        """
+        return await self._status(task)
+
+    async def sleep_result(
+        self,
+        task: str,
+        *,
+        wait: float = 0.0,
+        keep: bool = False,
+        timeout: float | None = None,
+    ) -> int:
+        """The result of the `sleep` task `task` (from `sleep_submit`), checked as
+        `sleep`'s is (`ferry.task.result`). Raises `TaskPendingError` while the task
+        still runs, and the task's own error if it failed; a result is fetched once
+        unless kept.
+
+        Args:
+            task: The task id.
+            wait: Seconds the server waits for the task to finish before answering.
+            keep: Keep the result after this fetch (until it expires).
+            timeout: Seconds to wait for the answer (default: the client's timeout,
+                and at least `wait` and 10 more).
+        """
+        result = await self._result(task, wait, keep, timeout)
         return cast("int", t.check(result, t.INTEGER, "sleep", _TYPES))
 
     async def sum(self, tensor: TensorParam, *, timeout: float | None = None) -> float:
