@@ -86,9 +86,9 @@ pub(crate) fn wait_limit(call: &str, timeout: Option<f64>) -> PyResult<Option<Du
         Some(s) if s.is_nan() || s < 0.0 => Err(PyValueError::new_err(format!(
             "{call}(timeout={s}): timeout is a number of seconds >= 0, or None to wait for ever"
         ))),
-        Some(s) => Ok(Duration::try_from_secs_f64(s)
-            .ok()
-            .filter(|d| std::time::Instant::now().checked_add(*d).is_some())),
+        Some(s) => {
+            Ok(Duration::try_from_secs_f64(s).ok().filter(|d| std::time::Instant::now().checked_add(*d).is_some()))
+        }
     }
 }
 
