@@ -85,7 +85,9 @@ def test_recv_times_out_and_the_pipe_stays_usable(echo_peer: EchoPeer) -> None:
         t0 = time.monotonic()
         with pytest.raises(CallTimeout):
             p.recv()
-        assert time.monotonic() - t0 < 1.5
+        # A hang guard, not a measurement: nothing comes unless asked, so a timeout not
+        # kept would wait for ever.
+        assert time.monotonic() - t0 < 60
         p.send("again")
         assert p.recv(timeout=10).header == "again"
 
