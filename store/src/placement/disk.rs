@@ -4,7 +4,7 @@
 //! - A directory the tiers make is mode 0700, every file in it 0600 (SECURITY.md, "What
 //!   belongs to whom"): other local users can neither list nor read the tensors.
 //! - The owner holds an exclusive `flock` on the directory itself while it lives
-//!   ([`DirLock`]). The kernel lets go of it when the process dies, however it dies (SIGKILL
+//!   (`DirLock`). The kernel lets go of it when the process dies, however it dies (SIGKILL
 //!   included), and no later process can inherit it by reusing the pid: whoever can take
 //!   the lock knows the owner is dead. (No pid is trusted, and no file is added to the
 //!   directory.)
