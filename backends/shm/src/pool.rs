@@ -165,6 +165,12 @@ impl Pool {
         (st.segs.len(), st.reserved, st.created, st.given_back)
     }
 
+    /// Bytes of the segments' slots in use now (by tensors here or leases of the peer).
+    pub(crate) fn used(&self) -> u64 {
+        let st = self.lock();
+        st.segs.values().map(|e| e.len() as u64 - e.free.values().map(|&l| l as u64).sum::<u64>()).sum()
+    }
+
     /// Bytes of segments now.
     pub(crate) fn reserved(&self) -> u64 {
         self.lock().reserved

@@ -444,6 +444,7 @@ impl ChannelSession for ShmSession {
         serde_json::json!({
             "segments": segments,
             "reserved_bytes": reserved,
+            "used_bytes": self.pool.used(),
             "segments_created": created,
             "segments_given_back": given_back,
             "leases_granted": lock(&self.granted).len(),
