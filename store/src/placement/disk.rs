@@ -94,6 +94,7 @@ pub(crate) fn make_own_dir(parent: &Path) -> io::Result<(PathBuf, DirLock)> {
     for _ in 0..8 {
         let name = format!("{OWN_DIR_PREFIX}{}-{:016x}", std::process::id(), fastrand::u64(..));
         let (hidden, path) = (parent.join(format!(".{name}")), parent.join(&name));
+        #[cfg_attr(not(unix), allow(unused_mut))]
         let mut b = std::fs::DirBuilder::new();
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
