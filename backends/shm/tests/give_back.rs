@@ -7,51 +7,24 @@
 //! in this test's process): nextest runs each test in a process of its own.
 #![cfg(target_os = "linux")] // ferry-shm exists on Linux only
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_conformance::Fixture;
 use ferry_conformance::peer::RawConn;
 use ferry_core::frame::FrameKind;
-use ferry_core::{
-    Channel, ConnInfo, DType, DeviceKind, Endpoint, InlineChannel, Message, Pipe, PipeListener, Tensor, TensorMeta,
-    Transport,
-};
-use ferry_local::LocalTransport;
+use ferry_core::{Channel, ConnInfo, DType, DeviceKind, Message, Pipe, PipeListener, Tensor, TensorMeta};
 use ferry_shm::{ShmChannel, ShmOptions};
 use serde_json::{Value, json};
 
-#[derive(Default)]
-struct Fx;
+mod common;
 
-impl Fixture for Fx {
-    const NAME: &'static str = "shm";
-    fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(LocalTransport::new())
-    }
-    fn channels(&self) -> Vec<Arc<dyn Channel>> {
-        vec![Arc::new(ShmChannel::new()), Arc::new(InlineChannel)]
-    }
-    fn addr(&self, tag: &str) -> String {
-        format!("unix:ferry-shm-give-back-{}", ferry_conformance::unique(tag))
-    }
-}
+use common::{Fx, T};
 
-/// How long a test waits for anything (a bound on a wait, never a figure to meet).
-const T: Duration = Duration::from_secs(20);
 const MIB: usize = 1 << 20;
-
-fn endpoint(opts: ShmOptions) -> Endpoint {
-    Endpoint::builder()
-        .transport(Arc::new(LocalTransport::new()))
-        .channel(Arc::new(ShmChannel::with_options(opts)))
-        .channel(Arc::new(InlineChannel))
-        .build()
-}
 
 async fn pair(opts: ShmOptions, tag: &str) -> (PipeListener, Pipe, Pipe) {
     let addr = Fx.addr(tag);
-    let ep = endpoint(opts);
+    let ep = common::endpoint(opts, Duration::ZERO);
     let mut l = ep.listen(&addr).await.unwrap();
     let c = ep.connect(&addr).await.unwrap();
     let s = tokio::time::timeout(T, l.accept()).await.unwrap().unwrap();
@@ -195,7 +168,7 @@ async fn a_large_send_after_1000_small_ones_succeeds_at_once() {
 async fn a_peer_without_shm_forget_keeps_its_segments_and_is_sent_no_forget() {
     let addr = Fx.addr("old-peer");
     let opts = ShmOptions { idle_release: Duration::from_millis(5), keep_idle_bytes: 0, ..ShmOptions::default() };
-    let mut l = endpoint(opts).listen(&addr).await.unwrap();
+    let mut l = common::endpoint(opts, Duration::ZERO).listen(&addr).await.unwrap();
     let mut raw = RawConn::connect(&Fx, &addr).await.unwrap();
     let conn = ConnInfo { fd_passing: true, same_host: true, ..Default::default() };
     let offer = ShmChannel::new().offer(&conn).unwrap();

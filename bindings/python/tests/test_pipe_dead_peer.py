@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -32,9 +31,9 @@ def held() -> tuple[int, int]:
     return fds, rings
 
 
-@pytest.fixture
-def stalled() -> Iterator[tuple[ferry.Pipe, subprocess.Popen[str]]]:
-    """A pipe to a peer process that never reads, and the process."""
+def start_stalled() -> tuple[ferry.Pipe, subprocess.Popen[str]]:
+    """A pipe to a new peer process that never reads, and the process (the listener is
+    let go once the peer is accepted)."""
     listener = ferry.listen(unique_addr("stall"))
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.stall_peer", listener.address],
@@ -46,6 +45,18 @@ def stalled() -> Iterator[tuple[ferry.Pipe, subprocess.Popen[str]]]:
         pipe = listener.accept(timeout=WAIT)
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    return pipe, child
+
+
+@pytest.fixture
+def stalled() -> Iterator[tuple[ferry.Pipe, subprocess.Popen[str]]]:
+    """A pipe to a peer process that never reads, and the process."""
+    pipe, child = start_stalled()
+    try:
         yield pipe, child
     finally:
         if child.poll() is None:
@@ -135,23 +146,15 @@ def test_close_from_another_thread_does_not_wait_for_a_stuck_send(
 def test_nothing_is_left_after_a_killed_peer() -> None:
     gc.collect()
     before = held()
-    listener = ferry.listen(unique_addr("leak"))
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.stall_peer", listener.address],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    pipe: Any = listener.accept(timeout=WAIT)
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
+    pipe, child = start_stalled()
     fill(pipe)
     outcome = blocked_send(pipe)
     child.kill()
     child.wait()
+    assert child.stdout is not None
     child.stdout.close()
     assert isinstance(outcome.get(timeout=WAIT), BrokenPipeError)
-    del pipe, listener, outcome
+    del pipe, outcome
 
     def back() -> bool:
         # At most as many as before: what earlier tests left for the collector may go too.

@@ -1,4 +1,5 @@
-//! What the fast-path tests share: their endpoint and an echoing handler.
+//! What the fast-path and give-back tests share: their endpoint, an echoing handler, and
+//! the conformance fixture (unix sockets, shm and inline).
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -6,9 +7,27 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ferry_core::{Endpoint, Handled, InlineChannel, Message, Pipe};
+use ferry_conformance::Fixture;
+use ferry_core::{Channel, Endpoint, Handled, InlineChannel, Message, Pipe, Transport};
 use ferry_local::LocalTransport;
 use ferry_shm::{ShmChannel, ShmOptions};
+
+/// The conformance fixture of this crate's tests: unix sockets, shm and inline.
+#[derive(Default)]
+pub struct Fx;
+
+impl Fixture for Fx {
+    const NAME: &'static str = "shm";
+    fn transport(&self) -> Arc<dyn Transport> {
+        Arc::new(LocalTransport::new())
+    }
+    fn channels(&self) -> Vec<Arc<dyn Channel>> {
+        vec![Arc::new(ShmChannel::new()), Arc::new(InlineChannel)]
+    }
+    fn addr(&self, tag: &str) -> String {
+        format!("unix:ferry-shm-test-{}", ferry_conformance::unique(tag))
+    }
+}
 
 /// How long a test waits for anything.
 pub const T: Duration = Duration::from_secs(20);
