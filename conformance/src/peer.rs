@@ -306,7 +306,12 @@ impl RawConn {
         let h = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
         self.write_frame(FrameKind::Hello as u8, &h, &[]).await?;
         self.reader.read_preamble().await.map_err(|e| format!("server preamble: {e}"))?;
-        let f = self.reader.read_frame().await.map_err(|e| format!("welcome: {e}"))?;
+        let f = self
+            .reader
+            .read_frame()
+            .await
+            .and_then(ferry_core::frame::Received::into_frame)
+            .map_err(|e| format!("welcome: {e}"))?;
         if f.kind != FrameKind::Welcome {
             return Err(format!("expected WELCOME, got {:?}", f.kind).into());
         }
@@ -316,7 +321,7 @@ impl RawConn {
     /// Expects the peer to send a CLOSE frame and then end the stream (a clean close).
     pub async fn expect_close(&mut self) -> Result<Close, Failed> {
         let limit = Duration::from_secs(5);
-        let f = tokio::time::timeout(limit, self.reader.read_frame())
+        let f = tokio::time::timeout(limit, async { self.reader.read_frame().await?.into_frame() })
             .await
             .map_err(|_| "no CLOSE frame within 5 s")?
             .map_err(|e| format!("expected a CLOSE frame, got {e}"))?;

@@ -47,7 +47,9 @@ fn limits_of(v: &Value, default: Limits) -> Limits {
 /// Reads one frame of `bytes` (no preamble) with the real reader.
 fn read_frame(bytes: Vec<u8>, limits: Limits) -> Result<Frame, PipeError> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async move { FrameReader::new(Box::new(std::io::Cursor::new(bytes)), None, limits).read_frame().await })
+    rt.block_on(async move {
+        FrameReader::new(Box::new(std::io::Cursor::new(bytes)), None, limits).read_frame().await?.into_frame()
+    })
 }
 
 /// The CLOSE code a receiver answers `e` with (PROTOCOL.md §10.2).

@@ -407,7 +407,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     writer.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await?;
     reader.read_preamble().await?;
     #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
-    let mut frame = reader.read_frame().await?;
+    let mut frame = reader.read_frame().await?.into_frame()?;
     #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
     let mut welcome: Welcome = match frame.kind {
         FrameKind::Welcome => frame.parse()?,
@@ -470,7 +470,7 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
     // Read first: a peer that is not ferry (plain JSON-RPC, HTTP) gets no binary reply.
     let peer_version = reader.read_preamble().await?;
     writer.write_preamble(cfg.version).await?;
-    let frame = reader.read_frame().await?;
+    let frame = reader.read_frame().await?.into_frame()?;
     if frame.kind != FrameKind::Hello {
         return Err(ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected HELLO" }.into());
     }

@@ -185,9 +185,31 @@ pub struct Frame {
     /// File descriptors that came with it (unix only).
     #[cfg(unix)]
     pub fds: Vec<std::os::fd::OwnedFd>,
-    /// A packed message read from a same-host ring (PROTOCOL.md §22.5): `kind` is
-    /// [`FrameKind::Message`] and `header` holds the whole binary record, not JSON.
-    pub packed: bool,
+}
+
+/// What [`FrameReader::read_frame`] read: a frame, or a packed message record.
+#[derive(Debug)]
+pub enum Received {
+    /// A frame (prefix, JSON header, payload).
+    Frame(Frame),
+    /// A packed message read from a same-host ring (PROTOCOL.md §22.5): the whole binary
+    /// record, not JSON.
+    Packed(Vec<u8>),
+}
+
+impl Received {
+    /// The frame. A packed record where only a frame may come (the handshake, or a link
+    /// that carries no packed records) is the peer's fault.
+    pub fn into_frame(self) -> Result<Frame, PipeError> {
+        match self {
+            Received::Frame(f) => Ok(f),
+            Received::Packed(_) => Err(ProtocolError::UnexpectedFrame {
+                kind: FrameKind::Message as u8,
+                context: "a packed message record where a frame must come",
+            }
+            .into()),
+        }
+    }
 }
 
 impl Frame {
@@ -351,14 +373,15 @@ impl FrameReader {
         false
     }
 
-    /// Reads one whole frame. End of stream, at a frame boundary or inside a frame, is
-    /// [`PipeError::Closed`]; a frame over the limits is refused before its body is read.
-    pub async fn read_frame(&mut self) -> Result<Frame, PipeError> {
+    /// Reads one whole frame, or a packed message record (from a same-host ring). End of
+    /// stream, at a frame boundary or inside a frame, is [`PipeError::Closed`]; a frame
+    /// over the limits is refused before its body is read.
+    pub async fn read_frame(&mut self) -> Result<Received, PipeError> {
         #[cfg(all(feature = "ring", target_os = "linux"))]
         if self.ring.is_some() {
             return self.read_ring_frame().await;
         }
-        self.read_socket_frame().await
+        self.read_socket_frame().await.map(Received::Frame)
     }
 
     /// [`FrameReader::read_frame`] from the byte stream.
@@ -402,7 +425,6 @@ impl FrameReader {
             payload,
             #[cfg(unix)]
             fds,
-            packed: false,
         })
     }
 

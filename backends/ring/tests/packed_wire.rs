@@ -263,7 +263,7 @@ async fn lie_and_fail(record: &[u8], blocking: bool) -> PipeError {
     // stream (doorbells may come first).
     let end = tokio::time::timeout(BOUND, async {
         loop {
-            match client.reader.read_frame().await {
+            match client.reader.read_frame().await.and_then(ferry_core::frame::Received::into_frame) {
                 Ok(f) if f.kind == FrameKind::Close || f.kind == FrameKind::Ring => continue,
                 other => return other,
             }

@@ -143,7 +143,7 @@ async fn a_lying_record_fails_the_pipe_cleanly() {
     // stream (a CLOSE frame may come first).
     let end = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            match r.read_frame().await {
+            match r.read_frame().await.and_then(ferry_core::frame::Received::into_frame) {
                 Ok(f) if f.kind == FrameKind::Close || f.kind == FrameKind::Ring => continue,
                 other => return other,
             }

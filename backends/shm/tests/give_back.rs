@@ -178,7 +178,7 @@ async fn a_peer_without_shm_forget_keeps_its_segments_and_is_sent_no_forget() {
 
     for round in 0..2u8 {
         s.send(Message::with_tensors(json!(round), vec![heap(MIB, round)])).await.unwrap();
-        let f = tokio::time::timeout(T, raw.reader.read_frame()).await.unwrap().unwrap();
+        let f = tokio::time::timeout(T, raw.reader.read_frame()).await.unwrap().unwrap().into_frame().unwrap();
         assert_eq!(f.kind, FrameKind::Message);
         let h: Value = f.parse().unwrap();
         let r = &h["tensors"][0]["data"]["shm"];

@@ -304,7 +304,7 @@ async fn a_good_raw_descriptor_is_read_in_place() {
     assert_eq!(m.tensors[0].as_bytes(), b"abcd");
     drop(m);
     // The release comes back as a CONTROL frame naming the lease.
-    let f = tokio::time::timeout(T, raw.reader.read_frame()).await.unwrap().unwrap();
+    let f = tokio::time::timeout(T, raw.reader.read_frame()).await.unwrap().unwrap().into_frame().unwrap();
     assert_eq!(f.kind, FrameKind::Control);
     let body: Value = serde_json::from_slice(&f.header).unwrap();
     assert_eq!(body, json!({"channel": "shm", "body": {"release": [77]}}));
@@ -405,7 +405,7 @@ async fn a_lazy_release_lease_waits_for_a_batch_however_large() {
     let eager = json!({"segment": 1, "offset": len, "len": len, "lease": 2});
     send_raw(&mut raw, FrameKind::Message, shm_msg(eager, len), vec![]).await;
     drop(pipe.recv_timeout(T).await.unwrap()); // 20 MiB: due at once, with the waiting one
-    let f = tokio::time::timeout(T, raw.reader.read_frame()).await.unwrap().unwrap();
+    let f = tokio::time::timeout(T, raw.reader.read_frame()).await.unwrap().unwrap().into_frame().unwrap();
     assert_eq!(f.kind, FrameKind::Control);
     let mut body: Value = f.parse().unwrap();
     let mut ids: Vec<u64> = serde_json::from_value(body["body"]["release"].take()).unwrap();

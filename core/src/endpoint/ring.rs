@@ -106,7 +106,7 @@ pub(super) async fn server_finish(
     reader: &mut FrameReader,
     writer: &mut FrameWriter,
 ) -> Result<bool, PipeError> {
-    let frame = reader.read_frame().await?;
+    let frame = reader.read_frame().await?.into_frame()?;
     if frame.kind != FrameKind::Ring {
         return Err(
             ProtocolError::UnexpectedFrame { kind: frame.kind as u8, context: "expected the RING answer" }.into()

@@ -37,10 +37,9 @@ mod write;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use ferry_ring::{Receiver, RingError, WaitEnd};
 
-use super::{Frame, FrameKind, FramePrefix, FrameReader, PREFIX_LEN, aligned_copy};
+use super::{Frame, FrameKind, FramePrefix, FrameReader, PREFIX_LEN, Received, aligned_copy};
 use crate::error::{PipeError, ProtocolError};
 use crate::wire::Limits;
 pub(crate) use write::RingWrite;
@@ -125,7 +124,7 @@ impl RingRead {
         let header = body[..header_len].to_vec();
         let payload = aligned_copy(&body[header_len..header_len + payload_len as usize]);
         self.at += PREFIX_LEN + header_len + payload_len as usize;
-        Ok(Some(Frame { kind, header, payload, fds: Vec::new(), packed: false }))
+        Ok(Some(Frame { kind, header, payload, fds: Vec::new() }))
     }
 }
 
@@ -160,12 +159,12 @@ impl FrameReader {
     }
 
     /// [`FrameReader::read_frame`] with a ring: the next frame of the ring's order.
-    pub(super) async fn read_ring_frame(&mut self) -> Result<Frame, PipeError> {
+    pub(super) async fn read_ring_frame(&mut self) -> Result<Received, PipeError> {
         loop {
             let limits = self.limits;
             let ring = self.ring.as_mut().expect("read_ring_frame is called with a ring");
             if let Some(f) = ring.next_in_record(&limits)? {
-                return Ok(f);
+                return Ok(Received::Frame(f));
             }
             if ring.divert_taken {
                 let f = match ring.early.pop_front() {
@@ -175,7 +174,7 @@ impl FrameReader {
                 if let Some(ring) = self.ring.as_mut() {
                     ring.divert_taken = false;
                 }
-                return Ok(f);
+                return Ok(Received::Frame(f));
             }
             match ring.rx.try_recv(&mut ring.record) {
                 Ok(Some(TAG_FRAMES)) => {
@@ -189,21 +188,15 @@ impl FrameReader {
                     // The record is the frame's (no copy); the next read starts a new one.
                     let record = std::mem::take(&mut ring.record);
                     ring.at = 0;
-                    return Ok(Frame {
-                        kind: FrameKind::Message,
-                        header: record,
-                        payload: Bytes::new(),
-                        fds: Vec::new(),
-                        packed: true,
-                    });
+                    return Ok(Received::Packed(record));
                 }
                 Ok(Some(TAG_DIVERT)) => {
                     ring.record.clear();
                     ring.at = 0;
                     if let Some(f) = ring.early.pop_front() {
-                        return Ok(f);
+                        return Ok(Received::Frame(f));
                     }
-                    return self.read_diverted().await;
+                    return self.read_diverted().await.map(Received::Frame);
                 }
                 Ok(Some(tag)) => {
                     return Err(ProtocolError::Ring(format!("a ring record with unknown tag {tag}")).into());

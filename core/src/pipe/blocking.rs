@@ -220,8 +220,8 @@ impl Pipe {
                     if !ready {
                         return Err(timed_out());
                     }
-                    let frame = reader.read_frame().await?;
-                    if let Some(msg) = read::handle_frame(shared, frame).await? {
+                    let read = reader.read_frame().await?;
+                    if let Some(msg) = read::handle_read(shared, read).await? {
                         return Ok(msg);
                     }
                 }

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use crate::channel::Incoming;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
-use crate::frame::{Frame, FrameKind, FrameReader, WaitSpin};
+use crate::frame::{Frame, FrameKind, FrameReader, Received, WaitSpin};
 use crate::message::Message;
 use crate::wire::{Close, ControlHeader, MessageHeader};
 
@@ -55,7 +55,7 @@ async fn read_frames(
             Some(Err(e)) => Err(e),
             Some(Ok(())) => match reader.read_frame().await {
                 Err(e) => Err(e),
-                Ok(frame) => handle_frame(shared, frame).await,
+                Ok(read) => handle_read(shared, read).await,
             },
         };
         match result {
@@ -121,9 +121,17 @@ pub(super) async fn end_with(shared: &Shared, e: &PipeError) {
     shared.mark_closed(e.clone());
 }
 
-pub(super) async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
+/// Handles what the reader read: a message (a MESSAGE frame, or a packed record) to give
+/// on, or a CONTROL frame for its session, or the end.
+pub(super) async fn handle_read(shared: &Shared, read: Received) -> Result<Option<Message>, PipeError> {
+    match read {
+        Received::Packed(record) => unpack(shared, &record).map(Some),
+        Received::Frame(frame) => handle_frame(shared, frame).await,
+    }
+}
+
+async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, PipeError> {
     match frame.kind {
-        FrameKind::Message if frame.packed => unpack(shared, &frame.header).map(Some),
         FrameKind::Message => decode_message(shared, frame).await.map(Some),
         FrameKind::Control => control_frame(shared, frame).map(|()| None),
         FrameKind::Close => {

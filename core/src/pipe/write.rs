@@ -8,31 +8,43 @@
 //! 2. Each tensor's session encodes it into the [`Outgoing`](crate::Outgoing) being built,
 //!    and notes in its ticket what it did ([`crate::ticket`]).
 //! 3. Check the peer's limits. On any failure the tickets are aborted; nothing was written.
-//! 4. Wait for the write side ([`Shared::write_message`]). Holding it:
-//!    a. settle what an earlier, dropped write left ([`WriteSide::settle`]);
-//!    b. the tickets are *placed*: a lease this message names may be released now;
-//!    c. the message itself is dropped: a lease on the peer's memory that only its tensors
-//!    held is released now;
-//!    d. every session is asked for its due CONTROL frames
+//! 4. Wait for the write side, and take one turn with it ([`Shared::turn`]): the one send
+//!    sequence, which every write follows (a MESSAGE frame, a packed record, a CLOSE, the
+//!    control task's CONTROL frames alone):
+//!    a. *settle* what an earlier, dropped write left ([`WriteSide::settle`]);
+//!    b. *hold* the [`crate::ControlWaker`]: the sessions' wakes from here on are noted,
+//!    not sent to the control task (this writer pulls before it lets go);
+//!    c. the tickets are *placed*: a lease this message names may be released now;
+//!    d. the message itself is *dropped*: a lease on the peer's memory that only its
+//!    tensors held is released now;
+//!    e. every session is asked for its due CONTROL frames
 //!    ([`crate::ChannelSession::poll_control`]): such releases among them;
-//!    e. the MESSAGE frame is written, the CONTROL frames behind it, in one write where they
-//!    fit: a release never reaches the peer before a frame that names its lease.
-//! 5. The tickets are *sent* (or, if the write failed, *aborted*).
+//!    f. the frame is *written*, the CONTROL frames behind it, in one write where they fit:
+//!    a release never reaches the peer before a frame that names its lease;
+//!    g. the write is *settled*: its tickets are sent (or, if it failed, aborted); CONTROL
+//!    frames that the steps since (e) made due go right behind it.
 //!
-//! A packed message ([`super::packed`]: a same-host ring record) takes the same steps with
-//! no JSON frame: [`Shared::write_packed`], or [`Shared::try_write_packed_now`] on a
-//! blocking caller's thread. Its step 4d pulls only what placing, dropping and settling it
-//! made due (the release of a lease it named), right behind it, while the writer holds the
-//! [`crate::ControlWaker`] so that the sessions' wakes in between wake no control task.
+//! What differs between kinds of write is what (e) pulls ([`Put`]):
+//!
+//! - a MESSAGE frame, and the control task's turn, take every due CONTROL frame along;
+//! - a packed message ([`super::packed`]: a same-host ring record) carries no frame behind
+//!   it: a CONTROL frame left over from a dropped write goes first, and its (e) pulls only
+//!   what its own steps made due (the release of a lease it named), right after the
+//!   record. Its message is dropped as soon as the record is out (off the way of the
+//!   answer; what that frees is pulled behind the record either way). A blocking caller's
+//!   thread runs the same turn ([`Shared::try_write_packed_now`]): with room in the ring it
+//!   ends at its first poll;
+//! - a CLOSE takes only what is left over: nothing follows it.
 //!
 //! CONTROL frames have this one route. When no message goes out, the pipe's control task
 //! takes the write side and pulls them the same way, when a session wakes it
 //! ([`crate::ControlWaker`]) or when the time a session asked for comes.
 //!
-//! A dropped `send` future is safe at every step: before 4e its tickets abort; during 4e
+//! A dropped `send` future is safe at every step: before 4f its tickets abort; during 4f
 //! its tickets and pulled frames stay in the write side, and the next holder settles them
 //! by whether the write went out whole ([`crate::frame::FrameWriter::writes_done`]) or not
-//! at all; a write that stopped part-way tore the stream, and the pipe closes.
+//! at all; a write that stopped part-way tore the stream, and the pipe closes. A wake the
+//! held waker noted goes to the control task when the guard drops.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -105,18 +117,47 @@ impl WriteSide {
         r.and(settled)
     }
 
-    /// Writes a packed message record and settles its tickets by the outcome. The pulled
-    /// CONTROL frames must have been written before.
-    async fn write_packed(&mut self, record: &[u8], tickets: Tickets) -> Result<(), PipeError> {
-        self.in_flight = Some((self.frames.writes_done(), Some(tickets)));
+    /// Writes a packed message record and settles its tickets by the outcome; `msg` is
+    /// dropped as soon as the record is out (or, when it must wait for room, before it
+    /// waits). The pulled CONTROL frames must have been written before.
+    async fn write_packed(
+        &mut self,
+        record: &[u8],
+        tickets: Option<Tickets>,
+        msg: Option<Message>,
+    ) -> Result<(), PipeError> {
+        // With room in the ring (the common case) the record is published with no wait.
+        if let Some(doorbell) = self.frames.try_write_packed_now(record) {
+            if let Some(t) = tickets {
+                t.sent();
+            }
+            drop(msg);
+            return if doorbell { self.frames.pay_ring_doorbell().await } else { Ok(()) };
+        }
+        drop(msg);
+        self.in_flight = Some((self.frames.writes_done(), tickets));
         let r = self.frames.write_packed(record).await;
         let settled = self.settle();
         r.and(settled)
     }
+}
 
-    /// True when a write may start without settling anything first.
-    fn clean(&self) -> bool {
-        self.in_flight.is_none() && !self.frames.is_torn() && self.pulled.is_empty()
+/// What one turn of the write side writes ([`Shared::turn`]); it decides what the turn
+/// pulls (module docs, step 4e).
+pub(super) enum Put<'a> {
+    /// A frame: a MESSAGE takes every due CONTROL frame along; another kind (CLOSE) only
+    /// those left over from a dropped write.
+    Frame(FrameKind, OutFrame),
+    /// A packed message record: CONTROL frames its own steps made due go right after it.
+    Packed(&'a [u8]),
+    /// The due CONTROL frames alone (the control task's turn).
+    Controls,
+}
+
+impl Put<'_> {
+    /// Whether the turn pulls every due CONTROL frame before it writes (to go along).
+    fn pulls_along(&self) -> bool {
+        matches!(self, Put::Frame(FrameKind::Message, _) | Put::Controls)
     }
 }
 
@@ -124,51 +165,124 @@ impl WriteSide {
 pub(super) enum Now {
     /// It wrote the message (or failed to), on this thread.
     Done(Result<(), PipeError>),
-    /// The write side was busy or not clean: nothing happened, here is everything back.
+    /// Another writer held the write side: nothing happened, here is everything back.
     Busy(Message, Tickets),
 }
 
 impl Shared {
-    /// Steps 4 and 5 of sending a message (module docs). Ends early with the pipe's error
-    /// if it closes meanwhile.
+    /// One turn of the write side, the send sequence of the module docs (step 4: settle,
+    /// hold, placed, drop, pull, write, settle) for every kind of write; `sending` is the
+    /// message going out with it and its tickets.
+    async fn turn(
+        &self,
+        side: &mut WriteSide,
+        put: Put<'_>,
+        sending: Option<(Message, Tickets)>,
+    ) -> Result<(), PipeError> {
+        // a. Settle.
+        self.check_torn(side).await?;
+        if matches!(put, Put::Packed(_)) && !side.pulled.is_empty() {
+            // A record carries no frame behind it: leftovers go first.
+            let r = side.write(None, None).await;
+            self.close_if_torn(side, r).await?;
+        }
+        // b. Hold.
+        let held = self.control.hold();
+        // c. Placed.
+        let (msg, tickets) = match sending {
+            Some((msg, mut tickets)) => {
+                tickets.placed();
+                (Some(msg), Some(tickets))
+            }
+            None => (None, None),
+        };
+        // A CLOSE is the last frame: nothing goes behind it.
+        let after = !matches!(put, Put::Frame(kind, _) if kind != FrameKind::Message);
+        let r = match put {
+            Put::Packed(record) => {
+                // f, g (d once the record is out); e behind it.
+                side.write_packed(record, tickets, msg).await
+            }
+            put => {
+                // d. Drop.
+                drop(msg);
+                // e. Pull.
+                if put.pulls_along() {
+                    held.take_missed();
+                    self.pull(side);
+                }
+                // f, g. Write and settle.
+                match put {
+                    Put::Frame(kind, frame) => side.write(Some((kind, frame)), tickets).await,
+                    _ => side.write(None, None).await,
+                }
+            }
+        };
+        self.close_if_torn(side, r).await?;
+        // g. What the steps since the pull made due goes right behind (after a CLOSE, a wake
+        // it noted goes to the control task as the guard drops).
+        if after && held.take_missed() {
+            self.pull(side);
+            self.write_pulled_after(side).await;
+        }
+        Ok(())
+    }
+
+    /// Steps 4 and 5 of sending a message (module docs) as a MESSAGE frame. Ends early with
+    /// the pipe's error if it closes meanwhile.
     pub(super) async fn write_message(&self, frame: OutFrame, msg: Message, tickets: Tickets) -> Result<(), PipeError> {
         self.until_closed(async {
             let mut side = self.writer.lock().await;
-            let mut tickets = tickets;
-            self.check_torn(&mut side).await?;
-            tickets.placed();
-            drop(msg);
-            self.pull(&mut side);
-            let r = side.write(Some((FrameKind::Message, frame)), Some(tickets)).await;
-            self.close_if_torn(&mut side, r).await
+            self.turn(&mut side, Put::Frame(FrameKind::Message, frame), Some((msg, tickets))).await
         })
         .await
     }
 
-    /// Steps 4 and 5 for a packed message ([`super::packed`]). CONTROL frames due before it
-    /// are the control task's (it was woken for them); a CONTROL frame left over from a
-    /// dropped write goes first. Those that placing, dropping and settling the message make
-    /// due (the release of a lease it named) go right after it, without waking the control
-    /// task: the waker is held meanwhile ([`crate::ControlWaker::hold`]).
+    /// Steps 4 and 5 for a packed message ([`super::packed`]).
     pub(super) async fn write_packed(&self, record: &[u8], msg: Message, tickets: Tickets) -> Result<(), PipeError> {
         self.until_closed(async {
             let mut side = self.writer.lock().await;
-            let mut tickets = tickets;
-            self.check_torn(&mut side).await?;
-            if !side.pulled.is_empty() {
-                let r = side.write(None, None).await;
-                self.close_if_torn(&mut side, r).await?;
-            }
-            let held = self.control.hold();
-            tickets.placed();
-            drop(msg);
-            let r = side.write_packed(record, tickets).await;
-            self.close_if_torn(&mut side, r).await?;
-            if held.take_missed() {
-                self.pull(&mut side);
-                self.write_pulled_after(&mut side).await;
-            }
-            Ok(())
+            self.turn(&mut side, Put::Packed(record), Some((msg, tickets))).await
+        })
+        .await
+    }
+
+    /// [`Shared::write_packed`] for a blocking caller that holds `send_order`: when the
+    /// write side is free, takes the turn on this thread through `run` (which polls it to
+    /// its end here): with room in the ring it ends at its first poll, with no wait. Else
+    /// hands everything back.
+    pub(super) fn try_write_packed_now(
+        &self,
+        record: &[u8],
+        msg: Message,
+        tickets: Tickets,
+        run: impl Fn(std::pin::Pin<&mut dyn Future<Output = Result<(), PipeError>>>) -> Result<(), PipeError>,
+    ) -> Now {
+        let Some(mut side) = self.writer.try_lock() else { return Now::Busy(msg, tickets) };
+        Now::Done(run(std::pin::pin!(self.until_closed(self.turn(
+            &mut side,
+            Put::Packed(record),
+            Some((msg, tickets))
+        )))))
+    }
+
+    /// Writes a frame of another kind (CLOSE), with any CONTROL frames left over from a
+    /// dropped write behind it.
+    pub(super) async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
+        self.until_closed(async {
+            let mut side = self.writer.lock().await;
+            self.turn(&mut side, Put::Frame(kind, frame), None).await
+        })
+        .await
+    }
+
+    /// The control task's turn: takes the write side, pulls every session's due CONTROL
+    /// frames and writes them. Returns when to pull again though no wake comes.
+    async fn write_controls(&self) -> Result<Option<Instant>, PipeError> {
+        self.until_closed(async {
+            let mut side = self.writer.lock().await;
+            self.turn(&mut side, Put::Controls, None).await?;
+            Ok(side.next_poll)
         })
         .await
     }
@@ -181,88 +295,6 @@ impl Shared {
             let r = side.write(None, None).await;
             let _ = self.close_if_torn(side, r).await;
         }
-    }
-
-    /// [`Shared::write_packed`] for a blocking caller that holds `send_order`: when the
-    /// write side is free and clean, does it on this thread, publishing the record with no
-    /// future and no wait when the ring has room (`run` runs what must wait: CONTROL frames
-    /// due before or after it, a full ring, a doorbell the peer is owed). Else hands
-    /// everything back.
-    pub(super) fn try_write_packed_now(
-        &self,
-        record: &[u8],
-        msg: Message,
-        mut tickets: Tickets,
-        run: impl Fn(std::pin::Pin<&mut dyn Future<Output = Result<(), PipeError>>>) -> Result<(), PipeError>,
-    ) -> Now {
-        let Some(mut side) = self.writer.try_lock() else { return Now::Busy(msg, tickets) };
-        if !side.clean() || self.is_closed() {
-            return Now::Busy(msg, tickets);
-        }
-        let held = self.control.hold();
-        tickets.placed();
-        // The message is dropped once the record is out (off the way of the answer): the
-        // releases that frees are pulled behind the record either way.
-        let mut msg = Some(msg);
-        let r = match side.frames.try_write_packed_now(record) {
-            Some(doorbell) => {
-                tickets.sent();
-                drop(msg.take());
-                if doorbell {
-                    run(std::pin::pin!(self.until_closed(async {
-                        let r = side.frames.pay_ring_doorbell().await;
-                        self.close_if_torn(&mut side, r).await
-                    })))
-                } else {
-                    Ok(())
-                }
-            }
-            None => {
-                drop(msg.take());
-                run(std::pin::pin!(self.until_closed(async {
-                    let r = side.write_packed(record, tickets).await;
-                    self.close_if_torn(&mut side, r).await
-                })))
-            }
-        };
-        if r.is_err() {
-            return Now::Done(r);
-        }
-        if held.take_missed() {
-            self.pull(&mut side);
-            if !side.pulled.is_empty() {
-                let _ = run(std::pin::pin!(self.until_closed(async {
-                    self.write_pulled_after(&mut side).await;
-                    Ok(())
-                })));
-            }
-        }
-        Now::Done(Ok(()))
-    }
-
-    /// Writes a frame of another kind (CLOSE), with any pulled CONTROL frames behind it.
-    pub(super) async fn write(&self, kind: FrameKind, frame: OutFrame) -> Result<(), PipeError> {
-        self.until_closed(async {
-            let mut side = self.writer.lock().await;
-            self.check_torn(&mut side).await?;
-            let r = side.write(Some((kind, frame)), None).await;
-            self.close_if_torn(&mut side, r).await
-        })
-        .await
-    }
-
-    /// The control task's turn: takes the write side, pulls every session's due CONTROL
-    /// frames and writes them. Returns when to pull again though no wake comes.
-    async fn write_controls(&self) -> Result<Option<Instant>, PipeError> {
-        self.until_closed(async {
-            let mut side = self.writer.lock().await;
-            self.check_torn(&mut side).await?;
-            self.pull(&mut side);
-            let r = side.write(None, None).await;
-            self.close_if_torn(&mut side, r).await?;
-            Ok(side.next_poll)
-        })
-        .await
     }
 
     /// Asks every session for its due CONTROL frames (the writer holds the write side).

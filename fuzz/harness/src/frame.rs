@@ -43,7 +43,7 @@ async fn read_all(data: &[u8]) {
     w.write_preamble(version).await.expect("writing to memory");
     let mut limits = HANDSHAKE_LIMITS;
     for _ in 0..MAX_FRAMES {
-        let f = match r.read_frame().await {
+        let f = match r.read_frame().await.and_then(ferry_core::frame::Received::into_frame) {
             Ok(f) => f,
             Err(e) => {
                 check_error(&e);

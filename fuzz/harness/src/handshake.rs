@@ -96,14 +96,14 @@ async fn check(need_token: bool, foreign: bool, sent: &[u8], out: &[u8], got: Re
 async fn client_hello(sent: &[u8]) -> Option<Hello> {
     let mut r = FrameReader::new(reader(sent), None, HANDSHAKE_LIMITS);
     r.read_preamble().await.ok()?;
-    r.read_frame().await.ok()?.parse().ok()
+    r.read_frame().await.ok()?.into_frame().ok()?.parse().ok()
 }
 
 /// The first frame the server wrote after its preamble.
 async fn first_frame(out: &[u8]) -> Option<(FrameKind, Vec<u8>)> {
     let mut r = FrameReader::new(reader(out), None, HANDSHAKE_LIMITS);
     r.read_preamble().await.ok()?;
-    let f = r.read_frame().await.ok()?;
+    let f = r.read_frame().await.ok()?.into_frame().ok()?;
     Some((f.kind, f.header))
 }
 

@@ -103,7 +103,7 @@ pub async fn raw_ring_client_offering(a: &str, features: &[&str]) -> (RawClient,
     w.write_preamble(PROTOCOL_VERSION).await.unwrap();
     w.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await.unwrap();
     r.read_preamble().await.unwrap();
-    let mut welcome_frame = r.read_frame().await.unwrap();
+    let mut welcome_frame = r.read_frame().await.unwrap().into_frame().unwrap();
     let welcome: Welcome = welcome_frame.parse().unwrap();
     let granted = welcome.features.clone();
     let offer = welcome.ring.expect("the server offers a ring");
