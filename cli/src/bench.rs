@@ -141,7 +141,7 @@ pub async fn echo_peer(addr: &str) -> anyhow::Result<()> {
     let ep = ferry::endpoint();
     // Grants the same-host ring to a client that asks for it (the `+ring` rows).
     #[cfg(all(feature = "ring", target_os = "linux"))]
-    let ep = ep.ring(Some(ferry_core::RingOptions::default()));
+    let ep = ferry::RingExt::ring(ep, Some(ferry::RingOptions::default()));
     let mut listener = ep.build().listen(addr).await.with_context(|| format!("listen on {addr}"))?;
     // The real address (a port chosen by the OS, a QUIC pin) for the benchmark to use, and
     // with QUIC a bare quinn sink to compare against.
@@ -489,7 +489,7 @@ fn ring_variants(t: &dyn Transport) -> Vec<bool> {
 fn with_ring(b: ferry_core::EndpointBuilder, ring: bool) -> ferry_core::EndpointBuilder {
     #[cfg(all(feature = "ring", target_os = "linux"))]
     if ring {
-        return b.ring(Some(ferry_core::RingOptions::default()));
+        return ferry::RingExt::ring(b, Some(ferry::RingOptions::default()));
     }
     let _ = ring;
     b

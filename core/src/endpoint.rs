@@ -17,7 +17,7 @@ use crate::pipe::{Pipe, PipeInfo};
 use crate::transport::{Address, Connection, Listener, Split, Transport};
 use crate::wire::{Hello, Limits, PROTOCOL_VERSION, Refusal, Welcome};
 
-#[cfg(all(feature = "ring", target_os = "linux"))]
+#[cfg(unix)]
 mod ring;
 
 /// Default time a handshake may take.
@@ -46,14 +46,15 @@ pub(crate) struct Config {
     pub(crate) accept_foreign: bool,
     pub(crate) busy_poll: Duration,
     pub(crate) max_header_values: usize,
-    #[cfg(all(feature = "ring", target_os = "linux"))]
-    pub(crate) ring: Option<ferry_ring::RingOptions>,
+    /// What makes and opens the link beside the socket (`ferry-ring`'s same-host ring).
+    #[cfg(unix)]
+    pub(crate) ring: Option<Arc<dyn crate::frame::LinkProvider>>,
 }
 
 impl Config {
-    #[cfg(all(feature = "ring", target_os = "linux"))]
-    fn ring(&self) -> Option<&ferry_ring::RingOptions> {
-        self.ring.as_ref()
+    #[cfg(unix)]
+    fn ring(&self) -> Option<&dyn crate::frame::LinkProvider> {
+        self.ring.as_deref()
     }
 }
 
@@ -79,7 +80,7 @@ impl Default for EndpointBuilder {
                 accept_foreign: false,
                 busy_poll: Duration::ZERO,
                 max_header_values: DEFAULT_MAX_HEADER_VALUES,
-                #[cfg(all(feature = "ring", target_os = "linux"))]
+                #[cfg(unix)]
                 ring: None,
             },
         }
@@ -176,18 +177,15 @@ impl EndpointBuilder {
         self
     }
 
-    /// Use the same-host ring (feature `ring`, Linux; PROTOCOL.md §22) where the peer has
-    /// one too and the connection passes descriptors (unix sockets): after the handshake,
-    /// frames travel through two shared-memory rings (a sealed memfd the server makes)
-    /// instead of the socket, which carries only what the rings cannot (frames with
-    /// descriptors, frames larger than a ring's largest record) and the doorbell that wakes
-    /// a reader waiting on it. `opts` sets the capacity of each ring (the most this side
-    /// makes, or maps when the peer made it) and how long a blocking caller spins; the
-    /// pipe's own reader polls the ring only while busy polling is armed
-    /// ([`EndpointBuilder::busy_poll`]). `None` (the default) offers and grants no ring.
-    #[cfg(all(feature = "ring", target_os = "linux"))]
-    pub fn ring(mut self, opts: Option<ferry_ring::RingOptions>) -> Self {
-        self.cfg.ring = opts;
+    /// Use a link beside the socket (PROTOCOL.md §22), made and opened by `provider`,
+    /// where the peer has one too and the connection passes descriptors (unix sockets):
+    /// after the handshake, frames travel through the link, and the socket carries only
+    /// what it cannot. `ferry-ring`'s same-host ring is such a provider: most callers set it
+    /// with `ferry_ring::RingExt::ring` (`ferry::RingExt` in the facade). `None` (the
+    /// default) offers and grants no link.
+    #[cfg(unix)]
+    pub fn link(mut self, provider: Option<Arc<dyn crate::frame::LinkProvider>>) -> Self {
+        self.cfg.ring = provider;
         self
     }
 
@@ -399,16 +397,16 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
 
 async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result<Pipe, PipeError> {
     let (info, mut reader, mut writer) = halves(conn, &cfg);
-    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut hello = client_hello(&cfg.channels, &info, cfg.version, cfg.token.clone(), cfg.limits);
-    #[cfg(all(feature = "ring", target_os = "linux"))]
+    #[cfg(unix)]
     let ring_offered = ring::client_offer(cfg.ring(), &mut reader, &mut hello);
     writer.write_preamble(cfg.version).await?;
     writer.write_frame(FrameKind::Hello, OutFrame::json(&hello)).await?;
     reader.read_preamble().await?;
-    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut frame = reader.read_frame().await?.into_frame()?;
-    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut welcome: Welcome = match frame.kind {
         FrameKind::Welcome => frame.parse()?,
         FrameKind::Refuse => {
@@ -425,7 +423,7 @@ async fn client_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
         }
     };
     let open = client_accept(&cfg.channels, &hello, &welcome)?;
-    #[cfg(all(feature = "ring", target_os = "linux"))]
+    #[cfg(unix)]
     {
         let fds = std::mem::take(&mut frame.fds);
         if !ring::client_finish(cfg.ring(), ring_offered, &welcome, fds, &mut reader, &mut writer).await? {
@@ -489,9 +487,9 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
             writer.shutdown().await;
             Err(PipeError::Refused(refusal))
         }
-        #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+        #[cfg_attr(not(unix), allow(unused_mut))]
         Ok((mut welcome, hello)) => {
-            #[cfg(all(feature = "ring", target_os = "linux"))]
+            #[cfg(unix)]
             let made = ring::server_make(cfg.ring(), &hello, &reader, &mut welcome);
             let (ctx, closed_tx) = session_ctx(&info, true, &welcome.features);
             let mut sessions = BTreeMap::new();
@@ -500,23 +498,17 @@ async fn server_handshake(conn: Box<dyn Connection>, cfg: Arc<Config>) -> Result
                     sessions.insert(*kind, c.open(ctx.clone())?);
                 }
             }
-            #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(unused_mut))]
+            #[cfg_attr(not(unix), allow(unused_mut))]
             let mut frame = OutFrame::json(&welcome);
-            #[cfg(all(feature = "ring", target_os = "linux"))]
-            let made = made.map(|(ring, fd)| {
+            #[cfg(unix)]
+            let made = made.map(|(link, fd)| {
                 frame.fds.push(fd);
-                ring
+                link
             });
             writer.write_frame(FrameKind::Welcome, frame).await?;
-            #[cfg(all(feature = "ring", target_os = "linux"))]
-            if let Some(ring) = made
-                && !ring::server_finish(
-                    ring,
-                    welcome.features.iter().any(|f| f == crate::wire::FEATURE_RING_MESSAGES),
-                    &mut reader,
-                    &mut writer,
-                )
-                .await?
+            #[cfg(unix)]
+            if let Some(link) = made
+                && !ring::server_finish(link, &mut reader, &mut writer).await?
             {
                 welcome.features.retain(|f| f != crate::wire::FEATURE_RING && f != crate::wire::FEATURE_RING_MESSAGES);
             }

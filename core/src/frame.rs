@@ -16,10 +16,11 @@ use crate::tensor::ALIGN;
 use crate::transport::FdQueueRef as FdQueue;
 use crate::wire::Limits;
 
-#[cfg(all(feature = "ring", target_os = "linux"))]
-mod ring;
-mod ring_api;
-pub(crate) use ring_api::RingCloser;
+mod link;
+pub(crate) use link::RingCloser;
+#[cfg(unix)]
+pub use link::{Link, LinkProvider};
+pub use link::{LinkRead, LinkWrite};
 
 /// The first six bytes each side sends: `89 46 45 52 52 59` ("\x89FERRY"). The first byte
 /// is not ASCII, so it can never be `{` or `[` (plain JSON-RPC) or any text protocol.
@@ -31,7 +32,7 @@ pub const PREFIX_LEN: usize = 16;
 
 /// Frames whose header and payload together are smaller than this are written with one
 /// system call.
-const COALESCE: usize = 64 * 1024;
+pub const COALESCE: usize = 64 * 1024;
 /// Read buffer size.
 const READ_BUF: usize = 64 * 1024;
 
@@ -159,7 +160,7 @@ impl FramePrefix {
 }
 
 /// `b` in fresh [`ALIGN`]-aligned memory (tensor payloads are viewed in place).
-pub(crate) fn aligned_copy(b: &[u8]) -> Bytes {
+pub fn aligned_copy(b: &[u8]) -> Bytes {
     if b.is_empty() {
         return Bytes::new();
     }
@@ -238,21 +239,29 @@ const YIELD_EVERY: usize = 1 << 20;
 pub const HANDSHAKE_LIMITS: Limits =
     Limits { max_header_bytes: 64 << 10, max_payload_bytes: 0, max_tensors: 0, max_fds: 0 };
 
-/// How [`FrameReader::wait_readable`] waits.
+/// How [`FrameReader::wait_readable`] (and a link's [`LinkRead::wait_readable`]) waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitSpin {
+pub enum WaitSpin {
     /// In the runtime, polling a ring first as the pipe's busy polling allows
     /// ([`FrameReader::arm_busy_poll`]): the reader task.
     BusyPoll,
-    /// On the caller's own thread, until this deadline (none: for good): a ring is polled
-    /// for its adaptive window ([`ferry_ring::RingOptions::spin`]), then slept on (its
-    /// futex, woken by the writer directly).
-    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(dead_code))]
+    /// On the caller's own thread, until this deadline (none: for good): a link that
+    /// [`LinkRead::wakes_blocking_reader`] (a same-host ring) is polled for its adaptive
+    /// window, then slept on (its futex, woken by the writer directly).
     Blocking(Option<std::time::Instant>),
 }
 
-/// Reads frames from a connection's read half.
+/// Reads frames from a connection's read half: from its byte stream ([`SocketReader`]), or
+/// through the link beside it that the handshake agreed on ([`LinkRead`]).
 pub struct FrameReader {
+    sock: SocketReader,
+    /// The link beside the byte stream (a same-host ring), once the handshake agreed on one.
+    link: Option<Box<dyn LinkRead>>,
+}
+
+/// The byte stream of a connection's read half, as a link's reader uses it
+/// ([`LinkRead`]): frames, its buffer, its limits, the pipe's busy polling.
+pub struct SocketReader {
     inner: BufReader<Box<dyn AsyncRead + Send + Unpin>>,
     #[cfg_attr(not(unix), allow(dead_code))]
     fds: Option<FdQueue>,
@@ -261,25 +270,128 @@ pub struct FrameReader {
     /// Once a frame has begun: the longest its prefix and header may take, and the longest
     /// its payload may go without a byte (none: no limit).
     frame_timeout: Option<Duration>,
-    /// The same-host ring, once the handshake agreed on one.
-    #[cfg(all(feature = "ring", target_os = "linux"))]
-    ring: Option<ring::RingRead>,
 }
 
 impl FrameReader {
     /// Wraps a read half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(read: Box<dyn AsyncRead + Send + Unpin>, fds: Option<FdQueue>, limits: Limits) -> Self {
-        let r = FrameReader {
+        let r = SocketReader {
             inner: BufReader::with_capacity(READ_BUF, read),
             fds,
             limits,
             busy_poll: None,
             frame_timeout: None,
-            #[cfg(all(feature = "ring", target_os = "linux"))]
-            ring: None,
         };
         r.cap_unclaimed_fds();
-        r
+        FrameReader { sock: r, link: None }
+    }
+
+    /// Reads through `link` from now on (after the handshake agreed on one).
+    pub fn attach_link(&mut self, link: Box<dyn LinkRead>) {
+        self.link = Some(link);
+    }
+
+    /// With a time limit on frames once they have begun (a pipe may idle between frames as
+    /// long as it likes): the prefix and header must arrive within `d` of the frame's first
+    /// byte, and the payload may go at most `d` without a byte. A peer trickling a frame
+    /// (slowloris) fails with [`PipeError::Timeout`].
+    pub fn with_frame_timeout(mut self, d: Option<Duration>) -> Self {
+        self.sock.frame_timeout = d;
+        self
+    }
+
+    /// With the connection's busy-polling control (see [`BusyPoll`]).
+    pub fn with_busy_poll(mut self, busy_poll: Option<Arc<BusyPoll>>) -> Self {
+        self.sock.busy_poll = busy_poll;
+        self
+    }
+
+    /// Whether the connection passes file descriptors.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pub(crate) fn passes_fds(&self) -> bool {
+        self.sock.fds.is_some()
+    }
+
+    /// Allows (or forbids) the next reads to busy-poll, where the transport can.
+    pub fn arm_busy_poll(&self, yes: bool) {
+        self.sock.arm_busy_poll(yes);
+    }
+
+    /// Waits for the first byte of the stream without consuming it (`None` at end of stream).
+    pub async fn peek_byte(&mut self) -> Result<Option<u8>, PipeError> {
+        self.sock.peek_byte().await
+    }
+
+    /// The buffered byte stream underneath (for handing a non-ferry peer to another
+    /// protocol, with nothing read lost).
+    pub fn into_inner(self) -> BufReader<Box<dyn AsyncRead + Send + Unpin>> {
+        self.sock.inner
+    }
+
+    /// Reads and checks the peer's preamble; returns its version.
+    pub async fn read_preamble(&mut self) -> Result<u16, PipeError> {
+        let mut b = [0u8; PREAMBLE_LEN];
+        self.sock.inner.read_exact(&mut b).await?;
+        Ok(parse_preamble(&b)?)
+    }
+
+    /// Waits until the next frame has begun to arrive, or the stream ended or failed (the
+    /// next [`FrameReader::read_frame`] then says which). Cancel-safe: it consumes nothing
+    /// but doorbells, so a caller may give up waiting (a deadline, a hand-over of the
+    /// reader) and read later with nothing lost. `spin`: how it waits. False: the deadline
+    /// of [`WaitSpin::Blocking`] passed first (a deadline of the bare socket is the
+    /// caller's: it drops this future).
+    pub(crate) async fn wait_readable(&mut self, spin: WaitSpin) -> Result<bool, PipeError> {
+        if let Some(link) = &mut self.link {
+            return link.wait_readable(&mut self.sock, spin).await;
+        }
+        let _ = spin;
+        use tokio::io::AsyncBufReadExt;
+        self.sock.inner.fill_buf().await?;
+        Ok(true)
+    }
+
+    /// Whether [`FrameReader::wait_readable`] keeps a [`WaitSpin::Blocking`] deadline
+    /// itself (a link that [`LinkRead::wakes_blocking_reader`]); otherwise the caller bounds
+    /// the wait.
+    pub(crate) fn waits_for_deadlines(&self) -> bool {
+        self.link.as_ref().is_some_and(|l| l.wakes_blocking_reader())
+    }
+
+    /// Reads one whole frame, or a packed message record (from a same-host ring). End of
+    /// stream, at a frame boundary or inside a frame, is [`PipeError::Closed`]; a frame
+    /// over the limits is refused before its body is read.
+    pub async fn read_frame(&mut self) -> Result<Received, PipeError> {
+        if let Some(link) = &mut self.link {
+            return link.read(&mut self.sock).await;
+        }
+        self.sock.read_frame().await.map(Received::Frame)
+    }
+
+    /// Changes the limits checked from the next frame on (the handshake reads with small
+    /// ones, [`HANDSHAKE_LIMITS`], the pipe with the agreed ones).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.sock.limits = limits;
+        self.sock.cap_unclaimed_fds();
+    }
+}
+
+impl SocketReader {
+    /// The buffered byte stream (a link's reader looks at what is buffered, skips what
+    /// is its own, and waits for bytes).
+    pub fn stream(&mut self) -> &mut BufReader<Box<dyn AsyncRead + Send + Unpin>> {
+        &mut self.inner
+    }
+
+    /// The limits every frame is checked against, wherever it comes from.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The pipe's busy polling (a link's reader polls it as the transport would poll the
+    /// socket), if the connection has it.
+    pub fn busy_poll(&self) -> Option<&Arc<BusyPoll>> {
+        self.busy_poll.as_ref()
     }
 
     /// Descriptors may arrive ahead of the frame that claims them (read-ahead holds a few
@@ -298,94 +410,24 @@ impl FrameReader {
         }
     }
 
-    /// With a time limit on frames once they have begun (a pipe may idle between frames as
-    /// long as it likes): the prefix and header must arrive within `d` of the frame's first
-    /// byte, and the payload may go at most `d` without a byte. A peer trickling a frame
-    /// (slowloris) fails with [`PipeError::Timeout`].
-    pub fn with_frame_timeout(mut self, d: Option<Duration>) -> Self {
-        self.frame_timeout = d;
-        self
-    }
-
-    /// With the connection's busy-polling control (see [`BusyPoll`]).
-    pub fn with_busy_poll(mut self, busy_poll: Option<Arc<BusyPoll>>) -> Self {
-        self.busy_poll = busy_poll;
-        self
-    }
-
-    /// Whether the connection passes file descriptors.
-    #[cfg(all(feature = "ring", target_os = "linux"))]
-    pub(crate) fn passes_fds(&self) -> bool {
-        self.fds.is_some()
-    }
-
     /// Allows (or forbids) the next reads to busy-poll, where the transport can.
-    pub fn arm_busy_poll(&self, yes: bool) {
+    fn arm_busy_poll(&self, yes: bool) {
         if let Some(b) = &self.busy_poll {
             b.arm(yes);
         }
     }
 
     /// Waits for the first byte of the stream without consuming it (`None` at end of stream).
-    pub async fn peek_byte(&mut self) -> Result<Option<u8>, PipeError> {
+    async fn peek_byte(&mut self) -> Result<Option<u8>, PipeError> {
         use tokio::io::AsyncBufReadExt;
         let buf = self.inner.fill_buf().await?;
         Ok(buf.first().copied())
     }
 
-    /// The buffered byte stream underneath (for handing a non-ferry peer to another
-    /// protocol, with nothing read lost).
-    pub fn into_inner(self) -> BufReader<Box<dyn AsyncRead + Send + Unpin>> {
-        self.inner
-    }
-
-    /// Reads and checks the peer's preamble; returns its version.
-    pub async fn read_preamble(&mut self) -> Result<u16, PipeError> {
-        let mut b = [0u8; PREAMBLE_LEN];
-        self.inner.read_exact(&mut b).await?;
-        Ok(parse_preamble(&b)?)
-    }
-
-    /// Waits until the next frame has begun to arrive, or the stream ended or failed (the
-    /// next [`FrameReader::read_frame`] then says which). Cancel-safe: it consumes nothing
-    /// but doorbells, so a caller may give up waiting (a deadline, a hand-over of the
-    /// reader) and read later with nothing lost. `spin`: how it waits. False: the deadline
-    /// of [`WaitSpin::Blocking`] passed first (a deadline of the bare socket is the
-    /// caller's: it drops this future).
-    pub(crate) async fn wait_readable(&mut self, spin: WaitSpin) -> Result<bool, PipeError> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        if self.ring.is_some() {
-            return self.wait_ring_readable(spin).await;
-        }
-        let _ = spin;
-        use tokio::io::AsyncBufReadExt;
-        self.inner.fill_buf().await?;
-        Ok(true)
-    }
-
-    /// Whether [`FrameReader::wait_readable`] keeps a [`WaitSpin::Blocking`] deadline
-    /// itself (on a ring); otherwise the caller bounds the wait.
-    pub(crate) fn waits_for_deadlines(&self) -> bool {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        if self.ring.is_some() {
-            return true;
-        }
-        false
-    }
-
-    /// Reads one whole frame, or a packed message record (from a same-host ring). End of
-    /// stream, at a frame boundary or inside a frame, is [`PipeError::Closed`]; a frame
-    /// over the limits is refused before its body is read.
-    pub async fn read_frame(&mut self) -> Result<Received, PipeError> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        if self.ring.is_some() {
-            return self.read_ring_frame().await;
-        }
-        self.read_socket_frame().await.map(Received::Frame)
-    }
-
-    /// [`FrameReader::read_frame`] from the byte stream.
-    async fn read_socket_frame(&mut self) -> Result<Frame, PipeError> {
+    /// Reads one whole frame from the byte stream ([`FrameReader::read_frame`] without a
+    /// link). End of stream is [`PipeError::Closed`]; a frame over the limits is refused
+    /// before its body is read.
+    pub async fn read_frame(&mut self) -> Result<Frame, PipeError> {
         let limit = self.frame_timeout;
         // Idle between frames as long as it likes; from a frame's first byte on, timed.
         if limit.is_some() && self.peek_byte().await?.is_none() {
@@ -504,13 +546,6 @@ impl FrameReader {
         Ok(())
     }
 
-    /// Changes the limits checked from the next frame on (the handshake reads with small
-    /// ones, [`HANDSHAKE_LIMITS`], the pipe with the agreed ones).
-    pub fn set_limits(&mut self, limits: Limits) {
-        self.limits = limits;
-        self.cap_unclaimed_fds();
-    }
-
     /// The `n` descriptors a frame announces; checks on every frame that the peer sends
     /// no descriptors beyond what its frames announce.
     #[cfg(unix)]
@@ -600,8 +635,17 @@ async fn put(inner: &mut Box<dyn AsyncWrite + Send + Unpin>, torn: &mut bool, mu
     Ok(())
 }
 
-/// Writes frames to a connection's write half.
+/// Writes frames to a connection's write half: to its byte stream ([`SocketWriter`]), or
+/// through the link beside it that the handshake agreed on ([`LinkWrite`]).
 pub struct FrameWriter {
+    sock: SocketWriter,
+    /// The link beside the byte stream (a same-host ring), once the handshake agreed on one.
+    link: Option<Box<dyn LinkWrite>>,
+}
+
+/// The byte stream of a connection's write half, as a link's writer uses it
+/// ([`LinkWrite`]): frames written whole, the count of writes done, the torn mark.
+pub struct SocketWriter {
     inner: Box<dyn AsyncWrite + Send + Unpin>,
     #[cfg_attr(not(unix), allow(dead_code))]
     fds: Option<FdQueue>,
@@ -611,40 +655,33 @@ pub struct FrameWriter {
     torn: bool,
     /// Writes finished whole ([`FrameWriter::writes_done`]).
     done: u64,
-    /// The same-host ring, once the handshake agreed on one.
-    #[cfg(all(feature = "ring", target_os = "linux"))]
-    ring: Option<ring::RingWrite>,
     /// Whether the peer is still there ([`crate::PeerLiveness`]): asked while a write waits
     /// for room that only the peer can make.
-    #[cfg_attr(not(all(feature = "ring", target_os = "linux")), allow(dead_code))]
     liveness: Option<Arc<dyn crate::PeerLiveness>>,
 }
 
 impl FrameWriter {
     /// Wraps a write half. `fds` is the connection's descriptor queue, if it passes fds.
     pub fn new(write: Box<dyn AsyncWrite + Send + Unpin>, fds: Option<FdQueue>) -> Self {
-        FrameWriter {
-            inner: write,
-            fds,
-            scratch: Vec::new(),
-            torn: false,
-            done: 0,
-            #[cfg(all(feature = "ring", target_os = "linux"))]
-            ring: None,
-            liveness: None,
-        }
+        let sock = SocketWriter { inner: write, fds, scratch: Vec::new(), torn: false, done: 0, liveness: None };
+        FrameWriter { sock, link: None }
+    }
+
+    /// Writes through `link` from now on (after the handshake agreed on one).
+    pub fn attach_link(&mut self, link: Box<dyn LinkWrite>) {
+        self.link = Some(link);
     }
 
     /// The probe given to [`FrameWriter::with_liveness`].
     pub(crate) fn liveness(&self) -> Option<Arc<dyn crate::PeerLiveness>> {
-        self.liveness.clone()
+        self.sock.liveness.clone()
     }
 
     /// Asks `liveness` whether the peer is still there while a write waits for room only
     /// the peer can make (a full same-host ring): a dead peer fails the write with
     /// [`PipeError::PeerGone`].
     pub fn with_liveness(mut self, liveness: Option<Arc<dyn crate::PeerLiveness>>) -> Self {
-        self.liveness = liveness;
+        self.sock.liveness = liveness;
         self
     }
 
@@ -652,7 +689,7 @@ impl FrameWriter {
     /// (it failed, or the future was dropped): every later write fails, and the connection
     /// should be closed.
     pub fn is_torn(&self) -> bool {
-        self.torn
+        self.sock.torn
     }
 
     /// How many writes ([`FrameWriter::write_frame_then`] and the like) handed all their
@@ -660,18 +697,18 @@ impl FrameWriter {
     /// dropped, it tells whether that write's frames went out whole (it went up), or not
     /// at all (it did not, and the writer is not torn).
     pub fn writes_done(&self) -> u64 {
-        self.done
+        self.sock.done
     }
 
     /// The byte stream underneath.
     pub fn into_inner(self) -> Box<dyn AsyncWrite + Send + Unpin> {
-        self.inner
+        self.sock.inner
     }
 
     /// Writes the preamble.
     pub async fn write_preamble(&mut self, version: u16) -> Result<(), PipeError> {
-        self.inner.write_all(&preamble(version)).await?;
-        self.inner.flush().await?;
+        self.sock.inner.write_all(&preamble(version)).await?;
+        self.sock.inner.flush().await?;
         Ok(())
     }
 
@@ -688,7 +725,7 @@ impl FrameWriter {
         #[cfg_attr(not(unix), allow(unused_mut))] mut frame: OutFrame,
         trailing: &[(FrameKind, &[u8])],
     ) -> Result<(), PipeError> {
-        if self.torn {
+        if self.sock.torn {
             return Err(PipeError::Transport(crate::error::TransportError::Io(std::sync::Arc::new(
                 std::io::Error::other(
                     "an earlier write stopped part-way through a frame (it failed, or its send was dropped): \
@@ -711,22 +748,18 @@ impl FrameWriter {
         };
         #[cfg(unix)]
         if !frame.fds.is_empty() {
-            let Some(q) = &self.fds else {
+            let Some(q) = &self.sock.fds else {
                 return Err(PipeError::ApiMisuse("this transport cannot carry file descriptors".into()));
             };
             q.attach(std::mem::take(&mut frame.fds));
         }
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        let r = if self.ring.is_some() {
-            self.write_ring_parts(prefix, &frame, trailing).await
-        } else {
-            self.write_parts(prefix, &frame, trailing).await
+        let r = match &mut self.link {
+            Some(link) if link.carries_frames() => link.write_frames(&mut self.sock, prefix, &frame, trailing).await,
+            _ => self.sock.write_parts(prefix, &frame, trailing).await,
         };
-        #[cfg(not(all(feature = "ring", target_os = "linux")))]
-        let r = self.write_parts(prefix, &frame, trailing).await;
         #[cfg(unix)]
         if r.is_err()
-            && let Some(q) = &self.fds
+            && let Some(q) = &self.sock.fds
         {
             // Do not let descriptors of a failed frame ride along with a later one.
             drop(q.take_outgoing());
@@ -734,7 +767,17 @@ impl FrameWriter {
         r
     }
 
-    async fn write_parts(
+    /// Shuts the write half down (the peer sees end of stream).
+    pub async fn shutdown(&mut self) {
+        let _ = self.sock.inner.shutdown().await;
+    }
+}
+
+impl SocketWriter {
+    /// Writes a frame (its `prefix`, header and payload) and `trailing` header-only frames
+    /// to the byte stream, in one write where they fit together, and counts the write
+    /// ([`FrameWriter::writes_done`]). Torn ([`SocketWriter::set_torn`]) while part-way.
+    pub async fn write_parts(
         &mut self,
         prefix: FramePrefix,
         frame: &OutFrame,
@@ -772,9 +815,31 @@ impl FrameWriter {
         Ok(())
     }
 
-    /// Shuts the write half down (the peer sees end of stream).
-    pub async fn shutdown(&mut self) {
-        let _ = self.inner.shutdown().await;
+    /// Writes `bytes` that are no frame of their own (a link's doorbell: a bare prefix) and
+    /// flushes. Torn while part-way; whole, the torn mark is what it was before.
+    pub async fn write_bytes(&mut self, bytes: &[u8]) -> Result<(), PipeError> {
+        let was = self.torn;
+        put(&mut self.inner, &mut self.torn, bytes).await?;
+        self.torn = was;
+        self.inner.flush().await?;
+        Ok(())
+    }
+
+    /// Marks the stream torn (`true`: a link's write is part-way, and a cut now would lose
+    /// the frames' order) or whole again (`false`).
+    pub fn set_torn(&mut self, torn: bool) {
+        self.torn = torn;
+    }
+
+    /// Counts a write a link finished whole ([`FrameWriter::writes_done`]).
+    pub fn count_write(&mut self) {
+        self.done += 1;
+    }
+
+    /// The probe of whether the peer is still there, if the transport has one: a link's
+    /// write waiting for room only the peer can make asks it.
+    pub fn liveness(&self) -> Option<&Arc<dyn crate::PeerLiveness>> {
+        self.liveness.as_ref()
     }
 }
 

@@ -17,9 +17,10 @@
 //! [`Endpoint::listen`] / [`Endpoint::connect`]. The `ferry` facade crate builds an
 //! endpoint with every compiled-in backend.
 //!
-//! # Feature flags
-//! - `ring` (Linux): the same-host fast path, frames through shared-memory rings beside
-//!   the unix socket ([`EndpointBuilder::ring`], `ferry-ring`).
+//! The same-host ring (PROTOCOL.md §22) is not here: core defines what a link beside the
+//! socket can do ([`frame::LinkRead`], [`frame::LinkWrite`], [`frame::LinkProvider`]) and
+//! speaks its handshake; `ferry-ring` implements it (`EndpointBuilder::link`, or
+//! `ferry_ring::RingExt::ring`).
 #![forbid(unsafe_code)]
 
 pub mod channel;
@@ -62,7 +63,3 @@ pub use transport::{
     Address, ConnInfo, Connection, FdQueue, Listener, PeerLiveness, Split, Transport, TransportHandle,
 };
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};
-
-/// The same-host ring's options ([`EndpointBuilder::ring`]).
-#[cfg(all(feature = "ring", target_os = "linux"))]
-pub use ferry_ring::RingOptions;

@@ -17,6 +17,10 @@
 //! - `quic`: QUIC across hosts (`ferry_quic`), scheme `quic://host:port#sha256=PIN`.
 //! - `rpc` (default): JSON-RPC 2.0 with tensors (`ferry_rpc`).
 //! - `http`: JSON-RPC over HTTP POST as well.
+//! - `ring` (default): the same-host ring (`ferry_ring`, Linux): frames through
+//!   shared-memory rings beside the unix socket, where both peers ask for it
+//!   (`use ferry::RingExt;` then `.ring(Some(ferry::RingOptions::default()))` on an
+//!   `EndpointBuilder`).
 //!
 //! The inline channel (tensor bytes inside the frame) is always present.
 //!
@@ -34,6 +38,11 @@ pub use ferry_cuda_ipc;
 pub use ferry_local;
 #[cfg(feature = "quic")]
 pub use ferry_quic;
+#[cfg(feature = "ring")]
+pub use ferry_ring;
+/// The same-host ring: `ferry::endpoint().ring(Some(RingOptions::default()))` (Linux).
+#[cfg(all(feature = "ring", target_os = "linux"))]
+pub use ferry_ring::{RingExt, RingOptions};
 #[cfg(feature = "rpc")]
 pub use ferry_rpc;
 #[cfg(feature = "shm")]

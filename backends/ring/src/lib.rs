@@ -47,13 +47,14 @@
 //! the waker writes a descriptor the peer handed over, so it must check that it is an
 //! eventfd and never block on it (a peer can fill an eventfd's counter, or hand a pipe).
 //!
-//! **In ferry's Pipe** (core's feature `ring`, `EndpointBuilder::ring`): the handshake
+//! **In ferry's Pipe** ([`link`]: ferry-core's `LinkRead` / `LinkWrite` / `LinkProvider`,
+//! set with [`RingExt::ring`] on an `EndpointBuilder`): the handshake
 //! agrees on a ring (the server makes the file and sends it with its WELCOME), every frame
 //! then goes through the rings except those that cannot (descriptors, or larger than a
 //! record), which take the socket behind a divert record; an async reader with nothing to
 //! read arms a doorbell ([`Receiver::arm_doorbell`]) and waits on the socket; a blocking
 //! caller (`Pipe::recv_blocking`) waits on the ring itself ([`Receiver::wait_for_data`]).
-//! PROTOCOL.md §22 and core's `frame/ring.rs` have the details.
+//! PROTOCOL.md §22 and [`link`] have the details.
 //!
 //! Unsafe code lives only in the `sys` module (the shared mapping and its atomic
 //! accesses).
@@ -71,6 +72,8 @@ pub mod handoff;
 #[cfg(target_os = "linux")]
 mod layout;
 #[cfg(target_os = "linux")]
+pub mod link;
+#[cfg(target_os = "linux")]
 mod ring;
 mod spin;
 #[cfg(target_os = "linux")]
@@ -81,6 +84,8 @@ pub mod testing;
 #[cfg(target_os = "linux")]
 mod watch;
 
+#[cfg(target_os = "linux")]
+pub use link::{RingExt, RingLink};
 #[cfg(target_os = "linux")]
 pub use ring::{Nudge, PeerNotice, Pushed, Receiver, Sender, WaitEnd};
 #[cfg(target_os = "linux")]

@@ -1,7 +1,9 @@
-//! The same-host fast path in the frame layer (feature `ring`, Linux): once both sides
+//! The same-host fast path as a link of ferry's frame layer (Linux): once both sides
 //! agreed in the handshake (PROTOCOL.md §22), frames travel through a pair of
-//! single-producer single-consumer rings in a sealed memfd (`ferry-ring`), and the unix
-//! socket beside them carries only what the rings cannot.
+//! single-producer single-consumer rings in a sealed memfd (this crate), and the unix
+//! socket beside them carries only what the rings cannot. Core asks for it through
+//! `ferry_core::frame::{LinkRead, LinkWrite, LinkProvider}` and names no ring:
+//! [`RingLink`] is the provider, [`RingExt::ring`] sets it on an `EndpointBuilder`.
 //!
 //! - **One ordered path.** A writer puts each write (a frame and the CONTROL frames that
 //!   trail it) into one ring record ([`TAG_FRAMES`]). A frame the ring cannot carry (it
@@ -14,7 +16,7 @@
 //!   a ring, so an idle connection costs no CPU and no thread. A writer that finds the
 //!   doorbell armed after publishing writes a RING frame (a 16-byte prefix, nothing else)
 //!   to the socket, which wakes the reader's task through the runtime. While the pipe's
-//!   busy polling is armed ([`super::FrameReader::arm_busy_poll`]), the reader first polls
+//!   busy polling is armed (`FrameReader::arm_busy_poll`), the reader first polls
 //!   the ring for the busy-poll window, as it would poll the socket.
 //! - **Blocking callers** (`Pipe::recv_blocking`, on their own thread) wait on the ring
 //!   itself: its adaptive spin, then its futex, which the writer wakes directly (no
@@ -32,16 +34,20 @@
 //!   whose findings are [`ProtocolError::Ring`]. A peer that puts frames on the socket with
 //!   no divert record for them may run at most [`MAX_EARLY`] ahead.
 
+mod provider;
 mod write;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use ferry_ring::{Receiver, RingError, WaitEnd};
+use crate::{Receiver, RingError, WaitEnd};
 
-use super::{Frame, FrameKind, FramePrefix, FrameReader, PREFIX_LEN, Received, aligned_copy};
-use crate::error::{PipeError, ProtocolError};
-use crate::wire::Limits;
+use ferry_core::frame::{
+    Frame, FrameKind, FramePrefix, LinkRead, PREFIX_LEN, Received, SocketReader, WaitSpin, aligned_copy,
+};
+use ferry_core::wire::Limits;
+use ferry_core::{PipeError, ProtocolError};
+pub use provider::{RingExt, RingLink};
 pub(crate) use write::RingWrite;
 
 /// A ring record holding whole frames.
@@ -141,7 +147,7 @@ fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
 
 /// A ring's finding as a pipe error: an orderly close or a death is the end of the pipe,
 /// anything else is the peer's fault.
-pub(super) fn ring_error(e: RingError) -> PipeError {
+pub(crate) fn ring_error(e: RingError) -> PipeError {
     match e {
         RingError::Closed => PipeError::Closed,
         RingError::PeerGone => PipeError::PeerGone,
@@ -149,29 +155,54 @@ pub(super) fn ring_error(e: RingError) -> PipeError {
     }
 }
 
-impl FrameReader {
-    /// Reads through the ring from now on (after the handshake agreed on one).
-    /// `packed`: the peer may send packed messages (both sides agreed to
-    /// [`crate::wire::FEATURE_RING_MESSAGES`]); a packed record without it is a protocol
-    /// error, as any unknown tag is.
-    pub(crate) fn attach_ring(&mut self, rx: Receiver, packed: bool) {
-        self.ring = Some(RingRead::new(rx, packed));
+#[async_trait::async_trait]
+impl LinkRead for RingRead {
+    fn carries_packed(&self) -> bool {
+        self.packed
     }
 
-    /// [`FrameReader::read_frame`] with a ring: the next frame of the ring's order.
-    pub(super) async fn read_ring_frame(&mut self) -> Result<Received, PipeError> {
+    fn wakes_blocking_reader(&self) -> bool {
+        true
+    }
+
+    async fn read(&mut self, s: &mut SocketReader) -> Result<Received, PipeError> {
+        self.read_ring_frame(s).await
+    }
+
+    async fn wait_readable(&mut self, s: &mut SocketReader, spin: WaitSpin) -> Result<bool, PipeError> {
+        self.wait_ring_readable(s, spin).await
+    }
+
+    fn packed_now(
+        &mut self,
+        s: &mut SocketReader,
+        deadline: Option<Instant>,
+        control: &mut dyn FnMut(Frame) -> Result<(), PipeError>,
+        unpack: &mut dyn FnMut(&[u8]) -> Result<(), PipeError>,
+    ) -> Option<Result<(), PipeError>> {
+        self.ring_packed_now(s, deadline, control, unpack)
+    }
+}
+
+impl RingRead {
+    /// `FrameReader::read_frame` with a ring: the next frame of the ring's order.
+    /// A packed record is allowed when the peer may send packed messages (both sides
+    /// agreed to `FEATURE_RING_MESSAGES`); without it, it is a protocol error, as any
+    /// unknown tag is.
+    async fn read_ring_frame(&mut self, s: &mut SocketReader) -> Result<Received, PipeError> {
         loop {
-            let limits = self.limits;
-            let ring = self.ring.as_mut().expect("read_ring_frame is called with a ring");
+            let limits = s.limits();
+            let ring = &mut *self;
             if let Some(f) = ring.next_in_record(&limits)? {
                 return Ok(Received::Frame(f));
             }
             if ring.divert_taken {
                 let f = match ring.early.pop_front() {
                     Some(f) => f,
-                    None => self.read_diverted().await?,
+                    None => read_diverted(s).await?,
                 };
-                if let Some(ring) = self.ring.as_mut() {
+                {
+                    let ring = &mut *self;
                     ring.divert_taken = false;
                 }
                 return Ok(Received::Frame(f));
@@ -196,7 +227,7 @@ impl FrameReader {
                     if let Some(f) = ring.early.pop_front() {
                         return Ok(Received::Frame(f));
                     }
-                    return self.read_diverted().await.map(Received::Frame);
+                    return read_diverted(s).await.map(Received::Frame);
                 }
                 Ok(Some(tag)) => {
                     return Err(ProtocolError::Ring(format!("a ring record with unknown tag {tag}")).into());
@@ -207,15 +238,15 @@ impl FrameReader {
             if ring.socket_ended {
                 return Err(PipeError::Closed);
             }
-            if self.spin_on_ring() {
+            if self.spin_on_ring(s) {
                 continue;
             }
-            let ring = self.ring.as_mut().expect("still attached");
+            let ring = &mut *self;
             if !ring.rx.arm_doorbell().map_err(ring_error)? {
                 continue;
             }
-            let got = self.read_socket_frame().await.and_then(doorbell_or_frame);
-            let ring = self.ring.as_mut().expect("still attached");
+            let got = s.read_frame().await.and_then(doorbell_or_frame);
+            let ring = &mut *self;
             ring.rx.disarm();
             match got {
                 Ok(f) if f.kind == FrameKind::Ring => {}
@@ -235,7 +266,7 @@ impl FrameReader {
         }
     }
 
-    /// [`FrameReader::wait_readable`] with a ring: until the ring has a record (or a
+    /// `FrameReader::wait_readable` with a ring: until the ring has a record (or a
     /// close), or the socket has bytes other than doorbells, or it ended or failed.
     /// Doorbells on the socket are consumed (a wait abandoned after the writer rang leaves
     /// one there).
@@ -248,13 +279,13 @@ impl FrameReader {
     ///   [`DEATH_CHECK`], looking at the socket between them without waiting: the socket's
     ///   end is the only thing the ring cannot say (frames on the socket have divert
     ///   records in the ring).
-    pub(super) async fn wait_ring_readable(&mut self, spin: super::WaitSpin) -> Result<bool, PipeError> {
+    async fn wait_ring_readable(&mut self, s: &mut SocketReader, spin: WaitSpin) -> Result<bool, PipeError> {
         loop {
-            if self.ring_readable() {
+            if self.ring_readable(s) {
                 return Ok(true);
             }
-            let ring = self.ring.as_mut().expect("wait_ring_readable is called with a ring");
-            if let super::WaitSpin::Blocking(deadline) = spin {
+            let ring = &mut *self;
+            if let WaitSpin::Blocking(deadline) = spin {
                 let Some(until) = slice_end(deadline) else { return Ok(false) };
                 let end = if std::mem::take(&mut ring.nudged) {
                     WaitEnd::Nudged
@@ -265,7 +296,7 @@ impl FrameReader {
                     WaitEnd::Data => return Ok(true),
                     WaitEnd::Deadline => {
                         // The socket, without waiting: its end (or bytes) ends the wait.
-                        let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner));
+                        let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(s.stream()));
                         let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
                         match fill.as_mut().poll(cx) {
                             std::task::Poll::Ready(Ok([])) => return Ok(true),
@@ -275,42 +306,42 @@ impl FrameReader {
                     }
                     // A frame is coming on the socket, ahead of its divert record: wait for
                     // its bytes there, behind the doorbell (a publish wakes it too).
-                    WaitEnd::Nudged => match self.wait_behind_doorbell(Some(until)).await? {
+                    WaitEnd::Nudged => match self.wait_behind_doorbell(s, Some(until)).await? {
                         Woke::Read => return Ok(true),
                         Woke::LookAgain => continue,
                     },
                 }
             }
-            if self.spin_on_ring() {
+            if self.spin_on_ring(s) {
                 return Ok(true);
             }
-            if let Woke::Read = self.wait_behind_doorbell(None).await? {
+            if let Woke::Read = self.wait_behind_doorbell(s, None).await? {
                 return Ok(true);
             }
         }
     }
 
-    /// [`FrameReader::packed_now`] with a ring. When nothing is
+    /// `FrameReader::packed_now` with a ring. When nothing is
     /// pending but the ring, it waits on the ring itself for one slice (as
     /// [`FrameReader::wait_ring_readable`] does) and, when the next record is a packed
     /// message, hands it to `unpack` on this thread, with no future and no copy out of the
     /// record buffer. `None`: anything else (another record, taken and kept for
     /// [`FrameReader::read_frame`]; a nudge, kept for the next wait; the slice's end):
     /// the caller takes the ordinary way.
-    pub(super) fn ring_packed_now<T>(
+    fn ring_packed_now(
         &mut self,
+        s: &mut SocketReader,
         deadline: Option<Instant>,
-        mut control: impl FnMut(Frame) -> Result<(), PipeError>,
-        unpack: impl FnOnce(&[u8]) -> Result<T, PipeError>,
-    ) -> Option<Result<T, PipeError>> {
-        self.ring.as_ref()?;
-        self.skip_doorbells();
-        if !self.inner.buffer().is_empty() {
+        control: &mut dyn FnMut(Frame) -> Result<(), PipeError>,
+        unpack: &mut dyn FnMut(&[u8]) -> Result<(), PipeError>,
+    ) -> Option<Result<(), PipeError>> {
+        skip_doorbells(s);
+        if !s.stream().buffer().is_empty() {
             return None;
         }
-        let limits = self.limits;
+        let limits = s.limits();
         loop {
-            let ring = self.ring.as_mut()?;
+            let ring = &mut *self;
             // Frames left in a frames record: CONTROL frames (a release that followed the
             // last message) are handled here; anything else is the ordinary path's.
             if let Some(&kind) = ring.record.get(ring.at) {
@@ -371,13 +402,13 @@ impl FrameReader {
     /// record or a close that kept the doorbell from arming, or the socket's end);
     /// [`Woke::LookAgain`]: socket bytes (a doorbell is skipped at the next look, anything
     /// else is read) or the time is up.
-    async fn wait_behind_doorbell(&mut self, until: Option<Instant>) -> Result<Woke, PipeError> {
-        let ring = self.ring.as_mut().expect("still attached");
+    async fn wait_behind_doorbell(&mut self, s: &mut SocketReader, until: Option<Instant>) -> Result<Woke, PipeError> {
+        let ring = &mut *self;
         if !ring.rx.arm_doorbell().map_err(ring_error)? {
             return Ok(Woke::Read);
         }
         let armed = Armed(&mut ring.rx);
-        let fill = tokio::io::AsyncBufReadExt::fill_buf(&mut self.inner);
+        let fill = tokio::io::AsyncBufReadExt::fill_buf(s.stream());
         let got = match until {
             Some(t) => tokio::time::timeout_at(t.into(), fill).await.ok(),
             None => Some(fill.await),
@@ -392,10 +423,10 @@ impl FrameReader {
 
     /// Skips the doorbells at the front of the socket's buffer; true when a frame can be
     /// read without waiting for the peer (or the end is known).
-    fn ring_readable(&mut self) -> bool {
-        self.skip_doorbells();
-        let buffered = !self.inner.buffer().is_empty();
-        let ring = self.ring.as_mut().expect("ring_readable is called with a ring");
+    fn ring_readable(&mut self, s: &mut SocketReader) -> bool {
+        skip_doorbells(s);
+        let buffered = !s.stream().buffer().is_empty();
+        let ring = &mut *self;
         ring.at < ring.record.len()
             || ring.divert_taken
             || !ring.early.is_empty()
@@ -404,44 +435,15 @@ impl FrameReader {
             || ring.rx.has_data()
     }
 
-    /// Consumes the doorbells (RING frames: a prefix and nothing else) at the front of the
-    /// socket's buffer.
-    fn skip_doorbells(&mut self) {
-        use tokio::io::AsyncBufRead;
-        while let Some(p) = self.inner.buffer().first_chunk::<PREFIX_LEN>() {
-            let p = FramePrefix::decode(p);
-            let doorbell = p.kind == FrameKind::Ring as u8
-                && p.flags == 0
-                && p.fds == 0
-                && p.header_len == 0
-                && p.payload_len == 0;
-            if !doorbell {
-                return;
-            }
-            std::pin::Pin::new(&mut self.inner).consume(PREFIX_LEN);
-        }
-    }
-
-    /// The frame a divert record points to: the next one on the socket that is not a
-    /// doorbell.
-    async fn read_diverted(&mut self) -> Result<Frame, PipeError> {
-        loop {
-            let f = doorbell_or_frame(self.read_socket_frame().await?)?;
-            if f.kind != FrameKind::Ring {
-                return Ok(f);
-            }
-        }
-    }
-
     /// Polls the ring for the busy-poll window when the pipe armed busy polling; true when
     /// a record came.
-    fn spin_on_ring(&mut self) -> bool {
-        let Some(b) = self.busy_poll.as_ref().filter(|b| b.armed()) else { return false };
+    fn spin_on_ring(&mut self, s: &SocketReader) -> bool {
+        let Some(b) = s.busy_poll().filter(|b| b.armed()) else { return false };
         let window = b.window();
         if window.is_zero() {
             return false;
         }
-        let ring = self.ring.as_mut().expect("still attached");
+        let ring = &mut *self;
         let start = Instant::now();
         let mut polls = 0u32;
         loop {
@@ -453,6 +455,32 @@ impl FrameReader {
             if polls.is_multiple_of(64) && start.elapsed() >= window {
                 return false;
             }
+        }
+    }
+}
+
+/// Consumes the doorbells (RING frames: a prefix and nothing else) at the front of the
+/// socket's buffer.
+fn skip_doorbells(s: &mut SocketReader) {
+    use tokio::io::AsyncBufRead;
+    while let Some(p) = s.stream().buffer().first_chunk::<PREFIX_LEN>() {
+        let p = FramePrefix::decode(p);
+        let doorbell =
+            p.kind == FrameKind::Ring as u8 && p.flags == 0 && p.fds == 0 && p.header_len == 0 && p.payload_len == 0;
+        if !doorbell {
+            return;
+        }
+        std::pin::Pin::new(s.stream()).consume(PREFIX_LEN);
+    }
+}
+
+/// The frame a divert record points to: the next one on the socket that is not a
+/// doorbell.
+async fn read_diverted(s: &mut SocketReader) -> Result<Frame, PipeError> {
+    loop {
+        let f = doorbell_or_frame(s.read_frame().await?)?;
+        if f.kind != FrameKind::Ring {
+            return Ok(f);
         }
     }
 }

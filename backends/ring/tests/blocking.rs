@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{addr, bytes_tensor, check_bytes, endpoint, has_ring};
-use ferry_core::{DType, Endpoint, Message, Pipe, PipeError, ProtocolError, RingOptions, TensorMeta};
+use ferry_core::{DType, Endpoint, Message, Pipe, PipeError, ProtocolError, TensorMeta};
+use ferry_ring::RingOptions;
 use serde_json::json;
 
 /// A connected pair: (server side, client side).

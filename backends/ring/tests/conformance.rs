@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use ferry_conformance::Fixture;
 use ferry_core::{Channel, InlineChannel, Transport};
+use ferry_ring::RingExt;
 
 #[derive(Default)]
 struct Ring;
@@ -34,7 +35,7 @@ impl Fixture for Ring {
         for c in self.channels() {
             b = b.channel(c);
         }
-        b.ring(Some(ferry_core::RingOptions::default()))
+        b.ring(Some(ferry_ring::RingOptions::default()))
     }
 
     #[cfg(not(target_os = "linux"))]

@@ -26,7 +26,8 @@ mod linux {
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
-    use ferry_core::{Message, Pipe, PipeError, RingOptions};
+    use ferry_core::{Message, Pipe, PipeError};
+    use ferry_ring::RingOptions;
     use libtest_mimic::{Arguments, Failed, Trial};
     use serde_json::json;
 

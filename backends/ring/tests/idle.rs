@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::cpu_ticks;
-use ferry_core::{Endpoint, InlineChannel, Message, Pipe, RingOptions};
+use ferry_core::{Endpoint, InlineChannel, Message, Pipe};
 use ferry_local::LocalTransport;
+use ferry_ring::{RingExt, RingOptions};
 use serde_json::json;
 
 async fn pair(ep: &Endpoint) -> (Pipe, Pipe) {

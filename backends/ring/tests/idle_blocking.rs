@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::cpu_ticks;
-use ferry_core::{Endpoint, InlineChannel, Message, RingOptions};
+use ferry_core::{Endpoint, InlineChannel, Message};
 use ferry_local::LocalTransport;
+use ferry_ring::{RingExt, RingOptions};
 use serde_json::json;
 
 /// Both sides on plain threads: a blocking echo and a blocking client. After 200 round

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::packed::*;
 use common::{bytes_tensor, check_bytes, endpoint, has_ring};
-use ferry_core::{ALIGN, DType, Endpoint, InlineChannel, Limits, Message, Pipe, PipeError, RingOptions, TensorMeta};
+use ferry_core::{ALIGN, DType, Endpoint, InlineChannel, Limits, Message, Pipe, PipeError, TensorMeta};
 use ferry_local::LocalTransport;
+use ferry_ring::{RingExt, RingOptions};
 use serde_json::json;
 
 /// Two ring endpoints agree on packed messages; a ring endpoint with one without a ring

@@ -15,7 +15,8 @@ use common::packed::*;
 use common::{addr, bytes_tensor, endpoint, has_ring};
 use ferry_core::frame::{FrameKind, OutFrame};
 use ferry_core::wire::FEATURE_RING_MESSAGES;
-use ferry_core::{DType, Endpoint, Limits, Message, Pipe, PipeError, ProtocolError, RingOptions, Tensor, TensorMeta};
+use ferry_core::{DType, Endpoint, Limits, Message, Pipe, PipeError, ProtocolError, Tensor, TensorMeta};
+use ferry_ring::RingOptions;
 use serde_json::{Value, json};
 
 // ---- Records built by hand (PROTOCOL.md §22.5; core's pipe/packed.rs module docs). ----

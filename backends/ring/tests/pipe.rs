@@ -11,7 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{addr, bytes_tensor, check_bytes, endpoint, has_ring, pair};
-use ferry_core::{DType, Message, PipeError, ProtocolError, RingOptions, TensorMeta};
+use ferry_core::{DType, Message, PipeError, ProtocolError, TensorMeta};
+use ferry_ring::RingOptions;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -41,7 +41,7 @@ fn endpoint(token: Option<String>, shm_pool_mib: Option<u64>) -> PyResult<Endpoi
     // then waits on the ring itself (`Pipe::recv_blocking`).
     #[cfg(target_os = "linux")]
     {
-        b = b.ring(Some(ferry_core::RingOptions::default()));
+        b = ferry::RingExt::ring(b, Some(ferry::RingOptions::default()));
     }
     if let Some(t) = token {
         b = b.token(t.clone()).require_token(t);

@@ -29,7 +29,7 @@ mod imp {
 
     pub(crate) async fn killed_ring_peers(ctx: &mut Ctx) -> anyhow::Result<String> {
         let me = std::process::id();
-        let ep = ferry::endpoint().ring(Some(ferry_core::RingOptions::default())).build();
+        let ep = ferry::RingExt::ring(ferry::endpoint(), Some(ferry::RingOptions::default())).build();
         let before = usage(me);
         let mut took: Vec<Duration> = Vec::with_capacity(ctx.counts.kills);
         let mut filled = 0usize;

@@ -1,18 +1,17 @@
-//! The ring's part of the handshake (feature `ring`, Linux; PROTOCOL.md §22): the client
-//! offers feature `ring`; a server that grants it creates the ring file and sends its memfd
-//! with the WELCOME ([`crate::wire::Welcome::ring`]); the client maps it (`ferry-ring`
-//! checks the seals, the size and the header) and answers with a RING frame, the last of
-//! the handshake. After `ready` both sides read and write through the ring.
-
-use ferry_ring::{Ring, RingOptions};
+//! The ring's part of the handshake (PROTOCOL.md §22): the client offers feature `ring`;
+//! a server that grants it has its [`LinkProvider`] make the ring file and sends its memfd
+//! with the WELCOME ([`crate::wire::Welcome::ring`]); the client's provider maps it
+//! (`ferry-ring` checks the seals, the size and the header) and the client answers with a
+//! RING frame, the last of the handshake. After `ready` both sides read and write through
+//! the link.
 
 use crate::error::{PipeError, ProtocolError};
-use crate::frame::{FrameKind, FrameReader, FrameWriter, OutFrame};
+use crate::frame::{FrameKind, FrameReader, FrameWriter, Link, LinkProvider, OutFrame};
 use crate::wire::{FEATURE_RING, FEATURE_RING_MESSAGES, Hello, RingAnswer, RingOffer, Welcome};
 
 /// Client: whether to offer the ring (configured, and the connection passes descriptors);
 /// when it does, the feature goes into `hello` and the WELCOME may carry one descriptor.
-pub(super) fn client_offer(opts: Option<&RingOptions>, reader: &mut FrameReader, hello: &mut Hello) -> bool {
+pub(super) fn client_offer(opts: Option<&dyn LinkProvider>, reader: &mut FrameReader, hello: &mut Hello) -> bool {
     if opts.is_none() || !reader.passes_fds() {
         return false;
     }
@@ -27,7 +26,7 @@ pub(super) fn client_offer(opts: Option<&RingOptions>, reader: &mut FrameReader,
 /// A ring that cannot be mapped is refused (both sides stay on the socket); a WELCOME that
 /// breaks the rules fails the handshake.
 pub(super) async fn client_finish(
-    opts: Option<&RingOptions>,
+    opts: Option<&dyn LinkProvider>,
     offered: bool,
     welcome: &Welcome,
     fds: Vec<std::os::fd::OwnedFd>,
@@ -47,16 +46,14 @@ pub(super) async fn client_finish(
             .into());
         }
     };
-    let opts = opts.expect("offered implies options");
-    let answer = usize::try_from(offer.capacity)
-        .map_err(|_| format!("capacity {} does not fit this machine", offer.capacity))
-        .and_then(|cap| Ring::open(fd, cap, opts).map_err(|e| e.to_string()));
-    match answer {
-        Ok(ring) => {
+    let Some(opts) = opts else {
+        return Err(PipeError::ApiMisuse("a ring was offered without a link provider".into()));
+    };
+    let packed = welcome.features.iter().any(|f| f == FEATURE_RING_MESSAGES);
+    match opts.open(fd, offer.capacity, packed) {
+        Ok(link) => {
             writer.write_frame(FrameKind::Ring, OutFrame::json(&RingAnswer::Ready)).await?;
-            let (tx, rx) = ring.into_split();
-            reader.attach_ring(rx, welcome.features.iter().any(|f| f == FEATURE_RING_MESSAGES));
-            writer.attach_ring(tx);
+            attach(link, reader, writer);
             Ok(true)
         }
         Err(reason) => {
@@ -72,23 +69,24 @@ pub(super) async fn client_finish(
 /// descriptor to send with the WELCOME. A ring that cannot be made is logged and not
 /// offered.
 pub(super) fn server_make(
-    opts: Option<&RingOptions>,
+    opts: Option<&dyn LinkProvider>,
     hello: &Hello,
     reader: &FrameReader,
     welcome: &mut Welcome,
-) -> Option<(Ring, std::os::fd::OwnedFd)> {
+) -> Option<(Link, std::os::fd::OwnedFd)> {
     let opts = opts?;
     if !hello.features.iter().any(|f| f == FEATURE_RING) || !reader.passes_fds() {
         return None;
     }
-    match Ring::create(opts) {
-        Ok((ring, fd)) => {
+    let packed = hello.features.iter().any(|f| f == FEATURE_RING_MESSAGES);
+    match opts.create(packed) {
+        Ok((capacity, link, fd)) => {
             welcome.features.push(FEATURE_RING.into());
-            if hello.features.iter().any(|f| f == FEATURE_RING_MESSAGES) {
+            if packed {
                 welcome.features.push(FEATURE_RING_MESSAGES.into());
             }
-            welcome.ring = Some(RingOffer { capacity: ring.capacity() as u64 });
-            Some((ring, fd))
+            welcome.ring = Some(RingOffer { capacity });
+            Some((link, fd))
         }
         Err(e) => {
             tracing::warn!("could not make a ring for a client that offered one: {e}");
@@ -97,12 +95,10 @@ pub(super) fn server_make(
     }
 }
 
-/// Server: reads the client's answer (after the WELCOME went out) and attaches the ring to
-/// both halves when it is ready (`packed`: the WELCOME granted
-/// [`FEATURE_RING_MESSAGES`]). Returns whether the ring is in use.
+/// Server: reads the client's answer (after the WELCOME went out) and attaches the link to
+/// both halves when it is ready. Returns whether the ring is in use.
 pub(super) async fn server_finish(
-    ring: Ring,
-    packed: bool,
+    link: Link,
     reader: &mut FrameReader,
     writer: &mut FrameWriter,
 ) -> Result<bool, PipeError> {
@@ -114,9 +110,7 @@ pub(super) async fn server_finish(
     }
     match frame.parse::<RingAnswer>()? {
         RingAnswer::Ready => {
-            let (tx, rx) = ring.into_split();
-            reader.attach_ring(rx, packed);
-            writer.attach_ring(tx);
+            attach(link, reader, writer);
             Ok(true)
         }
         RingAnswer::Refused { reason } => {
@@ -127,4 +121,10 @@ pub(super) async fn server_finish(
             Ok(false)
         }
     }
+}
+
+/// Reads and writes through `link` from now on.
+fn attach(link: Link, reader: &mut FrameReader, writer: &mut FrameWriter) {
+    reader.attach_link(link.read);
+    writer.attach_link(link.write);
 }

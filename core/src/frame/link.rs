@@ -1,100 +1,221 @@
-//! What the pipe asks of the same-host ring (feature `ring`, Linux; PROTOCOL.md §22.5),
-//! in methods that exist with or without it: without a ring they say "not here", and the
-//! pipe takes its ordinary path.
+//! The seam between the frame layer and a link beside the byte stream (a same-host ring,
+//! PROTOCOL.md §22): what such a link can do, asked through defaulted capability queries,
+//! as quinn asks `quinn-udp` for GSO and GRO. Core names no link: `ferry-ring` implements
+//! these traits and plugs in through [`LinkProvider`] (`EndpointBuilder::link`). Without a
+//! link, or where a link says "not here", the frame layer takes the byte stream.
+//!
+//! The contract a link keeps:
+//!
+//! - **One order.** Frames and packed records reach the reader in the order the writer
+//!   wrote them, whichever way each travelled (a frame the link cannot carry goes on the
+//!   byte stream, and the link keeps its place).
+//! - **Checked like the socket.** Every frame read through the link is checked against the
+//!   same limits ([`SocketReader::limits`], [`super::FramePrefix::check`]); what a peer
+//!   wrote into shared memory is never trusted, and a bad byte is a [`PipeError`], never a
+//!   panic.
+//! - **Writes are counted.** A write the link finished whole counts
+//!   ([`SocketWriter::count_write`]), so that a dropped send is settled as on the socket; a
+//!   write cut part-way marks the stream torn ([`SocketWriter::set_torn`]).
+//! - **The socket's end is the end.** A reader with nothing in the link reads the byte
+//!   stream for its end (and for frames the link points to).
 
-use super::{Frame, FrameReader, FrameWriter};
+use super::WaitSpin;
+use super::{Frame, FrameKind, FramePrefix, FrameReader, FrameWriter, OutFrame, Received, SocketReader, SocketWriter};
 use crate::error::PipeError;
+
+/// The reading half of a link ([`FrameReader::attach_link`]).
+#[async_trait::async_trait]
+pub trait LinkRead: Send + 'static {
+    /// Whether packed message records may come this way (PROTOCOL.md §22.5; both sides
+    /// agreed to [`crate::wire::FEATURE_RING_MESSAGES`]).
+    fn carries_packed(&self) -> bool {
+        false
+    }
+
+    /// Whether a blocking reader (`Pipe::recv_blocking`, on its own thread) waits on the
+    /// link itself, woken by the writer directly: [`LinkRead::wait_readable`] then keeps a
+    /// [`WaitSpin::Blocking`] deadline itself, and [`LinkRead::packed_now`] may read.
+    fn wakes_blocking_reader(&self) -> bool {
+        false
+    }
+
+    /// The next frame (or packed record) in the writer's order.
+    async fn read(&mut self, sock: &mut SocketReader) -> Result<Received, PipeError>;
+
+    /// Waits until something can be read, or the stream ended or failed: as
+    /// [`FrameReader::wait_readable`], cancel-safe. False: the deadline of
+    /// [`WaitSpin::Blocking`] passed first.
+    async fn wait_readable(&mut self, sock: &mut SocketReader, spin: WaitSpin) -> Result<bool, PipeError>;
+
+    /// The blocking caller's fast path: waits on the link for one slice and, when the next
+    /// record is a packed message, hands its bytes to `unpack` on this thread (CONTROL
+    /// frames met on the way go to `control`). `None`: the next thing to read is something
+    /// else (kept for [`LinkRead::read`]), or the slice ended, or the link cannot.
+    fn packed_now(
+        &mut self,
+        sock: &mut SocketReader,
+        deadline: Option<std::time::Instant>,
+        control: &mut dyn FnMut(Frame) -> Result<(), PipeError>,
+        unpack: &mut dyn FnMut(&[u8]) -> Result<(), PipeError>,
+    ) -> Option<Result<(), PipeError>> {
+        let _ = (sock, deadline, control, unpack);
+        None
+    }
+}
+
+/// The writing half of a link ([`FrameWriter::attach_link`]).
+#[async_trait::async_trait]
+pub trait LinkWrite: Send + 'static {
+    /// Whether frames go through [`LinkWrite::write_frames`] (else on the byte stream).
+    fn carries_frames(&self) -> bool {
+        false
+    }
+
+    /// The largest packed message record the link carries (`None`: it carries none).
+    fn max_packed_record(&self) -> Option<usize> {
+        None
+    }
+
+    /// Writes a frame (`prefix`, `frame`'s header and payload; its descriptors are attached
+    /// to the stream already) and `trailing` header-only frames behind it, in order.
+    async fn write_frames(
+        &mut self,
+        sock: &mut SocketWriter,
+        prefix: FramePrefix,
+        frame: &OutFrame,
+        trailing: &[(FrameKind, &[u8])],
+    ) -> Result<(), PipeError> {
+        sock.write_parts(prefix, frame, trailing).await
+    }
+
+    /// Writes a packed message record, waiting for room; counts as one write once out.
+    async fn write_packed(&mut self, sock: &mut SocketWriter, record: &[u8]) -> Result<(), PipeError> {
+        let _ = (sock, record);
+        Err(PipeError::ApiMisuse("a packed message on a link that carries none".into()))
+    }
+
+    /// Publishes a packed message record now, if it can without waiting: `Some(doorbell)`
+    /// when published (`doorbell`: [`LinkWrite::pay_doorbell`] must run now), `None` when
+    /// nothing was written.
+    fn try_write_packed_now(&mut self, sock: &mut SocketWriter, record: &[u8]) -> Option<bool> {
+        let _ = (sock, record);
+        None
+    }
+
+    /// Writes what the peer is owed to wake up (a doorbell), if anything.
+    async fn pay_doorbell(&mut self, sock: &mut SocketWriter) -> Result<(), PipeError> {
+        let _ = sock;
+        Ok(())
+    }
+
+    /// Something that ends the link's waits from outside when this side closes the pipe
+    /// (a write waiting for room on a plain thread, where no close signal reaches it).
+    fn closer(&self) -> Option<Box<dyn Fn() + Send + Sync>> {
+        None
+    }
+}
+
+/// Both halves of a link, ready to attach.
+pub struct Link {
+    /// The reading half.
+    pub read: Box<dyn LinkRead>,
+    /// The writing half.
+    pub write: Box<dyn LinkWrite>,
+}
+
+/// Makes and opens links in the handshake (PROTOCOL.md §22): the server makes one and
+/// sends its descriptor with the WELCOME; the client opens it. Core speaks the handshake
+/// (features, WELCOME fields, the RING answer); the provider supplies the memory.
+/// `ferry-ring`'s provider is set with `EndpointBuilder::link` (or its `RingExt::ring`).
+#[cfg(unix)]
+pub trait LinkProvider: Send + Sync + 'static {
+    /// Server: makes a link for a client that offered one (`packed`: packed records
+    /// agreed). Its capacity (for the WELCOME), the link, and the descriptor to send.
+    fn create(&self, packed: bool) -> Result<(u64, Link, std::os::fd::OwnedFd), String>;
+
+    /// Client: opens the link the server described (`capacity`) and sent (`fd`).
+    fn open(&self, fd: std::os::fd::OwnedFd, capacity: u64, packed: bool) -> Result<Link, String>;
+}
 
 impl FrameReader {
     /// The blocking caller's fast path (`Pipe::recv_blocking`, PROTOCOL.md §22.5): on a
-    /// same-host ring with nothing else pending, waits on the ring for one slice and, when
-    /// the next record is a packed message, hands its bytes to `unpack` on this thread
-    /// (CONTROL frames met on the way go to `control`, also on this thread).
-    /// `None`: no ring, or the next thing to read is something else (kept for
+    /// link that wakes a blocking reader, with nothing else pending, waits on it for one
+    /// slice and, when the next record is a packed message, hands its bytes to `unpack` on
+    /// this thread (CONTROL frames met on the way go to `control`, also on this thread).
+    /// `None`: no such link, or the next thing to read is something else (kept for
     /// [`FrameReader::read_frame`] and [`FrameReader::wait_readable`]), or the slice ended.
     pub(crate) fn packed_now<T>(
         &mut self,
         deadline: Option<std::time::Instant>,
-        control: impl FnMut(Frame) -> Result<(), PipeError>,
+        mut control: impl FnMut(Frame) -> Result<(), PipeError>,
         unpack: impl FnOnce(&[u8]) -> Result<T, PipeError>,
     ) -> Option<Result<T, PipeError>> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        return self.ring_packed_now(deadline, control, unpack);
-        #[cfg(not(all(feature = "ring", target_os = "linux")))]
-        {
-            let _ = (deadline, control, unpack);
-            None
+        let link = self.link.as_mut().filter(|l| l.wakes_blocking_reader())?;
+        let mut unpack = Some(unpack);
+        let mut got = None;
+        let mut take = |record: &[u8]| {
+            let f = unpack.take().ok_or_else(|| PipeError::ApiMisuse("packed_now unpacked twice".into()))?;
+            got = Some(f(record)?);
+            Ok(())
+        };
+        match link.packed_now(&mut self.sock, deadline, &mut control, &mut take)? {
+            Ok(()) => got.map(Ok),
+            Err(e) => Some(Err(e)),
         }
     }
 }
 
-/// Ends a same-host ring's waits from outside its halves, when this side closes the pipe:
-/// a write waiting for room in a ring its peer stopped reading (on a plain thread, where no
-/// close signal reaches its future) fails at once with [`PipeError::Closed`]. Without a
-/// ring it does nothing.
+/// Ends a link's waits from outside its halves, when this side closes the pipe: a write
+/// waiting for room in a ring its peer stopped reading (on a plain thread, where no close
+/// signal reaches its future) fails at once with [`PipeError::Closed`]. Without a link it
+/// does nothing.
 #[derive(Default)]
 pub(crate) struct RingCloser {
-    #[cfg(all(feature = "ring", target_os = "linux"))]
-    notice: Option<ferry_ring::PeerNotice>,
+    close: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl RingCloser {
-    /// Fails every wait of the ring, now and later (nothing is written to the peer).
+    /// Fails every wait of the link, now and later (nothing is written to the peer).
     pub(crate) fn close(&self) {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        if let Some(n) = &self.notice {
-            n.close_here();
+        if let Some(c) = &self.close {
+            c();
         }
     }
 }
 
 impl FrameWriter {
-    /// A [`RingCloser`] for this writer's ring (one that does nothing without a ring).
+    /// A [`RingCloser`] for this writer's link (one that does nothing without a link).
     pub(crate) fn ring_closer(&self) -> RingCloser {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        return RingCloser { notice: self.ring_notice() };
-        #[cfg(not(all(feature = "ring", target_os = "linux")))]
-        RingCloser::default()
+        RingCloser { close: self.link.as_ref().and_then(|l| l.closer()) }
     }
 
-    /// The largest record the same-host ring takes (`None`: no ring).
+    /// The largest packed record the link takes (`None`: no link that carries them).
     pub(crate) fn ring_max_record(&self) -> Option<usize> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        return self.ring.as_ref().map(|r| r.max_record());
-        #[cfg(not(all(feature = "ring", target_os = "linux")))]
-        None
+        self.link.as_ref().and_then(|l| l.max_packed_record())
     }
 
-    /// Writes a packed message (PROTOCOL.md §22.5; `crate::pipe::packed`) as one ring
+    /// Writes a packed message (PROTOCOL.md §22.5; `crate::pipe::packed`) as one link
     /// record. It counts as one write ([`FrameWriter::writes_done`]) once published.
     pub(crate) async fn write_packed(&mut self, record: &[u8]) -> Result<(), PipeError> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        if self.ring.is_some() {
-            return self.write_ring_packed(record).await;
+        match &mut self.link {
+            Some(link) => link.write_packed(&mut self.sock, record).await,
+            None => Err(PipeError::ApiMisuse("a packed message on a pipe without a ring".into())),
         }
-        let _ = record;
-        Err(PipeError::ApiMisuse("a packed message on a pipe without a ring".into()))
     }
 
     /// Publishes a packed message record now, if it can without waiting: `Some(doorbell)`
     /// when published (`doorbell`: the peer waits for one, and
     /// [`FrameWriter::pay_ring_doorbell`] must write it now), `None` when nothing was written
-    /// (no ring, the ring is full or broken, or a doorbell is owed from before).
+    /// (no link, the ring is full or broken, or a doorbell is owed from before).
     pub(crate) fn try_write_packed_now(&mut self, record: &[u8]) -> Option<bool> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        return self.try_ring_packed_now(record);
-        #[cfg(not(all(feature = "ring", target_os = "linux")))]
-        {
-            let _ = record;
-            None
-        }
+        self.link.as_mut()?.try_write_packed_now(&mut self.sock, record)
     }
 
-    /// Writes the doorbell the ring's peer is owed, if any.
+    /// Writes the doorbell the link's peer is owed, if any.
     pub(crate) async fn pay_ring_doorbell(&mut self) -> Result<(), PipeError> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        return self.pay_doorbell().await;
-        #[cfg(not(all(feature = "ring", target_os = "linux")))]
-        Ok(())
+        match &mut self.link {
+            Some(link) => link.pay_doorbell(&mut self.sock).await,
+            None => Ok(()),
+        }
     }
 }

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use ferry_ring::{Pushed, Sender};
+use ferry_core::PipeError;
+use ferry_core::frame::{COALESCE, FrameKind, FramePrefix, LinkWrite, OutFrame, PREFIX_LEN, SocketWriter};
 
-use super::super::{FrameKind, FramePrefix, FrameWriter, OutFrame, PREFIX_LEN, put};
 use super::{TAG_DIVERT, TAG_FRAMES, TAG_MESSAGE, ring_error};
-use crate::error::PipeError;
+use crate::{Pushed, Sender};
 
 /// Tries of a full ring that only yield before the writer starts sleeping between tries.
 const YIELDS_WHEN_FULL: u32 = 64;
@@ -22,31 +22,68 @@ pub(crate) struct RingWrite {
     /// A record went out while the peer waited for its doorbell, and the doorbell has not
     /// been written yet.
     doorbell_owed: bool,
+    /// Packed message records were agreed.
+    packed: bool,
 }
 
 impl RingWrite {
-    /// The largest record the ring takes.
-    pub(in crate::frame) fn max_record(&self) -> usize {
-        self.tx.max_frame()
+    /// The writing half of a ring the handshake agreed on; `packed`: packed message
+    /// records were agreed (`FEATURE_RING_MESSAGES`).
+    pub(crate) fn new(tx: Sender, packed: bool) -> RingWrite {
+        RingWrite { tx, scratch: Vec::new(), doorbell_owed: false, packed }
     }
 }
 
-impl FrameWriter {
-    /// Writes through the ring from now on (after the handshake agreed on one).
-    pub(crate) fn attach_ring(&mut self, tx: Sender) {
-        self.ring = Some(RingWrite { tx, scratch: Vec::new(), doorbell_owed: false });
+#[async_trait::async_trait]
+impl LinkWrite for RingWrite {
+    fn carries_frames(&self) -> bool {
+        true
     }
 
-    /// [`FrameWriter::write_parts`] with a ring: one record when the frames fit and carry
-    /// no descriptors, else the socket and divert records.
-    pub(in crate::frame) async fn write_ring_parts(
+    fn max_packed_record(&self) -> Option<usize> {
+        self.packed.then(|| self.tx.max_frame())
+    }
+
+    async fn write_frames(
         &mut self,
+        s: &mut SocketWriter,
         prefix: FramePrefix,
         frame: &OutFrame,
         trailing: &[(FrameKind, &[u8])],
     ) -> Result<(), PipeError> {
-        self.pay_doorbell().await?;
-        let ring = self.ring.as_mut().expect("write_ring_parts is called with a ring");
+        self.write_ring_parts(s, prefix, frame, trailing).await
+    }
+
+    async fn write_packed(&mut self, s: &mut SocketWriter, record: &[u8]) -> Result<(), PipeError> {
+        self.write_ring_packed(s, record).await
+    }
+
+    fn try_write_packed_now(&mut self, s: &mut SocketWriter, record: &[u8]) -> Option<bool> {
+        self.try_ring_packed_now(s, record)
+    }
+
+    async fn pay_doorbell(&mut self, s: &mut SocketWriter) -> Result<(), PipeError> {
+        self.pay_doorbell(s).await
+    }
+
+    fn closer(&self) -> Option<Box<dyn Fn() + Send + Sync>> {
+        let notice = self.tx.notice();
+        Some(Box::new(move || notice.close_here()))
+    }
+}
+
+impl RingWrite {
+    /// `SocketWriter::write_parts` with a ring: one record when the frames fit and carry
+    /// no descriptors, else the socket and divert records.
+    async fn write_ring_parts(
+        &mut self,
+        s: &mut SocketWriter,
+        prefix: FramePrefix,
+        frame: &OutFrame,
+        trailing: &[(FrameKind, &[u8])],
+    ) -> Result<(), PipeError> {
+        self.pay_doorbell(s).await?;
+        let ring = &mut *self;
         let trailing_len: usize = trailing.iter().map(|(_, h)| PREFIX_LEN + h.len()).sum();
         let len = (PREFIX_LEN + frame.header.len()) as u64 + prefix.payload_len + trailing_len as u64;
         if prefix.fds != 0 || len > ring.tx.max_frame() as u64 {
@@ -58,7 +95,7 @@ impl FrameWriter {
             // the frame at once, nudge it to read the socket meanwhile.
             let nudge = ring.tx.nudger();
             {
-                let mut write = std::pin::pin!(self.write_parts(prefix, frame, trailing));
+                let mut write = std::pin::pin!(s.write_parts(prefix, frame, trailing));
                 let mut first = true;
                 std::future::poll_fn(|cx| {
                     let r = write.as_mut().poll(cx);
@@ -69,18 +106,18 @@ impl FrameWriter {
                 })
                 .await?;
             }
-            self.torn = true;
+            s.set_torn(true);
             for _ in 0..=trailing.len() {
-                self.push(TAG_DIVERT, None).await?;
+                self.push(s, TAG_DIVERT, None).await?;
             }
-            self.torn = false;
-            return self.pay_doorbell().await;
+            s.set_torn(false);
+            return self.pay_doorbell(s).await;
         }
         let mut record = std::mem::take(&mut ring.scratch);
         record.clear();
         record.extend_from_slice(&prefix.encode());
         record.extend_from_slice(&frame.header);
-        let small = record.len() + prefix.payload_len as usize <= super::super::COALESCE;
+        let small = record.len() + prefix.payload_len as usize <= COALESCE;
         if small {
             for p in &frame.payload {
                 record.extend_from_slice(p);
@@ -94,7 +131,7 @@ impl FrameWriter {
             record.extend_from_slice(header);
         }
         let r = if small {
-            self.push(TAG_FRAMES, Some(&[&record])).await
+            self.push(s, TAG_FRAMES, Some(&[&record])).await
         } else {
             // Large payload parts go in without a copy into a scratch buffer first.
             let split = PREFIX_LEN + frame.header.len();
@@ -102,35 +139,36 @@ impl FrameWriter {
             parts.push(&record[..split]);
             parts.extend(frame.payload.iter().map(|p| &p[..]));
             parts.push(&record[split..]);
-            self.push(TAG_FRAMES, Some(&parts)).await
+            self.push(s, TAG_FRAMES, Some(&parts)).await
         };
-        if let Some(ring) = self.ring.as_mut() {
-            ring.scratch = record;
-        }
+        self.scratch = record;
         r?;
         // Published: the frames are the peer's now, whatever happens to the doorbell.
-        self.done += 1;
-        self.pay_doorbell().await
+        s.count_write();
+        self.pay_doorbell(s).await
     }
 
-    /// [`FrameWriter::write_packed`] with a ring.
-    pub(in crate::frame) async fn write_ring_packed(&mut self, record: &[u8]) -> Result<(), PipeError> {
-        self.pay_doorbell().await?;
-        self.push(TAG_MESSAGE, Some(&[record])).await?;
-        self.done += 1;
-        self.pay_doorbell().await
+    /// `FrameWriter::write_packed` with a ring.
+    async fn write_ring_packed(&mut self, s: &mut SocketWriter, record: &[u8]) -> Result<(), PipeError> {
+        self.pay_doorbell(s).await?;
+        self.push(s, TAG_MESSAGE, Some(&[record])).await?;
+        s.count_write();
+        self.pay_doorbell(s).await
     }
 
     /// Publishes a packed message record now, if it can without waiting: `Some(doorbell)`
-    /// when published (`doorbell`: the peer waits for one, [`FrameWriter::pay_doorbell`]
+    /// when published (`doorbell`: the peer waits for one, [`RingWrite::pay_doorbell`]
     /// must write it now), `None` when nothing was written (the ring is full or broken, or
     /// a doorbell is owed from before).
-    pub(in crate::frame) fn try_ring_packed_now(&mut self, record: &[u8]) -> Option<bool> {
-        let ring = self.ring.as_mut().filter(|r| !r.doorbell_owed)?;
+    fn try_ring_packed_now(&mut self, s: &mut SocketWriter, record: &[u8]) -> Option<bool> {
+        if self.doorbell_owed {
+            return None;
+        }
+        let ring = &mut *self;
         match ring.tx.try_send_parts(TAG_MESSAGE, &[record]) {
             Ok(Pushed::Sent { doorbell }) => {
                 ring.doorbell_owed = doorbell;
-                self.done += 1;
+                s.count_write();
                 Some(doorbell)
             }
             Ok(Pushed::Full) | Err(_) => None,
@@ -138,17 +176,17 @@ impl FrameWriter {
     }
 
     /// Publishes one record, waiting while the ring is full. When the peer waits for its
-    /// doorbell, a doorbell is owed ([`FrameWriter::pay_doorbell`]).
+    /// doorbell, a doorbell is owed ([`RingWrite::pay_doorbell`]).
     ///
     /// A full ring waits for the peer to read. While it waits (yielding, then sleeping
     /// [`FULL_SLEEP`] between tries) it asks the transport whether the peer is still there
-    /// ([`crate::PeerLiveness`]): a dead peer never reads again, so the write fails with
+    /// (`ferry_core::PeerLiveness`): a dead peer never reads again, so the write fails with
     /// [`PipeError::PeerGone`] within a sleep of the death, whoever else reads the socket.
-    /// A local close ([`ferry_ring::PeerNotice::close_here`]) ends the wait too.
-    async fn push(&mut self, tag: u32, parts: Option<&[&[u8]]>) -> Result<(), PipeError> {
+    /// A local close ([`crate::PeerNotice::close_here`]) ends the wait too.
+    async fn push(&mut self, s: &mut SocketWriter, tag: u32, parts: Option<&[&[u8]]>) -> Result<(), PipeError> {
         let mut tries = 0u32;
         loop {
-            let ring = self.ring.as_mut().expect("still attached");
+            let ring = &mut *self;
             match ring.tx.try_send_parts(tag, parts.unwrap_or(&[])).map_err(ring_error)? {
                 Pushed::Sent { doorbell } => {
                     ring.doorbell_owed |= doorbell;
@@ -159,7 +197,7 @@ impl FrameWriter {
                     if tries < YIELDS_WHEN_FULL {
                         tokio::task::yield_now().await;
                     } else {
-                        if self.liveness.as_ref().is_some_and(|l| l.peer_gone()) {
+                        if s.liveness().is_some_and(|l| l.peer_gone()) {
                             return Err(PipeError::PeerGone);
                         }
                         tokio::time::sleep(FULL_SLEEP).await;
@@ -169,31 +207,20 @@ impl FrameWriter {
         }
     }
 
-    /// A handle that ends this ring's waits from outside (`super::RingCloser`).
-    pub(in crate::frame) fn ring_notice(&self) -> Option<ferry_ring::PeerNotice> {
-        self.ring.as_ref().map(|r| r.tx.notice())
-    }
-
     /// Writes the doorbell the peer is owed, if any. A write dropped before its doorbell
     /// went out leaves it owed, and the next write pays it first; one dropped part-way
     /// through it tears the stream (the pipe closes).
-    pub(in crate::frame) async fn pay_doorbell(&mut self) -> Result<(), PipeError> {
-        if self.ring.as_ref().is_some_and(|r| r.doorbell_owed) {
-            self.ring_doorbell().await?;
-            if let Some(r) = self.ring.as_mut() {
-                r.doorbell_owed = false;
-            }
+    async fn pay_doorbell(&mut self, s: &mut SocketWriter) -> Result<(), PipeError> {
+        if self.doorbell_owed {
+            ring_doorbell(s).await?;
+            self.doorbell_owed = false;
         }
         Ok(())
     }
+}
 
-    /// Writes a RING frame (the doorbell) to the socket.
-    async fn ring_doorbell(&mut self) -> Result<(), PipeError> {
-        let p = FramePrefix { kind: FrameKind::Ring as u8, flags: 0, fds: 0, header_len: 0, payload_len: 0 };
-        let was = self.torn;
-        put(&mut self.inner, &mut self.torn, &p.encode()).await?;
-        self.torn = was;
-        tokio::io::AsyncWriteExt::flush(&mut self.inner).await?;
-        Ok(())
-    }
+/// Writes a RING frame (the doorbell) to the socket.
+async fn ring_doorbell(s: &mut SocketWriter) -> Result<(), PipeError> {
+    let p = FramePrefix { kind: FrameKind::Ring as u8, flags: 0, fds: 0, header_len: 0, payload_len: 0 };
+    s.write_bytes(&p.encode()).await
 }

@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
-use ferry_core::{Channel, Endpoint, InlineChannel, Pipe, RingOptions, Tensor};
+use ferry_core::{Channel, Endpoint, InlineChannel, Pipe, Tensor};
 use ferry_local::LocalTransport;
+use ferry_ring::{RingExt, RingOptions};
 use ferry_shm::ShmChannel;
 
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

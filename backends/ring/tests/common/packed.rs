@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use ferry_core::wire::FEATURE_RING_MESSAGES;
 use ferry_core::{
-    ALIGN, AlignedBuf, DType, Endpoint, InlineChannel, Limits, Message, Pipe, PipeError, RingOptions, Tensor,
-    TensorMeta,
+    ALIGN, AlignedBuf, DType, Endpoint, InlineChannel, Limits, Message, Pipe, PipeError, Tensor, TensorMeta,
 };
 use ferry_local::LocalTransport;
+use ferry_ring::{RingExt, RingOptions};
 use serde_json::{Value, json};
 
 use super::bytes_tensor;
