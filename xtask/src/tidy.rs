@@ -22,12 +22,15 @@
 //!   or `Deserialize` is described by a checked-in JSON Schema: listed in
 //!   `core/src/schema.rs` (`schema_for!(Type)`) or a definition inside one of those schemas.
 //!   (`cargo xtask codegen --check` checks that the files are fresh.)
+//! - Core depends on no ferry crate: no `ferry-*` package among `core/Cargo.toml`'s
+//!   dependencies (dev-dependencies aside) ([`core_deps`]).
 //!
 //! Files are found by walking the repository, skipping `target/`, `node_modules/` and
 //! hidden directories. The checks read Rust and TOML with the small hand-written scanners
 //! of [`scan`] (comments and string literals are blanked out first), which is enough for
 //! rustfmt-formatted code.
 
+mod core_deps;
 mod scan;
 mod test_only;
 
@@ -70,6 +73,7 @@ pub fn check_all(root: &Path) -> anyhow::Result<()> {
     problems.extend(test_only::public_test_modules(root)?);
     problems.extend(test_only::test_features(root)?);
     problems.extend(wire_types_have_schemas(root)?);
+    problems.extend(core_deps::core_depends_on_no_ferry_crate(root)?);
     fail_on(problems)
 }
 
