@@ -381,3 +381,53 @@ fn the_worked_example_of_protocol_md_is_what_rust_writes() {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// `packed.json` (PROTOCOL.md §22.5): every record unpacks to its message (the inline
+/// tensors' bytes, the other tensors' locations) and packs back to the same bytes; every
+/// malformed record is refused with its error.
+#[test]
+fn packed_records_read_back_and_malformed_ones_are_refused() {
+    use ferry_core::pipe::packed::{PackRoom, UnpackRules, pack, unpack};
+    use ferry_core::wire::Location;
+    use ferry_core::{Message, Tensor};
+    let v = load("packed.json");
+    let limits: Limits = serde_json::from_value(v["limits"].clone()).unwrap();
+    let rules = UnpackRules { limits: &limits, max_header_values: 1 << 20 };
+    let read = |bytes: &[u8]| {
+        let mut found: Vec<(usize, Location)> = Vec::new();
+        let msg = unpack(bytes, &rules, |i, meta, loc| {
+            found.push((i, loc.clone()));
+            Ok(Tensor::zeros(meta).unwrap())
+        });
+        msg.map(|m| (m, found))
+    };
+    let records = v["records"].as_array().unwrap();
+    assert!(records.len() >= 3 && v["malformed"].as_array().unwrap().len() >= 5);
+    for r in records {
+        let name = s(r, "name");
+        let bytes = unhex(s(r, "hex"));
+        let (msg, found) = read(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(msg.header, r["header"], "{name}");
+        let want = r["tensors"].as_array().unwrap();
+        assert_eq!(msg.tensors.len(), want.len(), "{name}");
+        let mut locs = Vec::new();
+        for (i, (t, w)) in msg.tensors.iter().zip(want).enumerate() {
+            assert_eq!(serde_json::to_value(t.meta().dtype).unwrap(), w["dtype"], "{name} tensor {i}");
+            assert_eq!(json!(t.meta().shape), w["shape"], "{name} tensor {i}");
+            let loc: Location = serde_json::from_value(w["location"].clone()).unwrap();
+            match w.get("data_hex") {
+                Some(d) => assert_eq!(t.bytes().as_ref(), unhex(d.as_str().unwrap()), "{name} tensor {i}"),
+                None => assert!(found.contains(&(i, loc.clone())), "{name} tensor {i}: {found:?}"),
+            }
+            locs.push(loc);
+        }
+        let room = PackRoom { peer: &limits, max_record: 1 << 20 };
+        let again = pack(&Message::with_tensors(msg.header.clone(), msg.tensors.clone()), &locs, &room);
+        assert_eq!(again.as_deref(), Some(&bytes[..]), "{name}: packs back to the same bytes");
+    }
+    for m in v["malformed"].as_array().unwrap() {
+        let name = s(m, "name");
+        let e = read(&unhex(s(m, "hex"))).map(drop).expect_err(name);
+        check_error(name, &e, &m["error"]);
+    }
+}

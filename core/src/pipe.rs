@@ -33,7 +33,7 @@ use crate::wire::FEATURE_COMPACT_TENSORS;
 use crate::wire::{Close, Limits, Location, TensorDesc};
 
 mod blocking;
-mod packed;
+pub mod packed;
 mod read;
 mod shared;
 mod write;

@@ -18,6 +18,9 @@
 //! Every field is a peer's claim: [`unpack`] checks each length against the record and
 //! against this side's limits before it copies a byte, and a record that does not add up
 //! is a [`ProtocolError::Ring`].
+//!
+//! [`pack`] and [`unpack`] are public for the shared test vectors
+//! (`conformance/vectors/packed.json`); the pipe uses them itself.
 
 use crate::dtype::{DType, Device};
 use crate::error::{LimitError, PipeError, ProtocolError};
@@ -39,11 +42,11 @@ const SHM_RETURN: u8 = 2;
 const LAZY: u8 = 1;
 
 /// What a record may hold for this pipe: the peer's limits and the ring's largest record.
-pub(super) struct PackRoom<'a> {
+pub struct PackRoom<'a> {
     /// The receiver's limits (announced in the handshake).
-    pub(super) peer: &'a Limits,
+    pub peer: &'a Limits,
     /// The ring's largest record.
-    pub(super) max_record: usize,
+    pub max_record: usize,
 }
 
 /// Packs `msg`, whose tensors its channels encoded to `locs`, into one record, or `None`
@@ -51,8 +54,7 @@ pub(super) struct PackRoom<'a> {
 /// record cannot hold (a new segment's announcement, whose descriptor travels on the
 /// socket; another channel's), a record over `room.max_record`, or a header or payload over
 /// the peer's limits (the MESSAGE frame path then reports it by name).
-#[cfg(test)]
-pub(super) fn pack(msg: &Message, locs: &[Location], room: &PackRoom<'_>) -> Option<Vec<u8>> {
+pub fn pack(msg: &Message, locs: &[Location], room: &PackRoom<'_>) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     pack_into(msg, locs, room, &mut out)?;
     Some(out)
@@ -139,11 +141,11 @@ fn pad_to(out: &mut Vec<u8>, n: usize) {
 }
 
 /// What [`unpack`] checks a record against: this side's limits.
-pub(super) struct UnpackRules<'a> {
+pub struct UnpackRules<'a> {
     /// This side's limits.
-    pub(super) limits: &'a Limits,
+    pub limits: &'a Limits,
     /// [`crate::EndpointBuilder::max_header_values`].
-    pub(super) max_header_values: usize,
+    pub max_header_values: usize,
 }
 
 /// A tensor a record describes, before its bytes are found.
@@ -158,7 +160,7 @@ struct Described {
 /// Rebuilds the message a record holds, after checking every field (module docs). Inline
 /// tensors' bytes are copied once, into fresh [`ALIGN`]-aligned memory; `decode` finds the
 /// others' (the CPU channel's session: `decode(index, meta, location)`).
-pub(super) fn unpack(
+pub fn unpack(
     record: &[u8],
     rules: &UnpackRules<'_>,
     mut decode: impl FnMut(usize, TensorMeta, &Location) -> Result<Tensor, PipeError>,

@@ -16,7 +16,8 @@
 //! `descriptors.json` (tensor descriptors in their object and compact forms),
 //! `handshake.json` (HELLO answered by WELCOME or REFUSE, WELCOMEs a client accepts or
 //! refuses, every refusal), `errors.json` (JSON-RPC error objects) and
-//! `worked_example.json` (PROTOCOL.md §14, byte for byte).
+//! `worked_example.json` (PROTOCOL.md §14, byte for byte), `packed.json` (packed ring
+//! records, PROTOCOL.md §22.5; read by the Rust suite only: [`packed`]).
 
 use std::path::PathBuf;
 
@@ -33,6 +34,7 @@ use serde_json::{Value, json};
 use super::Output;
 
 mod more;
+pub mod packed;
 
 /// The directory of the vectors.
 pub const DIR: &str = "conformance/vectors";
@@ -47,6 +49,7 @@ pub fn output() -> Output {
         ("handshake.json", more::handshake()),
         ("errors.json", more::errors()),
         ("worked_example.json", worked_example()),
+        ("packed.json", packed::packed()),
     ];
     let files = files.into_iter().map(|(name, v)| (dir.join(name), pretty(&v))).collect();
     Output { dir, exts: &["json"], files }
