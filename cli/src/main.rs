@@ -620,7 +620,7 @@ fn main() -> ExitCode {
                 if cfg!(all(feature = "ring", target_os = "linux")) {
                     println!(
                         "same-host ring: ring (frames through shared-memory rings beside a unix: socket, where \
-                         both ends ask for it: EndpointBuilder::ring)"
+                         both ends ask for it: RingExt::ring)"
                     );
                 } else {
                     println!("same-host ring: not compiled in (feature `ring`, Linux)");

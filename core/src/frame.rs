@@ -18,10 +18,10 @@ use crate::wire::Limits;
 
 mod link;
 mod writer;
-pub(crate) use link::RingCloser;
 #[cfg(unix)]
-pub use link::{Link, LinkProvider};
-pub use link::{LinkRead, LinkWrite};
+pub use link::LinkProvider;
+pub(crate) use link::RingCloser;
+pub use link::{Link, LinkRead, LinkWrite};
 pub use writer::{FrameWriter, OutFrame, SocketWriter};
 
 /// The first six bytes each side sends: `89 46 45 52 52 59` ("\x89FERRY"). The first byte
@@ -241,7 +241,8 @@ const YIELD_EVERY: usize = 1 << 20;
 pub const HANDSHAKE_LIMITS: Limits =
     Limits { max_header_bytes: 64 << 10, max_payload_bytes: 0, max_tensors: 0, max_fds: 0 };
 
-/// How [`FrameReader::wait_readable`] (and a link's [`LinkRead::wait_readable`]) waits.
+/// How the pipe's reader waits for the next frame (`FrameReader::wait_readable`, and a
+/// link's [`LinkRead::wait_readable`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitSpin {
     /// In the runtime, polling a ring first as the pipe's busy polling allows

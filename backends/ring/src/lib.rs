@@ -47,14 +47,14 @@
 //! the waker writes a descriptor the peer handed over, so it must check that it is an
 //! eventfd and never block on it (a peer can fill an eventfd's counter, or hand a pipe).
 //!
-//! **In ferry's Pipe** ([`link`]: ferry-core's `LinkRead` / `LinkWrite` / `LinkProvider`,
+//! **In ferry's Pipe** (`src/link.rs`: ferry-core's `LinkRead` / `LinkWrite` / `LinkProvider`,
 //! set with [`RingExt::ring`] on an `EndpointBuilder`): the handshake
 //! agrees on a ring (the server makes the file and sends it with its WELCOME), every frame
 //! then goes through the rings except those that cannot (descriptors, or larger than a
 //! record), which take the socket behind a divert record; an async reader with nothing to
 //! read arms a doorbell ([`Receiver::arm_doorbell`]) and waits on the socket; a blocking
 //! caller (`Pipe::recv_blocking`) waits on the ring itself ([`Receiver::wait_for_data`]).
-//! PROTOCOL.md §22 and [`link`] have the details.
+//! PROTOCOL.md §22 and `src/link.rs` have the details.
 //!
 //! Unsafe code lives only in the `sys` module (the shared mapping and its atomic
 //! accesses).
@@ -72,7 +72,7 @@ pub mod handoff;
 #[cfg(target_os = "linux")]
 mod layout;
 #[cfg(target_os = "linux")]
-pub mod link;
+mod link;
 #[cfg(target_os = "linux")]
 mod ring;
 mod spin;

@@ -43,7 +43,7 @@ pub trait LinkRead: Send + 'static {
     async fn read(&mut self, sock: &mut SocketReader) -> Result<Received, PipeError>;
 
     /// Waits until something can be read, or the stream ended or failed: as
-    /// [`FrameReader::wait_readable`], cancel-safe. False: the deadline of
+    /// `FrameReader::wait_readable`, cancel-safe. False: the deadline of
     /// [`WaitSpin::Blocking`] passed first.
     async fn wait_readable(&mut self, sock: &mut SocketReader, spin: WaitSpin) -> Result<bool, PipeError>;
 
