@@ -95,7 +95,13 @@ pub(crate) fn pipe_error(py: Python<'_>, addr: &str, doing: &str, e: &PipeError)
 
 /// Why connecting to `addr` failed: `Refused` for a refused handshake (its JSON kept),
 /// `CallTimeout` when it took longer than `connect_timeout`, else `ConnectionClosed`.
-pub(crate) fn connect_error(py: Python<'_>, addr: &str, e: &PipeError, waited: Option<f64>) -> PyErr {
+pub(crate) fn connect_error(
+    py: Python<'_>,
+    addr: &str,
+    e: &PipeError,
+    waited: Option<f64>,
+    last: Option<&str>,
+) -> PyErr {
     match e {
         PipeError::Refused(r) => {
             let json = serde_json::to_value(r).unwrap_or_default();
@@ -114,14 +120,15 @@ pub(crate) fn connect_error(py: Python<'_>, addr: &str, e: &PipeError, waited: O
                 py,
                 "CallTimeout",
                 (format!(
-                    "{addr}: no connection and handshake {what} ({e}): is a ferry server listening there, and is \
-                     it overloaded? Pass a longer connect_timeout= to wait for a server that is starting"
+                    "{addr}: no connection and handshake {what} ({}): is a ferry server listening there, and is \
+                     it overloaded? Pass a longer connect_timeout= to wait for a server that is starting",
+                    last.map_or_else(|| e.to_string(), |l| format!("last attempt: {l}"))
                 ),),
             )
         }
         e => {
             let hint = match waited {
-                Some(s) => format!(" (kept trying for connect_timeout={s} s)"),
+                Some(_) => String::new(),
                 None => " (pass connect_timeout=SECONDS to wait for a server that is starting)".to_owned(),
             };
             make(py, "ConnectionClosed", (format!("cannot connect to {addr}: {e}{hint}"), close_code(e)))

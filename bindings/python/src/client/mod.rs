@@ -72,6 +72,8 @@ struct Target {
     wait: Option<Duration>,
     waited: Option<f64>,
     keepalive: Option<Duration>,
+    /// The last failure of the attempts that `connect_timeout` ran out on.
+    last: Option<String>,
 }
 
 impl Target {
@@ -90,11 +92,12 @@ impl Target {
             wait: wait.or(connect_timeout.map(|_| Duration::MAX)),
             waited: connect_timeout,
             keepalive,
+            last: None,
         })
     }
 
     /// Connects, again and again while nothing listens yet, until `wait` is over.
-    async fn open(self) -> (Target, Result<Pipe, PipeError>) {
+    async fn open(mut self) -> (Target, Result<Pipe, PipeError>) {
         let Some(wait) = self.wait else {
             let r = self.endpoint.connect(&self.addr).await;
             return (self, r);
@@ -112,9 +115,11 @@ impl Target {
                 None => attempt.await,
             };
             match r {
-                Err(PipeError::Transport(_) | PipeError::Closed | PipeError::PeerGone)
-                    if deadline.is_none_or(|d| Instant::now() + backoff < d) =>
-                {
+                Err(e @ (PipeError::Transport(_) | PipeError::Closed | PipeError::PeerGone)) => {
+                    if deadline.is_some_and(|d| Instant::now() + backoff >= d) {
+                        self.last = Some(e.to_string());
+                        break Err(PipeError::Timeout(wait, "connect_timeout"));
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
@@ -273,7 +278,7 @@ impl Client {
     ) -> PyResult<Client> {
         let target = Target::new(addr, token, connect_timeout, shm_pool_mib, keepalive)?;
         let (target, r) = py.detach(|| runtime().block_on(target.open()));
-        let pipe = r.map_err(|e| errors::connect_error(py, addr, &e, target.waited))?;
+        let pipe = r.map_err(|e| errors::connect_error(py, addr, &e, target.waited, target.last.as_deref()))?;
         let _rt = runtime().enter();
         Ok(target.client(pipe, self::hooks(hooks)))
     }
@@ -298,12 +303,12 @@ impl Client {
             let (target, r) = target.open().await;
             match r {
                 Ok(p) => Ok(target.client(p, self::hooks(hooks))),
-                Err(e) => Err((e, target.waited)),
+                Err(e) => Err((e, target.waited, target.last)),
             }
         };
         Ok(settle::start(event_loop, future, work, move |py, r| match r {
             Ok(c) => Ok(Py::new(py, c)?.into_any()),
-            Err((e, waited)) => Err(errors::connect_error(py, &addr, &e, waited)),
+            Err((e, waited, last)) => Err(errors::connect_error(py, &addr, &e, waited, last.as_deref())),
         }))
     }
 
