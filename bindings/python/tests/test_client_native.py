@@ -31,7 +31,7 @@ def _memfd_mapped(addr: int) -> bool:
     """Whether this process maps `addr` from a memfd (shared memory from the peer)."""
     with open("/proc/self/maps") as f:
         for line in f:
-            span, *rest = line.split(maxsplit=5)
+            span = line.split(maxsplit=1)[0]
             lo, hi = (int(x, 16) for x in span.split("-"))
             if lo <= addr < hi:
                 return "memfd:" in line
@@ -169,7 +169,9 @@ def test_a_client_may_default_to_torch(served: Served) -> None:
     torch = pytest.importorskip("torch")
     with ferry.Client.connect(served.addr, timeout=WAIT, as_torch=True) as c:
         assert isinstance(c.call("scale", [np.ones(3, np.float32), 2.0]), torch.Tensor)
-        assert isinstance(c.call("scale", [np.ones(3, np.float32), 2.0], as_torch=False), np.ndarray)
+        assert isinstance(
+            c.call("scale", [np.ones(3, np.float32), 2.0], as_torch=False), np.ndarray
+        )
 
 
 def test_torch_results_are_zero_copy_and_copy_on_write(client: ferry.Client, key: str) -> None:
@@ -283,22 +285,31 @@ def test_rpc_errors_match_the_generated_table() -> None:
         c: k.__name__ for c, k in legacy_rpc_errors.ERRORS.items()
     }
     for code, cls in ferry.rpc_errors.ERRORS.items():
-        assert cls.CODE == code and issubclass(cls, legacy_rpc_errors.ERRORS[code])
+        assert code == cls.CODE and issubclass(cls, legacy_rpc_errors.ERRORS[code])
     for name in legacy_errors.__dict__:
         legacy = getattr(legacy_errors, name)
-        if isinstance(legacy, type) and issubclass(legacy, Exception) and legacy.__module__ == legacy_errors.__name__:
+        if (
+            isinstance(legacy, type)
+            and issubclass(legacy, Exception)
+            and legacy.__module__ == legacy_errors.__name__
+        ):
             assert issubclass(getattr(ferry.errors, name), legacy), name
 
 
 def test_batch_notify_and_tasks(client: ferry.Client) -> None:
-    out = client.batch([("add", [1, 2]), ("no_such_method", None), ("scale", [np.ones(2, np.float32), 3.0])])
+    out = client.batch(
+        [("add", [1, 2]), ("no_such_method", None), ("scale", [np.ones(2, np.float32), 3.0])]
+    )
     assert out[0] == 3
     assert isinstance(out[1], ferry.rpc_errors.MethodNotFoundError)
     np.testing.assert_array_equal(out[2], [3.0, 3.0])
     client.notify("add", [1, 2])
     task = client.submit("add", [20, 22])
     assert client.task_result(task, wait_ms=int(WAIT * 1000)) == 42
-    assert client.task_status(client.submit("add", [1, 1], keep=True))["state"] in ("running", "done")
+    assert client.task_status(client.submit("add", [1, 1], keep=True))["state"] in (
+        "running",
+        "done",
+    )
 
 
 # ---- asyncio -----------------------------------------------------------------------------

@@ -327,7 +327,9 @@ class Client(_Base):
         `RpcError` (not raised) in place of each call that failed."""
         if not calls:
             return []
-        out: list[Any] = self._live().batch(list(calls), self._limit(timeout), self._torch(as_torch))
+        out: list[Any] = self._live().batch(
+            list(calls), self._limit(timeout), self._torch(as_torch)
+        )
         return out
 
     def discover(self) -> dict[str, Any]:
@@ -340,7 +342,9 @@ class Client(_Base):
         """Starts `method` as a task (`ferry.task.submit`); returns its id. It is cancelled
         when this connection closes unless `detached`; `keep` keeps its result after it
         is fetched."""
-        return _task_id(self.call("ferry.task.submit", _submit_params(method, params, keep, detached)))
+        return _task_id(
+            self.call("ferry.task.submit", _submit_params(method, params, keep, detached))
+        )
 
     def task_status(self, task: str) -> dict[str, Any]:
         """The task's status: `{"task", "method", "state", "elapsed_ms"}`."""
@@ -392,7 +396,9 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
         future.set_exception(value)
 
 
-async def _run(start: Callable[[asyncio.AbstractEventLoop, asyncio.Future[Any]], _native.Pending]) -> Any:
+async def _run(
+    start: Callable[[asyncio.AbstractEventLoop, asyncio.Future[Any]], _native.Pending],
+) -> Any:
     """Starts a native operation that resolves a future of the running loop, and awaits
     it; a cancelled await drops the operation on the runtime (a call is then cancelled on
     the server)."""
@@ -468,7 +474,9 @@ class AsyncClient(_Base):
         as_torch: bool | None = None,
     ) -> Any:
         """`Client.call`, awaited. A cancelled await cancels the call on the server."""
-        return await self._start("call", method, params, self._limit(timeout), self._torch(as_torch))
+        return await self._start(
+            "call", method, params, self._limit(timeout), self._torch(as_torch)
+        )
 
     async def notify(self, method: str, params: object = None) -> None:
         """Sends a notification (no answer)."""

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-
 from ._app import App, _locate
 from ._client import Client
 
