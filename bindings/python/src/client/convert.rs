@@ -1,13 +1,13 @@
 //! Params and results between Python objects and JSON values, tensors beside them: one walk
 //! each way, no JSON text in between.
 //!
-//! - Out ([`Encoder::value`]): `None`, `bool`, `int`, `float`, `str`, `list`, `tuple` and
+//! - Out (`Encoder::value`): `None`, `bool`, `int`, `float`, `str`, `list`, `tuple` and
 //!   `dict` (string keys) become JSON; anything else is given to the Python `encode` hook
 //!   (`ferry._client._encode`, with the client to allocate from), which answers with a tensor to send (an `OutTensor` in the
 //!   connection's memory, or a received `TensorRef` sent back as it is), a JSON-able
 //!   stand-in (a numpy scalar's value, a tensor reference's wire form), or `None` for a
 //!   value ferry cannot send: a `ParamsError` naming where in the params it is.
-//! - In ([`decode`]): JSON as `json.loads` makes it, except `{"$tensor": i}` (the message's
+//! - In (`Decoder::decode`): JSON as `json.loads` makes it, except `{"$tensor": i}` (the message's
 //!   tensor `i`) and the inline `{"$tensor": {"dtype", "shape", "data"}}`, given to the
 //!   `tensor` hook as a `TensorRef` (a numpy or torch view), and `{"$tensor_ref": {..}}`,
 //!   given to the `tensor_ref` hook.

@@ -2,11 +2,11 @@
 //! ([`ferry_rpc::Client`]) for Python. `python/ferry/_client.py` is the thin, typed face;
 //! this module does the work.
 //!
-//! - Connecting ([`Client::connect`], [`Client::connect_async`]): every address the
+//! - Connecting (`Client.connect`, `Client.connect_async`): every address the
 //!   endpoint knows (`unix:NAME`, `unix:/path.sock`, `quic://host:port#sha256=PIN`), a
 //!   bearer token, and `connect_timeout`: connecting again (backing off up to 0.2 s) until a
 //!   server that is starting listens, for at most that long.
-//! - Calls ([`Client::call`], `notify`, `batch`, `discover`): params turned into JSON and
+//! - Calls (`call`, `notify`, `batch`, `discover`): params turned into JSON and
 //!   tensors in one walk ([`convert`]), tensors sent from the connection's memory (shm:
 //!   zero-copy), results' tensors handed to Python as read-only views. A blocking call
 //!   releases the GIL while it waits; an asyncio one is a task on the runtime whose future

@@ -1,6 +1,6 @@
 //! asyncio futures resolved from the runtime, without a thread per call.
 //!
-//! An `AsyncClient` call runs as a task on the runtime ([`start`]). When it ends, its
+//! An `AsyncClient` call runs as a task on the runtime (`start`). When it ends, its
 //! outcome goes to the one settling thread of the process, which takes the GIL, turns the
 //! outcome into Python objects and hands them to the call's event loop with
 //! `loop.call_soon_threadsafe(settle, future, ok, value)` (`ferry._client._settle`, which
@@ -64,7 +64,7 @@ fn settle(py: Python<'_>, d: Done) {
     }
 }
 
-/// Cancels a call started by [`start`] (dropping it on the runtime).
+/// Cancels a call started by `start` (dropping it on the runtime).
 #[pyclass(frozen, module = "ferry._native")]
 pub struct Pending {
     token: CancellationToken,
