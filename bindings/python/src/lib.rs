@@ -13,6 +13,8 @@
 //!   holding the Rust lease), result tensors allocated in the connection's memory.
 //! - [`pipe`]: `ferry.listen` / `ferry.connect`, messages of a header and tensors without
 //!   JSON-RPC.
+//! - [`client`]: `ferry.Client` / `ferry.AsyncClient`, the Rust JSON-RPC client
+//!   ([`ferry_rpc::Client`]) on every address, asyncio futures resolved from the runtime.
 //!
 //! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads,
 //! admitted by their server's [`gate`]
@@ -26,6 +28,7 @@ use pyo3::prelude::*;
 
 pub mod accept;
 pub mod answer;
+pub mod client;
 pub mod gate;
 pub mod handler;
 pub mod json;
@@ -75,6 +78,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pipe::listen, m)?)?;
     m.add_function(wrap_pyfunction!(pipe::connect, m)?)?;
     m.add_function(wrap_pyfunction!(tensors::dtypes, m)?)?;
+    m.add_class::<client::Client>()?;
+    m.add_class::<client::settle::Pending>()?;
     m.add("FerryError", m.py().get_type::<pyo3::exceptions::PyOSError>())?;
     Ok(())
 }

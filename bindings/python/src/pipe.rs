@@ -35,7 +35,7 @@ fn shm_options(shm_pool_mib: Option<u64>) -> PyResult<ferry::ferry_shm::ShmOptio
 }
 
 /// The endpoint pipes use: every transport and channel this build has.
-fn endpoint(token: Option<String>, shm_pool_mib: Option<u64>) -> PyResult<Endpoint> {
+pub(crate) fn endpoint(token: Option<String>, shm_pool_mib: Option<u64>) -> PyResult<Endpoint> {
     let mut b = ferry::endpoint_with_shm(shm_options(shm_pool_mib)?);
     // The same-host ring wherever the peer has one too (unix sockets on Linux): `recv`
     // then waits on the ring itself (`Pipe::recv_blocking`).

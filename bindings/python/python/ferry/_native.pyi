@@ -5,12 +5,14 @@ from collections.abc import Callable
 from typing import Any, final
 
 __all__ = [
+    "Client",
     "Context",
     "Done",
     "FerryError",
     "Listener",
     "Message",
     "OutTensor",
+    "Pending",
     "Pipe",
     "Server",
     "TensorRef",
@@ -178,3 +180,70 @@ class Listener:
 def listen(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Listener: ...
 def connect(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Pipe: ...
 def dtypes() -> list[tuple[str, str, int]]: ...
+
+_Hooks = tuple[
+    Callable[[object, Client], object],
+    Callable[[TensorRef], Any],
+    Callable[[TensorRef], Any],
+    Callable[[Any], Any],
+]
+"""`(encode, numpy, torch, tensor_ref)`: what params' non-JSON values and results' tensors
+go through (`ferry._client`)."""
+
+@final
+class Pending:
+    """An asyncio operation on the runtime."""
+
+    def cancel(self) -> None: ...
+
+@final
+class Client:
+    """The Rust JSON-RPC client (`ferry_rpc::Client`); `ferry.Client` is its face."""
+
+    @staticmethod
+    def connect(
+        addr: str,
+        hooks: _Hooks,
+        *,
+        token: str | None = None,
+        connect_timeout: float | None = None,
+        shm_pool_mib: int | None = None,
+        keepalive: float | None = None,
+    ) -> Client: ...
+    @staticmethod
+    def connect_async(
+        event_loop: Any,
+        future: Any,
+        addr: str,
+        hooks: _Hooks,
+        *,
+        token: str | None = None,
+        connect_timeout: float | None = None,
+        shm_pool_mib: int | None = None,
+        keepalive: float | None = None,
+    ) -> Pending: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def channel(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def close_reason(self) -> str | None: ...
+    def alloc(self, shape: list[int], dtype: str) -> OutTensor: ...
+    def call(self, method: str, params: object, timeout: float | None, as_torch: bool) -> Any: ...
+    def notify(self, method: str, params: object) -> None: ...
+    def batch(self, calls: object, timeout: float | None, as_torch: bool) -> Any: ...
+    def start(
+        self,
+        event_loop: Any,
+        future: Any,
+        kind: str,
+        method: str,
+        params: object,
+        timeout: float | None,
+        as_torch: bool,
+    ) -> Pending: ...
+    def close(self) -> None: ...
