@@ -27,6 +27,8 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 - `open_weights`, `open_bundle`, `Bundle`: versioned weight bundles from a ferry tensor
   store (`ferry serve-weights`), zero-copy numpy or torch; `TensorRef`: a tensor a server
   keeps (`ferry_client.refs`). Both from `ferry_client`.
+- `StoreServer`, `serve_weights`: host a tensor store (`ferry serve-weights`) from Python.
+- The `ferry` command (also `python -m ferry`): every subcommand of the Rust binary.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ._native import __version__
 from ._pipe import Listener, Pipe, connect, listen
 from ._schema import AnyTensor, NDArray
 from ._spawn import spawn
+from ._store_server import StoreServer, serve_weights
 
 __all__ = [
     "AnyTensor",
@@ -51,6 +54,7 @@ __all__ = [
     "NDArray",
     "Pipe",
     "RpcError",
+    "StoreServer",
     "TensorRef",
     "__version__",
     "connect",
@@ -59,5 +63,6 @@ __all__ = [
     "listen",
     "open_bundle",
     "open_weights",
+    "serve_weights",
     "spawn",
 ]

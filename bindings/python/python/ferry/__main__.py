@@ -1,4 +1,11 @@
-"""`python -m ferry serve MODULE:APP [ADDR ...]`: serve an app, with `ferry serve`'s options."""
+"""The `ferry` command (installed by the package; also `python -m ferry`).
+
+- `ferry serve MODULE:APP [ADDR ...]`: serve a Python app (a `ferry.App`), with `ferry
+  serve`'s options (`--help` after `serve MODULE:APP` lists them).
+- Every other command line is the Rust `ferry` binary's, run by the native module in this
+  process: `ferry serve [ADDR]` (the demo or conformance API), `call`, `discover`, `sdk`,
+  `serve-weights`, `bench`, `info` (`ferry --help`).
+"""
 
 from __future__ import annotations
 
@@ -31,8 +38,32 @@ def _load(spec: str, app_dir: str = ".") -> App:
     return obj
 
 
+_ADDRESS_SCHEMES = ("unix", "quic", "http", "https", "tcp")
+"""What comes before `:` in an address: `ferry serve unix:demo` serves the demo API."""
+
+
+def _serves_app(argv: list[str]) -> bool:
+    """Whether `argv` serves a Python app: `serve` followed by MODULE:ATTRIBUTE (the first
+    argument that is not an option) whose module is not an address scheme."""
+    if not argv or argv[0] != "serve":
+        return False
+    first = next((a for a in argv[1:] if not a.startswith("-")), None)
+    if first is None:
+        return False
+    module, sep, attr = first.partition(":")
+    return bool(sep and module and attr) and module not in _ADDRESS_SCHEMES and "/" not in module
+
+
+def _native_command(argv: list[str]) -> int:
+    """The Rust `ferry` command line, in this process (its peers: `python -m ferry`)."""
+    from ._native import main as native_main
+
+    return native_main(["ferry", *argv], sys.executable, ["-m", "ferry"])
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ferry", description=__doc__)
+    """`ferry serve MODULE:APP ...` (a Python app; `python -m ferry serve MODULE:APP --help`)."""
+    p = argparse.ArgumentParser(prog="ferry", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve an app (MODULE:APP) on one or more addresses")
     s.add_argument("app", help="the app, as MODULE:ATTRIBUTE (uvicorn's convention)")
@@ -155,22 +186,30 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None = None) -> int:
     """`main` as the command line runs it: a server that cannot start (an address already
     in use, a bad option) ends with one line saying why and what to do, not a traceback
-    (`--debug` keeps it)."""
+    (`--debug` keeps it). A command line that does not serve a Python app goes to the native
+    command (`ferry --help`)."""
+    args = sys.argv[1:] if argv is None else argv
+    if not _serves_app(args):
+        return _native_command(args)
     try:
         return main(argv)
     except RuntimeError as e:
-        args = sys.argv[1:] if argv is None else argv
         if "--debug" in args:
             raise
         msg = str(e)
         if "in use" in msg:
             msg += (
                 ": another server is listening there; stop it, or serve on another "
-                "address (python -m ferry serve MODULE:APP unix:OTHER_NAME)"
+                "address (ferry serve MODULE:APP unix:OTHER_NAME)"
             )
         print(f"ferry: {msg}", file=sys.stderr)
         return 1
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The installed `ferry` command (`[project.scripts]`)."""
     sys.exit(_run())
+
+
+if __name__ == "__main__":
+    console()
