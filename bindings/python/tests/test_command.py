@@ -45,7 +45,9 @@ def test_ferry_info_names_the_version_transports_and_channels(how: str) -> None:
 def test_ferry_help_lists_every_subcommand() -> None:
     r = run(ferry_command(), "--help")
     assert r.returncode == 0, r.stderr
-    listed = {line.split()[0] for line in r.stdout.splitlines() if line.startswith("  ") and line.split()}
+    listed = {
+        line.split()[0] for line in r.stdout.splitlines() if line.startswith("  ") and line.split()
+    }
     assert set(SUBCOMMANDS) <= listed, r.stdout
 
 

@@ -46,7 +46,10 @@ def test_a_store_server_serves_the_published_checkpoint_until_stopped(tmp_path: 
         assert server.stop() is True
     assert not server.serving
     # Nobody listens there any more: the socket itself refuses.
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s, pytest.raises(ConnectionRefusedError):
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s,
+        pytest.raises(ConnectionRefusedError),
+    ):
         s.connect("\0" + addr.removeprefix("unix:"))
 
 

@@ -55,9 +55,17 @@ def _serves_app(argv: list[str]) -> bool:
 
 
 def _native_command(argv: list[str]) -> int:
-    """The Rust `ferry` command line, in this process (its peers: `python -m ferry`)."""
+    """The Rust `ferry` command line, in this process (its peers: `python -m ferry`).
+
+    SIGINT gets its default action back first, as the Rust binary has it: Ctrl-C ends a
+    `call` at once, and a server (`serve`, `serve-weights`) installs its own handler and
+    stops cleanly (status 0). Python's handler would instead raise KeyboardInterrupt once
+    the command returned, and the interpreter would then end itself by SIGINT."""
+    import signal
+
     from ._native import main as native_main
 
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     return native_main(["ferry", *argv], sys.executable, ["-m", "ferry"])
 
 

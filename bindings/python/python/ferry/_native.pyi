@@ -181,7 +181,6 @@ class Listener:
 def listen(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Listener: ...
 def connect(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Pipe: ...
 def dtypes() -> list[tuple[str, str, int]]: ...
-
 def main(argv: list[str], program: str | os.PathLike[str], prefix: list[str]) -> int:
     """Runs the `ferry` command line `argv` (program name first) in this process; returns its
     exit status. `program prefix...` starts another copy (the benchmark's peers)."""
@@ -192,7 +191,7 @@ class StoreServer:
 
     def __new__(
         cls,
-        addr: str = "unix:ferry-weights",
+        addr: str = ...,
         files: list[str | os.PathLike[str]] = ...,
         *,
         name: str | None = None,
