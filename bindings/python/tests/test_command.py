@@ -117,3 +117,23 @@ def test_ferry_bench_starts_its_peer_through_python_m_ferry() -> None:
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     peer_rows = [row for row in rows if row["backend"] == "local"]
     assert any(row["case"] == "rtt-64B" for row in peer_rows), rows
+
+
+@pytest.mark.parametrize(
+    ("argv", "app"),
+    [
+        (["serve", "tests.apps:app", "unix:x"], True),
+        (["serve", "--app-dir", ".", "mod.sub:app"], True),
+        (["serve", "tests.apps", "unix:x"], True),
+        (["serve"], False),
+        (["serve", "unix:x"], False),
+        (["serve", "--api", "conformance", "unix:x"], False),
+        (["serve", "unix:x", "--http", "localhost:8080"], False),
+        (["serve", "--http", "127.0.0.1:0", "quic://127.0.0.1:0"], False),
+        (["call", "unix:x", "add"], False),
+    ],
+)
+def test_serve_tells_a_python_app_from_the_native_command(argv: list[str], app: bool) -> None:
+    from ferry.__main__ import _serves_app
+
+    assert _serves_app(argv) is app

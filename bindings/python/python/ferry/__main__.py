@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from ._app import App
@@ -43,15 +44,27 @@ _ADDRESS_SCHEMES = ("unix", "quic", "http", "https", "tcp")
 
 
 def _serves_app(argv: list[str]) -> bool:
-    """Whether `argv` serves a Python app: `serve` followed by MODULE:ATTRIBUTE (the first
-    argument that is not an option) whose module is not an address scheme."""
+    """Whether `argv` serves a Python app: `serve`, then an argument MODULE:ATTRIBUTE
+    (dotted names, MODULE not an address scheme), or a first argument that is neither an
+    option nor an address (what should have been MODULE:ATTRIBUTE: `main` says so). The
+    rest (`ferry serve [ADDR] --api conformance ...`) is the native `ferry serve`."""
     if not argv or argv[0] != "serve":
         return False
-    first = next((a for a in argv[1:] if not a.startswith("-")), None)
-    if first is None:
-        return False
-    module, sep, attr = first.partition(":")
-    return bool(sep and module and attr) and module not in _ADDRESS_SCHEMES and "/" not in module
+    for a in argv[1:]:
+        module, sep, attr = a.partition(":")
+        if (
+            sep
+            and module not in _ADDRESS_SCHEMES
+            and _DOTTED.fullmatch(module)
+            and _DOTTED.fullmatch(attr)
+        ):
+            return True
+    first = argv[1] if len(argv) > 1 else "-"
+    scheme, sep, _ = first.partition(":")
+    return not first.startswith("-") and not (sep and scheme in _ADDRESS_SCHEMES)
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def _native_command(argv: list[str]) -> int:
