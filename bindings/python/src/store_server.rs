@@ -23,7 +23,7 @@ enum Ended {
 }
 
 /// A tensor store served in the background: made (and `files` published as bundle `name`)
-/// and bound by the constructor, served until [`StoreServer::stop`] (or until it is
+/// and bound by the constructor, served until its `stop` (or until it is
 /// garbage collected).
 #[pyclass(frozen, module = "ferry._native")]
 pub struct StoreServer {
