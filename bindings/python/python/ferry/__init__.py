@@ -30,6 +30,8 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 - `open_weights`, `open_bundle`, `Bundle`: versioned weight bundles from a ferry tensor
   store (`ferry serve-weights`), zero-copy numpy or torch; `TensorRef`: a tensor a server
   keeps (`ferry_client.refs`). Both from `ferry_client`.
+- `StoreServer`, `serve_weights`: host a tensor store (`ferry serve-weights`) from Python.
+- The `ferry` command (also `python -m ferry`): every subcommand of the Rust binary.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from .errors import (
     ResultError,
     RpcError,
 )
+from ._store_server import StoreServer, serve_weights
 
 __all__ = [
     "AnyTensor",
@@ -74,6 +77,7 @@ __all__ = [
     "Refused",
     "ResultError",
     "RpcError",
+    "StoreServer",
     "TensorRef",
     "__version__",
     "connect",
@@ -84,5 +88,6 @@ __all__ = [
     "open_bundle",
     "open_weights",
     "rpc_errors",
+    "serve_weights",
     "spawn",
 ]
