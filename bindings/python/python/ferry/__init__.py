@@ -45,6 +45,7 @@ from ._native import __version__
 from ._pipe import Listener, Pipe, connect, listen
 from ._schema import AnyTensor, NDArray
 from ._spawn import spawn
+from ._store_server import StoreServer, serve_weights
 from .errors import (
     CallTimeout,
     ConnectionClosed,
@@ -56,7 +57,6 @@ from .errors import (
     ResultError,
     RpcError,
 )
-from ._store_server import StoreServer, serve_weights
 
 __all__ = [
     "AnyTensor",
