@@ -250,6 +250,7 @@ class Client:
         as_torch: bool,
     ) -> Pending: ...
     def close(self) -> None: ...
+
 def main(argv: list[str], program: str | os.PathLike[str], prefix: list[str]) -> int:
     """Runs the `ferry` command line `argv` (program name first) in this process; returns its
     exit status. `program prefix...` starts another copy (the benchmark's peers)."""
