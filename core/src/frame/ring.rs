@@ -79,7 +79,14 @@ pub(crate) struct RingRead {
     nudged: bool,
     /// Packed message records are allowed (the feature was agreed).
     packed: bool,
-    /// What this reader's waits taught the wait policy ([`spin::decide`]).
+    /// The wait policy's state (boxed: the reader is moved between its task and blocking
+    /// callers, and stays small).
+    wait: Box<RingWait>,
+}
+
+/// A ring reader's state for the wait policy ([`spin::decide`]).
+struct RingWait {
+    /// What its waits taught the policy.
     history: SpinHistory,
     /// When the reader task's last spin began, having missed (its wait goes on behind the
     /// doorbell, and is recorded when that ends).
@@ -90,8 +97,7 @@ impl RingRead {
     pub(crate) fn new(rx: Receiver, packed: bool) -> RingRead {
         RingRead {
             packed,
-            history: SpinHistory::new(rx.spin_max()),
-            missed_at: None,
+            wait: Box::new(RingWait { history: SpinHistory::new(rx.spin_max()), missed_at: None }),
             rx,
             record: Vec::new(),
             at: 0,
@@ -109,7 +115,7 @@ impl RingRead {
         let mut polls = 0u32;
         loop {
             if self.rx.has_data() {
-                self.history.record(Waited::Spun(start.elapsed()));
+                self.wait.history.record(Waited::Spun(start.elapsed()));
                 return true;
             }
             std::hint::spin_loop();
@@ -127,21 +133,21 @@ impl RingRead {
             return Ok(WaitEnd::Data);
         }
         let start = Instant::now();
-        if let Spin::Poll(d) = spin::decide_alone(self.history.window(), &self.history, start)
+        if let Spin::Poll(d) = spin::decide_alone(self.wait.history.window(), &self.wait.history, start)
             && self.spin_for(d, start, Some(until))
         {
             return Ok(WaitEnd::Data);
         }
         let end = self.rx.sleep_for_data(until);
-        self.history.record(Waited::Slept(start.elapsed()));
+        self.wait.history.record(Waited::Slept(start.elapsed()));
         end
     }
 
     /// The reader task's wait behind the doorbell ended: its history learns how long the
     /// whole wait took, from its missed spin on.
     fn woke(&mut self) {
-        if let Some(t) = self.missed_at.take() {
-            self.history.record(Waited::Slept(t.elapsed()));
+        if let Some(t) = self.wait.missed_at.take() {
+            self.wait.history.record(Waited::Slept(t.elapsed()));
         }
     }
 
@@ -506,7 +512,7 @@ impl FrameReader {
             return false;
         }
         let start = Instant::now();
-        let learned = ring.history.learned();
+        let learned = ring.wait.history.learned();
         let spin = spin::decide(SpinInputs {
             window,
             armed,
@@ -520,7 +526,7 @@ impl FrameReader {
         if ring.spin_for(d, start, None) {
             return true;
         }
-        ring.missed_at = Some(start);
+        ring.wait.missed_at = Some(start);
         false
     }
 }
