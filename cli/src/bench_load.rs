@@ -29,7 +29,8 @@ impl Burners {
         }
         let mut v = Vec::with_capacity(n);
         for i in 0..n {
-            let (p, _) = start_child(exe, &["__burn"], "burning").with_context(|| format!("starting CPU burner {i}"))?;
+            let (p, _) =
+                start_child(exe, &["__burn"], "burning").with_context(|| format!("starting CPU burner {i}"))?;
             v.push(p);
         }
         Ok(Burners(v))
