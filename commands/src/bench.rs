@@ -214,7 +214,6 @@ pub(crate) struct ChildProcess(Child);
 
 impl ChildProcess {
     /// The process id.
-    #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn id(&self) -> u32 {
         self.0.id()
     }

@@ -66,6 +66,10 @@ enum Cmd {
         /// result of this size; this size sent after 1,000 small messages); 0: skip them.
         #[arg(long, default_value_t = 1024)]
         shm_memory_mib: u64,
+        /// Measure on a busy machine: start N CPU burners (processes spinning at the default
+        /// priority) beside the benchmark, killed when it ends. At most 256.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        load: usize,
     },
     /// Serve the demo JSON-RPC API (add, echo, create_tensor, sum, matmul, sleep, weights,
     /// describe, whoami; tasks; rpc.discover) to ferry clients and plain JSON-RPC clients.
@@ -265,6 +269,9 @@ enum Cmd {
         #[arg(long)]
         full: bool,
     },
+    /// Internal: a CPU burner of `ferry bench --load`.
+    #[command(name = "__burn", hide = true)]
+    Burn,
     /// Internal: the benchmark's echo peer.
     #[command(name = "__echo", hide = true)]
     Echo {
@@ -381,6 +388,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                 json,
                 no_rpc,
                 shm_memory_mib,
+                load,
             } => {
                 let opts = BenchOptions {
                     shape,
@@ -394,6 +402,17 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                     progress: !json,
                 };
                 let exe = self_exe.clone();
+                // Kept to the end of this arm: dropping it kills the burners.
+                let burners = crate::bench_load::Burners::start(&exe, load)?;
+                if !burners.is_empty() {
+                    let say = format!(
+                        "under load: {} CPU burners (nice 0, pids {:?}) spin beside the benchmark on {} CPUs",
+                        burners.len(),
+                        burners.ids(),
+                        ferry_core::spin::load::cpus()
+                    );
+                    if json { eprintln!("{say}") } else { println!("{say}") }
+                }
                 // `--only shm-memory`: those rows alone.
                 let memory_only = !opts.only.is_empty() && opts.only.iter().all(|o| o == "shm-memory");
                 if !memory_only {
@@ -575,6 +594,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                 Ok(())
             }
             Cmd::Echo { addr } => bench::echo_peer(&addr).await,
+            Cmd::Burn => crate::bench_load::burn(),
             #[cfg(all(feature = "shm", target_os = "linux"))]
             Cmd::ShmMemoryPeer { addr } => crate::bench_shm_memory::peer(&addr).await,
             #[cfg(not(all(feature = "shm", target_os = "linux")))]

@@ -25,6 +25,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod bench;
+pub mod bench_load;
 #[cfg(feature = "rpc")]
 pub mod bench_rpc;
 #[cfg(all(feature = "shm", target_os = "linux"))]
