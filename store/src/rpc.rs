@@ -125,6 +125,7 @@ pub fn error(e: StoreError) -> ErrorObject {
             err
         }
         e @ StoreError::DigestMismatch { .. } => ErrorObject::invalid_params("expect_digest", e.to_string()),
+        e @ StoreError::Stale { .. } => ErrorObject::invalid_params("base", e.to_string()),
         StoreError::Invalid(m) => ErrorObject::invalid_params("", m),
         e @ StoreError::Io(_) => ErrorObject::internal(e),
     }
