@@ -30,18 +30,20 @@
 //!   reference's placement, the policy and the budgets, and declare a schedule.
 
 mod bucket;
+pub mod delta;
 mod device;
 mod manifest;
 mod placed;
 pub mod placement;
 mod refs;
+pub mod replica;
 pub mod rpc;
 mod share;
 mod store;
 pub mod weights;
 
 pub use device::{DeviceView, device_slice, plan_layout};
-pub use manifest::{Columns, Entry};
+pub use manifest::{Columns, Entry, tree_digest};
 pub use placed::{DeviceTierOptions, PlacedRefs, PlacementOptions, RefState, policy as placement_policy};
 #[cfg(feature = "cuda")]
 pub use refs::device_or_shared_copy;

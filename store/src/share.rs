@@ -74,11 +74,12 @@ impl Store {
         metadata: Value,
         by: Owner,
     ) -> Result<Version, StoreError> {
-        let prev = self.open(name, Some(base))?;
-        let latest = self.open(name, None).ok().map(|v| v.manifest().version);
-        if latest != Some(base) {
-            return Err(StoreError::Stale { name: name.to_owned(), base, latest });
-        }
+        let prev = self.open(name, None).ok().filter(|v| v.manifest().version == base);
+        let prev = prev.ok_or_else(|| StoreError::Stale {
+            name: name.to_owned(),
+            base,
+            latest: self.open(name, None).ok().map(|v| v.manifest().version),
+        })?;
         let mut changed: HashMap<String, Tensor> = changed.into_iter().collect();
         let mut tensors = Vec::new();
         let mut sources = Vec::new();

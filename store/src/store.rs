@@ -206,12 +206,18 @@ pub(crate) struct State {
 impl State {
     /// Forgets superseded versions nothing holds: an old version is kept while one of its
     /// buckets lives apart from the latest version's and the kept bases' (a bucket it
-    /// shares with them is counted with them).
-    fn prune(&mut self) {
+    /// shares with them is counted with them), or, among the last `recent` versions, while
+    /// all of its buckets live (so that it can still be opened).
+    fn prune(&mut self, recent: usize) {
         for slot in self.bundles.values_mut() {
             let current: HashSet<usize> =
                 slot.latest.iter().chain(&slot.bases).flat_map(|v| v.buckets.iter().map(Bucket::key)).collect();
-            slot.old.retain(|o| o.buckets.iter().any(|b| b.live_bytes().is_some() && !current.contains(&b.key())));
+            let newest = slot.next;
+            slot.old.retain(|o| {
+                o.buckets.iter().any(|b| b.live_bytes().is_some() && !current.contains(&b.key()))
+                    || (o.manifest.version + recent as u64 >= newest
+                        && o.buckets.iter().all(|b| b.live_bytes().is_some()))
+            });
         }
         self.bundles.retain(|_, s| s.latest.is_some() || !s.old.is_empty() || !s.bases.is_empty());
     }
@@ -275,7 +281,7 @@ impl Store {
     /// Bytes of live buckets (latest versions, superseded ones readers hold, builders).
     pub fn used_bytes(&self) -> u64 {
         let mut st = lock(&self.state);
-        st.prune();
+        st.prune(self.opts.delta_history);
         st.used()
     }
 
@@ -298,10 +304,18 @@ impl Store {
         }
     }
 
+    /// The manifest of version `n` of `name` if the store remembers it
+    /// ([`StoreOptions::delta_history`]), whether or not its storage lives.
+    pub(crate) fn remembered(&self, name: &str, n: u64) -> Option<Arc<Manifest>> {
+        let st = lock(&self.state);
+        let slot = st.bundles.get(name)?;
+        slot.latest.iter().map(|v| &v.manifest).chain(slot.history.iter()).find(|m| m.version == n).cloned()
+    }
+
     /// Every bundle with a latest version or held versions, by name.
     pub fn list(&self) -> BTreeMap<String, BundleStatus> {
         let mut st = lock(&self.state);
-        st.prune();
+        st.prune(self.opts.delta_history);
         st.bundles
             .iter()
             .map(|(n, s)| {
@@ -319,7 +333,7 @@ impl Store {
         if let Some(v) = slot.latest.take() {
             slot.old.push(Old { buckets: v.buckets.iter().map(Bucket::downgrade).collect(), manifest: v.manifest });
         }
-        st.prune();
+        st.prune(self.opts.delta_history);
         Ok(())
     }
 
@@ -347,7 +361,7 @@ impl Store {
         } else {
             drop(dropped);
         }
-        lock(&self.state).prune();
+        lock(&self.state).prune(self.opts.delta_history);
         n
     }
 
@@ -393,7 +407,7 @@ impl Store {
         if let Some(slot) = st.bundles.get(name) {
             check_owner(name, slot, by)?;
         }
-        st.prune();
+        st.prune(self.opts.delta_history);
         let mut used = st.used();
         if used.saturating_add(bytes) > self.opts.budget_bytes && st.bundles.values().any(|s| !s.bases.is_empty()) {
             // The versions kept only for deltas go first (readers keep what they hold).
@@ -401,7 +415,7 @@ impl Store {
             drop(st);
             drop(bases);
             st = lock(&self.state);
-            st.prune();
+            st.prune(self.opts.delta_history);
             used = st.used();
         }
         if used.saturating_add(bytes) > self.opts.budget_bytes {
@@ -482,7 +496,7 @@ impl Store {
         // 0.2 s per GiB): not on the publisher's time.
         // (Where readers still hold it, dropping it here only counts down: no thread.)
         free_later(prev.into_iter().collect());
-        lock(&self.state).prune();
+        lock(&self.state).prune(self.opts.delta_history);
         if self.opts.digest {
             let for_hash = v.clone();
             let read2 = read.clone();
