@@ -99,7 +99,7 @@ pub(crate) fn digest<'a>(tensors: impl Iterator<Item = (&'a Entry, &'a [u8])>) -
 /// The tree digest of a version: BLAKE3 over `ferry-tree-v1`, then, for every tensor in
 /// byte order of the names, its name, dtype name and dims (each preceded by its length or
 /// count as a u64 little-endian, each dim a u64) and its 32-byte digest (BLAKE3 of its
-/// bytes). Unlike [`digest`] it is checked from the tensors' digests alone, so a reader
+/// bytes). Unlike the bundle digest (PROTOCOL.md §20) it is checked from the tensors' digests alone, so a reader
 /// that applied a delta verifies the version by hashing only the tensors that changed,
 /// and can hash them in parallel. Written `blake3:<64 hex digits>`.
 pub fn tree_digest(entries: &[Entry], digests: &[[u8; 32]]) -> String {

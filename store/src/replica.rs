@@ -50,6 +50,9 @@ pub enum DeltaError {
     NotInPlace(String),
 }
 
+/// A held tensor: name, dtype, shape and the BLAKE3 digest of its bytes.
+pub type HeldTensor = (String, DType, Vec<u64>, [u8; 32]);
+
 /// What a copy of a version holds: its identity and each tensor's dtype, shape and digest.
 #[derive(Debug, Clone, Default)]
 pub struct Held {
@@ -64,7 +67,7 @@ pub struct Held {
     /// Its metadata.
     pub metadata: Value,
     /// Each tensor: name, dtype, shape and BLAKE3 digest of its bytes, in the order published.
-    pub tensors: Vec<(String, DType, Vec<u64>, [u8; 32])>,
+    pub tensors: Vec<HeldTensor>,
 }
 
 impl Held {
@@ -140,8 +143,7 @@ pub fn apply(delta: &Delta, target: &mut dyn DeltaTarget) -> Result<Applied, Del
     if delta.base.is_some() && (delta.base != held.version || delta.base_tree != held.tree) {
         return Err(DeltaError::Base { got: desc(delta.base, &delta.base_tree), held: desc(held.version, &held.tree) });
     }
-    let by_name: HashMap<&str, &(String, DType, Vec<u64>, [u8; 32])> =
-        held.tensors.iter().map(|t| (t.0.as_str(), t)).collect();
+    let by_name: HashMap<&str, &HeldTensor> = held.tensors.iter().map(|t| (t.0.as_str(), t)).collect();
     let mut seen = HashSet::new();
     let mut steps = Vec::with_capacity(delta.tensors.len());
     let mut digests = Vec::with_capacity(delta.tensors.len());
