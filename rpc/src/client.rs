@@ -337,6 +337,12 @@ impl Client {
         self.call("ferry.task.cancel", &json!({ "task": task })).await
     }
 
+    /// Why the connection ended (the server's CLOSE reason, or how the stream ended), once
+    /// it has; `None` while it is open.
+    pub fn close_reason(&self) -> Option<PipeError> {
+        self.shared.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Closes the pipe; calls waiting fail with [`CallError::Closed`].
     pub async fn close(&self) {
         self.shared.pipe.close().await;

@@ -45,6 +45,7 @@ use crate::{Receiver, RingError, WaitEnd};
 use ferry_core::frame::{
     Frame, FrameKind, FramePrefix, LinkRead, PREFIX_LEN, Received, SocketReader, WaitSpin, aligned_copy,
 };
+use ferry_core::spin::{self, Spin, SpinHistory, SpinInputs, Waited};
 use ferry_core::wire::Limits;
 use ferry_core::{PipeError, ProtocolError};
 pub use provider::{RingExt, RingLink};
@@ -83,12 +84,25 @@ pub(crate) struct RingRead {
     nudged: bool,
     /// Packed message records are allowed (the feature was agreed).
     packed: bool,
+    /// The wait policy's state (boxed: the reader is moved between its task and blocking
+    /// callers, and stays small).
+    wait: Box<RingWait>,
+}
+
+/// A ring reader's state for the wait policy ([`spin::decide`]).
+struct RingWait {
+    /// What its waits taught the policy.
+    history: SpinHistory,
+    /// When the reader task's last spin began, having missed (its wait goes on behind the
+    /// doorbell, and is recorded when that ends).
+    missed_at: Option<Instant>,
 }
 
 impl RingRead {
     pub(crate) fn new(rx: Receiver, packed: bool) -> RingRead {
         RingRead {
             packed,
+            wait: Box::new(RingWait { history: SpinHistory::new(rx.spin_max()), missed_at: None }),
             rx,
             record: Vec::new(),
             at: 0,
@@ -96,6 +110,49 @@ impl RingRead {
             socket_ended: false,
             divert_taken: false,
             nudged: false,
+        }
+    }
+
+    /// Polls the ring for a record for up to `d` from `start` (and not past `until`); true
+    /// when one came (the history learns it).
+    fn spin_for(&mut self, d: Duration, start: Instant, until: Option<Instant>) -> bool {
+        let end = until.map_or(start + d, |u| u.min(start + d));
+        let mut polls = 0u32;
+        loop {
+            if self.rx.has_data() {
+                self.wait.history.record(Waited::Spun(start.elapsed()));
+                return true;
+            }
+            std::hint::spin_loop();
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(32) && Instant::now() >= end {
+                return false;
+            }
+        }
+    }
+
+    /// A blocking caller's wait for a record until `until`: the wait policy's spin (when
+    /// [`spin::decide_alone`] allows one), then the ring's futex at once.
+    fn wait(&mut self, until: Instant) -> Result<WaitEnd, RingError> {
+        if self.rx.has_data() {
+            return Ok(WaitEnd::Data);
+        }
+        let start = Instant::now();
+        if let Spin::Poll(d) = spin::decide_alone(self.wait.history.window(), &self.wait.history, start)
+            && self.spin_for(d, start, Some(until))
+        {
+            return Ok(WaitEnd::Data);
+        }
+        let end = self.rx.sleep_for_data(until);
+        self.wait.history.record(Waited::Slept(start.elapsed()));
+        end
+    }
+
+    /// The reader task's wait behind the doorbell ended: its history learns how long the
+    /// whole wait took, from its missed spin on.
+    fn woke(&mut self) {
+        if let Some(t) = self.wait.missed_at.take() {
+            self.wait.history.record(Waited::Slept(t.elapsed()));
         }
     }
 
@@ -248,6 +305,7 @@ impl RingRead {
             let got = s.read_frame().await.and_then(doorbell_or_frame);
             let ring = &mut *self;
             ring.rx.disarm();
+            ring.woke();
             match got {
                 Ok(f) if f.kind == FrameKind::Ring => {}
                 Ok(f) => {
@@ -290,7 +348,7 @@ impl RingRead {
                 let end = if std::mem::take(&mut ring.nudged) {
                     WaitEnd::Nudged
                 } else {
-                    ring.rx.wait_for_data(until).map_err(ring_error)?
+                    ring.wait(until).map_err(ring_error)?
                 };
                 match end {
                     WaitEnd::Data => return Ok(true),
@@ -362,7 +420,7 @@ impl RingRead {
             }
             if !ring.rx.has_data() {
                 let until = slice_end(deadline)?;
-                match ring.rx.wait_for_data(until) {
+                match ring.wait(until) {
                     Ok(WaitEnd::Data) => {}
                     Ok(WaitEnd::Nudged) => {
                         ring.nudged = true;
@@ -414,6 +472,7 @@ impl RingRead {
             None => Some(fill.await),
         };
         drop(armed);
+        self.woke();
         match got {
             Some(Ok([])) => Ok(Woke::Read),
             Some(Err(e)) => Err(e.into()),
@@ -435,27 +494,33 @@ impl RingRead {
             || ring.rx.has_data()
     }
 
-    /// Polls the ring for the busy-poll window when the pipe armed busy polling; true when
-    /// a record came.
+    /// Polls the ring when the wait policy allows ([`spin::decide`]: busy polling armed by
+    /// the pipe, the machine not overloaded, the ring's history warm); true when a record
+    /// came.
     fn spin_on_ring(&mut self, s: &SocketReader) -> bool {
-        let Some(b) = s.busy_poll().filter(|b| b.armed()) else { return false };
-        let window = b.window();
-        if window.is_zero() {
+        let Some(b) = s.busy_poll() else { return false };
+        let (window, armed) = (b.window(), b.armed());
+        let ring = &mut *self;
+        if window.is_zero() || !armed {
             return false;
         }
-        let ring = &mut *self;
         let start = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            std::hint::spin_loop();
-            if ring.rx.has_data() {
-                return true;
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(64) && start.elapsed() >= window {
-                return false;
-            }
+        let learned = ring.wait.history.learned();
+        let spin = spin::decide(SpinInputs {
+            window,
+            armed,
+            learned,
+            overloaded: learned.is_some() && spin::load::overloaded_at(start),
+            others_active: false,
+            spinning: 0,
+            max_spinning: 1,
+        });
+        let Spin::Poll(d) = spin else { return false };
+        if ring.spin_for(d, start, None) {
+            return true;
         }
+        ring.wait.missed_at = Some(start);
+        false
     }
 }
 

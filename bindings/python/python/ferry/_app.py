@@ -17,10 +17,11 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 import pydantic
-from ferry_client.errors import RpcError
+from ferry_client.errors import RpcError as _AnyRpcError
 from ferry_client.refs import TensorRef
 
 from . import _native, _schema, _tensors
+from .rpc_errors import error_from_code
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,7 +88,7 @@ class Context:
         info, err = self._native.keep(out, ttl)
         if err is not None:
             code, message, data = err
-            raise RpcError(code, message, None if data is None else json.loads(data))
+            raise error_from_code(code, message, None if data is None else json.loads(data))
         assert info is not None
         return TensorRef.from_json(json.loads(info))
 
@@ -412,7 +413,7 @@ class App:
         return list(self._functions)
 
     def _failure(self, e: BaseException) -> Outcome:
-        if isinstance(e, RpcError):
+        if isinstance(e, _AnyRpcError):  # ferry.RpcError, or ferry_client's (generated clients)
             data = None if e.data is None else json.dumps(e.data, default=str)
             return (int(e.code), str(e.message), data)
         if isinstance(e, asyncio.CancelledError):

@@ -1,23 +1,28 @@
 """Type stubs of `ferry._native` (the Rust half; see bindings/python/src). Checked against
 the compiled module by `mypy.stubtest` in CI (`cargo xtask python-server`)."""
 
+import os
 from collections.abc import Callable
 from typing import Any, final
 
 __all__ = [
+    "Client",
     "Context",
     "Done",
     "FerryError",
     "Listener",
     "Message",
     "OutTensor",
+    "Pending",
     "Pipe",
     "Server",
+    "StoreServer",
     "TensorRef",
     "__version__",
     "connect",
     "dtypes",
     "listen",
+    "main",
 ]
 
 __version__: str
@@ -178,3 +183,106 @@ class Listener:
 def listen(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Listener: ...
 def connect(addr: str, *, token: str | None = None, shm_pool_mib: int | None = None) -> Pipe: ...
 def dtypes() -> list[tuple[str, str, int]]: ...
+
+_Hooks = tuple[
+    Callable[[object, Client], object],
+    Callable[[TensorRef], Any],
+    Callable[[TensorRef], Any],
+    Callable[[Any], Any],
+]
+"""`(encode, numpy, torch, tensor_ref)`: what params' non-JSON values and results' tensors
+go through (`ferry._client`)."""
+
+@final
+class Pending:
+    """An asyncio operation on the runtime."""
+
+    def cancel(self) -> None: ...
+
+@final
+class Client:
+    """The Rust JSON-RPC client (`ferry_rpc::Client`); `ferry.Client` is its face."""
+
+    @staticmethod
+    def connect(
+        addr: str,
+        hooks: _Hooks,
+        *,
+        token: str | None = None,
+        connect_timeout: float | None = None,
+        shm_pool_mib: int | None = None,
+        keepalive: float | None = None,
+    ) -> Client: ...
+    @staticmethod
+    def connect_async(
+        event_loop: Any,
+        future: Any,
+        addr: str,
+        hooks: _Hooks,
+        *,
+        token: str | None = None,
+        connect_timeout: float | None = None,
+        shm_pool_mib: int | None = None,
+        keepalive: float | None = None,
+    ) -> Pending: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def channel(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def close_reason(self) -> str | None: ...
+    def alloc(self, shape: list[int], dtype: str) -> OutTensor: ...
+    def call(self, method: str, params: object, timeout: float | None, as_torch: bool) -> Any: ...
+    def notify(self, method: str, params: object) -> None: ...
+    def batch(self, calls: object, timeout: float | None, as_torch: bool) -> Any: ...
+    def start(
+        self,
+        event_loop: Any,
+        future: Any,
+        kind: str,
+        method: str,
+        params: object,
+        timeout: float | None,
+        as_torch: bool,
+    ) -> Pending: ...
+    def close(self) -> None: ...
+
+def main(argv: list[str], program: str | os.PathLike[str], prefix: list[str]) -> int:
+    """Runs the `ferry` command line `argv` (program name first) in this process; returns its
+    exit status. `program prefix...` starts another copy (the benchmark's peers)."""
+
+@final
+class StoreServer:
+    """A tensor store (`ferry serve-weights`) served in the background by this process."""
+
+    def __new__(
+        cls,
+        addr: str = ...,
+        files: list[str | os.PathLike[str]] = ...,
+        *,
+        name: str | None = None,
+        budget_mib: int | None = None,
+        bucket_mib: int = 512,
+        digest: bool = True,
+        placement: str | None = None,
+        cpu_budget_mib: int | None = None,
+        disk_budget_mib: int | None = None,
+        disk_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        max_connections: int = 512,
+        announce: bool = False,
+    ) -> StoreServer: ...
+    @property
+    def addresses(self) -> list[str]: ...
+    @property
+    def addr(self) -> str: ...
+    @property
+    def serving(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def stop(self, timeout: float = 10.0) -> bool: ...
+    def __enter__(self) -> StoreServer: ...
+    def __exit__(self, *_exc: object) -> bool: ...

@@ -16,9 +16,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ferry_client import Client
-
 from ._app import App, _locate
+from ._client import Client
 
 
 def _die_with_parent(parent: int) -> None:
