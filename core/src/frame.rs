@@ -242,6 +242,8 @@ pub struct FrameReader {
     /// The same-host ring, once the handshake agreed on one.
     #[cfg(all(feature = "ring", target_os = "linux"))]
     ring: Option<ring::RingRead>,
+    /// The read half waited on from a blocking caller's thread, when the transport can.
+    direct: Option<Arc<dyn crate::DirectRead>>,
 }
 
 impl FrameReader {
@@ -255,6 +257,7 @@ impl FrameReader {
             frame_timeout: None,
             #[cfg(all(feature = "ring", target_os = "linux"))]
             ring: None,
+            direct: None,
         };
         r.cap_unclaimed_fds();
         r
@@ -283,6 +286,28 @@ impl FrameReader {
     pub fn with_frame_timeout(mut self, d: Option<Duration>) -> Self {
         self.frame_timeout = d;
         self
+    }
+
+    /// With the read half's direct wait ([`crate::DirectRead`]), when the transport offers
+    /// one: a blocking caller then waits for bytes on its own thread.
+    pub fn with_direct(mut self, direct: Option<Arc<dyn crate::DirectRead>>) -> Self {
+        self.direct = direct;
+        self
+    }
+
+    /// The direct wait a blocking caller uses ([`crate::DirectRead`]): only on the bare
+    /// byte stream (a ring has its own).
+    pub(crate) fn direct(&self) -> Option<&Arc<dyn crate::DirectRead>> {
+        #[cfg(all(feature = "ring", target_os = "linux"))]
+        if self.ring.is_some() {
+            return None;
+        }
+        self.direct.as_ref()
+    }
+
+    /// True when bytes of the stream are buffered here already (a frame has begun).
+    pub(crate) fn has_buffered(&self) -> bool {
+        !self.inner.buffer().is_empty()
     }
 
     /// With the connection's busy-polling control (see [`BusyPoll`]).

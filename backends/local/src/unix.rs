@@ -19,6 +19,9 @@ use tokio::net::UnixStream;
 
 use super::IpcStream;
 
+mod direct;
+use direct::Direct;
+
 /// Most descriptors one `recvmsg` can return (Linux `SCM_MAX_FD`).
 const MAX_FDS_PER_RECV: usize = 253;
 
@@ -29,6 +32,8 @@ pub(crate) struct LocalConnection {
     /// Its place among its listener's readers, for a connection it accepted
     /// ([`LocalConnection::serving`]); a connecting side never busy-polls.
     spin: Option<SpinReader>,
+    /// Its read half's direct wait ([`ferry_core::DirectRead`]).
+    direct: Arc<Direct>,
 }
 
 impl LocalConnection {
@@ -55,7 +60,8 @@ impl LocalConnection {
             same_host: true,
             handle: None,
         };
-        Ok(LocalConnection { stream: Arc::new(stream), info, spin: None })
+        let stream = Arc::new(stream);
+        Ok(LocalConnection { direct: Direct::new(stream.clone()), stream, info, spin: None })
     }
 
     /// A connection the listener of `spin` accepted: its reader may busy-poll, under that
@@ -71,6 +77,10 @@ impl Connection for LocalConnection {
         &self.info
     }
 
+    fn direct_read(&self) -> Option<Arc<dyn ferry_core::DirectRead>> {
+        Some(self.direct.clone())
+    }
+
     fn split(self: Box<Self>) -> Split {
         let fds = FdQueue::new();
         let busy = Arc::new(BusyPoll::default());
@@ -81,6 +91,7 @@ impl Connection for LocalConnection {
                 busy: busy.clone(),
                 last_data: None,
                 spin: self.spin,
+                direct: self.direct,
             }),
             liveness: Some(Arc::new(Liveness(self.stream.clone()))),
             write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
@@ -115,6 +126,8 @@ struct ReadHalf {
     last_data: Option<Instant>,
     /// See [`LocalConnection::spin`].
     spin: Option<SpinReader>,
+    /// See [`LocalConnection::direct`].
+    direct: Arc<Direct>,
 }
 
 impl ReadHalf {
@@ -192,6 +205,18 @@ fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Resu
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // A direct wait saw bytes the runtime may not have seen yet: take them now.
+        if this.direct.primed() {
+            match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
+                Ok(n) => {
+                    buf.advance(n);
+                    this.last_data = Some(Instant::now());
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => this.direct.unprime(),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
         if let Some(r) = this.spin(cx, buf) {
             return r;
         }
