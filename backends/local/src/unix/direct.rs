@@ -4,18 +4,23 @@
 //! bytes from the socket at once (`primed`), before the runtime has seen them.
 
 use std::io;
-use std::os::unix::net::UnixStream as StdUnixStream;
+use std::os::unix::net::{UnixStream, UnixStream as StdUnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_core::{DirectRead, Readiness};
 use rustix::event::{PollFd, PollFlags, Timespec};
-use tokio::net::UnixStream;
+use tokio::io::Interest;
+
+use super::Reg;
 
 /// A connection's direct wait, shared with its read half.
 pub(crate) struct Direct {
     stream: Arc<UnixStream>,
+    /// The read half's registration with the runtime, put away while a blocking caller
+    /// waits here (the runtime's thread is then not woken by the bytes it takes).
+    read: Reg<Arc<UnixStream>>,
     /// A direct wait saw the socket readable: the read half reads it before asking the
     /// runtime (cleared at the first read that finds nothing).
     primed: AtomicBool,
@@ -34,7 +39,17 @@ struct Wake {
 
 impl Direct {
     pub(crate) fn new(stream: Arc<UnixStream>) -> Arc<Self> {
-        Arc::new(Direct { stream, primed: AtomicBool::new(false), wake: Mutex::default() })
+        Arc::new(Direct {
+            read: Reg::new(Some(stream.clone()), Interest::READABLE),
+            stream,
+            primed: AtomicBool::new(false),
+            wake: Mutex::default(),
+        })
+    }
+
+    /// The read half's registration with the runtime.
+    pub(crate) fn read(&self) -> &Reg<Arc<UnixStream>> {
+        &self.read
     }
 
     /// True when the read half should read the socket before asking the runtime.
@@ -69,6 +84,7 @@ impl DirectRead for Direct {
                 }
             }
         };
+        self.read.unregister();
         loop {
             let timeout = match deadline {
                 None => None,
