@@ -89,7 +89,7 @@ fn peer_process() {
                 let sum: u64 = m.tensors.iter().flat_map(|t| t.as_bytes()).map(|b| u64::from(*b)).sum();
                 let n = m.header["i"].as_u64().unwrap();
                 drop(m);
-                let tensors = if n % 2 == 0 {
+                let tensors = if n.is_multiple_of(2) {
                     let mut t = rt.block_on(p.alloc(TensorMeta::new(DType::U8, vec![SHM_BYTES as u64]))).unwrap();
                     t.as_bytes_mut().copy_from_slice(bytes_tensor(SHM_BYTES, n as u8).as_bytes());
                     vec![t.freeze()]
@@ -115,9 +115,9 @@ async fn blocking_and_async_receivers_take_turns_in_order() {
     let n = 2000u64;
     let sender = tokio::spawn(async move {
         for i in 0..n {
-            let tensors = if i % 7 == 0 { vec![bytes_tensor(SHM_BYTES, i as u8)] } else { vec![] };
+            let tensors = if i.is_multiple_of(7) { vec![bytes_tensor(SHM_BYTES, i as u8)] } else { vec![] };
             s.send(Message::with_tensors(json!(i), tensors)).await.unwrap();
-            if i % 97 == 0 {
+            if i.is_multiple_of(97) {
                 tokio::time::sleep(Duration::from_millis(15)).await;
             }
         }
@@ -128,7 +128,7 @@ async fn blocking_and_async_receivers_take_turns_in_order() {
     while next < n {
         run += 1;
         let len = (run * 13) % 41 + 1;
-        let blocking = run % 2 == 0;
+        let blocking = run.is_multiple_of(2);
         let got: Vec<Message> = if blocking {
             let c = c.clone();
             let take = len.min(n - next);
@@ -144,12 +144,12 @@ async fn blocking_and_async_receivers_take_turns_in_order() {
         };
         for m in got {
             assert_eq!(m.header, json!(next), "in order (blocking run: {blocking})");
-            if next % 7 == 0 {
+            if next.is_multiple_of(7) {
                 check_bytes(&m.tensors[0], SHM_BYTES, next as u8);
             }
             next += 1;
         }
-        if run % 5 == 0 {
+        if run.is_multiple_of(5) {
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
     }
@@ -216,7 +216,7 @@ async fn a_blocking_caller_handles_releases_and_descriptors() {
             s2.send_blocking(Message::with_tensors(json!({"i": i}), vec![t])).unwrap();
             let m = s2.recv_blocking(LONG).unwrap();
             assert_eq!(m.header, json!({"i": i, "sum": sum}));
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 check_bytes(&m.tensors[0], SHM_BYTES, i as u8);
             } else {
                 assert!(m.tensors.is_empty());
