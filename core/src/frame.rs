@@ -16,6 +16,7 @@ use crate::tensor::ALIGN;
 use crate::transport::FdQueueRef as FdQueue;
 use crate::wire::Limits;
 
+mod direct;
 #[cfg(all(feature = "ring", target_os = "linux"))]
 mod ring;
 mod ring_api;
@@ -286,28 +287,6 @@ impl FrameReader {
     pub fn with_frame_timeout(mut self, d: Option<Duration>) -> Self {
         self.frame_timeout = d;
         self
-    }
-
-    /// With the read half's direct wait ([`crate::DirectRead`]), when the transport offers
-    /// one: a blocking caller then waits for bytes on its own thread.
-    pub fn with_direct(mut self, direct: Option<Arc<dyn crate::DirectRead>>) -> Self {
-        self.direct = direct;
-        self
-    }
-
-    /// The direct wait a blocking caller uses ([`crate::DirectRead`]): only on the bare
-    /// byte stream (a ring has its own).
-    pub(crate) fn direct(&self) -> Option<&Arc<dyn crate::DirectRead>> {
-        #[cfg(all(feature = "ring", target_os = "linux"))]
-        if self.ring.is_some() {
-            return None;
-        }
-        self.direct.as_ref()
-    }
-
-    /// True when bytes of the stream are buffered here already (a frame has begun).
-    pub(crate) fn has_buffered(&self) -> bool {
-        !self.inner.buffer().is_empty()
     }
 
     /// With the connection's busy-polling control (see [`BusyPoll`]).
