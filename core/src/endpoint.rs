@@ -383,6 +383,7 @@ async fn accept_loop(mut listener: Box<dyn Listener>, cfg: Arc<Config>, tx: mpsc
 
 fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInfo, FrameReader, FrameWriter) {
     let info = conn.info().clone();
+    let direct = conn.direct_read();
     let Split { read, write, fds, busy_poll, liveness } = conn.split();
     if let Some(b) = &busy_poll {
         b.set_window(cfg.busy_poll);
@@ -391,7 +392,8 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
     let frame_timeout = (!cfg.frame_timeout.is_zero()).then_some(cfg.frame_timeout);
     let reader = FrameReader::new(read, fds.clone(), crate::frame::HANDSHAKE_LIMITS)
         .with_busy_poll(busy_poll)
-        .with_frame_timeout(frame_timeout);
+        .with_frame_timeout(frame_timeout)
+        .with_direct(direct);
     (info, reader, FrameWriter::new(write, fds).with_liveness(liveness))
 }
 

@@ -16,6 +16,7 @@ use crate::tensor::ALIGN;
 use crate::transport::FdQueueRef as FdQueue;
 use crate::wire::Limits;
 
+mod direct;
 mod link;
 mod writer;
 #[cfg(unix)]
@@ -273,6 +274,8 @@ pub struct SocketReader {
     /// Once a frame has begun: the longest its prefix and header may take, and the longest
     /// its payload may go without a byte (none: no limit).
     frame_timeout: Option<Duration>,
+    /// The read half waited on from a blocking caller's thread, when the transport can.
+    direct: Option<Arc<dyn crate::DirectRead>>,
 }
 
 impl FrameReader {
@@ -284,6 +287,7 @@ impl FrameReader {
             limits,
             busy_poll: None,
             frame_timeout: None,
+            direct: None,
         };
         r.cap_unclaimed_fds();
         FrameReader { sock: r, link: None }

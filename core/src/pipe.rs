@@ -33,6 +33,7 @@ use crate::wire::FEATURE_COMPACT_TENSORS;
 use crate::wire::{Close, Limits, Location, TensorDesc};
 
 mod blocking;
+mod direct;
 pub mod packed;
 mod read;
 mod shared;
@@ -92,6 +93,8 @@ struct Shared {
     ring_closer: RingCloser,
     /// Whether the peer's end is closed ([`crate::PeerLiveness`]), when the transport tells.
     liveness: Option<Arc<dyn crate::PeerLiveness>>,
+    /// The reader's direct wait ([`direct`]), interrupted when the pipe closes.
+    direct: Option<Arc<dyn crate::DirectRead>>,
     /// This side closed the pipe ([`Pipe::close`]).
     closed_here: AtomicBool,
     /// The peer sent a CLOSE frame (an orderly close, not a death).
@@ -181,6 +184,7 @@ impl Pipe {
         let ring_closer = writer.ring_closer();
         let liveness = writer.liveness();
         let shared = Arc::new(Shared {
+            direct: reader.direct().cloned(),
             ring_closer,
             liveness,
             closed_here: AtomicBool::new(false),

@@ -253,6 +253,44 @@ pub trait Connection: Send + 'static {
     fn info(&self) -> &ConnInfo;
     /// Splits into read and write halves (which may be used from different tasks).
     fn split(self: Box<Self>) -> Split;
+    /// Its read half waited on from a caller's own thread, without the runtime
+    /// ([`DirectRead`]), when the transport can (a unix socket). Asked before
+    /// [`Connection::split`]; `None` by default (the read half is then only read through
+    /// the runtime).
+    fn direct_read(&self) -> Option<Arc<dyn DirectRead>> {
+        None
+    }
+}
+
+/// What a [`DirectRead::wait_readable`] ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// The read half has something to read: bytes, its end, or an error.
+    Readable,
+    /// The deadline passed first.
+    Deadline,
+    /// [`DirectRead::interrupt`] was called (now or before).
+    Interrupted,
+}
+
+/// A connection's read half, waited on from a blocking caller's own thread
+/// ([`crate::Pipe::recv_blocking`]): the kernel wakes that thread when bytes arrive, with
+/// no runtime thread woken first to pass the news on (one wake-up per message, as a plain
+/// blocking socket read costs, instead of two).
+///
+/// Contract:
+/// - [`DirectRead::wait_readable`] consumes nothing; after it says
+///   [`Readiness::Readable`], the read half's next `poll_read` takes what is there from
+///   the socket at once, even before the runtime has seen it (without this, it would wait
+///   for the runtime's I/O driver: the very wake-up this saves).
+/// - Only the one who holds the read half waits on it (the pipe hands it over).
+/// - [`DirectRead::interrupt`] ends every wait, the current one and all later ones, at once.
+pub trait DirectRead: Send + Sync + 'static {
+    /// Blocks this thread until the read half is readable, `deadline` passes (`None`: no
+    /// deadline), or the waits are interrupted.
+    fn wait_readable(&self, deadline: Option<std::time::Instant>) -> std::io::Result<Readiness>;
+    /// Ends every wait, now and later, with [`Readiness::Interrupted`] (the pipe closed).
+    fn interrupt(&self);
 }
 
 /// Accepts connections.

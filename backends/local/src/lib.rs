@@ -36,6 +36,9 @@ mod holder;
 #[cfg(windows)]
 mod sys;
 #[cfg(unix)]
+#[path = "sys/unix.rs"]
+mod sys;
+#[cfg(unix)]
 mod unix;
 #[cfg(windows)]
 mod windows;

@@ -14,10 +14,17 @@ use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
     SendFlags,
 };
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
-use tokio::net::UnixStream;
 
 use super::IpcStream;
+
+mod direct;
+mod reg;
+use direct::Direct;
+use reg::Reg;
 
 /// Most descriptors one `recvmsg` can return (Linux `SCM_MAX_FD`).
 const MAX_FDS_PER_RECV: usize = 253;
@@ -29,11 +36,13 @@ pub(crate) struct LocalConnection {
     /// Its place among its listener's readers, for a connection it accepted
     /// ([`LocalConnection::serving`]); a connecting side never busy-polls.
     spin: Option<SpinReader>,
+    /// Its read half's direct wait ([`ferry_core::DirectRead`]).
+    direct: Arc<Direct>,
 }
 
 impl LocalConnection {
     pub(crate) fn new(stream: IpcStream, addr: &Address, allow_any_user: bool) -> Result<Self, TransportError> {
-        let stream: UnixStream = match stream {
+        let stream: tokio::net::UnixStream = match stream {
             IpcStream::UdSocket(s) => s.into(),
         };
         let cred = stream.peer_cred().map_err(|e| TransportError::Io(Arc::new(e)))?;
@@ -55,7 +64,9 @@ impl LocalConnection {
             same_host: true,
             handle: None,
         };
-        Ok(LocalConnection { stream: Arc::new(stream), info, spin: None })
+        // Out of the runtime's hands: each half registers what it waits for itself ([`reg`]).
+        let stream = Arc::new(stream.into_std().map_err(|e| TransportError::Io(Arc::new(e)))?);
+        Ok(LocalConnection { direct: Direct::new(stream.clone()), stream, info, spin: None })
     }
 
     /// A connection the listener of `spin` accepted: its reader may busy-poll, under that
@@ -71,6 +82,10 @@ impl Connection for LocalConnection {
         &self.info
     }
 
+    fn direct_read(&self) -> Option<Arc<dyn ferry_core::DirectRead>> {
+        Some(self.direct.clone())
+    }
+
     fn split(self: Box<Self>) -> Split {
         let fds = FdQueue::new();
         let busy = Arc::new(BusyPoll::default());
@@ -81,9 +96,14 @@ impl Connection for LocalConnection {
                 busy: busy.clone(),
                 last_data: None,
                 spin: self.spin,
+                direct: self.direct,
             }),
             liveness: Some(Arc::new(Liveness(self.stream.clone()))),
-            write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone() }),
+            write: Box::new(WriteHalf {
+                stream: self.stream,
+                fds: fds.clone(),
+                reg: Reg::new(None, Interest::WRITABLE),
+            }),
             fds: Some(fds),
             busy_poll: Some(busy),
         }
@@ -115,6 +135,8 @@ struct ReadHalf {
     last_data: Option<Instant>,
     /// See [`LocalConnection::spin`].
     spin: Option<SpinReader>,
+    /// See [`LocalConnection::direct`].
+    direct: Arc<Direct>,
 }
 
 impl ReadHalf {
@@ -192,35 +214,42 @@ fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Resu
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(r) = this.spin(cx, buf) {
-            return r;
-        }
-        loop {
-            ready!(this.stream.poll_read_ready(cx))?;
-            let dst = recv_room(buf);
-            match this.stream.try_io(Interest::READABLE, || recv_with_fds(&this.stream, dst, &this.fds)) {
+        // A direct wait saw bytes the runtime may not have seen yet: take them now.
+        if this.direct.primed() {
+            match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
                 Ok(n) => {
                     buf.advance(n);
                     this.last_data = Some(Instant::now());
-                    if let Some(r) = &this.spin {
-                        r.received();
-                    }
                     return Poll::Ready(Ok(()));
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => this.direct.unprime(),
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
+        if let Some(r) = this.spin(cx, buf) {
+            return r;
+        }
+        let dst = recv_room(buf);
+        let (stream, fds) = (&this.stream, &this.fds);
+        let n = ready!(this.direct.read().poll_io(cx, || Ok(Arc::clone(stream)), || recv_with_fds(stream, dst, fds)))?;
+        buf.advance(n);
+        this.last_data = Some(Instant::now());
+        if let Some(r) = &this.spin {
+            r.received();
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
 struct WriteHalf {
     stream: Arc<UnixStream>,
     fds: Arc<FdQueue>,
+    /// Registered for room alone, on a duplicate of the socket, when a write first has to
+    /// wait for room (most never do).
+    reg: Reg<OwnedFd>,
 }
 
-fn send_with_fds(stream: &UnixStream, src: &[u8], fds: &[std::os::fd::OwnedFd]) -> io::Result<usize> {
-    use std::os::fd::AsFd;
+fn send_with_fds(stream: &UnixStream, src: &[u8], fds: &[OwnedFd]) -> io::Result<usize> {
     if fds.is_empty() {
         return Ok(rustix::net::send(stream, src, SendFlags::NOSIGNAL)?);
     }
@@ -236,19 +265,24 @@ fn send_with_fds(stream: &UnixStream, src: &[u8], fds: &[std::os::fd::OwnedFd]) 
 impl AsyncWrite for WriteHalf {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, src: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        loop {
-            ready!(this.stream.poll_write_ready(cx))?;
-            let fds = this.fds.take_outgoing();
-            match this.stream.try_io(Interest::WRITABLE, || send_with_fds(&this.stream, src, &fds)) {
-                // The kernel now holds the descriptors; ours are closed as `fds` drops.
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    this.fds.restore_outgoing(fds);
-                    continue;
-                }
-                Err(e) => return Poll::Ready(Err(e)),
+        let (stream, queue) = (&this.stream, &this.fds);
+        let send = || {
+            let fds = queue.take_outgoing();
+            let r = send_with_fds(stream, src, &fds);
+            if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+                // Not sent: they go with the next try (the kernel holds those of a send
+                // that went; ours are closed as `fds` drops).
+                queue.restore_outgoing(fds);
             }
+            r
+        };
+        // Straight to the socket: room is the rule, and the runtime is asked only when
+        // there is none.
+        match send() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return Poll::Ready(r),
         }
+        this.reg.poll_io(cx, || stream.as_fd().try_clone_to_owned(), send)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -205,7 +205,9 @@ impl Pipe {
         let shared = &*self.shared;
         // A packed message within the first slice is read here, with no future at all.
         let control = |frame| read::control_frame(shared, frame);
-        let now = reader.packed_now(deadline, control, |record| read::unpack(shared, record));
+        let now = self
+            .recv_direct(&mut reader, deadline, timed_out)
+            .or_else(|| reader.packed_now(deadline, control, |record| read::unpack(shared, record)));
         let got = now.unwrap_or_else(|| {
             self.run_here(async {
                 loop {
@@ -315,7 +317,7 @@ impl Pipe {
     /// blocking round trip's CPU time, measured): a future that ends at its first poll
     /// (a write into the ring, a record already there) costs a poll and a context switch
     /// of a thread-local.
-    fn run_here<F: Future>(&self, f: F) -> F::Output {
+    pub(super) fn run_here<F: Future>(&self, f: F) -> F::Output {
         let _context = self.handle.enter();
         let mut f = std::pin::pin!(f);
         THREAD_WAKER.with(|waker| {

@@ -66,6 +66,9 @@ impl Shared {
         drop(slot);
         self.closed.store(true, Ordering::Release);
         self.ring_closer.close();
+        if let Some(d) = &self.direct {
+            d.interrupt();
+        }
         if !self.closed_tx.send_replace(true) {
             for s in self.sessions.values() {
                 s.close();

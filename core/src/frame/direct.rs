@@ -1,0 +1,29 @@
+//! The frame reader's side of a blocking caller's direct wait ([`crate::DirectRead`],
+//! used by `crate::pipe::direct`).
+
+use std::sync::Arc;
+
+use super::FrameReader;
+
+impl FrameReader {
+    /// With the read half's direct wait ([`crate::DirectRead`]), when the transport offers
+    /// one: a blocking caller then waits for bytes on its own thread.
+    pub fn with_direct(mut self, direct: Option<Arc<dyn crate::DirectRead>>) -> Self {
+        self.sock.direct = direct;
+        self
+    }
+
+    /// The direct wait a blocking caller uses ([`crate::DirectRead`]): only on the bare
+    /// byte stream (a link such as the ring has its own).
+    pub(crate) fn direct(&self) -> Option<&Arc<dyn crate::DirectRead>> {
+        if self.link.is_some() {
+            return None;
+        }
+        self.sock.direct.as_ref()
+    }
+
+    /// True when bytes of the stream are buffered here already (a frame has begun).
+    pub(crate) fn has_buffered(&self) -> bool {
+        !self.sock.inner.buffer().is_empty()
+    }
+}

@@ -1,0 +1,65 @@
+//! A blocking caller's reads on a bare socket (issue 45, point 2): the socket path as lean
+//! as the socket.
+//!
+//! Without a ring, [`Pipe::recv_blocking`] used to wait for the socket through the runtime:
+//! the runtime's I/O driver (a worker thread asleep in `epoll_wait`) woke first and then
+//! woke the caller, two wake-ups where a plain blocking read costs one. When the transport
+//! offers a direct wait ([`crate::DirectRead`]: a unix socket), the caller that holds the
+//! pipe's reader (the hand-over of [`super::blocking`]: the reader task gives it up between
+//! frames) waits for the socket on its own thread instead, and reads the frame at once.
+//!
+//! - **What it reads.** Every frame, as the reader task would: a MESSAGE ends the call,
+//!   CONTROL frames (shm leases and releases) go to their session on the way, a CLOSE or
+//!   the socket's end closes the pipe ([`read::handle_frame`], the task's own code).
+//! - **Waits.** Only at a frame boundary with nothing buffered does the caller wait
+//!   directly, bounded by its deadline; a frame that has begun is read through the runtime
+//!   (its bytes are coming: the frame time limit applies as in the task).
+//! - **Close.** Closing the pipe interrupts a direct wait ([`crate::DirectRead::interrupt`]
+//!   from [`super::Shared::mark_closed`]): the call ends with the pipe's error at once.
+//! - **Hand-back.** The reader goes back to the slot as after any blocking call; whatever
+//!   the caller did not read stays in the socket (or the reader's buffer) for the next
+//!   holder, in order.
+
+use std::time::Instant;
+
+use crate::error::PipeError;
+use crate::frame::FrameReader;
+use crate::message::Message;
+use crate::transport::Readiness;
+
+use super::{Pipe, read};
+
+impl Pipe {
+    /// [`Pipe::recv_blocking`]'s read when `reader` reads a bare socket with a direct wait:
+    /// frames until a message, on this thread. `None`: no direct wait here (a ring, or a
+    /// transport without one); the caller waits the other way.
+    pub(super) fn recv_direct(
+        &self,
+        reader: &mut FrameReader,
+        deadline: Option<Instant>,
+        timed_out: impl Fn() -> PipeError,
+    ) -> Option<Result<Message, PipeError>> {
+        let direct = reader.direct()?.clone();
+        let shared = &*self.shared;
+        Some(loop {
+            if !reader.has_buffered() {
+                match direct.wait_readable(deadline) {
+                    Ok(Readiness::Readable) => {}
+                    Ok(Readiness::Deadline) => break Err(timed_out()),
+                    Ok(Readiness::Interrupted) => break Err(shared.closed_error()),
+                    Err(e) => break Err(e.into()),
+                }
+            }
+            // The bytes are there: a small frame is read and handled at the first poll.
+            let got = self.run_here(async {
+                let frame = reader.read_frame().await?;
+                read::handle_read(shared, frame).await
+            });
+            match got {
+                Ok(Some(msg)) => break Ok(msg),
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            }
+        })
+    }
+}
