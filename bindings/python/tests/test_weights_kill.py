@@ -31,22 +31,19 @@ def equal(a: dict[str, object], b: dict[str, np.ndarray]) -> bool:
     return set(a) == set(b) and all(np.array_equal(np.asarray(a[k]), b[k]) for k in b)
 
 
-CHILD = textwrap.dedent(
-    """
-    import sys, time
-    import numpy as np
-    import ferry, ferry.weights as fw
-    N, ELEMS = {n}, {elems}
-    def version(seed):
-        rng = np.random.default_rng(seed)
-        return {{f"t{{i}}": rng.standard_normal(ELEMS, dtype=np.float32) for i in range(N)}}
-    {body}
-    """
-)
+CHILD = """
+import sys, time
+import numpy as np
+import ferry, ferry.weights as fw
+N, ELEMS = {n}, {elems}
+def version(seed):
+    rng = np.random.default_rng(seed)
+    return {{f"t{{i}}": rng.standard_normal(ELEMS, dtype=np.float32) for i in range(N)}}
+"""
 
 
 def child(body: str) -> subprocess.Popen[str]:
-    code = CHILD.format(n=N, elems=ELEMS, body=textwrap.indent(textwrap.dedent(body), "    ").strip())
+    code = CHILD.format(n=N, elems=ELEMS) + textwrap.dedent(body)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
