@@ -91,7 +91,7 @@ def role_sub(a: argparse.Namespace) -> None:
             print(json.dumps({"t": time.time(), "dt": time.time() - t0, **r}), flush=True)
         elif cmd[0] == "wait":
             sub.wait_for(int(cmd[1]), timeout=600)
-            print(json.dumps({"t": time.time()}), flush=True)
+            print(json.dumps({"t": time.time(), **(sub.last_update or {})}), flush=True)
         elif cmd[0] == "quit":
             break
 
@@ -211,7 +211,7 @@ def run_rate(net: Net | None, rate: str, a: argparse.Namespace, rows: list[dict[
         done = [ask(s) for s in subs]
         delta_dt = max(d["t"] for d in done) - pub["t0"]
         rows.append({"rate": rate, "row": "ferry delta (publish -> all applied)", "s": delta_dt,
-                     "bytes/sub": None, "publish_s": pub["t1"] - pub["t0"]})
+                     "bytes/sub": done[0].get("sent_bytes"), "publish_s": pub["t1"] - pub["t0"]})
     finally:
         for p in [*subs, store]:
             try:
@@ -243,10 +243,10 @@ def same_host(a: argparse.Namespace) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         pub.publish(v2, version=2)
         out.append({"what": "same-host publish of version 2 (compare)", "s": time.perf_counter() - t0})
+        r = sub.update(timeout=600)
         t0 = time.perf_counter()
         pub.publish(v1, version=3, changed=list(v1))
         out.append({"what": "same-host publish, changed=all named", "s": time.perf_counter() - t0})
-        r = sub.update(timeout=600)
         out.append({"what": "delta bytes / full bytes", "s": None, "ratio": r["sent_bytes"] / r["full_bytes"],
                     "sent": r["sent_bytes"], "full": r["full_bytes"]})
     # Copy of the changed bytes: the changed elements (1%) gathered and scattered once.

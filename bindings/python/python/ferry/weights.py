@@ -172,6 +172,8 @@ class Subscriber:
         self._n = native
         # The version (store number, tree digest) each model was last brought to.
         self._models: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
+        self.last_update: dict[str, int] | None = None
+        """What the last update did (`update`'s result), `None` before the first."""
 
     @property
     def store_version(self) -> int | None:
@@ -204,7 +206,8 @@ class Subscriber:
     def _update(self, to: int | None, timeout: float | None) -> dict[str, int]:
         held = self.version
         try:
-            return dict(self._n.update(to, timeout))
+            self.last_update = dict(self._n.update(to, timeout))
+            return self.last_update
         except Exception as e:  # noqa: BLE001: every failure leaves the version held
             raise UpdateFailed(
                 f"update of {self._n.name!r} failed, still at version {held}: {e}", held
