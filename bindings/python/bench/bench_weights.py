@@ -101,7 +101,9 @@ def role_gloo(a: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", a.ifname)
-    dist.init_process_group("gloo", init_method=f"tcp://{a.master}", rank=a.rank, world_size=a.world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{a.master}", rank=a.rank, world_size=a.world
+    )
     n = max(1, a.mib // TENSOR_MIB)
     per = (a.mib << 20) // n // 2
     ts = [torch.zeros(per, dtype=torch.bfloat16) for _ in range(n)]
@@ -139,12 +141,43 @@ class Net:
             sh("ip", "-n", ns, "link", "set", "lo", "up")
 
     def limit(self, rate: str) -> None:
-        sh("ip", "netns", "exec", "fwb-pub", "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
-        sh("ip", "netns", "exec", "fwb-pub", "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
-           "burst", "8mb", "latency", "200ms")
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            "fwb-pub",
+            "tc",
+            "qdisc",
+            "del",
+            "dev",
+            "eth0",
+            "root",
+            check=False,
+        )
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            "fwb-pub",
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "8mb",
+            "latency",
+            "200ms",
+        )
 
     def cleanup(self) -> None:
-        for ns in getattr(self, "names", []) or [f"fwb-{x}" for x in ["pub", *[f"s{i}" for i in range(16)]]]:
+        for ns in getattr(self, "names", []) or [
+            f"fwb-{x}" for x in ["pub", *[f"s{i}" for i in range(16)]]
+        ]:
             sh("ip", "link", "del", f"{ns}-h", check=False)
             sh("ip", "netns", "del", ns, check=False)
         sh("ip", "link", "del", "fwb-br", check=False)
@@ -152,8 +185,12 @@ class Net:
 
 def spawn(ns: str | None, *args: str) -> subprocess.Popen[str]:
     pre = ["ip", "netns", "exec", ns] if ns else []
-    return subprocess.Popen([*pre, sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [*pre, sys.executable, __file__, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def ask(p: subprocess.Popen[str], cmd: str | None = None) -> dict[str, Any]:
@@ -172,9 +209,24 @@ def gloo(net: Net | None, subs: int, mib: int) -> float:
     master = "10.47.0.1:29547" if net else "127.0.0.1:29547"
     ps = []
     for r in range(world):
-        ns = (net.names[r] if net else None)
-        ps.append(spawn(ns, "--role", "gloo", "--rank", str(r), "--world", str(world), "--master", master,
-                        "--mib", str(mib), "--ifname", "eth0" if net else "lo"))
+        ns = net.names[r] if net else None
+        ps.append(
+            spawn(
+                ns,
+                "--role",
+                "gloo",
+                "--rank",
+                str(r),
+                "--world",
+                str(world),
+                "--master",
+                master,
+                "--mib",
+                str(mib),
+                "--ifname",
+                "eth0" if net else "lo",
+            )
+        )
     out = ask(ps[0])
     for p in ps:
         p.wait(600)
@@ -185,9 +237,14 @@ def run_rate(net: Net | None, rate: str, a: argparse.Namespace, rows: list[dict[
     if net:
         net.limit(rate)
     listen = "quic://10.47.0.1:0" if net else "quic://127.0.0.1:0"
-    store = spawn(net.names[0] if net else None, "--role", "store", "--listen", listen, "--mib", str(a.mib))
+    store = spawn(
+        net.names[0] if net else None, "--role", "store", "--listen", listen, "--mib", str(a.mib)
+    )
     addr = ask(store)["addr"]
-    subs = [spawn(net.names[1 + i] if net else None, "--role", "sub", "--addr", addr) for i in range(a.subs)]
+    subs = [
+        spawn(net.names[1 + i] if net else None, "--role", "sub", "--addr", addr)
+        for i in range(a.subs)
+    ]
     try:
         for s in subs:
             ask(s)
@@ -199,8 +256,14 @@ def run_rate(net: Net | None, rate: str, a: argparse.Namespace, rows: list[dict[
             s.stdin.flush()  # type: ignore[union-attr]
         full = [ask(s) for s in subs]
         full_dt = max(f["t"] for f in full) - t0
-        rows.append({"rate": rate, "row": "full transfer (QUIC, every tensor)", "s": full_dt,
-                     "bytes/sub": full[0]["sent_bytes"]})
+        rows.append(
+            {
+                "rate": rate,
+                "row": "full transfer (QUIC, every tensor)",
+                "s": full_dt,
+                "bytes/sub": full[0]["sent_bytes"],
+            }
+        )
         for s in subs:
             ask(s, "wait 1")
         # Delta: publish version 2 (1% of the elements changed), subscribers already waiting.
@@ -210,8 +273,15 @@ def run_rate(net: Net | None, rate: str, a: argparse.Namespace, rows: list[dict[
         pub = ask(store, "pub 2")
         done = [ask(s) for s in subs]
         delta_dt = max(d["t"] for d in done) - pub["t0"]
-        rows.append({"rate": rate, "row": "ferry delta (publish -> all applied)", "s": delta_dt,
-                     "bytes/sub": done[0].get("sent_bytes"), "publish_s": pub["t1"] - pub["t0"]})
+        rows.append(
+            {
+                "rate": rate,
+                "row": "ferry delta (publish -> all applied)",
+                "s": delta_dt,
+                "bytes/sub": done[0].get("sent_bytes"),
+                "publish_s": pub["t1"] - pub["t0"],
+            }
+        )
     finally:
         for p in [*subs, store]:
             try:
@@ -223,14 +293,21 @@ def run_rate(net: Net | None, rate: str, a: argparse.Namespace, rows: list[dict[
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
-    rows.append({"rate": rate, "row": "torch.distributed broadcast (gloo)", "s": gloo(net, a.subs, a.mib),
-                 "bytes/sub": a.mib << 20})
+    rows.append(
+        {
+            "rate": rate,
+            "row": "torch.distributed broadcast (gloo)",
+            "s": gloo(net, a.subs, a.mib),
+            "bytes/sub": a.mib << 20,
+        }
+    )
 
 
 def same_host(a: argparse.Namespace) -> list[dict[str, Any]]:
+    from safetensors.torch import load_file, save_file
+
     import ferry
     import ferry.weights as fw
-    from safetensors.torch import load_file, save_file
 
     v1 = state(a.mib, 1)
     v2 = train_step(v1, 0.01, 2)
@@ -242,13 +319,22 @@ def same_host(a: argparse.Namespace) -> list[dict[str, Any]]:
         sub.wait_for(1, timeout=600)
         t0 = time.perf_counter()
         pub.publish(v2, version=2)
-        out.append({"what": "same-host publish of version 2 (compare)", "s": time.perf_counter() - t0})
+        out.append(
+            {"what": "same-host publish of version 2 (compare)", "s": time.perf_counter() - t0}
+        )
         r = sub.update(timeout=600)
         t0 = time.perf_counter()
         pub.publish(v1, version=3, changed=list(v1))
         out.append({"what": "same-host publish, changed=all named", "s": time.perf_counter() - t0})
-        out.append({"what": "delta bytes / full bytes", "s": None, "ratio": r["sent_bytes"] / r["full_bytes"],
-                    "sent": r["sent_bytes"], "full": r["full_bytes"]})
+        out.append(
+            {
+                "what": "delta bytes / full bytes",
+                "s": None,
+                "ratio": r["sent_bytes"] / r["full_bytes"],
+                "sent": r["sent_bytes"],
+                "full": r["full_bytes"],
+            }
+        )
     # Copy of the changed bytes: the changed elements (1%) gathered and scattered once.
     changed = 0
     t0 = time.perf_counter()
@@ -277,7 +363,12 @@ def same_host(a: argparse.Namespace) -> list[dict[str, Any]]:
         got = load_file(f)
         _ = sum(int(t.view(-1)[0].item() != 0) for t in got.values())
         out.append({"what": "safetensors save (trainer side)", "s": t_save})
-        out.append({"what": "safetensors file re-read (engine side, page cache warm)", "s": time.perf_counter() - t0})
+        out.append(
+            {
+                "what": "safetensors file re-read (engine side, page cache warm)",
+                "s": time.perf_counter() - t0,
+            }
+        )
     return out
 
 
@@ -308,11 +399,14 @@ def main() -> None:
             why = f"{' '.join(e.cmd)}: {e.stderr.strip()}"
     if net is None:
         print(f"bench-weights: no network namespaces ({why}): loopback, no tc limit", flush=True)
-    print(f"bench-weights: {a.mib} MiB bf16 in {max(1, a.mib // TENSOR_MIB)} tensors, 1% of the elements changed "
-          f"per step, {a.subs} subscribers", flush=True)
+    print(
+        f"bench-weights: {a.mib} MiB bf16 in {max(1, a.mib // TENSOR_MIB)} tensors, "
+        f"1% of the elements changed per step, {a.subs} subscribers",
+        flush=True,
+    )
     rows: list[dict[str, Any]] = []
     try:
-        for rate in (a.rates.split(",") if net else ["loopback"]):
+        for rate in a.rates.split(",") if net else ["loopback"]:
             run_rate(net, rate, a, rows)
     finally:
         if net:
@@ -327,7 +421,11 @@ def main() -> None:
             print(f"{rate}: publish -> all applied / full transfer = {d / f:.3f} (target <= 0.1)")
     print()
     for r in same_host(a):
-        extra = f" ratio {r['ratio']:.4f} ({r['sent']} of {r['full']} B; target <= 0.03)" if "ratio" in r else ""
+        extra = (
+            f" ratio {r['ratio']:.4f} ({r['sent']} of {r['full']} B; target <= 0.03)"
+            if "ratio" in r
+            else ""
+        )
         s = "" if r["s"] is None else f"{r['s']:.4f} s"
         print(f"{r['what']:<58} {s}{extra}")
 

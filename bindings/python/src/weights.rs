@@ -118,7 +118,9 @@ impl WeightsSubscriber {
                 loop {
                     match endpoint.connect(&addr).await {
                         Ok(p) => return Ok(p),
-                        Err(e) if deadline.is_some_and(|d| Instant::now() < d) && !matches!(e, PipeError::Refused(_)) => {
+                        Err(e)
+                            if deadline.is_some_and(|d| Instant::now() < d) && !matches!(e, PipeError::Refused(_)) =>
+                        {
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
                         Err(e) => return Err(e),
@@ -238,7 +240,12 @@ impl WeightsSubscriber {
                 Change::Same => {}
                 Change::Sparse => {
                     let (Some(i), Some(v)) = (&t.index, &t.values) else { continue };
-                    changes.push((t.name.clone(), "sparse", Some(TensorRef::new(i.0.clone())), TensorRef::new(v.0.clone())));
+                    changes.push((
+                        t.name.clone(),
+                        "sparse",
+                        Some(TensorRef::new(i.0.clone())),
+                        TensorRef::new(v.0.clone()),
+                    ));
                 }
                 Change::Dense => {
                     let Some(v) = &t.data else { continue };

@@ -5,6 +5,7 @@ stores (`ferry.StoreServer`) on loopback (unix and QUIC); small sizes; no timing
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -65,7 +66,7 @@ def bits(x: object) -> bytes:
     if isinstance(x, np.ndarray):
         return x.tobytes()
     assert isinstance(x, torch.Tensor)
-    return x.contiguous().view(torch.uint8).numpy().tobytes()
+    return bytes(x.contiguous().view(torch.uint8).numpy().tobytes())
 
 
 def same(a: dict[str, object], b: dict[str, object]) -> bool:
@@ -113,7 +114,10 @@ def test_readers_of_a_version_keep_it_while_they_hold_it(store: ferry.StoreServe
     assert same(held, v1), "a view of version 1 changed under its reader"
 
 
-class Net(torch.nn.Module):
+Module: Any = torch.nn.Module
+
+
+class Net(Module):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(16, 8).to(torch.bfloat16)
@@ -140,7 +144,9 @@ def test_apply_to_writes_in_place_keeping_every_storage(store: ferry.StoreServer
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "extra", "missing"])
-def test_apply_to_refuses_a_model_that_does_not_match_naming_the_tensor(store: ferry.StoreServer, bad: str) -> None:
+def test_apply_to_refuses_a_model_that_does_not_match_naming_the_tensor(
+    store: ferry.StoreServer, bad: str
+) -> None:
     pub = fw.Publisher(store, "net")
     v1 = {"a": torch.ones(4), "b": torch.ones(3, dtype=torch.bfloat16)}
     pub.publish(v1, version=1)
@@ -201,7 +207,9 @@ def test_each_subscriber_is_sent_each_delta_once(store: ferry.StoreServer) -> No
         assert st["sent_bytes"] == full + sent[0], (st, full, sent)
 
 
-def test_a_subscriber_that_cannot_update_keeps_its_version_and_says_so(store: ferry.StoreServer) -> None:
+def test_a_subscriber_that_cannot_update_keeps_its_version_and_says_so(
+    store: ferry.StoreServer,
+) -> None:
     pub = fw.Publisher(store, "m")
     sub = fw.subscribe(store.addr, "m")
     v1 = make_state()

@@ -94,7 +94,9 @@ def test_a_subscriber_whose_store_dies_mid_update_keeps_version_n() -> None:
         assert not t.is_alive() and len(outcome) == 1
         if isinstance(outcome[0], fw.UpdateFailed):
             assert outcome[0].version == 1 and sub.version == 1
-            assert equal(sub.state_dict(as_torch=False), version(1)), "version 1 torn by a failed update"
+            assert equal(sub.state_dict(as_torch=False), version(1)), (
+                "version 1 torn by a failed update"
+            )
         else:
             assert sub.version == 2 and equal(sub.state_dict(as_torch=False), version(2))
         with pytest.raises(fw.UpdateFailed):

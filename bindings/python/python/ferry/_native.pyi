@@ -18,6 +18,7 @@ __all__ = [
     "Server",
     "StoreServer",
     "TensorRef",
+    "WeightsSubscriber",
     "__version__",
     "connect",
     "dtypes",

@@ -104,7 +104,9 @@ class Publisher:
     ) -> None:
         addr = addr_or_store.addr if isinstance(addr_or_store, StoreServer) else addr_or_store
         self.name = name
-        self._client = Client.connect(addr, token=token, connect_timeout=connect_timeout, timeout=timeout)
+        self._client = Client.connect(
+            addr, token=token, connect_timeout=connect_timeout, timeout=timeout
+        )
         self._store_version: int | None = None
 
     def publish(
@@ -208,7 +210,7 @@ class Subscriber:
         try:
             self.last_update = dict(self._n.update(to, timeout))
             return self.last_update
-        except Exception as e:  # noqa: BLE001: every failure leaves the version held
+        except Exception as e:
             raise UpdateFailed(
                 f"update of {self._n.name!r} failed, still at version {held}: {e}", held
             ) from e
@@ -225,8 +227,10 @@ class Subscriber:
             if have is not None and have >= version:
                 return have
             try:
-                latest = self._n.latest(None if deadline is None else max(deadline - time.monotonic(), 0.001))
-            except Exception as e:  # noqa: BLE001
+                latest = self._n.latest(
+                    None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                )
+            except Exception as e:
                 raise UpdateFailed(f"waiting for version {version}: {e}", have) from e
             if latest is not None and _version_of(json.loads(latest[1]), latest[0]) >= version:
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
@@ -234,8 +238,8 @@ class Subscriber:
                 continue
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"{self._n.addr}: version {version} of {self._n.name!r} not published within {timeout} s"
-                    f" (holding {have})"
+                    f"{self._n.addr}: version {version} of {self._n.name!r} not published"
+                    f" within {timeout} s (holding {have})"
                 )
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
@@ -257,7 +261,9 @@ class Subscriber:
 
         v, tree = self._n.version, self._n.tree
         if v is None or tree is None:
-            raise WeightsError(f"{self._n.name!r}: no version held yet (call wait_for or update first)")
+            raise WeightsError(
+                f"{self._n.name!r}: no version held yet (call wait_for or update first)"
+            )
         targets = _targets(model)
         refs = self._n.tensors()
         want = {n: (r.dtype, tuple(r.shape)) for n, r in refs}
@@ -267,20 +273,29 @@ class Subscriber:
         for n, (dt, shape) in want.items():
             t = targets.get(n)
             if t is None:
-                raise ModelMismatch(f"tensor {n!r} of version {self.version} is not in the model", n)
+                raise ModelMismatch(
+                    f"tensor {n!r} of version {self.version} is not in the model", n
+                )
             if tuple(t.shape) != shape:
                 raise ModelMismatch(
                     f"tensor {n!r}: the model's shape is {tuple(t.shape)}, the version's {shape}", n
                 )
             if dtype_name(t.dtype) != dt:
-                raise ModelMismatch(f"tensor {n!r}: the model's dtype is {t.dtype}, the version's {dt}", n)
+                raise ModelMismatch(
+                    f"tensor {n!r}: the model's dtype is {t.dtype}, the version's {dt}", n
+                )
         key = _weak_key(model)
         held = self._models.get(key) if key is not None else None
         last = self._n.last_delta()
         with torch.no_grad():
             if held == (v, tree):
                 pass
-            elif last is not None and last[0] is not None and held == (last[0], last[1]) and last[2] == v:
+            elif (
+                last is not None
+                and last[0] is not None
+                and held == (last[0], last[1])
+                and last[2] == v
+            ):
                 for name, kind, index, values in last[3]:
                     t = targets[name]
                     vals = _as_dtype(to_torch(values), t.dtype).to(t.device, non_blocking=False)
@@ -323,7 +338,9 @@ def _targets(model: Any) -> dict[str, Any]:
         return dict(model.state_dict(keep_vars=True))
     if isinstance(model, Mapping):
         return dict(model)
-    raise TypeError(f"apply_to takes a torch.nn.Module or a dict of tensors, not {type(model).__name__}")
+    raise TypeError(
+        f"apply_to takes a torch.nn.Module or a dict of tensors, not {type(model).__name__}"
+    )
 
 
 def subscribe(
@@ -336,5 +353,6 @@ def subscribe(
     """A subscriber to bundle `name` of the store at `addr` (`unix:…`,
     `quic://host:port#sha256=PIN`), holding nothing yet: `wait_for(version)` or `update()`
     brings a version."""
-    return Subscriber(_native.WeightsSubscriber(addr, name, token=token, connect_timeout=connect_timeout))
-
+    return Subscriber(
+        _native.WeightsSubscriber(addr, name, token=token, connect_timeout=connect_timeout)
+    )
