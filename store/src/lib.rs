@@ -31,6 +31,7 @@
 
 mod bucket;
 pub mod delta;
+pub mod delta_serve;
 mod device;
 mod manifest;
 mod placed;

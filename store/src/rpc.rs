@@ -15,6 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::delta::Delta;
 use crate::{Entry, Manifest, Store, StoreError};
 
 pub mod placement;
@@ -30,6 +31,15 @@ pub struct PublishParams {
     /// Any JSON the readers get with the version (a step number, a config).
     #[serde(default)]
     pub metadata: Value,
+    /// The version these tensors change (`Store::publish_delta`): `tensors` are only the
+    /// changed (or new) ones, every other tensor of `base` is kept without being sent;
+    /// `base` must still be the latest (else INVALID_PARAMS naming `base`). Absent: `tensors`
+    /// are the whole version (the unchanged ones are found by comparing).
+    #[serde(default)]
+    pub base: Option<u64>,
+    /// With `base`: the tensors of `base` left out of the new version.
+    #[serde(default)]
+    pub removed: Vec<String>,
 }
 
 /// What `store.publish` made.
@@ -193,7 +203,14 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
     m.register_blocking("store.publish", move |p: PublishParams, ctx: CallContext| {
         let tensors = p.tensors.into_iter().map(|(n, t)| (n, t.into_inner())).collect();
         let who = ctx.peer().identity.clone();
-        let v = s.publish(&p.name, tensors, p.metadata, Some(who.clone())).map_err(error)?;
+        let v = match p.base {
+            Some(base) => s.publish_delta(&p.name, base, tensors, &p.removed, p.metadata, Some(who.clone())),
+            None if !p.removed.is_empty() => {
+                return Err(ErrorObject::invalid_params("removed", "`removed` needs `base`"));
+            }
+            None => s.publish(&p.name, tensors, p.metadata, Some(who.clone())),
+        }
+        .map_err(error)?;
         if matches!(who, Identity::Connection(_)) && ctx.connection_closed() {
             // Its connection ended while this ran, after the store let go of its bundles.
             s.owner_gone(&who);
@@ -255,9 +272,14 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
          it). Over shm each bucket is lent, not copied: the reader holds the version while it holds arrays made \
          from the buckets. NOT_FOUND for an unknown bundle or a version no longer held.",
     );
-    let s = store.clone();
-    m.register_blocking("store.delta", move |p: crate::delta::DeltaParams, _ctx: CallContext| {
-        s.delta(&p).map_err(error)
+    let deltas = Arc::new(crate::delta_serve::DeltaServer::new(store.clone(), crate::delta_serve::DEFAULT_DELTA_CACHE));
+    let ds = deltas.clone();
+    m.register_blocking("store.delta", move |p: crate::delta::DeltaParams, ctx: CallContext| {
+        let d = ds.delta(&p).map_err(error)?;
+        if let Some(conn) = ctx.peer().conn {
+            ds.count(conn, &ctx.peer().addr, &d);
+        }
+        Ok(Delta::clone(&d))
     })?
     .summary("What a reader holding version N needs to make version M: per tensor nothing, its changed elements, or the whole tensor")
     .description(
@@ -267,6 +289,12 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
          every tensor is `dense` and `base` is null. The reader checks every digest before it writes (PROTOCOL.md §23). \
          NOT_FOUND for an unknown bundle or a version M no longer held.",
     );
+    m.register("store.delta.stats", move |_: ListParams| {
+        let d = deltas.clone();
+        async move { Ok::<_, ErrorObject>(d.stats()) }
+    })?
+    .summary("Delta bytes sent to each connection by `store.delta` (what crossed the store's link per reader)")
+    .inline();
     let s = store.clone();
     m.register("store.list", move |_: ListParams| {
         let s = s.clone();

@@ -15,6 +15,7 @@
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
+mod bench_weights;
 mod ci;
 mod codegen;
 mod conformance;
@@ -83,6 +84,11 @@ commands:
                            (spinning on and off), iceoryx2 request-response, a unix socket;
                            p50/p99 and the ratios (bench/iceoryx2-peer, its own workspace;
                            --iters N, --json)
+  bench-weights [ARGS..]   weight sync (issue 47): a 1 GiB bf16 state_dict, 1% of it changed
+                           per step, 4 subscribers in network namespaces behind a publisher
+                           link limited by tc (10 and 1 Gbit/s): full transfer, ferry's delta,
+                           gloo broadcast, safetensors re-read (bindings/python/bench/
+                           bench_weights.py; --mib N, --subs N, --rates; root for netns)
   bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
                            bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
@@ -144,6 +150,7 @@ fn try_main() -> anyhow::Result<()> {
             flags.finish("sdk-typescript")?;
             typescript_sdk::test(&sh)
         }
+        Some("bench-weights") => bench_weights::BenchWeights::parse(flags)?.run(&sh),
         Some("bench-sdk") => python_sdk::BenchSdk::parse(flags)?.run(&sh),
         Some("bench-ring") => {
             let args = flags.into_rest();

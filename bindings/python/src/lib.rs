@@ -41,6 +41,7 @@ pub mod pool;
 pub mod server;
 pub mod store_server;
 pub mod tensors;
+pub mod weights;
 
 /// The runtime's worker threads: as `ferry serve`'s, half the CPUs when busy polling (the
 /// default), the rest are for the Python threads and the peers; at most 4 (Python, not the
@@ -87,6 +88,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::settle::Pending>()?;
     m.add_function(wrap_pyfunction!(command::main, m)?)?;
     m.add_class::<store_server::StoreServer>()?;
+    m.add_class::<weights::WeightsSubscriber>()?;
     m.add("FerryError", m.py().get_type::<pyo3::exceptions::PyOSError>())?;
     Ok(())
 }

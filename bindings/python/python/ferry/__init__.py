@@ -31,6 +31,7 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
   store (`ferry serve-weights`), zero-copy numpy or torch; `TensorRef`: a tensor a server
   keeps (`ferry_client.refs`). Both from `ferry_client`.
 - `StoreServer`, `serve_weights`: host a tensor store (`ferry serve-weights`) from Python.
+- `weights`: weight sync (`Publisher`, `subscribe`): versions as deltas, applied in place.
 - The `ferry` command (also `python -m ferry`): every subcommand of the Rust binary.
 """
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 from ferry_client import Bundle, TensorRef, open_bundle, open_weights
 
-from . import errors, rpc_errors
+from . import errors, rpc_errors, weights
 from ._app import App, Context, empty, keep
 from ._client import AsyncClient, Client
 from ._native import __version__
@@ -90,4 +91,5 @@ __all__ = [
     "rpc_errors",
     "serve_weights",
     "spawn",
+    "weights",
 ]

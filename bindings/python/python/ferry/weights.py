@@ -1,0 +1,358 @@
+"""Weight sync: a trainer publishes each step's weights, engines follow them by deltas.
+
+```python
+import ferry.weights
+
+# trainer
+pub = ferry.weights.Publisher("quic://0.0.0.0:7000", "policy")  # or a StoreServer
+pub.publish(model.state_dict(), version=step)
+
+# each engine (any host)
+sub = ferry.weights.subscribe("quic://trainer:7000#sha256=PIN", "policy", token=TOKEN)
+sub.wait_for(step, timeout=60.0)
+sub.apply_to(engine_model)  # in place: same storage, CUDA graphs stay valid
+```
+
+- The store (`ferry serve-weights`, `ferry.StoreServer`) keeps each version; a new one
+  shares every unchanged tensor with the one before (`store.publish`; with
+  `changed=[...]` the unchanged ones are not even sent: `base`, `Store::publish_delta`).
+- A subscriber holds a verified copy of one version and moves to the next by
+  `store.delta` (PROTOCOL.md §23): per tensor nothing, its changed elements, or the whole
+  tensor. Every digest is checked (Rust `ferry_store::replica::apply`) before anything is
+  written; a failed update (`UpdateFailed`: the connection lost, a digest that does not
+  match) leaves the copy, and every model, at the version held.
+- `apply_to(model)` checks the model's names, shapes and dtypes against the version
+  (`ModelMismatch`, naming the tensor) before writing any parameter, then writes the
+  changed elements into the existing parameters and buffers (`index_copy_`/`copy_`: the
+  same storage, on whatever device they live).
+- Rust has the same operations: `ferry_store::Store::publish` / `publish_delta` and
+  `store.publish` with `base`, `ferry_store::replica::{fetch, Replica, DeltaTarget,
+  apply}`, `ferry_store::delta_serve` (the store's delta cache and per-connection counts,
+  `store.delta.stats`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from ._client import Client
+from ._store_server import StoreServer
+from ._tensors import dtype_name, to_numpy, to_torch
+from .errors import FerryError
+
+__all__ = [
+    "ModelMismatch",
+    "Publisher",
+    "Subscriber",
+    "UpdateFailed",
+    "WeightsError",
+    "subscribe",
+]
+
+
+class WeightsError(FerryError):
+    """A weight-sync operation failed."""
+
+
+class UpdateFailed(WeightsError):
+    """Moving to a new version failed (the connection lost, the store gone, a digest that
+    does not match); nothing was written: `version` is still the version held (its
+    `__cause__` says why)."""
+
+    def __init__(self, message: str, version: int | None) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+class ModelMismatch(WeightsError, ValueError):
+    """A model's tensors do not match the version (a name missing or extra, a shape or a
+    dtype that differs); nothing was written. `tensor` names the first one."""
+
+    def __init__(self, message: str, tensor: str) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+
+
+def _version_of(metadata: Any, store_version: int) -> int:
+    """A version's number as the publisher gave it (`publish(version=...)`), else the
+    store's."""
+    if isinstance(metadata, dict) and isinstance(metadata.get("version"), int):
+        return int(metadata["version"])
+    return store_version
+
+
+class Publisher:
+    """Publishes versions of bundle `name` into a store: `addr_or_store` is a store's
+    address (`unix:…`, `quic://host:port#sha256=PIN`) or a `ferry.StoreServer` this
+    process hosts."""
+
+    def __init__(
+        self,
+        addr_or_store: str | StoreServer,
+        name: str,
+        *,
+        token: str | None = None,
+        connect_timeout: float | None = 10.0,
+        timeout: float | None = None,
+    ) -> None:
+        addr = addr_or_store.addr if isinstance(addr_or_store, StoreServer) else addr_or_store
+        self.name = name
+        self._client = Client.connect(
+            addr, token=token, connect_timeout=connect_timeout, timeout=timeout
+        )
+        self._store_version: int | None = None
+
+    def publish(
+        self,
+        state_dict: Mapping[str, Any],
+        version: int | None = None,
+        *,
+        changed: Iterable[str] | None = None,
+        removed: Iterable[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Publishes `state_dict` (torch CPU tensors or numpy arrays; bf16, fp16, fp32,
+        fp8, ...) as the bundle's next version, labelled `version` (the training step;
+        subscribers' `wait_for` and `version` use it). With `changed` (the names of the
+        tensors that changed since this publisher's last publish), only those are sent and
+        the others are kept from that version without being read; otherwise every tensor
+        is sent and the store keeps, without a second copy, those equal to the latest
+        version's. Returns the store's version number. A publish that fails (or a publisher
+        that dies) leaves the previous version the latest."""
+        meta: dict[str, Any] = dict(metadata or {})
+        if version is not None:
+            meta["version"] = int(version)
+        if changed is not None and self._store_version is not None:
+            names = list(changed)
+            tensors = {n: _contiguous(state_dict[n]) for n in names}
+            params: dict[str, Any] = {
+                "name": self.name,
+                "tensors": tensors,
+                "metadata": meta,
+                "base": self._store_version,
+                "removed": list(removed),
+            }
+        else:
+            tensors = {n: _contiguous(t) for n, t in state_dict.items()}
+            params = {"name": self.name, "tensors": tensors, "metadata": meta}
+        r = self._client.call("store.publish", params)
+        self._store_version = int(r["version"])
+        return self._store_version
+
+    def close(self) -> None:
+        """Closes the connection (the versions stay in the store)."""
+        self._client.close()
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _contiguous(t: Any) -> Any:
+    """`t` as a contiguous host tensor (torch or numpy)."""
+    if hasattr(t, "is_contiguous") and hasattr(t, "detach"):
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        return t if t.is_contiguous() else t.contiguous()
+    return np.ascontiguousarray(t)
+
+
+class Subscriber:
+    """Follows bundle `name` of a store (`subscribe`)."""
+
+    def __init__(self, native: _native.WeightsSubscriber) -> None:
+        self._n = native
+        # The version (store number, tree digest) each model was last brought to.
+        self._models: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
+        self.last_update: dict[str, int] | None = None
+        """What the last update did (`update`'s result), `None` before the first."""
+
+    @property
+    def store_version(self) -> int | None:
+        """The store's number of the version held (`None`: none yet)."""
+        return self._n.version
+
+    @property
+    def version(self) -> int | None:
+        """The version held, as the publisher labelled it (`publish(version=...)`; else
+        the store's number); `None`: none yet."""
+        v = self._n.version
+        return None if v is None else _version_of(self.metadata, v)
+
+    @property
+    def metadata(self) -> Any:
+        """The held version's metadata (the publisher's, plus `version`)."""
+        return json.loads(self._n.metadata)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection to the store is closed."""
+        return self._n.closed
+
+    def update(self, timeout: float | None = None) -> dict[str, int]:
+        """Moves to the latest version now (if there is one), all or nothing; returns what
+        was done (`version`, `same`, `sparse`, `dense`, `elements`, `sent_bytes`,
+        `full_bytes`). Raises `UpdateFailed` (the version held unchanged)."""
+        return self._update(None, timeout)
+
+    def _update(self, to: int | None, timeout: float | None) -> dict[str, int]:
+        held = self.version
+        try:
+            self.last_update = dict(self._n.update(to, timeout))
+            return self.last_update
+        except Exception as e:
+            raise UpdateFailed(
+                f"update of {self._n.name!r} failed, still at version {held}: {e}", held
+            ) from e
+
+    def wait_for(self, version: int, timeout: float | None = None) -> int:
+        """Waits until the store's latest version is `version` or later (the publisher's
+        label), then moves to it, all or nothing. Returns the version now held. Raises
+        `TimeoutError` after `timeout` seconds (the version held unchanged) and
+        `UpdateFailed` when the update fails."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            have = self.version
+            if have is not None and have >= version:
+                return have
+            try:
+                latest = self._n.latest(
+                    None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                )
+            except Exception as e:
+                raise UpdateFailed(f"waiting for version {version}: {e}", have) from e
+            if latest is not None and _version_of(json.loads(latest[1]), latest[0]) >= version:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                self._update(latest[0], left)
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{self._n.addr}: version {version} of {self._n.name!r} not published"
+                    f" within {timeout} s (holding {have})"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def state_dict(self, as_torch: bool = True) -> dict[str, Any]:
+        """The version held, by name: read-only views of the subscriber's verified copy (no
+        copy made). They keep this version while held: a later update writes the next
+        version into new memory for the tensors still viewed."""
+        conv = to_torch if as_torch else to_numpy
+        return {n: conv(r) for n, r in self._n.tensors()}
+
+    def apply_to(self, model: Any) -> int:
+        """Writes the version held into `model` (a `torch.nn.Module`, or a dict of tensors)
+        in place: every parameter and buffer keeps its storage. Checks first that the model
+        has exactly the version's tensors, with their shapes and dtypes (`ModelMismatch`,
+        nothing written); a model brought to the version before by this subscriber gets
+        only the changed elements, another gets every tensor. Returns the version."""
+        import torch
+
+        v, tree = self._n.version, self._n.tree
+        if v is None or tree is None:
+            raise WeightsError(
+                f"{self._n.name!r}: no version held yet (call wait_for or update first)"
+            )
+        targets = _targets(model)
+        refs = self._n.tensors()
+        want = {n: (r.dtype, tuple(r.shape)) for n, r in refs}
+        for n in targets:
+            if n not in want:
+                raise ModelMismatch(f"the model's tensor {n!r} is not in version {self.version}", n)
+        for n, (dt, shape) in want.items():
+            t = targets.get(n)
+            if t is None:
+                raise ModelMismatch(
+                    f"tensor {n!r} of version {self.version} is not in the model", n
+                )
+            if tuple(t.shape) != shape:
+                raise ModelMismatch(
+                    f"tensor {n!r}: the model's shape is {tuple(t.shape)}, the version's {shape}", n
+                )
+            if dtype_name(t.dtype) != dt:
+                raise ModelMismatch(
+                    f"tensor {n!r}: the model's dtype is {t.dtype}, the version's {dt}", n
+                )
+        key = _weak_key(model)
+        held = self._models.get(key) if key is not None else None
+        last = self._n.last_delta()
+        with torch.no_grad():
+            if held == (v, tree):
+                pass
+            elif (
+                last is not None
+                and last[0] is not None
+                and held == (last[0], last[1])
+                and last[2] == v
+            ):
+                for name, kind, index, values in last[3]:
+                    t = targets[name]
+                    vals = _as_dtype(to_torch(values), t.dtype).to(t.device, non_blocking=False)
+                    if kind == "dense":
+                        t.copy_(vals.view(t.shape))
+                    else:
+                        assert index is not None
+                        idx = torch.from_numpy(to_numpy(index).astype(np.int64)).to(t.device)
+                        t.view(-1).index_copy_(0, idx, vals)
+            else:
+                for n, r in refs:
+                    t = targets[n]
+                    t.copy_(_as_dtype(to_torch(r), t.dtype).view(t.shape))
+        if key is not None:
+            self._models[key] = (v, tree)
+        return _version_of(self.metadata, v)
+
+    def store_stats(self) -> list[dict[str, Any]]:
+        """Delta bytes the store sent each connection (`store.delta.stats`)."""
+        return list(self._n.store_stats())
+
+
+def _as_dtype(t: Any, dtype: Any) -> Any:
+    """`t` reinterpreted as `dtype` when the bits agree (float8 over uint8)."""
+    return t if t.dtype == dtype else t.view(dtype)
+
+
+def _weak_key(model: Any) -> Any:
+    try:
+        weakref.ref(model)
+    except TypeError:
+        return None
+    return model
+
+
+def _targets(model: Any) -> dict[str, Any]:
+    """A model's parameters and buffers by name (`state_dict(keep_vars=True)`: the
+    tensors themselves), or a dict of tensors as given."""
+    if hasattr(model, "state_dict") and callable(model.state_dict):
+        return dict(model.state_dict(keep_vars=True))
+    if isinstance(model, Mapping):
+        return dict(model)
+    raise TypeError(
+        f"apply_to takes a torch.nn.Module or a dict of tensors, not {type(model).__name__}"
+    )
+
+
+def subscribe(
+    addr: str,
+    name: str,
+    *,
+    token: str | None = None,
+    connect_timeout: float | None = 10.0,
+) -> Subscriber:
+    """A subscriber to bundle `name` of the store at `addr` (`unix:…`,
+    `quic://host:port#sha256=PIN`), holding nothing yet: `wait_for(version)` or `update()`
+    brings a version."""
+    return Subscriber(
+        _native.WeightsSubscriber(addr, name, token=token, connect_timeout=connect_timeout)
+    )

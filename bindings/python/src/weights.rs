@@ -1,0 +1,291 @@
+//! `ferry.weights`' native half: a subscriber to one bundle of a tensor store, keeping a
+//! verified copy of the version it holds and moving to the next one by `store.delta`
+//! (PROTOCOL.md §23), all or nothing ([`ferry_store::replica::apply`]).
+//!
+//! The copy is copy-on-write per tensor: a tensor Python still holds a view of (a
+//! `state_dict` of version N) is copied before the next version is written into it, so
+//! readers of N keep N while they hold it; tensors nobody holds are patched in place.
+//! `apply_to(model)` (Python, `python/ferry/weights.py`) writes the last delta's changes,
+//! already checked here, into a model's parameters.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_core::{AlignedBuf, DType, PipeError, Tensor, TensorMeta};
+use ferry_store::delta::{Change, Delta};
+use ferry_store::replica::{DeltaTarget, Held, apply};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::client::errors::{call_error, connect_error};
+use crate::runtime;
+use crate::tensors::TensorRef;
+
+/// One tensor's bytes, shared with the Python views made of it.
+#[derive(Clone)]
+struct Buf(Arc<AlignedBuf>);
+
+impl AsRef<[u8]> for Buf {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_ref().as_ref()
+    }
+}
+
+/// The verified copy of the version held: a [`DeltaTarget`], copy-on-write per tensor.
+#[derive(Default)]
+struct Copy {
+    held: Held,
+    data: HashMap<String, Arc<AlignedBuf>>,
+}
+
+impl DeltaTarget for Copy {
+    fn held(&self) -> &Held {
+        &self.held
+    }
+    fn bytes(&self, name: &str) -> Option<&[u8]> {
+        self.data.get(name).map(|b| b.as_ref().as_ref())
+    }
+    fn bytes_mut(&mut self, name: &str) -> Option<&mut [u8]> {
+        let b = self.data.get_mut(name)?;
+        if Arc::get_mut(b).is_none() {
+            // A reader still holds version N of this tensor: N+1 goes into a new buffer.
+            *b = Arc::new(AlignedBuf::copy_from(b.as_ref().as_ref()));
+        }
+        Arc::get_mut(b).map(AsMut::as_mut)
+    }
+    fn can_replace(&self) -> bool {
+        true
+    }
+    fn replace(&mut self, name: &str, _: DType, _: &[u64], data: AlignedBuf) {
+        self.data.insert(name.to_owned(), Arc::new(data));
+    }
+    fn remove(&mut self, name: &str) {
+        self.data.remove(name);
+    }
+    fn set_held(&mut self, held: Held) {
+        self.held = held;
+    }
+}
+
+/// What the subscriber holds and the delta that brought it.
+struct State {
+    copy: Copy,
+    /// The delta applied last (its changes are what `apply_to` writes into a model at its
+    /// base).
+    last: Option<Arc<Delta>>,
+}
+
+/// A subscriber to bundle `name` of the store at `addr`.
+#[pyclass(frozen, module = "ferry._native")]
+pub struct WeightsSubscriber {
+    rpc: ferry_rpc::Client,
+    addr: String,
+    name: String,
+    state: Mutex<State>,
+}
+
+fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
+    crate::pipe::wait_limit(what, s)
+}
+
+impl WeightsSubscriber {
+    fn state(&self) -> PyResult<std::sync::MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| PyRuntimeError::new_err("a weights subscriber's lock was poisoned"))
+    }
+}
+
+#[pymethods]
+impl WeightsSubscriber {
+    /// Connects to the store at `addr` (`unix:…`, `quic://host:port#sha256=PIN`) for
+    /// bundle `name`; `connect_timeout`: seconds to wait for a store that is starting.
+    #[new]
+    #[pyo3(signature = (addr, name, *, token=None, connect_timeout=None))]
+    fn new(
+        py: Python<'_>,
+        addr: String,
+        name: String,
+        token: Option<String>,
+        connect_timeout: Option<f64>,
+    ) -> PyResult<WeightsSubscriber> {
+        let endpoint = crate::pipe::endpoint(token, None)?;
+        let wait = seconds("subscribe(connect_timeout=...)", connect_timeout)?;
+        let deadline = wait.and_then(|w| Instant::now().checked_add(w));
+        let r = py.detach(|| {
+            runtime().block_on(async {
+                loop {
+                    match endpoint.connect(&addr).await {
+                        Ok(p) => return Ok(p),
+                        Err(e)
+                            if deadline.is_some_and(|d| Instant::now() < d) && !matches!(e, PipeError::Refused(_)) =>
+                        {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+        });
+        let pipe = r.map_err(|e| connect_error(py, &addr, &e, connect_timeout, None))?;
+        let copy = Copy { held: Held::empty(&name), data: HashMap::new() };
+        let _rt = runtime().enter();
+        Ok(WeightsSubscriber {
+            rpc: ferry_rpc::Client::new(pipe),
+            addr,
+            name,
+            state: Mutex::new(State { copy, last: None }),
+        })
+    }
+
+    /// The bundle's latest version in the store and its metadata (JSON text), or `None`
+    /// when it has none.
+    #[pyo3(signature = (timeout=None))]
+    fn latest(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<(u64, String)>> {
+        let limit = seconds("latest(timeout=...)", timeout)?;
+        let rpc = self.rpc.clone();
+        let r = py.detach(|| {
+            runtime().block_on(async move {
+                rpc.call_raw("store.list", Some(serde_json::json!({})), Vec::new(), limit).await
+            })
+        });
+        let (v, _) = r.map_err(|e| call_error(py, &self.addr, e))?;
+        let found = v.as_array().into_iter().flatten().find(|b| b["name"] == self.name.as_str());
+        Ok(found.and_then(|b| Some((b["version"].as_u64()?, b["metadata"].to_string()))))
+    }
+
+    /// Fetches what the copy needs to become version `to` (default the latest) and applies
+    /// it, all or nothing: on any error (the connection lost, a digest that does not match)
+    /// the copy still holds the version it held. Returns what was done: `version`, `same`,
+    /// `sparse`, `dense`, `elements`, `sent_bytes`, `full_bytes`.
+    #[pyo3(signature = (to=None, timeout=None))]
+    fn update<'py>(&self, py: Python<'py>, to: Option<u64>, timeout: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+        let limit = seconds("update(timeout=...)", timeout)?;
+        let params = self.state()?.copy.held.params(to);
+        let rpc = self.rpc.clone();
+        let r = py.detach(|| {
+            runtime().block_on(async move {
+                match limit {
+                    Some(d) => rpc.call_timeout::<_, Delta>("store.delta", &params, d).await,
+                    None => rpc.call::<_, Delta>("store.delta", &params).await,
+                }
+            })
+        });
+        let delta = Arc::new(r.map_err(|e| call_error(py, &self.addr, e))?);
+        let applied = py.detach(|| -> Result<_, String> {
+            let mut st = self.state.lock().map_err(|_| "a weights subscriber's lock was poisoned".to_owned())?;
+            let a = apply(&delta, &mut st.copy).map_err(|e| e.to_string())?;
+            st.last = Some(delta.clone());
+            Ok(a)
+        });
+        let a = applied.map_err(|e| PyValueError::new_err(format!("{}: {e}", self.addr)))?;
+        let d = PyDict::new(py);
+        d.set_item("version", a.version)?;
+        d.set_item("same", a.same)?;
+        d.set_item("sparse", a.sparse)?;
+        d.set_item("dense", a.dense)?;
+        d.set_item("elements", a.elements)?;
+        d.set_item("sent_bytes", delta.sent_bytes)?;
+        d.set_item("full_bytes", delta.full_bytes)?;
+        Ok(d)
+    }
+
+    /// The version held (`None`: none yet).
+    #[getter]
+    fn version(&self) -> PyResult<Option<u64>> {
+        Ok(self.state()?.copy.held.version)
+    }
+
+    /// The held version's tree digest (`None`: none yet).
+    #[getter]
+    fn tree(&self) -> PyResult<Option<String>> {
+        Ok(self.state()?.copy.held.tree.clone())
+    }
+
+    /// The held version's metadata, as JSON text.
+    #[getter]
+    fn metadata(&self) -> PyResult<String> {
+        Ok(self.state()?.copy.held.metadata.to_string())
+    }
+
+    /// Every tensor held, in the order published: `(name, TensorRef)`, each a read-only
+    /// view of the copy (no copy made; the view keeps this version's bytes).
+    fn tensors(&self) -> PyResult<Vec<(String, TensorRef)>> {
+        let st = self.state()?;
+        let mut out = Vec::with_capacity(st.copy.held.tensors.len());
+        for (n, d, s, _) in &st.copy.held.tensors {
+            let buf = st.copy.data.get(n).ok_or_else(|| PyRuntimeError::new_err(format!("tensor {n:?} is missing")))?;
+            let t = Tensor::new(TensorMeta::new(*d, s.clone()), Bytes::from_owner(Buf(buf.clone())))
+                .map_err(|e| PyRuntimeError::new_err(format!("tensor {n:?}: {e}")))?;
+            out.push((n.clone(), TensorRef::new(t)));
+        }
+        Ok(out)
+    }
+
+    /// The last delta applied, for writing it into a model that held its base: `(base,
+    /// base_tree, version, changes)` with `changes` a list of `(name, kind, index, values)`
+    /// (`kind` `"sparse"`: `index` a u32/u64 vector, `values` the new elements; `"dense"`:
+    /// `values` the whole tensor; unchanged tensors are left out). `None`: no delta yet.
+    #[allow(clippy::type_complexity)]
+    fn last_delta(
+        &self,
+    ) -> PyResult<Option<(Option<u64>, Option<String>, u64, Vec<(String, &'static str, Option<TensorRef>, TensorRef)>)>>
+    {
+        let st = self.state()?;
+        let Some(d) = st.last.as_ref() else { return Ok(None) };
+        let mut changes = Vec::new();
+        for t in &d.tensors {
+            match t.change {
+                Change::Same => {}
+                Change::Sparse => {
+                    let (Some(i), Some(v)) = (&t.index, &t.values) else { continue };
+                    changes.push((
+                        t.name.clone(),
+                        "sparse",
+                        Some(TensorRef::new(i.0.clone())),
+                        TensorRef::new(v.0.clone()),
+                    ));
+                }
+                Change::Dense => {
+                    let Some(v) = &t.data else { continue };
+                    changes.push((t.name.clone(), "dense", None, TensorRef::new(v.0.clone())));
+                }
+            }
+        }
+        Ok(Some((d.base, d.base_tree.clone(), d.version, changes)))
+    }
+
+    /// Delta bytes the store sent each of its connections (`store.delta.stats`): a list of
+    /// dicts `conn`, `addr`, `deltas`, `sent_bytes`, `full_bytes`.
+    #[pyo3(signature = (timeout=None))]
+    fn store_stats<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+        let limit = seconds("store_stats(timeout=...)", timeout)?;
+        let rpc = self.rpc.clone();
+        let r = py.detach(|| {
+            runtime().block_on(async move {
+                rpc.call_raw("store.delta.stats", Some(serde_json::json!({})), Vec::new(), limit).await
+            })
+        });
+        let (v, _) = r.map_err(|e| call_error(py, &self.addr, e))?;
+        crate::json::to_py(py, &v)
+    }
+
+    /// Whether the connection to the store is closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.rpc.pipe().is_closed()
+    }
+
+    /// The store's address.
+    #[getter]
+    fn addr(&self) -> String {
+        self.addr.clone()
+    }
+
+    /// The bundle's name.
+    #[getter]
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+}
