@@ -540,7 +540,7 @@ fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool)
                 "addr: str".into(),
                 "*".into(),
                 "timeout: float = 60.0".into(),
-                                "token: str | None = None".into(),
+                "token: str | None = None".into(),
                 "**options: Any".into(),
             ],
             &format!(") -> {name}:"),
@@ -555,11 +555,7 @@ fn client(cx: &mut Ctx<'_>, w: &mut CodeWriter, class: &str, asynchronous: bool)
                      `connect_timeout=5.0`, `as_torch=True`)."
                 ),
             );
-            expr(
-                w,
-                &format!("return cls({aw}{runtime}.connect(addr, timeout=timeout, token=token, **options))"),
-                "",
-            );
+            expr(w, &format!("return cls({aw}{runtime}.connect(addr, timeout=timeout, token=token, **options))"), "");
         });
         w.line("");
         w.line(format!("{def} close(self) -> None:"));

@@ -185,8 +185,11 @@ impl PythonServer {
             cmd!(sh, "{python} -m ruff check --config {config} {sources...}").run().context("ruff check")?;
             let snapshots = python_snapshots(&root)?;
             let snaps = &snapshots;
-            cmd!(sh, "{python} -m ruff format --check --config {config} {snaps...}").run().context("ruff format")?;
-            cmd!(sh, "{python} -m mypy --config-file {config} python/ferry {snaps...}").run().context("mypy --strict")?;
+            // (ferry-sdk-gen writes Python formatted at ruff's default width, 88 columns.)
+            cmd!(sh, "{python} -m ruff format --check --line-length 88 {snaps...}").run().context("ruff format")?;
+            cmd!(sh, "{python} -m mypy --config-file {config} python/ferry {snaps...}")
+                .run()
+                .context("mypy --strict")?;
         }
         {
             // From the target directory: the installed module, not the source tree.

@@ -194,8 +194,8 @@ def error_from_code(code: int, message: str, data: object = None) -> RpcError:
 
 
 __all__ = [
-    "ERRORS",
     "CancelledError",
+    "ERRORS",
     "ForbiddenError",
     "InternalError",
     "InvalidParamsError",

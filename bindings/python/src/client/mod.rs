@@ -284,6 +284,7 @@ impl Client {
     /// of `ferry._client`.
     #[staticmethod]
     #[pyo3(signature = (addr, hooks, *, token=None, connect_timeout=None, shm_pool_mib=None, keepalive=None, shm=true))]
+    #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
         addr: &str,

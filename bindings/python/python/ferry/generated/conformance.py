@@ -24,53 +24,21 @@ from ferry import AsyncClient, Client, RpcError, TensorParam
 from ferry import types as t
 from ferry.rpc_errors import (
     CancelledError as CancelledError,
-)
-from ferry.rpc_errors import (
     ForbiddenError as ForbiddenError,
-)
-from ferry.rpc_errors import (
     InternalError as InternalError,
-)
-from ferry.rpc_errors import (
     InvalidParamsError as InvalidParamsError,
-)
-from ferry.rpc_errors import (
     InvalidRequestError as InvalidRequestError,
-)
-from ferry.rpc_errors import (
     LimitExceededError as LimitExceededError,
-)
-from ferry.rpc_errors import (
     MethodNotFoundError as MethodNotFoundError,
-)
-from ferry.rpc_errors import (
     NotFoundError as NotFoundError,
-)
-from ferry.rpc_errors import (
     ParseError as ParseError,
-)
-from ferry.rpc_errors import (
     ServerError as ServerError,
-)
-from ferry.rpc_errors import (
     ServerTimeoutError as ServerTimeoutError,
-)
-from ferry.rpc_errors import (
     TaskNotFoundError as TaskNotFoundError,
-)
-from ferry.rpc_errors import (
     TaskPendingError as TaskPendingError,
-)
-from ferry.rpc_errors import (
     TensorError as TensorError,
-)
-from ferry.rpc_errors import (
     UnauthorizedError as UnauthorizedError,
-)
-from ferry.rpc_errors import (
     UnavailableError as UnavailableError,
-)
-from ferry.rpc_errors import (
     error_from_code as _runtime_error,
 )
 
