@@ -1,5 +1,5 @@
 //! The Python emitter: one module per API on top of the `ferry` package
-//! (`sdks/python`).
+//! (`bindings/python`).
 //!
 //! The module has, in this order: the named types (`TypedDict`s, `Literal` aliases,
 //! type aliases), the error classes (the runtime's re-exported for ferry's codes, one
