@@ -32,10 +32,12 @@ fn loud(msg: &str) {
     eprintln!("\n{bar}\n!! SKIPPED: {msg}\n{bar}\n");
 }
 
-/// Builds the `ferry` binary (debug, or release) and returns its path.
+/// Builds the `ferry` binary (debug, or release) and returns its path. With `quic` (as
+/// `cargo xtask soak` builds it, so the two share their build): the Python tests serve a
+/// store on a `quic://` address.
 pub fn ferry_bin(sh: &Shell, release: bool) -> anyhow::Result<PathBuf> {
     let flag = release.then_some("--release");
-    cmd!(sh, "cargo build -p ferry-cli --bin ferry --locked {flag...}").run()?;
+    cmd!(sh, "cargo build -p ferry-cli --bin ferry --features quic --locked {flag...}").run()?;
     let bin = crate::target_dir(sh)?.join(if release { "release" } else { "debug" }).join("ferry");
     anyhow::ensure!(bin.exists(), "cargo build -p ferry-cli made no {}", bin.display());
     Ok(bin)

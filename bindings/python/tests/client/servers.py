@@ -89,6 +89,8 @@ class Server:
                     continue
                 line += chunk
         assert line.startswith(b"listening on"), line
+        self.listening = line.decode().split()[-1]
+        """The address the server says it listens on (a QUIC one with its pin)."""
 
     @property
     def pid(self) -> int:

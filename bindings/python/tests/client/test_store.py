@@ -20,6 +20,7 @@ import numpy.typing as npt
 import pytest
 from safetensors.numpy import save_file
 
+import ferry
 from ferry import Client, RpcError, _native, open_bundle, open_weights
 from ferry.store import publish
 from tests.client.servers import Server, unique_addr
@@ -44,6 +45,34 @@ def weights(tmp_path: Path) -> Iterator[tuple[Server, dict[str, npt.NDArray[Any]
     )
     try:
         yield s, sd
+    finally:
+        s.kill()
+
+
+def test_open_weights_over_quic_with_a_pin_and_a_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`open_weights` reaches a store on another host's kind of address: QUIC, the server
+    pinned by the hash `ferry serve-weights` prints, with its bearer token (a wrong one is
+    refused, naming the address)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # the server's QUIC identity
+    sd = checkpoint(tmp_path / "model.safetensors")
+    argv = ["serve-weights", str(tmp_path / "model.safetensors"), "--name", "m"]
+    s = Server("weights", "quic://127.0.0.1:0", [*argv, "--token", "s3cret", "--addr"])
+    try:
+        addr = s.listening
+        assert addr.startswith("quic://127.0.0.1:") and "#sha256=" in addr, addr
+        b = open_weights(addr, "m", token="s3cret")
+        try:
+            assert b.version == 1 and sorted(b) == sorted(sd)
+            for k, v in sd.items():
+                assert b[k].dtype == v.dtype and np.array_equal(b[k], v), k
+            assert b._client is not None and b._client.transport == "quic"
+        finally:
+            b.close()
+        with pytest.raises(ferry.Refused) as e:
+            open_weights(addr, "m", token="wrong")
+        assert e.value.reason == "bad_token" and addr.split("#")[0] in str(e.value)
     finally:
         s.kill()
 
