@@ -49,7 +49,7 @@ pub const COLUMN: &str = "python-server";
 /// passes when both SDKs' runs of it pass).
 pub fn conformance_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, Vec<String>) {
     let root = sh.current_dir();
-    let python = match install(sh, &root, false, Profile::Dev) {
+    let python = match install_dev(sh) {
         Ok(p) => p,
         Err(e) => {
             let reason = format!("installing the package failed: {e:#}");
@@ -123,10 +123,15 @@ enum Profile {
     Release,
 }
 
-/// The test venv with the package installed (dev profile), made if need be: for the
-/// `python-sdk` conformance column.
+/// The test venv with the package installed (dev profile), made if need be; installed
+/// once per xtask run (the `python-sdk` and `python-server` conformance columns share it).
 pub fn install_dev(sh: &Shell) -> anyhow::Result<PathBuf> {
-    install(sh, &sh.current_dir(), false, Profile::Dev)
+    static INSTALLED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(p) = INSTALLED.get() {
+        return Ok(p.clone());
+    }
+    let python = install(sh, &sh.current_dir(), false, Profile::Dev)?;
+    Ok(INSTALLED.get_or_init(|| python).clone())
 }
 
 /// Makes the empty venv and installs the package as a user would, plus the dev tools.
