@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ferry::ferry_rpc::{CallError, Client, RpcTensor, TaskState, TensorMap};
 use ferry::{DType, Tensor, TensorMeta};
-use ferry_cli::conformance_api::{MapParams, Nested, NestedParams, TensorInfo, TensorParams, checksum, pattern};
+use ferry_commands::conformance_api::{MapParams, Nested, NestedParams, TensorInfo, TensorParams, checksum, pattern};
 use ferry_conformance::{Failed, Outcome, Suite, ensure, run_async};
 use serde_json::{Value, json};
 

@@ -117,22 +117,23 @@ async fn rust_client_against_the_demo_process() {
     let big: RpcTensor = t(c.call("create_tensor", &p)).await.unwrap();
     assert_eq!(big.meta(), &TensorMeta::new(DType::F32, vec![1920, 1080, 3]));
     assert!(big.as_slice::<f32>().unwrap().iter().all(|&x| x == 0.25));
-    let back: RpcTensor = t(c.call("echo", &ferry_cli::demo::TensorParams { tensor: big.clone() })).await.unwrap();
+    let back: RpcTensor = t(c.call("echo", &ferry_commands::demo::TensorParams { tensor: big.clone() })).await.unwrap();
     assert_eq!(back, big);
-    let sum: f64 = t(c.call("sum", &ferry_cli::demo::TensorParams { tensor: big })).await.unwrap();
+    let sum: f64 = t(c.call("sum", &ferry_commands::demo::TensorParams { tensor: big })).await.unwrap();
     assert_eq!(sum, 1920.0 * 1080.0 * 3.0 * 0.25);
     let a = Tensor::from_slice(vec![2, 3], &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
     let b = Tensor::from_slice(vec![3, 1], &[1.0f32, 0.0, -1.0]).unwrap();
     let m: RpcTensor =
-        t(c.call("matmul", &ferry_cli::demo::MatmulParams { a: a.into(), b: b.clone().into() })).await.unwrap();
+        t(c.call("matmul", &ferry_commands::demo::MatmulParams { a: a.into(), b: b.clone().into() })).await.unwrap();
     assert_eq!(m.shape(), &[2, 1]);
     assert_eq!(m.as_slice::<f32>().unwrap(), &[-2.0, -2.0]);
-    let e = t(c.call::<_, RpcTensor>("matmul", &ferry_cli::demo::MatmulParams { a: b.clone().into(), b: b.into() }))
-        .await
-        .unwrap_err();
+    let e =
+        t(c.call::<_, RpcTensor>("matmul", &ferry_commands::demo::MatmulParams { a: b.clone().into(), b: b.into() }))
+            .await
+            .unwrap_err();
     assert!(e.to_string().contains("inner dimensions differ"), "{e}");
     let w: TensorMap = t(c.call("weights", &())).await.unwrap();
-    let d: Value = t(c.call("describe", &ferry_cli::demo::DescribeParams { weights: w })).await.unwrap();
+    let d: Value = t(c.call("describe", &ferry_commands::demo::DescribeParams { weights: w })).await.unwrap();
     assert_eq!(d["fc2.weight"]["shape"], json!([8, 2]));
     // A task.
     let id = t(c.submit("sleep", &json!({"ms": 50}), false)).await.unwrap();

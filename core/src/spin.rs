@@ -1,22 +1,32 @@
-//! Busy polling: one policy for every read half that may poll its socket before it sleeps.
+//! The wait policy: one rule for every waiter that may spin before it sleeps in the kernel.
 //!
-//! A read half that finds no bytes either sleeps in the runtime's I/O driver (and pays a
-//! wake-up when they come: tens of µs on a virtual machine) or polls the socket for a
-//! while (and spends a CPU). Three parties know a part of the answer:
+//! A waiter that finds nothing to take (bytes on a socket, a record in a ring, a reply, a
+//! job for a pool thread) either sleeps in the kernel (and pays a wake-up when it comes:
+//! tens of µs on a virtual machine) or polls for a while (and spends a CPU). The waiters:
+//! a socket's read half (`ferry-local`), the pipe's reader task and blocking callers on a
+//! same-host ring (`frame/ring.rs`), a writer waiting for room in a full ring, and the
+//! Python binding's `recv` and handler threads. Each asks [`decide`], a pure function
+//! tested as a table, what its next wait does. What it looks at:
 //!
-//! - the connection's owner *arms* it ([`BusyPoll::arm`]) only when the read is all there
-//!   is to do on its thread: the pipe's reader after a message its handler answered at
-//!   once ([`crate::Handled::Done`]), since a spinning task holds its worker thread;
-//! - the endpoint sets the *window* ([`BusyPoll::set_window`], from
-//!   [`crate::EndpointBuilder::busy_poll`]): how long one read may poll;
-//! - the listener that accepted the connection knows its other connections
-//!   ([`ListenerSpin`]): whether another one received bytes lately (then the readers take
-//!   turns on the workers and must not spin), and how many of its readers spin now.
+//! - the *window* ([`BusyPoll::set_window`], from [`crate::EndpointBuilder::busy_poll`],
+//!   or a ring's spin option, `RingOptions::spin`): the longest one wait may spin; zero:
+//!   never;
+//! - whether its owner *armed* it ([`BusyPoll::arm`]): only when the wait is all there is
+//!   to do on its thread (a spinning task holds its worker thread);
+//! - its *history* ([`SpinHistory`]): a wait that the spin did not end, and that then
+//!   took long, makes the next one wait in the kernel at once (the peer is not answering
+//!   quickly now); a wait that ended soon warms it again;
+//! - the *machine's load* ([`load::overloaded_at`]): while more threads are runnable
+//!   than there are CPUs, nobody spins (the spinner would take the CPU the answer needs);
+//! - for a socket reader, the listener that accepted its connection ([`ListenerSpin`]):
+//!   whether another connection received bytes lately (then the readers take turns on
+//!   the workers and must not spin), and how many of its readers spin now.
 //!
-//! [`decide`] combines them. It is a pure function, tested as a table; a transport calls it
-//! through [`SpinReader::decide`] and then claims a place with [`SpinReader::enter`]. The
-//! counts belong to the listener (none process-wide), so two servers in one process, or two
-//! tests, never see each other's spinners.
+//! The counts belong to the listener (none process-wide), so two servers in one process,
+//! or two tests, never see each other's spinners; the load is process-wide (it is the
+//! machine's).
+
+pub mod load;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -53,65 +63,162 @@ impl BusyPoll {
     }
 }
 
-/// What one read may do before it waits for bytes the ordinary way.
+/// What one wait may do before it waits in the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spin {
-    /// Poll the socket for up to this long.
+    /// Poll for up to this long.
     Poll(Duration),
-    /// Wait in the I/O driver at once, for this reason.
+    /// Wait in the kernel at once, for this reason.
     Wait(NoSpin),
 }
 
-/// Why a read does not poll.
+/// Why a wait does not spin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoSpin {
-    /// Busy polling is off (a zero window), or the connection cannot poll (a connecting
-    /// side, whose reader is a client's).
+    /// Spinning is off (a zero window), or the waiter cannot spin (a connecting side,
+    /// whose reader is a client's).
     Off,
     /// Its owner did not arm it: something else waits to run on its thread.
     Disarmed,
-    /// No bytes arrived within the window: the peer is not answering quickly now.
+    /// More threads are runnable than there are CPUs ([`load::overloaded_at`]): a spin
+    /// would take the CPU the answer needs.
+    Overloaded,
+    /// Its history says the peer is not answering quickly now ([`SpinHistory`], or no
+    /// bytes within the window on a socket).
     Cold,
     /// Another connection of its listener received bytes within
     /// [`ListenerSpin::OTHERS_WINDOW`]: the readers take turns on the workers.
     OthersActive,
-    /// As many of its listener's readers spin as may ([`ListenerSpin::max_spinning`]).
+    /// As many of its listener's (or pool's) waiters spin as may.
     Full,
 }
 
-/// Everything [`decide`] looks at, for one read.
+/// Everything [`decide`] looks at, for one wait.
 #[derive(Debug, Clone, Copy)]
 pub struct SpinInputs {
-    /// [`BusyPoll::window`].
+    /// The longest one wait may spin ([`BusyPoll::window`], a ring's spin option).
     pub window: Duration,
-    /// [`BusyPoll::armed`].
+    /// [`BusyPoll::armed`] (a waiter with nothing else to do on its thread: true).
     pub armed: bool,
-    /// How long ago bytes last arrived on this connection (`None`: not since the last
-    /// poll that found none, or never).
-    pub since_data: Option<Duration>,
-    /// Whether another connection of the listener received bytes lately.
+    /// What past waits say: how long a spin may pay now ([`SpinHistory::learned`]; a
+    /// socket reader: the window while bytes came within it); `None`: cold.
+    pub learned: Option<Duration>,
+    /// [`load::overloaded_at`].
+    pub overloaded: bool,
+    /// Whether another connection of the listener received bytes lately (false where
+    /// there is no listener).
     pub others_active: bool,
-    /// How many of the listener's readers spin now.
+    /// How many of the listener's (or pool's) waiters spin now.
     pub spinning: usize,
     /// How many may.
     pub max_spinning: usize,
 }
 
-/// The busy-polling policy: whether one read polls, and for how long.
+/// The wait policy: whether one wait spins, and for how long (the first reason not to
+/// that holds wins).
 pub fn decide(i: SpinInputs) -> Spin {
     if i.window.is_zero() {
         Spin::Wait(NoSpin::Off)
     } else if !i.armed {
         Spin::Wait(NoSpin::Disarmed)
-    } else if i.since_data.is_none_or(|d| d >= i.window) {
+    } else if i.overloaded {
+        Spin::Wait(NoSpin::Overloaded)
+    } else if i.learned.is_none_or(|d| d.is_zero()) {
         Spin::Wait(NoSpin::Cold)
     } else if i.others_active {
         Spin::Wait(NoSpin::OthersActive)
     } else if i.spinning >= i.max_spinning {
         Spin::Wait(NoSpin::Full)
     } else {
-        Spin::Poll(i.window)
+        Spin::Poll(i.learned.map_or(i.window, |d| d.min(i.window)))
     }
+}
+
+/// [`decide`] for a waiter alone on its thread, with no listener and no count of
+/// spinners (a blocking caller, a ring writer): its window, its history and the load
+/// now (`now`: a clock the caller read anyway).
+pub fn decide_alone(window: Duration, history: &SpinHistory, now: Instant) -> Spin {
+    decide(SpinInputs {
+        window,
+        armed: true,
+        learned: history.learned(),
+        overloaded: !window.is_zero() && load::overloaded_at(now),
+        others_active: false,
+        spinning: 0,
+        max_spinning: 1,
+    })
+}
+
+/// A wait counts as long (the peer is not answering quickly: cold) past this many times
+/// the window. Not the window alone: a wait that slept is lengthened by the wake-ups
+/// themselves (one for the peer, one for the waiter: about 50 µs between vCPUs), and two
+/// sleeping sides judged against the window alone would see every round trip as long and
+/// stay asleep for good (measured on the ring: 45 µs a round trip instead of 0.4).
+pub const LONG_WAIT_FACTOR: u32 = 8;
+
+/// How one wait ended, for [`SpinHistory::record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// The spin ended it, after this long.
+    Spun(Duration),
+    /// The waiter slept (the spin did not end it, or there was none); the whole wait took
+    /// this long.
+    Slept(Duration),
+}
+
+/// A waiter's history: how long a spin may pay now. A pure state machine (durations are
+/// passed in), tested as a table.
+///
+/// - It starts warm at the window; a zero window never spins and learns nothing.
+/// - A wait the spin ended keeps it warm (at least twice that wait, up to the window).
+/// - A wait that slept but ended within [`LONG_WAIT_FACTOR`] times the window warms it
+///   (twice as long as before, at least twice that wait, up to the window): the peer
+///   answered soon, and a spin might have caught it.
+/// - A longer wait makes it cold: the next wait sleeps in the kernel at once, until a
+///   wait ends soon again.
+#[derive(Debug, Clone, Copy)]
+pub struct SpinHistory {
+    window: Duration,
+    learned: Option<Duration>,
+}
+
+impl SpinHistory {
+    /// A history for waits of at most `window` (zero: no spinning), warm.
+    pub fn new(window: Duration) -> SpinHistory {
+        SpinHistory { window, learned: Some(window) }
+    }
+
+    /// The window it was made for.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// How long the next wait's spin may pay; `None`: cold.
+    pub fn learned(&self) -> Option<Duration> {
+        self.learned
+    }
+
+    /// Learns from how the last wait ended.
+    pub fn record(&mut self, waited: Waited) {
+        if self.window.is_zero() {
+            return; // never spins: nothing to learn
+        }
+        let (w, was) = (self.window, self.learned.unwrap_or(Duration::ZERO));
+        self.learned = match waited {
+            Waited::Spun(t) => Some(was.max(t.saturating_mul(2)).min(w)),
+            Waited::Slept(t) if t <= w.saturating_mul(LONG_WAIT_FACTOR) => {
+                Some(was.saturating_mul(2).max(t.saturating_mul(2)).min(w))
+            }
+            Waited::Slept(_) => None,
+        };
+    }
+}
+
+/// `ferry serve`'s (and the Python binding's) default busy-poll window: 50 µs when this
+/// process may use 2 or more CPUs (a spinning waiter then leaves the peer a CPU), else
+/// none.
+pub fn default_busy_poll() -> Duration {
+    Duration::from_micros(if load::cpus() >= 2 { 50 } else { 0 })
 }
 
 /// A listener's busy polling, as [`SpinStats`] reports it.
@@ -164,9 +271,7 @@ impl ListenerSpin {
     /// At most this many readers of one listener spin at once: half the CPUs this process
     /// may use, at least one (the rest are for the handlers and the peers).
     pub fn max_spinning() -> usize {
-        // Counting CPUs reads cgroup files: once.
-        static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)))
+        (load::cpus() as usize / 2).max(1)
     }
 
     /// A listener's state whose readers spin at most `max` at once.
@@ -242,13 +347,18 @@ impl SpinReader {
         self.listener.read(self.id, self.listener.now_us());
     }
 
-    /// [`decide`] for a read now, bytes having last arrived `since_data` ago.
+    /// [`decide`] for a read now, bytes having last arrived `since_data` ago (`None`: not
+    /// since the last poll that found none): warm while that is within the window.
     pub fn decide(&self, busy: &BusyPoll, since_data: Option<Duration>) -> Spin {
         let l = &self.listener;
+        let window = busy.window();
+        let (armed, learned) = (busy.armed(), since_data.filter(|d| *d < window).map(|_| window));
         decide(SpinInputs {
-            window: busy.window(),
-            armed: busy.armed(),
-            since_data,
+            window,
+            armed,
+            learned,
+            // Read only when it could matter (a clock read and, every 10 ms, a file).
+            overloaded: !window.is_zero() && armed && learned.is_some() && load::overloaded(),
             others_active: l.others_active(self.id, l.now_us()),
             spinning: l.spinning.load(Ordering::Acquire),
             max_spinning: l.max_spinning,
@@ -296,11 +406,13 @@ mod tests {
         let base = SpinInputs {
             window: W,
             armed: true,
-            since_data: Some(Duration::from_micros(10)),
+            learned: Some(W),
+            overloaded: false,
             others_active: false,
             spinning: 0,
             max_spinning: 1,
         };
+        let short = Duration::from_micros(6);
         let rows: &[(&str, SpinInputs, Spin)] = &[
             ("all clear", base, Spin::Poll(W)),
             ("zero window", SpinInputs { window: Duration::ZERO, ..base }, Spin::Wait(NoSpin::Off)),
@@ -309,7 +421,8 @@ mod tests {
                 SpinInputs {
                     window: Duration::ZERO,
                     armed: false,
-                    since_data: None,
+                    learned: None,
+                    overloaded: true,
                     others_active: true,
                     spinning: 9,
                     ..base
@@ -318,20 +431,28 @@ mod tests {
             ),
             ("disarmed", SpinInputs { armed: false, ..base }, Spin::Wait(NoSpin::Disarmed)),
             (
-                "disarmed wins over cold",
-                SpinInputs { armed: false, since_data: None, ..base },
+                "disarmed wins over overloaded and cold",
+                SpinInputs { armed: false, overloaded: true, learned: None, ..base },
                 Spin::Wait(NoSpin::Disarmed),
             ),
-            ("never any bytes", SpinInputs { since_data: None, ..base }, Spin::Wait(NoSpin::Cold)),
-            ("bytes a window ago", SpinInputs { since_data: Some(W), ..base }, Spin::Wait(NoSpin::Cold)),
+            ("overloaded", SpinInputs { overloaded: true, ..base }, Spin::Wait(NoSpin::Overloaded)),
             (
-                "bytes just within the window",
-                SpinInputs { since_data: Some(W - Duration::from_nanos(1)), ..base },
-                Spin::Poll(W),
+                "overloaded wins over a warm history",
+                SpinInputs { overloaded: true, learned: Some(short), ..base },
+                Spin::Wait(NoSpin::Overloaded),
             ),
             (
+                "overloaded wins over cold, others active and full",
+                SpinInputs { overloaded: true, learned: None, others_active: true, spinning: 1, ..base },
+                Spin::Wait(NoSpin::Overloaded),
+            ),
+            ("cold", SpinInputs { learned: None, ..base }, Spin::Wait(NoSpin::Cold)),
+            ("learned nothing", SpinInputs { learned: Some(Duration::ZERO), ..base }, Spin::Wait(NoSpin::Cold)),
+            ("learned a shorter spin", SpinInputs { learned: Some(short), ..base }, Spin::Poll(short)),
+            ("never past the window", SpinInputs { learned: Some(W * 3), ..base }, Spin::Poll(W)),
+            (
                 "cold wins over others active",
-                SpinInputs { since_data: None, others_active: true, ..base },
+                SpinInputs { learned: None, others_active: true, ..base },
                 Spin::Wait(NoSpin::Cold),
             ),
             ("others active", SpinInputs { others_active: true, ..base }, Spin::Wait(NoSpin::OthersActive)),
@@ -348,6 +469,61 @@ mod tests {
         for (what, inputs, want) in rows {
             assert_eq!(decide(*inputs), *want, "{what}");
         }
+    }
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    /// The history, one row per rule: (window, learned before, how the wait ended,
+    /// learned after).
+    #[test]
+    fn history_table() {
+        let rows = [
+            (us(50), Some(us(50)), Waited::Spun(us(1)), Some(us(50))),
+            (us(50), Some(us(4)), Waited::Spun(us(3)), Some(us(6))),
+            (us(50), Some(us(40)), Waited::Spun(us(30)), Some(us(50))),
+            (us(50), None, Waited::Spun(us(3)), Some(us(6))),
+            (us(50), Some(us(8)), Waited::Slept(us(20)), Some(us(40))),
+            (us(50), Some(us(8)), Waited::Slept(us(9)), Some(us(18))),
+            (us(50), Some(us(2)), Waited::Slept(us(90)), Some(us(50))),
+            (us(50), Some(us(50)), Waited::Slept(us(400)), Some(us(50))),
+            (us(50), None, Waited::Slept(us(400)), Some(us(50))),
+            (us(50), None, Waited::Slept(us(10)), Some(us(20))),
+            (us(50), Some(us(50)), Waited::Slept(us(401)), None),
+            (us(50), Some(us(3)), Waited::Slept(us(5_000)), None),
+            (us(50), None, Waited::Slept(us(5_000)), None),
+            (Duration::ZERO, Some(Duration::ZERO), Waited::Slept(us(1)), Some(Duration::ZERO)),
+            (Duration::ZERO, Some(Duration::ZERO), Waited::Slept(us(5_000)), Some(Duration::ZERO)),
+        ];
+        for (window, before, waited, after) in rows {
+            let mut h = SpinHistory { window, learned: before };
+            h.record(waited);
+            assert_eq!(h.learned(), after, "window {window:?}, learned {before:?}, {waited:?}");
+        }
+    }
+
+    /// A peer gone quiet makes the waiter wait in the kernel at once (decide says Cold);
+    /// one answer that comes soon warms it again, and the policy spins again.
+    #[test]
+    fn a_quiet_peer_turns_the_spin_off_until_it_answers_soon() {
+        let window = us(50);
+        let mut h = SpinHistory::new(window);
+        let inputs = |h: &SpinHistory| SpinInputs {
+            window,
+            armed: true,
+            learned: h.learned(),
+            overloaded: false,
+            others_active: false,
+            spinning: 0,
+            max_spinning: 1,
+        };
+        assert_eq!(decide(inputs(&h)), Spin::Poll(window), "warm at first");
+        h.record(Waited::Slept(Duration::from_secs(1)));
+        assert_eq!(decide(inputs(&h)), Spin::Wait(NoSpin::Cold));
+        h.record(Waited::Slept(us(60)));
+        assert_eq!(decide(inputs(&h)), Spin::Poll(window), "an answer within the long-wait bound");
+        assert_eq!(decide(SpinInputs { overloaded: true, ..inputs(&h) }), Spin::Wait(NoSpin::Overloaded));
     }
 
     /// A reader spins while it alone receives bytes, not while another connection of its

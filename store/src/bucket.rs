@@ -53,6 +53,10 @@ mod imp {
         pub fn same(&self, other: &HostBucket) -> bool {
             Arc::ptr_eq(&self.0, &other.0)
         }
+        /// Its identity while it lives (the allocation's address).
+        pub fn key(&self) -> usize {
+            Arc::as_ptr(&self.0) as usize
+        }
         /// Whether this is the last handle (dropping it frees the memory).
         pub fn is_last(&self) -> bool {
             Arc::strong_count(&self.0) == 1
@@ -69,6 +73,10 @@ mod imp {
         }
         pub fn upgrade(&self) -> Option<HostBucket> {
             self.0.upgrade().map(HostBucket)
+        }
+        /// The identity of the bucket it points to (stable while this handle lives).
+        pub fn key(&self) -> usize {
+            self.0.as_ptr() as usize
         }
     }
 }
@@ -117,6 +125,9 @@ mod imp {
         pub fn same(&self, other: &HostBucket) -> bool {
             self.0.as_ptr() == other.0.as_ptr()
         }
+        pub fn key(&self) -> usize {
+            self.0.as_ptr() as usize
+        }
         pub fn is_last(&self) -> bool {
             false
         }
@@ -131,6 +142,9 @@ mod imp {
         }
         pub fn upgrade(&self) -> Option<HostBucket> {
             None
+        }
+        pub fn key(&self) -> usize {
+            0
         }
     }
 }
@@ -194,6 +208,15 @@ impl Bucket {
         }
     }
 
+    /// Its identity while it lives: two handles on one bucket have the same key, which
+    /// [`WeakBucket::key`] shares (memory shared by several versions is counted once).
+    pub(crate) fn key(&self) -> usize {
+        match self {
+            Bucket::Host(b) => b.key(),
+            Bucket::Device(t) => t.device_buffer().map_or(0, |b| Arc::as_ptr(b) as *const () as usize),
+        }
+    }
+
     /// Whether this is the last handle (dropping it frees the memory).
     pub(crate) fn is_last(&self) -> bool {
         match self {
@@ -229,6 +252,16 @@ impl WeakBucket {
             WeakBucket::Host(w) => w.live_bytes(),
             WeakBucket::Device(w, _) => w.upgrade().map(|b| b.len()),
             WeakBucket::Gone => None,
+        }
+    }
+
+    /// The key ([`Bucket::key`]) of the bucket it points to; stable while this handle lives
+    /// (a weak handle keeps the address from being reused).
+    pub(crate) fn key(&self) -> usize {
+        match self {
+            WeakBucket::Host(w) => w.key(),
+            WeakBucket::Device(w, _) => w.as_ptr() as *const () as usize,
+            WeakBucket::Gone => 0,
         }
     }
 

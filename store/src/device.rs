@@ -92,7 +92,8 @@ impl Store {
         }
         let total = buckets.iter().map(|b| b.nbytes() as u64).sum();
         let reservation: Reservation = self.reservation(name, &by, total)?;
-        let v = self.commit(name, &by, entries, buckets.into_iter().map(Bucket::Device).collect(), metadata, read);
+        let v =
+            self.commit(name, &by, entries, buckets.into_iter().map(Bucket::Device).collect(), metadata, read, None);
         drop(reservation);
         v
     }

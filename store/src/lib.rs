@@ -30,17 +30,20 @@
 //!   reference's placement, the policy and the budgets, and declare a schedule.
 
 mod bucket;
+pub mod delta;
 mod device;
 mod manifest;
 mod placed;
 pub mod placement;
 mod refs;
+pub mod replica;
 pub mod rpc;
+mod share;
 mod store;
 pub mod weights;
 
 pub use device::{DeviceView, device_slice, plan_layout};
-pub use manifest::{Columns, Entry};
+pub use manifest::{Columns, Entry, tree_digest};
 pub use placed::{DeviceTierOptions, PlacedRefs, PlacementOptions, RefState, policy as placement_policy};
 #[cfg(feature = "cuda")]
 pub use refs::device_or_shared_copy;
@@ -56,13 +59,30 @@ pub struct StoreOptions {
     pub budget_bytes: u64,
     /// Largest bucket (default 512 MiB); a larger tensor gets a bucket of its own size.
     pub bucket_bytes: usize,
-    /// Compute each version's BLAKE3 digest (default true).
+    /// Compute each version's BLAKE3 digest, and each tensor's, in the background
+    /// (default true). Off, the tensors' digests are computed when a delta first needs them.
     pub digest: bool,
+    /// Superseded versions of each name the store itself keeps alive (default 0), so that
+    /// `store.delta` can send a reader still at one of them sparse deltas (the elements that
+    /// changed) rather than whole tensors. Each costs the memory its version does not share
+    /// with the later ones, counted in [`StoreOptions::budget_bytes`]; they are let go first
+    /// when a publish would go past the budget.
+    pub delta_bases: usize,
+    /// Manifests (with their tensors' digests) of superseded versions remembered per name
+    /// (default 64): a reader at one of them whose storage is gone gets nothing for the
+    /// tensors that did not change and whole tensors for the others.
+    pub delta_history: usize,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { budget_bytes: default_budget(), bucket_bytes: 512 << 20, digest: true }
+        StoreOptions {
+            budget_bytes: default_budget(),
+            bucket_bytes: 512 << 20,
+            digest: true,
+            delta_bases: 0,
+            delta_history: 64,
+        }
     }
 }
 
@@ -111,6 +131,17 @@ pub enum StoreError {
         expected: String,
         /// What it is.
         actual: String,
+    },
+    /// A version was made from `base`, which is no longer the latest (another publisher
+    /// published in between).
+    #[error("bundle {name:?}: version {base} is no longer the latest ({latest:?} is); publish against the latest")]
+    Stale {
+        /// The bundle.
+        name: String,
+        /// The version the new one was made from.
+        base: u64,
+        /// The latest version now (`None`: unpublished).
+        latest: Option<u64>,
     },
     /// The input cannot be stored (a device tensor, a strided one, a bad checkpoint).
     #[error("invalid: {0}")]

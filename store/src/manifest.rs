@@ -96,6 +96,32 @@ pub(crate) fn digest<'a>(tensors: impl Iterator<Item = (&'a Entry, &'a [u8])>) -
     format!("blake3:{}", h.finalize().to_hex())
 }
 
+/// The tree digest of a version: BLAKE3 over `ferry-tree-v1`, then, for every tensor in
+/// byte order of the names, its name, dtype name and dims (each preceded by its length or
+/// count as a u64 little-endian, each dim a u64) and its 32-byte digest (BLAKE3 of its
+/// bytes). Unlike the bundle digest (PROTOCOL.md §20) it is checked from the tensors' digests alone, so a reader
+/// that applied a delta verifies the version by hashing only the tensors that changed,
+/// and can hash them in parallel. Written `blake3:<64 hex digits>`.
+pub fn tree_digest(entries: &[Entry], digests: &[[u8; 32]]) -> String {
+    let mut sorted: Vec<_> = entries.iter().zip(digests).collect();
+    sorted.sort_by(|a, b| a.0.0.cmp(&b.0.0));
+    let mut h = blake3::Hasher::new();
+    h.update(b"ferry-tree-v1");
+    for (e, d) in sorted {
+        h.update(&(e.0.len() as u64).to_le_bytes());
+        h.update(e.0.as_bytes());
+        let dtype = e.1.to_string();
+        h.update(&(dtype.len() as u64).to_le_bytes());
+        h.update(dtype.as_bytes());
+        h.update(&(e.2.len() as u64).to_le_bytes());
+        for x in &e.2 {
+            h.update(&x.to_le_bytes());
+        }
+        h.update(d);
+    }
+    format!("blake3:{}", h.finalize().to_hex())
+}
+
 /// A manifest in columns, as `store.open` sends it: the names and the dtypes as UTF-8 text,
 /// one per line, and the numbers as `u64`, all four as tensors a reader views without
 /// parsing JSON (no JSON value per tensor on either side; PROTOCOL.md §20).

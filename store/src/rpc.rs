@@ -125,6 +125,7 @@ pub fn error(e: StoreError) -> ErrorObject {
             err
         }
         e @ StoreError::DigestMismatch { .. } => ErrorObject::invalid_params("expect_digest", e.to_string()),
+        e @ StoreError::Stale { .. } => ErrorObject::invalid_params("base", e.to_string()),
         StoreError::Invalid(m) => ErrorObject::invalid_params("", m),
         e @ StoreError::Io(_) => ErrorObject::internal(e),
     }
@@ -253,6 +254,18 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
         "The latest version unless `version` is given (a superseded version can be opened while a reader holds \
          it). Over shm each bucket is lent, not copied: the reader holds the version while it holds arrays made \
          from the buckets. NOT_FOUND for an unknown bundle or a version no longer held.",
+    );
+    let s = store.clone();
+    m.register_blocking("store.delta", move |p: crate::delta::DeltaParams, _ctx: CallContext| {
+        s.delta(&p).map_err(error)
+    })?
+    .summary("What a reader holding version N needs to make version M: per tensor nothing, its changed elements, or the whole tensor")
+    .description(
+        "Per tensor of M (the latest unless `to` is given): `same` when its BLAKE3 digest is the one in N, `sparse` \
+         (indices and values of the elements whose bits changed) when that is smaller than the tensor and the store \
+         still has N's bytes, else `dense`. Without `from`, or when the store's N is not the reader's (`from_tree`), \
+         every tensor is `dense` and `base` is null. The reader checks every digest before it writes (PROTOCOL.md §23). \
+         NOT_FOUND for an unknown bundle or a version M no longer held.",
     );
     let s = store.clone();
     m.register("store.list", move |_: ListParams| {

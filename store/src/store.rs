@@ -1,7 +1,7 @@
 //! The store: named bundles, their versions, the byte budget, and building a version in
 //! place.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -33,13 +33,18 @@ pub struct Manifest {
     pub entries: Vec<Entry>,
     /// The producer's metadata (any JSON; `null` when none).
     pub metadata: Value,
-    /// Bytes of its buckets.
+    /// Bytes of its buckets (those it shares with the version before included).
     pub bytes: u64,
+    /// Bytes of the buckets made for it: what publishing it cost. The rest it shares with
+    /// the version before (the tensors that did not change).
+    pub new_bytes: u64,
     /// When it was published (milliseconds since the Unix epoch).
     pub published_ms: u64,
     pub(crate) digest: Arc<DigestCell>,
     /// `entries` in columns, made on the first open and sent as they are to every reader.
     pub(crate) columns: OnceLock<crate::manifest::Columns>,
+    /// Each entry's BLAKE3 digest (of its bytes), once computed.
+    pub(crate) tensor_digests: OnceLock<Arc<Vec<[u8; 32]>>>,
 }
 
 impl Manifest {
@@ -58,6 +63,18 @@ impl Manifest {
     /// sends as the manifest, so that an open costs the server O(buckets), not O(tensors).
     pub fn columns(&self) -> crate::Columns {
         self.columns.get_or_init(|| crate::Columns::of(&self.entries)).clone()
+    }
+
+    /// Each tensor's BLAKE3 digest (of its bytes), in the order of `entries`, once computed
+    /// ([`Version::tensor_digests`] computes them).
+    pub fn tensor_digests(&self) -> Option<Arc<Vec<[u8; 32]>>> {
+        self.tensor_digests.get().cloned()
+    }
+
+    /// The version's tree digest (`blake3:HEX` over every tensor's name, dtype, shape and
+    /// digest; PROTOCOL.md §23), once the tensors' digests are computed.
+    pub fn tree_digest(&self) -> Option<String> {
+        Some(crate::manifest::tree_digest(&self.entries, &self.tensor_digests()?))
     }
 }
 
@@ -92,6 +109,45 @@ impl Version {
         self.buckets.iter().map(Bucket::tensor).collect()
     }
 
+    /// Each tensor's BLAKE3 digest, in the order of the manifest's entries: computed once
+    /// per version (by the digest thread after publishing, or here), then remembered in the
+    /// manifest. A tensor in a device bucket cannot be hashed here: [`StoreError::Invalid`].
+    pub fn tensor_digests(&self) -> Result<Arc<Vec<[u8; 32]>>, StoreError> {
+        if let Some(d) = self.manifest.tensor_digests.get() {
+            return Ok(d.clone());
+        }
+        let mut out = Vec::with_capacity(self.manifest.entries.len());
+        for (i, e) in self.manifest.entries.iter().enumerate() {
+            let bytes = self
+                .entry_bytes(i)
+                .ok_or_else(|| StoreError::Invalid(format!("tensor {:?} is not in host memory: no digest", e.0)))?;
+            out.push(*blake3::hash(&bytes).as_bytes());
+        }
+        Ok(self.manifest.tensor_digests.get_or_init(|| Arc::new(out)).clone())
+    }
+
+    /// The host bytes of the `i`-th entry (`None` in a device bucket).
+    pub(crate) fn entry_bytes(&self, i: usize) -> Option<Bytes> {
+        let e = self.manifest.entries.get(i)?;
+        let len = usize::try_from(e.byte_len()?).ok()?;
+        self.buckets.get(e.3 as usize)?.bytes(usize::try_from(e.4).ok()?, len)
+    }
+
+    /// The bucket and offset of the `i`-th entry.
+    pub(crate) fn entry_place(&self, i: usize) -> Option<(Bucket, usize)> {
+        let e = self.manifest.entries.get(i)?;
+        Some((self.buckets.get(e.3 as usize)?.clone(), usize::try_from(e.4).ok()?))
+    }
+
+    /// The `i`-th tensor as a view of its bucket (host buckets only).
+    pub(crate) fn tensors_at(&self, i: usize) -> Option<Tensor> {
+        Tensor::new(self.manifest.entries.get(i)?.meta(), self.entry_bytes(i)?).ok()
+    }
+
+    pub(crate) fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+
     /// Every tensor, in the order published, as a view of the buckets (no copy).
     pub fn tensors(&self) -> Vec<(String, Tensor)> {
         self.manifest
@@ -118,10 +174,6 @@ struct Old {
 }
 
 impl Old {
-    fn live_bytes(&self) -> u64 {
-        self.buckets.iter().filter_map(WeakBucket::live_bytes).map(|b| b as u64).sum()
-    }
-
     fn upgrade(&self) -> Option<Version> {
         let buckets = self.buckets.iter().map(WeakBucket::upgrade).collect::<Option<Vec<_>>>()?;
         Some(Version { manifest: self.manifest.clone(), buckets })
@@ -129,48 +181,74 @@ impl Old {
 }
 
 #[derive(Default)]
-struct Slot {
+pub(crate) struct Slot {
     /// `None`: the process itself; else the identity that first published the name.
     owner: Owner,
     /// Its owner can never call again ([`Store::owner_gone`]): the next publisher takes it.
     orphan: bool,
-    latest: Option<Version>,
+    pub(crate) latest: Option<Version>,
     old: Vec<Old>,
     next: u64,
+    /// Superseded versions the store keeps for sparse deltas ([`StoreOptions::delta_bases`]),
+    /// oldest first.
+    pub(crate) bases: VecDeque<Version>,
+    /// Manifests of superseded versions ([`StoreOptions::delta_history`]), oldest first.
+    pub(crate) history: VecDeque<Arc<Manifest>>,
 }
 
 #[derive(Default)]
-struct State {
-    bundles: BTreeMap<String, Slot>,
+pub(crate) struct State {
+    pub(crate) bundles: BTreeMap<String, Slot>,
     /// Bytes held by builders not committed yet.
     building: u64,
 }
 
 impl State {
-    fn prune(&mut self) {
+    /// Forgets superseded versions nothing holds: an old version is kept while one of its
+    /// buckets lives apart from the latest version's and the kept bases' (a bucket it
+    /// shares with them is counted with them), or, among the last `recent` versions, while
+    /// all of its buckets live (so that it can still be opened).
+    fn prune(&mut self, recent: usize) {
         for slot in self.bundles.values_mut() {
-            slot.old.retain(|o| o.live_bytes() > 0);
+            let current: HashSet<usize> =
+                slot.latest.iter().chain(&slot.bases).flat_map(|v| v.buckets.iter().map(Bucket::key)).collect();
+            let newest = slot.next;
+            slot.old.retain(|o| {
+                o.buckets.iter().any(|b| b.live_bytes().is_some() && !current.contains(&b.key()))
+                    || (o.manifest.version + recent as u64 >= newest
+                        && o.buckets.iter().all(|b| b.live_bytes().is_some()))
+            });
         }
-        self.bundles.retain(|_, s| s.latest.is_some() || !s.old.is_empty());
+        self.bundles.retain(|_, s| s.latest.is_some() || !s.old.is_empty() || !s.bases.is_empty());
     }
 
+    /// Bytes of live buckets, each counted once however many versions share it.
     fn used(&self) -> u64 {
-        self.building
-            + self
-                .bundles
-                .values()
-                .map(|s| {
-                    s.latest.as_ref().map_or(0, |v| v.manifest.bytes) + s.old.iter().map(Old::live_bytes).sum::<u64>()
-                })
-                .sum::<u64>()
+        let mut seen = HashSet::new();
+        let mut sum = self.building;
+        for s in self.bundles.values() {
+            for b in s.latest.iter().chain(&s.bases).flat_map(|v| &v.buckets) {
+                if seen.insert(b.key()) {
+                    sum += b.len() as u64;
+                }
+            }
+            for w in s.old.iter().flat_map(|o| &o.buckets) {
+                if let Some(n) = w.live_bytes()
+                    && seen.insert(w.key())
+                {
+                    sum += n as u64;
+                }
+            }
+        }
+        sum
     }
 }
 
 /// Named, versioned, immutable bundles of tensors (a model's state_dict) in a few large
 /// buckets. See the crate docs.
 pub struct Store {
-    opts: StoreOptions,
-    state: Mutex<State>,
+    pub(crate) opts: StoreOptions,
+    pub(crate) state: Mutex<State>,
     pub(crate) placement: OnceLock<Arc<crate::PlacedRefs>>,
 }
 
@@ -203,7 +281,7 @@ impl Store {
     /// Bytes of live buckets (latest versions, superseded ones readers hold, builders).
     pub fn used_bytes(&self) -> u64 {
         let mut st = lock(&self.state);
-        st.prune();
+        st.prune(self.opts.delta_history);
         st.used()
     }
 
@@ -217,18 +295,27 @@ impl Store {
             (None, None) => Err(StoreError::NotFound(format!("bundle {name:?} was unpublished"))),
             (Some(n), Some(v)) if v.manifest.version == n => Ok(v.clone()),
             (Some(n), _) => slot
-                .old
+                .bases
                 .iter()
-                .filter(|o| o.manifest.version == n)
-                .find_map(Old::upgrade)
+                .find(|b| b.manifest.version == n)
+                .cloned()
+                .or_else(|| slot.old.iter().filter(|o| o.manifest.version == n).find_map(Old::upgrade))
                 .ok_or_else(|| StoreError::NotFound(format!("version {n} of bundle {name:?} is not held any more"))),
         }
+    }
+
+    /// The manifest of version `n` of `name` if the store remembers it
+    /// ([`StoreOptions::delta_history`]), whether or not its storage lives.
+    pub(crate) fn remembered(&self, name: &str, n: u64) -> Option<Arc<Manifest>> {
+        let st = lock(&self.state);
+        let slot = st.bundles.get(name)?;
+        slot.latest.iter().map(|v| &v.manifest).chain(slot.history.iter()).find(|m| m.version == n).cloned()
     }
 
     /// Every bundle with a latest version or held versions, by name.
     pub fn list(&self) -> BTreeMap<String, BundleStatus> {
         let mut st = lock(&self.state);
-        st.prune();
+        st.prune(self.opts.delta_history);
         st.bundles
             .iter()
             .map(|(n, s)| {
@@ -246,7 +333,7 @@ impl Store {
         if let Some(v) = slot.latest.take() {
             slot.old.push(Old { buckets: v.buckets.iter().map(Bucket::downgrade).collect(), manifest: v.manifest });
         }
-        st.prune();
+        st.prune(self.opts.delta_history);
         Ok(())
     }
 
@@ -274,7 +361,7 @@ impl Store {
         } else {
             drop(dropped);
         }
-        lock(&self.state).prune();
+        lock(&self.state).prune(self.opts.delta_history);
         n
     }
 
@@ -308,64 +395,6 @@ impl Store {
         Ok(BundleBuilder { name: name.to_owned(), by, entries, lens, buckets, reservation: guard })
     }
 
-    /// Publishes `tensors` as the next version of `name`. A tensor whose bytes already lie in
-    /// a bucket (made by a builder, read from a file by [`crate::weights`], or opened from
-    /// another version) is referenced where it is; the others are copied once into new
-    /// buckets.
-    pub fn publish(
-        self: &Arc<Self>,
-        name: &str,
-        tensors: Vec<(String, Tensor)>,
-        metadata: Value,
-        by: Owner,
-    ) -> Result<Version, StoreError> {
-        let mut found: Vec<Option<(Bucket, usize)>> = Vec::with_capacity(tensors.len());
-        let mut copy = Vec::new();
-        for (n, t) in &tensors {
-            let bytes =
-                t.host_bytes().ok_or_else(|| StoreError::Invalid(format!("tensor {n:?} is not in host memory")))?;
-            if t.meta().strides.is_some() {
-                return Err(StoreError::Invalid(format!("tensor {n:?} is strided; send it contiguous")));
-            }
-            let here = Bucket::containing(bytes);
-            if here.is_none() {
-                copy.push((n.clone(), t.meta().clone()));
-            }
-            found.push(here);
-        }
-        let mut builder = self.builder(name, copy, by)?;
-        let mut in_place: Vec<Bucket> = Vec::new();
-        let mut entries = Vec::with_capacity(tensors.len());
-        let mut copied = 0usize;
-        for ((n, t), here) in tensors.iter().zip(found) {
-            match here {
-                Some((bucket, off)) => {
-                    let i = match in_place.iter().position(|b| b.same(&bucket)) {
-                        Some(i) => i,
-                        None => {
-                            in_place.push(bucket);
-                            in_place.len() - 1
-                        }
-                    };
-                    entries.push(Placed::InPlace(Entry(
-                        n.clone(),
-                        t.dtype(),
-                        t.shape().to_vec(),
-                        i as u32,
-                        off as u64,
-                    )));
-                }
-                None => {
-                    let dst = builder.tensor_mut_at(copied).expect("one builder slot per copied tensor");
-                    dst.copy_from_slice(t.as_bytes());
-                    entries.push(Placed::Copied(copied));
-                    copied += 1;
-                }
-            }
-        }
-        builder.commit_with(metadata, in_place, entries)
-    }
-
     /// Holds `bytes` of the budget for a version of `name` being made outside a builder
     /// (a checkpoint read into a bucket), until the returned guard drops.
     pub(crate) fn reservation(self: &Arc<Self>, name: &str, by: &Owner, bytes: u64) -> Result<Reservation, StoreError> {
@@ -378,8 +407,17 @@ impl Store {
         if let Some(slot) = st.bundles.get(name) {
             check_owner(name, slot, by)?;
         }
-        st.prune();
-        let used = st.used();
+        st.prune(self.opts.delta_history);
+        let mut used = st.used();
+        if used.saturating_add(bytes) > self.opts.budget_bytes && st.bundles.values().any(|s| !s.bases.is_empty()) {
+            // The versions kept only for deltas go first (readers keep what they hold).
+            let bases: Vec<Version> = st.bundles.values_mut().flat_map(|s| s.bases.drain(..)).collect();
+            drop(st);
+            drop(bases);
+            st = lock(&self.state);
+            st.prune(self.opts.delta_history);
+            used = st.used();
+        }
         if used.saturating_add(bytes) > self.opts.budget_bytes {
             return Err(StoreError::Budget { needed: bytes, used, budget: self.opts.budget_bytes });
         }
@@ -387,6 +425,9 @@ impl Store {
         Ok(())
     }
 
+    /// Makes `entries` in `buckets` the next version of `name`; with `base`, only if the
+    /// latest version is still `base` ([`StoreError::Stale`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn commit(
         &self,
         name: &str,
@@ -395,6 +436,7 @@ impl Store {
         buckets: Vec<Bucket>,
         metadata: Value,
         read: Option<HostRead>,
+        base: Option<u64>,
     ) -> Result<Version, StoreError> {
         if let Some(e) = entries.iter().find(|e| e.0.contains('\n')) {
             return Err(StoreError::Invalid(format!("tensor name {:?} contains a line break", e.0)));
@@ -404,9 +446,18 @@ impl Store {
         let mut st = lock(&self.state);
         let slot = st.bundles.entry(name.to_owned()).or_insert_with(|| Slot { owner: by.clone(), ..Slot::default() });
         check_owner(name, slot, by)?;
+        let latest = slot.latest.as_ref().map(|v| v.manifest.version);
+        if let Some(base) = base
+            && latest != Some(base)
+        {
+            return Err(StoreError::Stale { name: name.to_owned(), base, latest });
+        }
         if slot.orphan {
             (slot.owner, slot.orphan) = (by.clone(), false);
         }
+        let before: HashSet<usize> =
+            slot.latest.iter().chain(&slot.bases).flat_map(|v| v.buckets.iter().map(Bucket::key)).collect();
+        let new_bytes = buckets.iter().filter(|b| !before.contains(&b.key())).map(|b| b.len() as u64).sum();
         slot.next += 1;
         let manifest = Arc::new(Manifest {
             name: name.to_owned(),
@@ -414,31 +465,46 @@ impl Store {
             entries,
             metadata,
             bytes,
+            new_bytes,
             published_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             digest: cell.clone(),
             columns: OnceLock::new(),
+            tensor_digests: OnceLock::new(),
         });
         let v = Version { manifest, buckets };
         let prev = slot.latest.replace(v.clone());
+        let mut dropped_bases = Vec::new();
         if let Some(prev) = &prev {
             slot.old.push(Old {
                 buckets: prev.buckets.iter().map(Bucket::downgrade).collect(),
                 manifest: prev.manifest.clone(),
             });
+            slot.history.push_back(prev.manifest.clone());
+            while slot.history.len() > self.opts.delta_history {
+                slot.history.pop_front();
+            }
+            if self.opts.delta_bases > 0 {
+                slot.bases.push_back(prev.clone());
+            }
+            while slot.bases.len() > self.opts.delta_bases {
+                dropped_bases.extend(slot.bases.pop_front());
+            }
         }
         drop(st);
+        free_later(dropped_bases);
         // Freeing a superseded version no reader holds unmaps and frees its memory (about
         // 0.2 s per GiB): not on the publisher's time.
         // (Where readers still hold it, dropping it here only counts down: no thread.)
-        if let Some(prev) = prev.filter(|p| p.buckets.iter().any(Bucket::is_last)) {
-            let _ = std::thread::Builder::new().name("ferry-store-free".into()).spawn(move || drop(prev));
-        }
-        lock(&self.state).prune();
+        free_later(prev.into_iter().collect());
+        lock(&self.state).prune(self.opts.delta_history);
         if self.opts.digest {
             let for_hash = v.clone();
             let read2 = read.clone();
             let spawned = std::thread::Builder::new().name("ferry-store-digest".into()).spawn(move || {
                 let man = for_hash.manifest.clone();
+                // (Host buckets only: a device version has no tensor digests until asked.)
+                let _ =
+                    for_hash.buckets.iter().all(|b| matches!(b, Bucket::Host(_))).then(|| for_hash.tensor_digests());
                 let d = version_digest(&for_hash, read2.as_ref());
                 // The buckets are let go before the digest is told: who waited for it may
                 // count on this thread holding nothing.
@@ -460,6 +526,14 @@ impl Store {
             "published"
         );
         Ok(v)
+    }
+}
+
+/// Drops `versions`; where that frees memory (about 0.2 s per GiB to unmap), on a thread of
+/// its own, not on the caller's time.
+pub(crate) fn free_later(versions: Vec<Version>) {
+    if versions.iter().any(|v| v.buckets.iter().any(Bucket::is_last)) {
+        let _ = std::thread::Builder::new().name("ferry-store-free".into()).spawn(move || drop(versions));
     }
 }
 
@@ -537,7 +611,7 @@ impl Drop for Reservation {
     }
 }
 
-enum Placed {
+pub(crate) enum Placed {
     InPlace(Entry),
     Copied(usize),
 }
@@ -575,12 +649,18 @@ impl BundleBuilder {
     /// Publishes the filled tensors as the next version, with `metadata`.
     pub fn commit(self, metadata: Value) -> Result<Version, StoreError> {
         let n = self.entries.len();
-        self.commit_with(metadata, Vec::new(), (0..n).map(Placed::Copied).collect())
+        self.commit_with(metadata, Vec::new(), (0..n).map(Placed::Copied).collect(), None)
     }
 
     /// Commits with some tensors referenced in `in_place` buckets (first) and the rest from
-    /// this builder's buckets.
-    fn commit_with(self, metadata: Value, in_place: Vec<Bucket>, placed: Vec<Placed>) -> Result<Version, StoreError> {
+    /// this builder's buckets; with `base`, only if `base` is still the latest version.
+    pub(crate) fn commit_with(
+        self,
+        metadata: Value,
+        in_place: Vec<Bucket>,
+        placed: Vec<Placed>,
+        base: Option<u64>,
+    ) -> Result<Version, StoreError> {
         let BundleBuilder { name, by, entries, buckets, reservation, .. } = self;
         let shift = in_place.len() as u32;
         let mut all = in_place;
@@ -597,7 +677,7 @@ impl BundleBuilder {
             .collect();
         let store = reservation.store.clone();
         // The committed version is counted from here on; the reservation ends as it is.
-        let v = store.commit(&name, &by, entries, all, metadata, None);
+        let v = store.commit(&name, &by, entries, all, metadata, None, base);
         drop(reservation);
         v
     }

@@ -55,7 +55,7 @@ async fn a_gpu_bundle_is_opened_through_cuda_ipc_without_a_copy() {
     let gpu = FakeGpu::new(1);
     let (sd, cd) = (gpu.process(1), gpu.process(2));
     let (sc, cc) = (chan(sd.clone()), chan(cd.clone()));
-    let store = Store::new(StoreOptions { budget_bytes: 1 << 30, bucket_bytes: 64 << 10, digest: true });
+    let store = Store::new(StoreOptions { budget_bytes: 1 << 30, bucket_bytes: 64 << 10, ..StoreOptions::default() });
     let v1 = publish(&store, &sc, 20, 4096, 0.0).await; // 16 KiB each: 5 buckets of 64 KiB
     assert_eq!(v1.bucket_tensors().len(), 5);
     assert!(v1.bucket_tensors().iter().all(|b| b.device() == Device::Cuda(0)));

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 const T: Duration = Duration::from_secs(20);
 
 fn opts() -> StoreOptions {
-    StoreOptions { budget_bytes: 1 << 30, bucket_bytes: 1 << 20, digest: true }
+    StoreOptions { budget_bytes: 1 << 30, bucket_bytes: 1 << 20, ..StoreOptions::default() }
 }
 
 /// `n` f32 tensors of `len` elements, tensor i filled with `i + fill`.

@@ -80,6 +80,11 @@ pub const STEPS: &[Step] = &[
         run: |sh| crate::python_server::PythonServer.run(sh),
     },
     Step {
+        name: "cargo xtask python-wheel",
+        what: "the ferry-tensors wheel (maturin build --release, abi3 manylinux) in an empty venv with no cargo or rustc on PATH: py.typed, stubtest, the `ferry` command, pytest",
+        run: |sh| crate::python_wheel::PythonWheel { dev: false }.run(sh),
+    },
+    Step {
         name: "cargo xtask soak",
         what: "the short soak: `ferry serve` under kill loops, idle and slowloris connections, floods",
         run: |sh| crate::soak::Soak::CI.run(sh),

@@ -21,6 +21,7 @@ mod conformance;
 mod flags;
 mod python_sdk;
 mod python_server;
+mod python_wheel;
 mod readme;
 mod rpc_clients;
 mod soak;
@@ -61,6 +62,9 @@ commands:
   python-server            the ferry Python package: pip install ./bindings/python in an
                            empty venv, ruff, mypy --strict, stubtest, pytest
                            (bindings/python/tests, the client's in tests/client)
+  python-wheel [--dev]     the ferry-tensors wheel: maturin build --release (abi3, manylinux),
+                           installed into an empty venv whose PATH has no cargo or rustc;
+                           py.typed, stubtest, `ferry info`, pytest with the wheel's `ferry`
   bench-python-server [ARGS..]
                            Python-served vs Rust-served calls, echo, 16 clients, and
                            Python-to-Python pipes (bindings/python/bench/bench_server.py)
@@ -141,6 +145,7 @@ fn try_main() -> anyhow::Result<()> {
             Ok(cmd!(sh, "cargo run --release --locked -p ferry-store --example placement -- {args...}").run()?)
         }
         Some("python-server") => python_server::PythonServer::parse(flags)?.run(&sh),
+        Some("python-wheel") => python_wheel::PythonWheel::parse(flags)?.run(&sh),
         Some("bench-python-server") => python_server::BenchPythonServer::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         Some("soak") => soak::Soak::parse(flags)?.run(&sh),

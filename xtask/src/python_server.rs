@@ -84,7 +84,7 @@ pub const TORCH: &str = "2.15.0";
 
 /// The cache venv holding torch (made once), and a `.pth` line in the test venv's
 /// site-packages that puts its site-packages on `sys.path` (after the venv's own).
-fn add_torch(sh: &Shell, python: &Path) -> anyhow::Result<()> {
+pub(crate) fn add_torch(sh: &Shell, python: &Path) -> anyhow::Result<()> {
     if std::env::var("FERRY_NO_TORCH").is_ok_and(|v| !v.is_empty() && v != "0") {
         eprintln!("xtask: FERRY_NO_TORCH is set: the torch tests will be skipped");
         return Ok(());

@@ -1,5 +1,5 @@
 //! `cargo xtask soak [--full] [--release]`: `ferry serve` under heavy and hostile load
-//! (`ferry __soak`, cli/src/soak.rs), one table row per phase. The short mode is CI's step
+//! (`ferry __soak`, commands/src/soak/), one table row per phase. The short mode is CI's step
 //! (debug build, small counts); `--full` takes issue 14's counts and a release build, and
 //! then runs the Python server's soak with issue 43's counts
 //! ([`crate::python_server::soak`]; its short mode is a step of `python-server`).

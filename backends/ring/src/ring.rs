@@ -518,6 +518,22 @@ impl Receiver {
     /// ring). It does not notice a dead peer by itself (a futex cannot): wait in slices and
     /// look at the socket between them, or give the ring a [`PeerNotice`].
     pub fn wait_for_data(&mut self, deadline: Instant) -> Result<WaitEnd, RingError> {
+        self.wait_data(deadline, true)
+    }
+
+    /// [`Receiver::wait_for_data`] without the spin: sleeps on the futex at once. For a
+    /// caller that spun already by a policy of its own (ferry's pipe: `ferry_core::spin`),
+    /// polling [`Receiver::has_data`].
+    pub fn sleep_for_data(&mut self, deadline: Instant) -> Result<WaitEnd, RingError> {
+        self.wait_data(deadline, false)
+    }
+
+    /// The longest a wait of this half spins ([`crate::RingOptions::spin`]).
+    pub fn spin_max(&self) -> Duration {
+        self.spin.max()
+    }
+
+    fn wait_data(&mut self, deadline: Instant, spin: bool) -> Result<WaitEnd, RingError> {
         self.guard(|rx| {
             if rx.has_data() {
                 return Ok(WaitEnd::Data);
@@ -526,7 +542,9 @@ impl Receiver {
             let ready = || {
                 Ok(sh.u64(sh.rx.tail).load(Ordering::Acquire) != head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0)
             };
-            match sh.wait_until(sh.rx.consumer_sleeping, &mut rx.spin, deadline, true, ready) {
+            let mut none = SpinWindow::new(Duration::ZERO);
+            let window = if spin { &mut rx.spin } else { &mut none };
+            match sh.wait_until(sh.rx.consumer_sleeping, window, deadline, true, ready) {
                 Ok(true) => Ok(WaitEnd::Data),
                 Ok(false) => Ok(WaitEnd::Nudged),
                 Err(RingError::Timeout) => Ok(WaitEnd::Deadline),

@@ -49,6 +49,11 @@ impl SpinWindow {
         SpinWindow { max, window: max }
     }
 
+    /// The most it spins.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
     /// How long the next wait spins before it sleeps.
     pub fn window(&self) -> Duration {
         self.window

@@ -7,8 +7,12 @@
 //! async calls over the socket.
 //!
 //! ```sh
-//! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--json]
+//! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--json] [--load N]
 //! ```
+//!
+//! `--load N` measures on a busy machine: N CPU burners (this binary as `--peer burn`, at
+//! the default priority) spin beside the run; they are killed when it ends, and exit by
+//! themselves when its socket to them closes.
 //!
 //! The parent is the client and times every round trip (`Instant` around send + receive);
 //! the peer is this binary re-executed (`--peer KIND`), its stdin a unix socket to the
@@ -47,6 +51,12 @@ fn main() -> Res<()> {
     }
     let iters: usize = flag(&args, "--iters").map(|s| s.parse()).transpose()?.unwrap_or(100_000);
     let json = args.iter().any(|a| a == "--json");
+    let load: usize = flag(&args, "--load").map(|s| s.parse()).transpose()?.unwrap_or(0);
+    let _burners = Burners::start(load)?;
+    if load > 0 {
+        let say = format!("under load: {load} CPU burners (nice 0) spin beside the run");
+        if json { eprintln!("{say}") } else { println!("{say}") }
+    }
     set_log_level(LogLevel::Error);
     let before = iceoryx_files();
     let tmp_existed = std::path::Path::new(TMP_DIR).exists();
@@ -150,6 +160,27 @@ fn main() -> Res<()> {
         println!("iceoryx2 files left behind, now removed: {removed:?}");
     }
     Ok(())
+}
+
+/// CPU burners (`--load N`): killed and reaped on drop.
+struct Burners(Vec<(Child, UnixStream)>);
+
+impl Burners {
+    fn start(n: usize) -> Res<Burners> {
+        if n > 256 {
+            return Err(format!("--load {n}: at most 256 CPU burners").into());
+        }
+        (0..n).map(|_| spawn("burn", "")).collect::<Res<Vec<_>>>().map(Burners)
+    }
+}
+
+impl Drop for Burners {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// A number for unique names within this run.
@@ -296,6 +327,18 @@ fn socket_rtt(iters: usize) -> Res<Vec<Duration>> {
 fn peer(kind: &str, arg: String) -> Res<()> {
     let sock = UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned()?);
     match kind {
+        "burn" => {
+            // Spins until the parent's end of the socket closes.
+            std::thread::spawn(move || {
+                let mut b = [0u8; 1];
+                let _ = (&sock).read(&mut b);
+                std::process::exit(0);
+            });
+            let mut x = 0u64;
+            loop {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
         "ring" => {
             let spin = Duration::from_nanos(arg.parse()?);
             let (fd, cap) = recv_ring_fd(&sock)?;

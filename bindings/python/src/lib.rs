@@ -8,13 +8,16 @@
 //!
 //! - [`server::Server`]: a method table whose handlers are Python callables
 //!   ([`handler`]), served on addresses with `ferry serve`'s options
-//!   ([`ferry_cli::cli_rpc::bind`] and `run`).
+//!   ([`ferry_commands::cli_rpc::bind`] and `run`).
 //! - [`tensors`]: received tensors as read-only zero-copy views (`__array_interface__`,
 //!   holding the Rust lease), result tensors allocated in the connection's memory.
 //! - [`pipe`]: `ferry.listen` / `ferry.connect`, messages of a header and tensors without
 //!   JSON-RPC.
 //! - [`client`]: `ferry.Client` / `ferry.AsyncClient`, the Rust JSON-RPC client
 //!   ([`ferry_rpc::Client`]) on every address, asyncio futures resolved from the runtime.
+//! - [`command`]: the `ferry` command (every subcommand of the Rust binary, from
+//!   `ferry_commands`); [`store_server`]: `ferry.StoreServer`, a tensor store hosted by a
+//!   Python program.
 //!
 //! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads,
 //! admitted by their server's [`gate`]
@@ -29,25 +32,27 @@ use pyo3::prelude::*;
 pub mod accept;
 pub mod answer;
 pub mod client;
+pub mod command;
 pub mod gate;
 pub mod handler;
 pub mod json;
 pub mod pipe;
 pub mod pool;
 pub mod server;
+pub mod store_server;
 pub mod tensors;
 
 /// The runtime's worker threads: as `ferry serve`'s, half the CPUs when busy polling (the
 /// default), the rest are for the Python threads and the peers; at most 4 (Python, not the
 /// runtime, is the work).
 pub(crate) fn runtime_workers() -> usize {
-    ferry_cli::cli_rpc::default_workers(busy_poll()).clamp(1, 4)
+    ferry_commands::cli_rpc::default_workers(busy_poll()).clamp(1, 4)
 }
 
 /// `ferry serve`'s default busy-poll window, counted once (counting CPUs reads cgroup files).
 pub(crate) fn busy_poll() -> std::time::Duration {
     static D: OnceLock<std::time::Duration> = OnceLock::new();
-    *D.get_or_init(ferry_cli::cli_rpc::default_busy_poll)
+    *D.get_or_init(ferry_commands::cli_rpc::default_busy_poll)
 }
 
 /// The runtime every server and pipe of this process runs on.
@@ -80,6 +85,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensors::dtypes, m)?)?;
     m.add_class::<client::Client>()?;
     m.add_class::<client::settle::Pending>()?;
+    m.add_function(wrap_pyfunction!(command::main, m)?)?;
+    m.add_class::<store_server::StoreServer>()?;
     m.add("FerryError", m.py().get_type::<pyo3::exceptions::PyOSError>())?;
     Ok(())
 }

@@ -3,9 +3,10 @@
 //! both directions. Every wait releases the GIL.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_core::spin::{self, Spin, SpinHistory, Waited};
 use ferry_core::{Endpoint, Tensor};
 use pyo3::exceptions::{PyBrokenPipeError, PyConnectionError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -97,22 +98,27 @@ fn uses_ring(p: &ferry_core::Pipe) -> bool {
     p.info().features.iter().any(|f| f == "ring")
 }
 
-/// The next message if it comes within the busy-poll window (`ferry serve`'s default):
-/// looked for without parking this thread, so that a reply arriving soon costs no thread
-/// wake-up (a peer answering at once is the common case of a request/response pipe).
-fn spin_recv(p: &ferry_core::Pipe) -> Option<Result<ferry_core::Message, ferry_core::PipeError>> {
-    let window = crate::busy_poll();
-    if window.is_zero() {
-        return None;
-    }
+/// The next message if it comes within the spin the wait policy allows
+/// ([`ferry_core::spin::decide`]: `ferry serve`'s busy-poll window, unless the machine is
+/// overloaded or this pipe's last spin missed and its answer then took long): looked for
+/// without parking this thread, so that a reply arriving soon costs no thread wake-up (a
+/// peer answering at once is the common case of a request/response pipe).
+fn spin_recv(
+    p: &ferry_core::Pipe,
+    history: &Mutex<SpinHistory>,
+) -> Option<Result<ferry_core::Message, ferry_core::PipeError>> {
+    let start = std::time::Instant::now();
+    let h = *history.lock().unwrap_or_else(|e| e.into_inner());
+    let Spin::Poll(window) = spin::decide_alone(h.window(), &h, start) else { return None };
     let _rt = runtime().enter();
-    let until = std::time::Instant::now() + window;
+    let until = start + window;
     loop {
         // `recv` is cancel-safe: a future dropped unfinished takes nothing.
         let mut recv = std::pin::pin!(p.recv());
         if let std::task::Poll::Ready(r) =
             recv.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
         {
+            history.lock().unwrap_or_else(|e| e.into_inner()).record(Waited::Spun(start.elapsed()));
             return Some(r);
         }
         if std::time::Instant::now() >= until {
@@ -143,7 +149,7 @@ impl Listener {
     #[pyo3(signature = (timeout=None))]
     fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Pipe> {
         let p = crate::accept::accept_next(py, &self.inner, &self.addr, timeout)?;
-        Ok(Pipe { pipe: Arc::new(p) })
+        Ok(Pipe::new(p))
     }
 }
 
@@ -169,6 +175,15 @@ impl Message {
 #[pyclass(frozen, module = "ferry._native")]
 pub struct Pipe {
     pipe: Arc<ferry_core::Pipe>,
+    /// What `recv`'s waits taught the wait policy (off the ring: the ring's reader keeps
+    /// its own).
+    history: Arc<Mutex<SpinHistory>>,
+}
+
+impl Pipe {
+    fn new(p: ferry_core::Pipe) -> Pipe {
+        Pipe { pipe: Arc::new(p), history: Arc::new(Mutex::new(SpinHistory::new(crate::busy_poll()))) }
+    }
 }
 
 #[pymethods]
@@ -232,7 +247,7 @@ impl Pipe {
     #[pyo3(signature = (timeout=None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
         let limit = wait_limit("recv", timeout)?;
-        let p = self.pipe.clone();
+        let (p, history) = (self.pipe.clone(), self.history.clone());
         let r = py.detach(|| {
             if uses_ring(&p) {
                 // Waits on this thread: the ring's spin, then its futex (no runtime wake-up).
@@ -241,10 +256,11 @@ impl Pipe {
                     r => Some(r),
                 };
             }
-            if let Some(r) = spin_recv(&p) {
+            let start = std::time::Instant::now();
+            if let Some(r) = spin_recv(&p, &history) {
                 return Some(r);
             }
-            runtime().block_on(async {
+            let r = runtime().block_on(async {
                 match timeout {
                     Some(_) => match limit {
                         Some(d) => tokio::time::timeout(d, p.recv()).await.ok(),
@@ -252,7 +268,9 @@ impl Pipe {
                     },
                     None => Some(p.recv().await),
                 }
-            })
+            });
+            history.lock().unwrap_or_else(|e| e.into_inner()).record(Waited::Slept(start.elapsed()));
+            r
         });
         let msg = match r {
             None => {
@@ -302,5 +320,5 @@ pub fn connect(py: Python<'_>, addr: &str, token: Option<String>, shm_pool_mib: 
     let ep = endpoint(token, shm_pool_mib)?;
     let p =
         py.detach(|| runtime().block_on(ep.connect(addr))).map_err(|e| io_err(&format!("connecting to {addr}"), e))?;
-    Ok(Pipe { pipe: Arc::new(p) })
+    Ok(Pipe::new(p))
 }

@@ -7,9 +7,11 @@
 //!
 //! Each idle thread waits on a slot of its own (no shared queue whose lock wakes every
 //! waiter in turn); the thread idle last gets the next job. Having finished a job, a
-//! thread first spins for [`set_spin`] (the server's busy-poll time) before it parks, at
-//! most [`max_spinners`] at once: a caller's next call, arriving within it, then starts
-//! without a thread wake-up (tens of µs on a busy or virtual machine).
+//! thread first spins for up to [`set_spin`] (the server's busy-poll time) before it
+//! parks, as the wait policy allows ([`ferry_core::spin::decide`]: at most
+//! [`max_spinners`] at once, not while the machine is overloaded, not after its last wait
+//! was long): a caller's next call, arriving within it, then starts without a thread
+//! wake-up (tens of µs on a busy or virtual machine).
 //!
 //! The pool grows by a thread whenever a job arrives and no thread is idle (a hung handler
 //! never delays another call), up to [`MAX_THREADS`] (jobs beyond wait in a queue the
@@ -22,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use ferry_core::spin::{self, Spin, SpinHistory, SpinInputs, Waited};
 use pyo3::prelude::*;
 
 /// The most threads the pool runs (jobs beyond wait for one).
@@ -118,6 +121,7 @@ pub fn run(job: impl FnOnce(Python<'_>) + Send + 'static) {
 /// A pool thread, started for `first`.
 fn worker(p: &'static Pool, first: Job) {
     let slot = Arc::new(Slot { job: Mutex::new(None), full: AtomicBool::new(false), thread: std::thread::current() });
+    let mut history = SpinHistory::new(Duration::from_micros(p.spin_us.load(Ordering::Relaxed)));
     Python::attach(|py| {
         let mut job = first;
         loop {
@@ -130,7 +134,7 @@ fn worker(p: &'static Pool, first: Job) {
                     None => {
                         st.idle.push(slot.clone());
                         drop(st);
-                        match py.detach(|| wait(p, &slot)) {
+                        match py.detach(|| wait(p, &slot, &mut history)) {
                             Some(j) => j,
                             None => break,
                         }
@@ -142,8 +146,8 @@ fn worker(p: &'static Pool, first: Job) {
 }
 
 /// Waits in the idle list for a job; `None` when the thread should end (idle too long,
-/// beyond [`KEEP`], and taken off the list here).
-fn wait(p: &Pool, slot: &Slot) -> Option<Job> {
+/// beyond [`KEEP`], and taken off the list here). `history`: this thread's past waits.
+fn wait(p: &Pool, slot: &Slot, history: &mut SpinHistory) -> Option<Job> {
     let take = || {
         if slot.full.swap(false, Ordering::Acquire) {
             slot.job.lock().unwrap_or_else(|e| e.into_inner()).take()
@@ -151,10 +155,27 @@ fn wait(p: &Pool, slot: &Slot) -> Option<Job> {
             None
         }
     };
-    let spin = Duration::from_micros(p.spin_us.load(Ordering::Relaxed));
-    let spin = if max_spinners() == 0 { Duration::ZERO } else { spin };
-    if !spin.is_zero() && p.spinning.fetch_add(1, Ordering::AcqRel) < max_spinners() {
-        let until = Instant::now() + spin;
+    let window = Duration::from_micros(p.spin_us.load(Ordering::Relaxed));
+    if history.window() != window {
+        *history = SpinHistory::new(window);
+    }
+    let start = Instant::now();
+    let learned = history.learned();
+    let spin = spin::decide(SpinInputs {
+        window,
+        armed: true,
+        learned,
+        overloaded: !window.is_zero() && learned.is_some() && spin::load::overloaded_at(start),
+        others_active: false,
+        spinning: p.spinning.load(Ordering::Acquire),
+        max_spinning: max_spinners(),
+    });
+    // A place among the spinners (another thread may have taken the last since).
+    let max = max_spinners();
+    if let Spin::Poll(d) = spin
+        && p.spinning.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_ok()
+    {
+        let until = start + d;
         let mut got = None;
         while Instant::now() < until {
             got = take();
@@ -167,11 +188,17 @@ fn wait(p: &Pool, slot: &Slot) -> Option<Job> {
         }
         p.spinning.fetch_sub(1, Ordering::AcqRel);
         if got.is_some() {
+            history.record(Waited::Spun(start.elapsed()));
             return got;
         }
-    } else if !spin.is_zero() {
-        p.spinning.fetch_sub(1, Ordering::AcqRel);
     }
+    let got = park(p, slot, take);
+    history.record(Waited::Slept(start.elapsed()));
+    got
+}
+
+/// Parks until a job comes (`take` finds it); `None` as [`wait`] says.
+fn park(p: &Pool, slot: &Slot, take: impl Fn() -> Option<Job>) -> Option<Job> {
     let mut since = Instant::now();
     loop {
         if let Some(j) = take() {

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_cli::cli_rpc::{Access, ServeOptions};
+use ferry_commands::cli_rpc::{Access, ServeOptions};
 use ferry_rpc::{GivenSchemas, MethodInfo, Methods, RpcLimits};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -276,10 +276,10 @@ impl Server {
     ) -> PyResult<()> {
         let server = self.built().clone();
         let busy_poll = match busy_poll_us {
-            Some(us) if us > ferry_cli::cli_rpc::MAX_BUSY_POLL_US => {
+            Some(us) if us > ferry_commands::cli_rpc::MAX_BUSY_POLL_US => {
                 return Err(PyValueError::new_err(format!(
                     "busy_poll_us {us}: at most {}",
-                    ferry_cli::cli_rpc::MAX_BUSY_POLL_US
+                    ferry_commands::cli_rpc::MAX_BUSY_POLL_US
                 )));
             }
             Some(us) => Duration::from_micros(us),
@@ -302,7 +302,7 @@ impl Server {
             },
         };
         let bound = py
-            .detach(|| runtime().block_on(ferry_cli::cli_rpc::bind(&opts)))
+            .detach(|| runtime().block_on(ferry_commands::cli_rpc::bind(&opts)))
             .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
         let addresses = bound.addresses();
         if announce {
@@ -318,7 +318,7 @@ impl Server {
         };
         let s = server.clone();
         runtime().spawn(async move {
-            let r = ferry_cli::cli_rpc::run(bound, &s, async move {
+            let r = ferry_commands::cli_rpc::run(bound, &s, async move {
                 stop.cancelled().await;
                 Ok(())
             })

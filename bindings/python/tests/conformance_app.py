@@ -1,4 +1,4 @@
-"""The conformance API (`ferry serve --api conformance`, `cli/src/conformance_api.rs`)
+"""The conformance API (`ferry serve --api conformance`, `commands/src/conformance_api.rs`)
 served from Python: the `python-server` column of `cargo xtask conformance` runs the
 Rust RPC cases and the Python and TypeScript SDK scenarios against it.
 

@@ -130,7 +130,7 @@ pub fn run(cmd: &mut Command, limit: Duration) -> Output {
 /// 20 s so that a test never hangs on a silent server.
 #[cfg(target_os = "linux")]
 pub fn connect_abstract(addr: &str) -> std::os::unix::net::UnixStream {
-    let s = ferry_cli::raw_peer::connect_abstract(addr).unwrap();
+    let s = ferry_commands::raw_peer::connect_abstract(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s
 }

@@ -25,7 +25,7 @@ pub fn add_works(addr: &str) {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3.0", "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-pub use ferry_cli::raw_peer::frame_prefix;
+pub use ferry_commands::raw_peer::frame_prefix;
 
 /// A MESSAGE frame carrying an `add` call with this id.
 pub fn add_call_frame(id: usize) -> Vec<u8> {
@@ -40,5 +40,5 @@ pub fn add_call_frame(id: usize) -> Vec<u8> {
 
 /// A raw connection that completed the handshake (inline channel).
 pub fn handshaken(addr: &str) -> UnixStream {
-    ferry_cli::raw_peer::handshake(super::connect_abstract(addr), "raw-test-client").unwrap()
+    ferry_commands::raw_peer::handshake(super::connect_abstract(addr), "raw-test-client").unwrap()
 }

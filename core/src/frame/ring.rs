@@ -42,6 +42,7 @@ use ferry_ring::{Receiver, RingError, WaitEnd};
 
 use super::{Frame, FrameKind, FramePrefix, FrameReader, PREFIX_LEN, aligned_copy};
 use crate::error::{PipeError, ProtocolError};
+use crate::spin::{self, Spin, SpinHistory, SpinInputs, Waited};
 use crate::wire::Limits;
 pub(crate) use write::RingWrite;
 
@@ -78,12 +79,25 @@ pub(crate) struct RingRead {
     nudged: bool,
     /// Packed message records are allowed (the feature was agreed).
     packed: bool,
+    /// The wait policy's state (boxed: the reader is moved between its task and blocking
+    /// callers, and stays small).
+    wait: Box<RingWait>,
+}
+
+/// A ring reader's state for the wait policy ([`spin::decide`]).
+struct RingWait {
+    /// What its waits taught the policy.
+    history: SpinHistory,
+    /// When the reader task's last spin began, having missed (its wait goes on behind the
+    /// doorbell, and is recorded when that ends).
+    missed_at: Option<Instant>,
 }
 
 impl RingRead {
     pub(crate) fn new(rx: Receiver, packed: bool) -> RingRead {
         RingRead {
             packed,
+            wait: Box::new(RingWait { history: SpinHistory::new(rx.spin_max()), missed_at: None }),
             rx,
             record: Vec::new(),
             at: 0,
@@ -91,6 +105,49 @@ impl RingRead {
             socket_ended: false,
             divert_taken: false,
             nudged: false,
+        }
+    }
+
+    /// Polls the ring for a record for up to `d` from `start` (and not past `until`); true
+    /// when one came (the history learns it).
+    fn spin_for(&mut self, d: Duration, start: Instant, until: Option<Instant>) -> bool {
+        let end = until.map_or(start + d, |u| u.min(start + d));
+        let mut polls = 0u32;
+        loop {
+            if self.rx.has_data() {
+                self.wait.history.record(Waited::Spun(start.elapsed()));
+                return true;
+            }
+            std::hint::spin_loop();
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(32) && Instant::now() >= end {
+                return false;
+            }
+        }
+    }
+
+    /// A blocking caller's wait for a record until `until`: the wait policy's spin (when
+    /// [`spin::decide_alone`] allows one), then the ring's futex at once.
+    fn wait(&mut self, until: Instant) -> Result<WaitEnd, RingError> {
+        if self.rx.has_data() {
+            return Ok(WaitEnd::Data);
+        }
+        let start = Instant::now();
+        if let Spin::Poll(d) = spin::decide_alone(self.wait.history.window(), &self.wait.history, start)
+            && self.spin_for(d, start, Some(until))
+        {
+            return Ok(WaitEnd::Data);
+        }
+        let end = self.rx.sleep_for_data(until);
+        self.wait.history.record(Waited::Slept(start.elapsed()));
+        end
+    }
+
+    /// The reader task's wait behind the doorbell ended: its history learns how long the
+    /// whole wait took, from its missed spin on.
+    fn woke(&mut self) {
+        if let Some(t) = self.wait.missed_at.take() {
+            self.wait.history.record(Waited::Slept(t.elapsed()));
         }
     }
 
@@ -224,6 +281,7 @@ impl FrameReader {
             let got = self.read_socket_frame().await.and_then(doorbell_or_frame);
             let ring = self.ring.as_mut().expect("still attached");
             ring.rx.disarm();
+            ring.woke();
             match got {
                 Ok(f) if f.kind == FrameKind::Ring => {}
                 Ok(f) => {
@@ -266,7 +324,7 @@ impl FrameReader {
                 let end = if std::mem::take(&mut ring.nudged) {
                     WaitEnd::Nudged
                 } else {
-                    ring.rx.wait_for_data(until).map_err(ring_error)?
+                    ring.wait(until).map_err(ring_error)?
                 };
                 match end {
                     WaitEnd::Data => return Ok(true),
@@ -338,7 +396,7 @@ impl FrameReader {
             }
             if !ring.rx.has_data() {
                 let until = slice_end(deadline)?;
-                match ring.rx.wait_for_data(until) {
+                match ring.wait(until) {
                     Ok(WaitEnd::Data) => {}
                     Ok(WaitEnd::Nudged) => {
                         ring.nudged = true;
@@ -390,6 +448,9 @@ impl FrameReader {
             None => Some(fill.await),
         };
         drop(armed);
+        if let Some(ring) = self.ring.as_mut() {
+            ring.woke();
+        }
         match got {
             Some(Ok([])) => Ok(Woke::Read),
             Some(Err(e)) => Err(e.into()),
@@ -440,27 +501,33 @@ impl FrameReader {
         }
     }
 
-    /// Polls the ring for the busy-poll window when the pipe armed busy polling; true when
-    /// a record came.
+    /// Polls the ring when the wait policy allows ([`spin::decide`]: busy polling armed by
+    /// the pipe, the machine not overloaded, the ring's history warm); true when a record
+    /// came.
     fn spin_on_ring(&mut self) -> bool {
-        let Some(b) = self.busy_poll.as_ref().filter(|b| b.armed()) else { return false };
-        let window = b.window();
-        if window.is_zero() {
+        let Some(b) = self.busy_poll.as_ref() else { return false };
+        let (window, armed) = (b.window(), b.armed());
+        let ring = self.ring.as_mut().expect("still attached");
+        if window.is_zero() || !armed {
             return false;
         }
-        let ring = self.ring.as_mut().expect("still attached");
         let start = Instant::now();
-        let mut polls = 0u32;
-        loop {
-            std::hint::spin_loop();
-            if ring.rx.has_data() {
-                return true;
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(64) && start.elapsed() >= window {
-                return false;
-            }
+        let learned = ring.wait.history.learned();
+        let spin = spin::decide(SpinInputs {
+            window,
+            armed,
+            learned,
+            overloaded: learned.is_some() && spin::load::overloaded_at(start),
+            others_active: false,
+            spinning: 0,
+            max_spinning: 1,
+        });
+        let Spin::Poll(d) = spin else { return false };
+        if ring.spin_for(d, start, None) {
+            return true;
         }
+        ring.wait.missed_at = Some(start);
+        false
     }
 }
 

@@ -36,6 +36,8 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
   server keeps; `placement`: where a tensor store keeps them (cpu, disk, device tiers).
 - `generated`: typed clients of the built-in APIs (`demo`, `conformance`), as
   `ferry sdk --lang python` writes them for any server; `types`: their result checks.
+- `StoreServer`, `serve_weights`: host a tensor store (`ferry serve-weights`) from Python.
+- The `ferry` command (also `python -m ferry`): every subcommand of the Rust binary.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from ._native import __version__
 from ._pipe import Listener, Pipe, connect, listen
 from ._schema import AnyTensor, NDArray
 from ._spawn import spawn
+from ._store_server import StoreServer, serve_weights
 from .errors import (
     CallTimeout,
     ConnectionClosed,
@@ -126,6 +129,7 @@ __all__ = [
     "RpcError",
     "ServerError",
     "ServerTimeoutError",
+    "StoreServer",
     "TaskNotFoundError",
     "TaskPendingError",
     "Tensor",
@@ -148,6 +152,7 @@ __all__ = [
     "placement",
     "refs",
     "rpc_errors",
+    "serve_weights",
     "spawn",
     "store",
     "tensors",

@@ -1,10 +1,18 @@
-"""`python -m ferry serve MODULE:APP [ADDR ...]`: serve an app, with `ferry serve`'s options."""
+"""The `ferry` command (installed by the package; also `python -m ferry`).
+
+- `ferry serve MODULE:APP [ADDR ...]`: serve a Python app (a `ferry.App`), with `ferry
+  serve`'s options (`--help` after `serve MODULE:APP` lists them).
+- Every other command line is the Rust `ferry` binary's, run by the native module in this
+  process: `ferry serve [ADDR]` (the demo or conformance API), `call`, `discover`, `sdk`,
+  `serve-weights`, `bench`, `info` (`ferry --help`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from ._app import App
@@ -31,8 +39,52 @@ def _load(spec: str, app_dir: str = ".") -> App:
     return obj
 
 
+_ADDRESS_SCHEMES = ("unix", "quic", "http", "https", "tcp")
+"""What comes before `:` in an address: `ferry serve unix:demo` serves the demo API."""
+
+
+def _serves_app(argv: list[str]) -> bool:
+    """Whether `argv` serves a Python app: `serve`, then an argument MODULE:ATTRIBUTE
+    (dotted names, MODULE not an address scheme), or a first argument that is neither an
+    option nor an address (what should have been MODULE:ATTRIBUTE: `main` says so). The
+    rest (`ferry serve [ADDR] --api conformance ...`) is the native `ferry serve`."""
+    if not argv or argv[0] != "serve":
+        return False
+    for a in argv[1:]:
+        module, sep, attr = a.partition(":")
+        if (
+            sep
+            and module not in _ADDRESS_SCHEMES
+            and _DOTTED.fullmatch(module)
+            and _DOTTED.fullmatch(attr)
+        ):
+            return True
+    first = argv[1] if len(argv) > 1 else "-"
+    scheme, sep, _ = first.partition(":")
+    return not first.startswith("-") and not (sep and scheme in _ADDRESS_SCHEMES)
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _native_command(argv: list[str]) -> int:
+    """The Rust `ferry` command line, in this process (its peers: `python -m ferry`).
+
+    SIGINT gets its default action back first, as the Rust binary has it: Ctrl-C ends a
+    `call` at once, and a server (`serve`, `serve-weights`) installs its own handler and
+    stops cleanly (status 0). Python's handler would instead raise KeyboardInterrupt once
+    the command returned, and the interpreter would then end itself by SIGINT."""
+    import signal
+
+    from ._native import main as native_main
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return native_main(["ferry", *argv], sys.executable, ["-m", "ferry"])
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ferry", description=__doc__)
+    """`ferry serve MODULE:APP ...` (a Python app; `python -m ferry serve MODULE:APP --help`)."""
+    p = argparse.ArgumentParser(prog="ferry", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve an app (MODULE:APP) on one or more addresses")
     s.add_argument("app", help="the app, as MODULE:ATTRIBUTE (uvicorn's convention)")
@@ -155,22 +207,30 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None = None) -> int:
     """`main` as the command line runs it: a server that cannot start (an address already
     in use, a bad option) ends with one line saying why and what to do, not a traceback
-    (`--debug` keeps it)."""
+    (`--debug` keeps it). A command line that does not serve a Python app goes to the native
+    command (`ferry --help`)."""
+    args = sys.argv[1:] if argv is None else argv
+    if not _serves_app(args):
+        return _native_command(args)
     try:
         return main(argv)
     except RuntimeError as e:
-        args = sys.argv[1:] if argv is None else argv
         if "--debug" in args:
             raise
         msg = str(e)
         if "in use" in msg:
             msg += (
                 ": another server is listening there; stop it, or serve on another "
-                "address (python -m ferry serve MODULE:APP unix:OTHER_NAME)"
+                "address (ferry serve MODULE:APP unix:OTHER_NAME)"
             )
         print(f"ferry: {msg}", file=sys.stderr)
         return 1
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The installed `ferry` command (`[project.scripts]`)."""
     sys.exit(_run())
+
+
+if __name__ == "__main__":
+    console()

@@ -1,6 +1,7 @@
 """Type stubs of `ferry._native` (the Rust half; see bindings/python/src). Checked against
 the compiled module by `mypy.stubtest` in CI (`cargo xtask python-server`)."""
 
+import os
 from collections.abc import Callable
 from typing import Any, final
 
@@ -15,11 +16,13 @@ __all__ = [
     "Pending",
     "Pipe",
     "Server",
+    "StoreServer",
     "TensorRef",
     "__version__",
     "connect",
     "dtypes",
     "listen",
+    "main",
 ]
 
 __version__: str
@@ -249,3 +252,39 @@ class Client:
         as_torch: bool,
     ) -> Pending: ...
     def close(self) -> None: ...
+
+def main(argv: list[str], program: str | os.PathLike[str], prefix: list[str]) -> int:
+    """Runs the `ferry` command line `argv` (program name first) in this process; returns its
+    exit status. `program prefix...` starts another copy (the benchmark's peers)."""
+
+@final
+class StoreServer:
+    """A tensor store (`ferry serve-weights`) served in the background by this process."""
+
+    def __new__(
+        cls,
+        addr: str = ...,
+        files: list[str | os.PathLike[str]] = ...,
+        *,
+        name: str | None = None,
+        budget_mib: int | None = None,
+        bucket_mib: int = 512,
+        digest: bool = True,
+        placement: str | None = None,
+        cpu_budget_mib: int | None = None,
+        disk_budget_mib: int | None = None,
+        disk_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        max_connections: int = 512,
+        announce: bool = False,
+    ) -> StoreServer: ...
+    @property
+    def addresses(self) -> list[str]: ...
+    @property
+    def addr(self) -> str: ...
+    @property
+    def serving(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def stop(self, timeout: float = 10.0) -> bool: ...
+    def __enter__(self) -> StoreServer: ...
+    def __exit__(self, *_exc: object) -> bool: ...

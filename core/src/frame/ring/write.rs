@@ -2,16 +2,18 @@
 //! socket and divert records for what the ring cannot carry, the doorbell, and a full
 //! ring's wait, which gives up when the peer is gone or this side closed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_ring::{Pushed, Sender};
 
 use super::super::{FrameKind, FramePrefix, FrameWriter, OutFrame, PREFIX_LEN, put};
 use super::{TAG_DIVERT, TAG_FRAMES, TAG_MESSAGE, ring_error};
 use crate::error::PipeError;
+use crate::spin::{self, Spin, SpinHistory};
 
-/// Tries of a full ring that only yield before the writer starts sleeping between tries.
-const YIELDS_WHEN_FULL: u32 = 64;
+/// How long a writer facing a full ring may yield between tries (the wait policy's
+/// window, [`spin::decide_alone`]) before it sleeps between them.
+const YIELD_WHEN_FULL: Duration = Duration::from_micros(100);
 /// The writer's sleep between tries of a ring that stays full.
 const FULL_SLEEP: Duration = Duration::from_micros(200);
 
@@ -140,13 +142,13 @@ impl FrameWriter {
     /// Publishes one record, waiting while the ring is full. When the peer waits for its
     /// doorbell, a doorbell is owed ([`FrameWriter::pay_doorbell`]).
     ///
-    /// A full ring waits for the peer to read. While it waits (yielding, then sleeping
-    /// [`FULL_SLEEP`] between tries) it asks the transport whether the peer is still there
+    /// A full ring waits for the peer to read. While it waits (yielding for as long as the
+    /// wait policy allows, then sleeping [`FULL_SLEEP`] between tries) it asks the transport whether the peer is still there
     /// ([`crate::PeerLiveness`]): a dead peer never reads again, so the write fails with
     /// [`PipeError::PeerGone`] within a sleep of the death, whoever else reads the socket.
     /// A local close ([`ferry_ring::PeerNotice::close_here`]) ends the wait too.
     async fn push(&mut self, tag: u32, parts: Option<&[&[u8]]>) -> Result<(), PipeError> {
-        let mut tries = 0u32;
+        let mut yielding: Option<(Instant, Duration)> = None;
         loop {
             let ring = self.ring.as_mut().expect("still attached");
             match ring.tx.try_send_parts(tag, parts.unwrap_or(&[])).map_err(ring_error)? {
@@ -155,8 +157,12 @@ impl FrameWriter {
                     return Ok(());
                 }
                 Pushed::Full => {
-                    tries += 1;
-                    if tries < YIELDS_WHEN_FULL {
+                    let now = Instant::now();
+                    let (since, window) = *yielding.get_or_insert_with(|| {
+                        let spin = spin::decide_alone(YIELD_WHEN_FULL, &SpinHistory::new(YIELD_WHEN_FULL), now);
+                        (now, if let Spin::Poll(d) = spin { d } else { Duration::ZERO })
+                    });
+                    if now.duration_since(since) < window {
                         tokio::task::yield_now().await;
                     } else {
                         if self.liveness.as_ref().is_some_and(|l| l.peer_gone()) {

@@ -335,7 +335,9 @@ async fn kill_clients(ctx: &mut Ctx) -> anyhow::Result<String> {
     let before = usage(ctx.server.pid);
     let mut seed = 7u64;
     for _ in 0..ctx.counts.kills {
-        let mut child = std::process::Command::new(&ctx.exe)
+        let mut child = ctx
+            .exe
+            .command()
             .args(["call", &ctx.server.addr, "create_tensor", r#"{"shape":[4194304],"dtype":"f32","fill":1}"#])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -12,7 +12,6 @@
 //! is not refused by name, or resources are not given back; speed is reported, never
 //! asserted (the machine is shared).
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use anyhow::{Context, bail};
 use ferry_rpc::Client;
 
 use crate::bench::{ChildProcess, start_child};
+use crate::self_exe::SelfExe;
 
 mod conn_owner;
 mod phases;
@@ -221,7 +221,7 @@ pub(crate) struct Served {
     pub(crate) child: ChildProcess,
 }
 
-pub(crate) fn serve(exe: &Path, tag: &str, extra: &[&str]) -> anyhow::Result<Served> {
+pub(crate) fn serve(exe: &SelfExe, tag: &str, extra: &[&str]) -> anyhow::Result<Served> {
     static N: AtomicU64 = AtomicU64::new(0);
     let addr = format!("unix:ferry-soak-{}-{tag}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
     let mut args = vec!["serve", addr.as_str()];
@@ -271,7 +271,7 @@ fn print_row(r: &Row) {
 
 /// What a phase body sees.
 pub(crate) struct Ctx {
-    pub(crate) exe: PathBuf,
+    pub(crate) exe: SelfExe,
     pub(crate) server: Served,
     pub(crate) counts: Counts,
     pub(crate) idle: Usage,
@@ -279,7 +279,7 @@ pub(crate) struct Ctx {
 
 /// Runs every phase against one server (and the kill loops against their own); prints the
 /// table; fails if a check failed.
-pub async fn run(exe: &Path, counts: Counts) -> anyhow::Result<()> {
+pub async fn run(exe: &SelfExe, counts: Counts) -> anyhow::Result<()> {
     #[cfg(unix)]
     crate::cli_rpc::raise_fd_limit();
     let max_conn = (counts.idle + counts.slowloris + counts.clients + 64).to_string();
@@ -288,7 +288,7 @@ pub async fn run(exe: &Path, counts: Counts) -> anyhow::Result<()> {
     let canary = Canary::start(&server.addr).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let idle = usage(server.pid);
-    let mut ctx = Ctx { exe: exe.to_owned(), server, counts, idle };
+    let mut ctx = Ctx { exe: exe.clone(), server, counts, idle };
     println!(
         "ferry soak ({} mode): server pid {} on {}, idle RSS {:.1} MiB",
         if counts.full { "full" } else { "short" },

@@ -18,7 +18,7 @@ pub(super) async fn tokenless_quic_connections(_: &mut super::Ctx) -> anyhow::Re
 #[cfg(feature = "quic")]
 mod imp {
     use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use std::process::Stdio;
     use std::time::{Duration, Instant};
 
     use anyhow::{Context, bail, ensure};
@@ -85,7 +85,9 @@ mod imp {
         let tmp = std::env::temp_dir().join(format!("ferry-soak-owner-{}", std::process::id()));
         let (home, disk) = (tmp.join("home"), tmp.join("disk"));
         std::fs::create_dir_all(&home)?;
-        let mut child = Command::new(&ctx.exe)
+        let mut child = ctx
+            .exe
+            .command()
             .args(["serve-weights", "--name", "soak", "--addr", "quic://127.0.0.1:0", "--budget-mib", BUDGET_MIB])
             .args(["--placement", "lru", "--cpu-budget-mib", "4", "--disk-dir"])
             .arg(&disk)

@@ -4,7 +4,7 @@
 //! mapping of this process's memory and sends it back by reference, so a round trip moves
 //! descriptors and events only (zero copy both ways).
 
-use std::path::Path;
+use crate::self_exe::SelfExe;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -21,7 +21,7 @@ fn note(bar: &ProgressBar, msg: String) {
 
 /// The rows, or none (with a note) where cuda-ipc cannot run or was not asked for.
 pub(super) async fn rows(
-    exe: &Path,
+    exe: &SelfExe,
     opts: &BenchOptions,
     sizes: &[Size],
     bar: &ProgressBar,

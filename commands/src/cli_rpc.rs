@@ -14,11 +14,12 @@ pub const DEFAULT_ADDR: &str = "unix:ferry-demo";
 /// The longest busy-polling window `ferry serve --busy-poll-us` takes, in µs.
 pub const MAX_BUSY_POLL_US: u64 = 1000;
 
-/// `ferry serve`'s default busy-polling window: 50 µs when this process may use 2 or more
-/// CPUs (a spinning reader then leaves the peer a CPU), else none.
+/// `ferry serve`'s default busy-polling window: the wait policy's
+/// ([`ferry_core::spin::default_busy_poll`]: 50 µs when this process may use 2 or more
+/// CPUs, else none). Each wait still asks the policy ([`ferry_core::spin::decide`]), which
+/// does not spin while the machine is overloaded or the peer is slow.
 pub fn default_busy_poll() -> std::time::Duration {
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    std::time::Duration::from_micros(if cpus >= 2 { 50 } else { 0 })
+    ferry_core::spin::default_busy_poll()
 }
 
 /// The most runtime worker threads `ferry serve --workers` takes.

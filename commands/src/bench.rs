@@ -3,9 +3,9 @@
 //! back, over every compiled-in transport and channel, beside a 64-byte message round trip
 //! on the same connection and a plain memcpy of the same bytes, all measured in one run.
 
+use crate::self_exe::SelfExe;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -214,7 +214,6 @@ pub(crate) struct ChildProcess(Child);
 
 impl ChildProcess {
     /// The process id.
-    #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn id(&self) -> u32 {
         self.0.id()
     }
@@ -237,8 +236,9 @@ impl Drop for ChildProcess {
 
 /// Starts `exe args..` and waits for its first line, which must start with `ready`;
 /// returns the process and the rest of that line (trimmed).
-pub(crate) fn start_child(exe: &Path, args: &[&str], ready: &str) -> anyhow::Result<(ChildProcess, String)> {
-    let mut child = Command::new(exe)
+pub(crate) fn start_child(exe: &SelfExe, args: &[&str], ready: &str) -> anyhow::Result<(ChildProcess, String)> {
+    let mut child = exe
+        .command()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -257,7 +257,7 @@ pub(crate) fn start_child(exe: &Path, args: &[&str], ready: &str) -> anyhow::Res
 
 /// Starts the echo peer (`ferry __echo ADDR`); returns it and what it reports: the address
 /// it really listens on, then (with QUIC) a bare quinn sink.
-pub(crate) fn start_echo_peer(exe: &Path, addr: &str) -> anyhow::Result<(ChildProcess, String)> {
+pub(crate) fn start_echo_peer(exe: &SelfExe, addr: &str) -> anyhow::Result<(ChildProcess, String)> {
     start_child(exe, &["__echo", addr], "ready")
 }
 
@@ -353,7 +353,7 @@ async fn checked(pipe: &Pipe, msg: &Message, what: &str) -> anyhow::Result<()> {
 
 /// Runs the benchmark. `exe` is the `ferry` binary (started as the peer); `on_row` sees
 /// each row as soon as it is measured.
-pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) -> anyhow::Result<Vec<Row>> {
+pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&Row)) -> anyhow::Result<Vec<Row>> {
     let mut sizes =
         vec![Size { meta: TensorMeta::new(opts.dtype, opts.shape.clone()), label: String::new(), iters: opts.iters }];
     if opts.big_mib > 0 {

@@ -12,8 +12,8 @@
 //!
 //! The peer is `ferry __shm-memory-peer ADDR`, a second process.
 
+use crate::self_exe::SelfExe;
 use std::io::{Read, Write};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -112,7 +112,7 @@ fn mib(b: u64) -> String {
 }
 
 /// Runs both rows with a large tensor of `mib` MiB.
-pub async fn run(exe: &Path, size_mib: u64) -> anyhow::Result<Vec<MemRow>> {
+pub async fn run(exe: &SelfExe, size_mib: u64) -> anyhow::Result<Vec<MemRow>> {
     let addr = format!("unix:ferry-bench-shm-memory-{}", std::process::id());
     let (child, ready) = start_child(exe, &["__shm-memory-peer", &addr], "ready")?;
     let pipe = ferry::endpoint().build().connect(&ready).await.with_context(|| format!("connect to {ready}"))?;

@@ -48,6 +48,121 @@ pub fn address_and_files(positional: Vec<PathBuf>, addr: Option<String>) -> anyh
     Ok((addr, files))
 }
 
+/// `ferry serve-weights`' placement options, as given (`--placement` and the options that
+/// need it).
+#[derive(Debug, Clone, Default)]
+pub struct PlacementArgs {
+    /// `--placement`: pinned, genoa, lru or flow (`None`: no tiers).
+    pub policy: Option<String>,
+    /// `--cpu-budget-mib`.
+    pub cpu_budget_mib: Option<u64>,
+    /// `--disk-budget-mib`.
+    pub disk_budget_mib: Option<u64>,
+    /// `--disk-dir`.
+    pub disk_dir: Option<PathBuf>,
+    /// `--record-trace`.
+    pub record_trace: Option<PathBuf>,
+    /// `--record-trace-limit`.
+    pub record_trace_limit: u64,
+    /// `--cuda-budget-mib`.
+    pub cuda_budget_mib: Option<u64>,
+    /// `--cuda-device`.
+    pub cuda_device: u32,
+}
+
+/// The placement options of `args` (checked: a tier option without a policy is refused by
+/// name) and, with a device tier, how kept device tensors are copied into it.
+pub fn placement(args: PlacementArgs) -> anyhow::Result<(Option<ferry_store::PlacementOptions>, Option<DeviceCopy>)> {
+    let placement = match args.policy {
+        Some(policy) => {
+            ferry_store::placement_policy(&policy).map_err(|e| anyhow::anyhow!("--placement: {e}"))?;
+            let mut p = ferry_store::PlacementOptions {
+                policy,
+                disk_dir: args.disk_dir,
+                record_trace: args.record_trace,
+                trace_limit: args.record_trace_limit,
+                ..Default::default()
+            };
+            if let Some(m) = args.cpu_budget_mib {
+                p.cpu_budget_bytes = m.saturating_mul(1 << 20);
+            }
+            p.disk_budget_bytes = args.disk_budget_mib.map(|m| m.saturating_mul(1 << 20));
+            Some(p)
+        }
+        None => {
+            if args.cpu_budget_mib.is_some()
+                || args.disk_budget_mib.is_some()
+                || args.disk_dir.is_some()
+                || args.record_trace.is_some()
+                || args.cuda_budget_mib.is_some()
+            {
+                anyhow::bail!(
+                    "--cpu-budget-mib, --disk-budget-mib, --disk-dir, --record-trace and \
+                     --cuda-budget-mib need --placement POLICY (pinned, genoa, lru or flow)"
+                );
+            }
+            None
+        }
+    };
+    device_tier(placement, args.cuda_budget_mib, args.cuda_device)
+}
+
+/// `ferry serve-weights --cuda-budget-mib`: the device tier in the placement options, and
+/// the server's copy of kept device tensors into its pool.
+fn device_tier(
+    placement: Option<ferry_store::PlacementOptions>,
+    budget_mib: Option<u64>,
+    device: u32,
+) -> anyhow::Result<(Option<ferry_store::PlacementOptions>, Option<DeviceCopy>)> {
+    let (Some(mut p), Some(mib)) = (placement.clone(), budget_mib) else { return Ok((placement, None)) };
+    #[cfg(feature = "cuda-ipc")]
+    {
+        let chan = ferry_cuda_ipc::CudaIpcChannel::new();
+        let memory = ferry_store::placement::CudaMemory::new(chan.clone(), device)
+            .map_err(|e| anyhow::anyhow!("--cuda-budget-mib: the device tier on cuda:{device}: {e}"))?;
+        p.device = Some(ferry_store::DeviceTierOptions {
+            memory: std::sync::Arc::new(memory),
+            budget_bytes: mib.saturating_mul(1 << 20),
+        });
+        Ok((Some(p), Some(DeviceCopy(ferry_store::device_or_shared_copy(chan)))))
+    }
+    #[cfg(not(feature = "cuda-ipc"))]
+    {
+        let _ = (&mut p, mib, device);
+        anyhow::bail!(
+            "--cuda-budget-mib needs ferry built with the `cuda-ipc` feature (cargo build -p ferry-cli --features cuda-ipc)"
+        )
+    }
+}
+
+/// The store's options of `--budget-mib` (default: half of this machine's memory),
+/// `--bucket-mib` (at least 1) and digests on or off.
+pub fn store_options(budget_mib: Option<u64>, bucket_mib: usize, digest: bool) -> anyhow::Result<StoreOptions> {
+    let mut store = StoreOptions { digest, ..Default::default() };
+    if let Some(m) = budget_mib {
+        store.budget_bytes = m.saturating_mul(1 << 20);
+    }
+    if bucket_mib == 0 {
+        anyhow::bail!("--bucket-mib 0: a bucket needs at least 1 MiB");
+    }
+    store.bucket_bytes = bucket_mib.saturating_mul(1 << 20);
+    Ok(store)
+}
+
+/// Who may call a store server: `token` (if any) from every client, at most
+/// `max_connections` at once, `ferry serve`'s answer queue limits; no HTTP.
+pub fn access(token: Option<String>, max_connections: usize) -> Access {
+    Access {
+        token,
+        allow_unauthenticated: false,
+        http_allow_origins: Vec::new(),
+        http_allow_hosts: Vec::new(),
+        max_connections,
+        max_queued_answers: 256,
+        max_queued_answer_bytes: 64 << 20,
+    }
+}
+
 /// What `ferry serve-weights` was asked.
 #[derive(Debug, Clone)]
 pub struct WeightsOptions {
@@ -107,6 +222,21 @@ pub fn server(
 
 /// Publishes the files (with a progress bar on a terminal), then serves until interrupted.
 pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
+    let store = open_store(&o).await?;
+    let served = bind_store(store, &o).await?;
+    served.bound.announce()?;
+    served
+        .run(async {
+            stop_signal().await?;
+            eprintln!("ferry serve-weights: interrupted, stopping");
+            Ok(())
+        })
+        .await
+}
+
+/// The store of `o`: made, placement enabled, `o.files` published as one bundle (with a
+/// progress bar on a terminal; the digest is said on stderr when it is known).
+pub async fn open_store(o: &WeightsOptions) -> anyhow::Result<Arc<Store>> {
     let store = Store::new(o.store.clone());
     if let Some(p) = &o.placement {
         let placed = store.enable_placement(p)?;
@@ -134,7 +264,7 @@ pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
         }
     }
     if o.files.is_empty() {
-        return serve(store, o).await;
+        return Ok(store);
     }
     let total: u64 = o.files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     let bar = if std::io::stderr().is_terminal() {
@@ -175,30 +305,49 @@ pub async fn serve_weights(o: WeightsOptions) -> anyhow::Result<()> {
             eprintln!("ferry serve-weights: {:?} version {} digest {d}", m.name, m.version);
         }
     });
-    serve(store, o).await
+    Ok(store)
 }
 
-/// Serves `store` until interrupted.
-async fn serve(store: Arc<Store>, o: WeightsOptions) -> anyhow::Result<()> {
+/// A store's server bound to its address ([`bind_store`]), not serving yet.
+pub struct BoundStore {
+    /// The listener (its real address: [`crate::cli_rpc::Bound::addresses`]).
+    pub bound: crate::cli_rpc::Bound,
+    server: Server,
+    store: Arc<Store>,
+}
+
+/// Binds `store`'s server to `o.addr` with `o`'s limits and access rules.
+pub async fn bind_store(store: Arc<Store>, o: &WeightsOptions) -> anyhow::Result<BoundStore> {
     let limits = ferry_rpc::RpcLimits::default()
         .max_connections(o.access.max_connections)
         .max_queued_answers(o.access.max_queued_answers)
         .max_queued_answer_bytes(o.access.max_queued_answer_bytes);
-    let placed = store.placement().cloned();
-    let server = server(store, limits, o.device_copy.clone())?;
-    let opts =
-        ServeOptions { addrs: vec![o.addr], http: None, busy_poll: o.busy_poll, shm_pool: None, access: o.access };
+    let server = server(store.clone(), limits, o.device_copy.clone())?;
+    let opts = ServeOptions {
+        addrs: vec![o.addr.clone()],
+        http: None,
+        busy_poll: o.busy_poll,
+        shm_pool: None,
+        access: o.access.clone(),
+    };
     let bound = bind(&opts).await?;
-    bound.announce()?;
-    let served = run(bound, &server, async {
-        stop_signal().await?;
-        eprintln!("ferry serve-weights: interrupted, stopping");
-        Ok(())
-    })
-    .await;
-    // The trace is complete on exit, whoever still holds the store.
-    if let Some(n) = placed.and_then(|p| p.tiers().flush_trace()) {
-        eprintln!("ferry serve-weights: {n} uses recorded");
+    Ok(BoundStore { bound, server, store })
+}
+
+impl BoundStore {
+    /// The store served.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
     }
-    served
+
+    /// Serves until `stop` ends; then writes out the placement's recorded trace, if any.
+    pub async fn run(self, stop: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+        let placed = self.store.placement().cloned();
+        let served = run(self.bound, &self.server, stop).await;
+        // The trace is complete on exit, whoever still holds the store.
+        if let Some(n) = placed.and_then(|p| p.tiers().flush_trace()) {
+            eprintln!("ferry serve-weights: {n} uses recorded");
+        }
+        served
+    }
 }

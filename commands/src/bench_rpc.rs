@@ -22,7 +22,7 @@
 //! `base-rtt-copy-in` beside `call-tensor` / `call-copy-in`. `x_base` is the call's p50
 //! over its base's p50.
 
-use std::path::Path;
+use crate::self_exe::SelfExe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,7 +114,7 @@ where
 
 /// Starts `ferry serve ADDR` (plus the options in `$FERRY_BENCH_SERVE_ARGS`, split on
 /// whitespace, to compare server settings) and waits until it listens.
-fn start_server(exe: &Path, addr: &str) -> anyhow::Result<ChildProcess> {
+fn start_server(exe: &SelfExe, addr: &str) -> anyhow::Result<ChildProcess> {
     let extra = std::env::var("FERRY_BENCH_SERVE_ARGS").unwrap_or_default();
     let mut args = vec!["serve", addr];
     args.extend(extra.split_whitespace());
@@ -263,7 +263,7 @@ async fn echo(c: &Client, t: &Tensor) -> anyhow::Result<Tensor> {
 }
 
 /// Measures the RPC rows; `on_row` sees each as soon as it is measured.
-pub async fn run(exe: &Path, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow)) -> anyhow::Result<Vec<RpcRow>> {
+pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&RpcRow)) -> anyhow::Result<Vec<RpcRow>> {
     let meta = TensorMeta::new(opts.dtype, opts.shape.clone());
     let bytes = meta.byte_span().context("tensor shape")?;
     let label = format!("{}[{}]", opts.dtype, opts.shape.iter().map(u64::to_string).collect::<Vec<_>>().join(","));

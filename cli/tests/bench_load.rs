@@ -1,0 +1,70 @@
+//! `ferry bench --load N`: its CPU burners start, and never outlive the benchmark.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_commands::bench_load::{Burners, MAX_LOAD};
+use ferry_commands::self_exe::SelfExe;
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// The `ferry` binary as the benchmark starts its children.
+fn self_exe() -> SelfExe {
+    SelfExe { program: exe().to_path_buf(), prefix: Vec::new() }
+}
+
+/// Dropping the burners (the benchmark's end, an error) kills and reaps every one.
+#[test]
+#[cfg(target_os = "linux")]
+fn burners_are_killed_when_dropped() {
+    let b = Burners::start(&self_exe(), 2).unwrap();
+    let ids = b.ids();
+    assert_eq!(ids.len(), 2);
+    for id in &ids {
+        assert!(Path::new(&format!("/proc/{id}")).exists(), "burner {id} runs");
+    }
+    drop(b);
+    for id in &ids {
+        assert!(!Path::new(&format!("/proc/{id}")).exists(), "burner {id} is gone (killed and reaped)");
+    }
+}
+
+/// A burner whose benchmark died without killing it (its stdin closed) exits by itself.
+#[test]
+fn a_burner_exits_when_its_stdin_closes() {
+    let mut child = Command::new(exe())
+        .arg("__burn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "burning");
+    drop(child.stdin.take());
+    // Hang guard only: the exit itself is what is asserted.
+    let guard = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > guard {
+            let _ = child.kill();
+            panic!("the burner did not exit after its stdin closed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn more_burners_than_the_limit_are_refused_by_name() {
+    let err = Burners::start(&self_exe(), MAX_LOAD + 1).err().expect("over the limit");
+    assert!(err.to_string().contains("--load"), "{err}");
+    assert!(Burners::start(&self_exe(), 0).unwrap().is_empty());
+}
