@@ -135,7 +135,7 @@ enum Cmd {
         max_queued_answer_mib: u64,
     },
     /// Publish `.safetensors` checkpoints in a tensor store and serve it: readers open the
-    /// bundle zero-copy (Python: `ferry_client.open_weights(ADDR, NAME)`), `store.publish`
+    /// bundle zero-copy (Python: `ferry.open_weights(ADDR, NAME)`), `store.publish`
     /// makes new versions. With `--placement`, the tensor references clients keep
     /// (`ferry.ref.keep`) live in a cpu tier above a disk tier, moved by that policy.
     #[cfg(feature = "rpc")]

@@ -2,8 +2,8 @@
 //! read back by the Rust implementation: every frame through the real `FrameReader`,
 //! every header through the wire types, every MESSAGE through the inline channel's
 //! decoding, every HELLO through `server_decide`, every WELCOME through `client_accept`.
-//! The Python SDK (`sdks/python/tests/test_vectors.py`) and the TypeScript SDK
-//! (`sdks/typescript/test/vectors.test.ts`) read the same files. The worked example is
+//! The TypeScript SDK (`sdks/typescript/test/vectors.test.ts`) reads the same files (the
+//! Python package runs on this implementation). The worked example is
 //! also compared with the hex dumps of PROTOCOL.md §14.
 
 use std::path::PathBuf;

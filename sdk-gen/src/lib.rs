@@ -3,7 +3,7 @@
 //! The generator reads an OpenRPC document (from a server's `rpc.discover`, a file, or an
 //! API built in-process) into a small IR ([`ir::Api`]: methods, named types, the error
 //! table) and hands it to one [`Emitter`] per language: [`python::Python`] (on the
-//! `ferry_client` runtime of `sdks/python`) and [`typescript::TypeScript`] (on the
+//! `ferry` package of `bindings/python`) and [`typescript::TypeScript`] (on the
 //! `ferry-client` runtime of `sdks/typescript`). Emitters write through
 //! [`writer::CodeWriter`] (indentation, line breaking, wrapped comments), so the output is
 //! already formatted; the same document always gives the same bytes.
@@ -66,7 +66,7 @@ pub trait Emitter {
 /// A target language.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lang {
-    /// Python 3.10+ (`ferry_client`).
+    /// Python 3.10+ (`ferry`).
     Python,
     /// TypeScript for Node 20 (`ferry-client`).
     TypeScript,

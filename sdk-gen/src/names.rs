@@ -46,7 +46,7 @@ pub fn reserved_code(code: i64) -> bool {
     (-32768..=-32000).contains(&code)
 }
 
-/// The codes the runtimes have an error class for (`ferry_client.rpc_errors` in Python,
+/// The codes the runtimes have an error class for (`ferry.rpc_errors` in Python,
 /// `rpc_errors.ts` in TypeScript), with their class names: ferry's error table
 /// (`ferry_rpc::codes::ERROR_CODES`, from which `cargo xtask codegen` generates those
 /// modules). sdk-gen depends on no ferry crate, so this is a copy; xtask's

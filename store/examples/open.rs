@@ -1,7 +1,7 @@
 //! Benchmark: `store.open` of a 1,000-tensor bundle against a one-tensor bundle of the same
 //! bytes (issue 18: p50 at most 2 ms, and at most 2x the one-tensor open), from a Rust
 //! client over a real pipe with the shm channel, in one run. The Python side of the same
-//! target is `sdks/python/bench/store.py`.
+//! target is `bindings/python/bench/store_open.py`.
 //!
 //!     cargo run --release -p ferry-store --example open [-- MIB OPENS]
 

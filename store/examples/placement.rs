@@ -23,7 +23,7 @@ use ferry_store::placement::{Flow, FlowOptions, Genoa, Key, Lru, Min, Pinned, Po
 const MIB: u64 = 1 << 20;
 
 /// A trace recorded from a real run of the store: `ferry serve-weights --placement flow
-/// --cpu-budget-mib 12 --record-trace` under sdks/python/examples/placement_mlp.py
+/// --cpu-budget-mib 12 --record-trace` under examples/python/placement_mlp.py
 /// `--passes 20` (8 layers of 4 MiB kept as references, then 20 forward passes with `lru`
 /// and 20 with `flow` and the declared layer order; the trace holds the uses, not the
 /// policy). Relative to this crate's directory.

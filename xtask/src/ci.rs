@@ -75,18 +75,8 @@ pub const STEPS: &[Step] = &[
         run: |sh| Codegen { check: true }.run(sh),
     },
     Step {
-        name: "cargo xtask sdk-python",
-        what: "the Python SDK in a venv: ruff, mypy --strict, pytest against `ferry serve`",
-        run: |sh| crate::python_sdk::SdkPython.run(sh),
-    },
-    Step {
-        name: "cargo xtask sdk-python-install",
-        what: "`pip install ./sdks/python` in an empty venv, compiled and pure Python, each making a call",
-        run: |sh| crate::python_sdk::SdkPythonInstall.run(sh),
-    },
-    Step {
         name: "cargo xtask python-server",
-        what: "the ferry Python package in an empty venv: ruff, mypy --strict, stubtest, pytest",
+        what: "the ferry Python package (server, client, store, generated clients) in an empty venv: ruff, mypy --strict, stubtest, pytest",
         run: |sh| crate::python_server::PythonServer.run(sh),
     },
     Step {
@@ -202,7 +192,7 @@ impl Ci {
         notes.extend(crate::rpc_clients::missing_tools(sh));
         notes.extend(crate::typescript_sdk::missing_tools(sh));
         if !crate::python_sdk::has_python(sh) {
-            notes.push("python3 is missing: `xtask sdk-python` (the Python SDK) was SKIPPED".to_owned());
+            notes.push("python3 is missing: the Python package's checks were SKIPPED".to_owned());
         }
         let total = STEPS.len();
         let started = Instant::now();

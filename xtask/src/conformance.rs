@@ -22,7 +22,8 @@
 //!
 //! SDK and server columns run after the backends (without `--backend`, or when named by
 //! `--backend` / `--require`), each against a real server of the conformance API:
-//! - `python-sdk`: the pytest scenario of `sdks/python` ([`crate::python_sdk`]);
+//! - `python-sdk`: the pytest scenario of the `ferry` package's client (`bindings/python/tests/client`,
+//!   the generated client on the native `ferry.Client`; [`crate::python_sdk`]);
 //! - `typescript-sdk`: `npm run conformance` in `sdks/typescript` ([`crate::typescript_sdk`]);
 //! - `rust-server`: the Rust RPC client's cases (`cli/tests/rpc_conformance.rs`, `rpc::*`);
 //!

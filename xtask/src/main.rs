@@ -8,8 +8,8 @@
 //! - [`tidy`]: repository rules that the compiler cannot check (also run as `#[test]`s).
 //! - [`conformance`]: runs every backend's conformance suite and prints one table.
 //! - [`rpc_clients`]: third-party JSON-RPC clients (PyPI, npm) against `ferry serve`.
-//! - [`python_sdk`]: the Python SDK's checks and tests, a newcomer's install of it in an empty
-//!   venv, its conformance column, its benchmark.
+//! - [`python_sdk`]: the Python client's conformance column (`python-sdk`).
+//! - [`python_server`]: the `ferry` Python package's checks and tests, its benchmark.
 //! - [`windows`]: the Windows build, linted and tested under Wine.
 //! - [`readme`]: the README's shell blocks, run as written.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
@@ -57,17 +57,12 @@ commands:
                            (python-sdk, typescript-sdk), print a pass/FAIL/ignored
                            table and write target/conformance.json; a --require'd backend
                            fails on any ignored case or if it is not viable
-  sdk-python               the Python SDK in a venv (target/sdk-venv): pip install
-                           ./sdks/python, ruff, mypy --strict, pytest against ferry serve
-  sdk-python-install       `pip install ./sdks/python` in an empty venv as the README says,
-                           compiled and with FERRY_PURE_PYTHON=1; checks each installed
-                           package (compiled or not, a call to ferry serve)
   sdk-typescript           the TypeScript SDK (CI's step): npm ci && npm test in sdks/typescript,
                            dist/ fresh, then the package installed into scratch projects
                            (link and tarball): require(), import, tsc on a consumer
-  python-server            the ferry Python package: pip install ./sdks/python
-                           ./bindings/python in an empty venv, ruff, mypy --strict,
-                           stubtest, pytest (bindings/python/tests)
+  python-server            the ferry Python package: pip install ./bindings/python in an
+                           empty venv, ruff, mypy --strict, stubtest, pytest
+                           (bindings/python/tests, the client's in tests/client)
   python-wheel [--dev]     the ferry-tensors wheel: maturin build --release (abi3, manylinux),
                            installed into an empty venv whose PATH has no cargo or rustc;
                            py.typed, stubtest, `ferry info`, pytest with the wheel's `ferry`
@@ -89,8 +84,6 @@ commands:
                            link limited by tc (10 and 1 Gbit/s): full transfer, ferry's delta,
                            gloo broadcast, safetensors re-read (bindings/python/bench/
                            bench_weights.py; --mib N, --subs N, --rates; root for netns)
-  bench-sdk [ARGS..]       Python SDK round trips (sdks/python/bench/bench_rtt.py) beside
-                           bare Python socket round trips, against a release ferry serve
   rpc-clients              third-party JSON-RPC clients (jsonrpcclient from PyPI in
                            target/venv, @open-rpc/* from npm in rpc/tests/js) and the
                            OpenRPC meta-schema check against `ferry serve`
@@ -144,14 +137,11 @@ fn try_main() -> anyhow::Result<()> {
         Some("tidy") => tidy::Tidy::parse(flags)?.run(&sh),
         Some("conformance") => conformance::Conformance::parse(flags)?.run(&sh),
         Some("rpc-clients") => rpc_clients::RpcClients::parse(flags)?.run(&sh),
-        Some("sdk-python") => python_sdk::SdkPython::parse(flags)?.run(&sh),
-        Some("sdk-python-install") => python_sdk::SdkPythonInstall::parse(flags)?.run(&sh),
         Some("sdk-typescript") => {
             flags.finish("sdk-typescript")?;
             typescript_sdk::test(&sh)
         }
         Some("bench-weights") => bench_weights::BenchWeights::parse(flags)?.run(&sh),
-        Some("bench-sdk") => python_sdk::BenchSdk::parse(flags)?.run(&sh),
         Some("bench-ring") => {
             let args = flags.into_rest();
             let manifest = "bench/iceoryx2-peer/Cargo.toml";

@@ -1,8 +1,9 @@
-//! The `ferry` Python package (`bindings/python`): `cargo xtask python-server` (its CI
-//! step) and `cargo xtask bench-python-server`.
+//! The `ferry` Python package (`bindings/python`: serving, `ferry.Client`, pipes, the
+//! store, generated clients; the one Python package, on the Rust core): `cargo xtask
+//! python-server` (its CI step) and `cargo xtask bench-python-server`.
 //!
 //! `python-server` does what a user does, then checks the result:
-//! - `pip install ./sdks/python ./bindings/python` into an empty venv
+//! - `pip install ./bindings/python` into an empty venv
 //!   (`target/python-server-venv`, cleared each run): maturin from PyPI builds the native
 //!   module with this machine's Rust toolchain. The tests build it with cargo's `dev`
 //!   profile (`MATURIN_PEP517_ARGS=--profile dev`): it reuses the dependencies the
@@ -11,9 +12,12 @@
 //!   benchmark builds release, as a user does;
 //! - the pinned tools of `bindings/python/requirements-dev.txt`;
 //! - `ruff format --check` and `ruff check` (package, tests, bench, examples), `mypy
-//!   --strict` (package), `mypy.stubtest ferry._native` (the checked-in stubs match the
+//!   --strict` (package, and the Python emitter's snapshots `sdk-gen/tests/data/*.py`,
+//!   which import `ferry`), `mypy.stubtest ferry._native` (the checked-in stubs match the
 //!   compiled module);
-//! - pytest on `bindings/python/tests` against the installed package, `FERRY_BIN` the
+//! - pytest on `bindings/python/tests` (the client side's in `tests/client`: the
+//!   conformance scenario, generated clients, references, the store, placement) against
+//!   the installed package, `FERRY_BIN` the
 //!   freshly built `ferry`, with a real torch ([`TORCH`], CPU use): PyPI has only its
 //!   CUDA build, whose dependencies are ~3 GB to download and 5.3 GB installed (~100 s
 //!   here, and pip's cache does not help: the registry mirror sends no cache headers), so
@@ -45,7 +49,7 @@ pub const COLUMN: &str = "python-server";
 /// passes when both SDKs' runs of it pass).
 pub fn conformance_column(sh: &Shell, report_dir: &Path, release: bool) -> (Column, Vec<String>) {
     let root = sh.current_dir();
-    let python = match install(sh, &root, false, Profile::Dev) {
+    let python = match install_dev(sh) {
         Ok(p) => p,
         Err(e) => {
             let reason = format!("installing the package failed: {e:#}");
@@ -63,7 +67,7 @@ pub fn conformance_column(sh: &Shell, report_dir: &Path, release: bool) -> (Colu
     }
     let server = OtherServer { column: COLUMN.to_owned(), command };
     let (rust, mut problems) = crate::conformance::rpc_cases(sh, report_dir, release, Some(&server));
-    let (py, p) = crate::python_sdk::python_scenario(sh, report_dir, release, Some(&server));
+    let (py, p) = crate::python_sdk::python_scenario(sh, &python, report_dir, release, Some(&server));
     problems.extend(p);
     let (ts, p) = crate::typescript_sdk::scenario(sh, report_dir, Some(&server));
     problems.extend(p);
@@ -119,7 +123,18 @@ enum Profile {
     Release,
 }
 
-/// Makes the empty venv and installs the packages as a user would, plus the dev tools.
+/// The test venv with the package installed (dev profile), made if need be; installed
+/// once per xtask run (the `python-sdk` and `python-server` conformance columns share it).
+pub fn install_dev(sh: &Shell) -> anyhow::Result<PathBuf> {
+    static INSTALLED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(p) = INSTALLED.get() {
+        return Ok(p.clone());
+    }
+    let python = install(sh, &sh.current_dir(), false, Profile::Dev)?;
+    Ok(INSTALLED.get_or_init(|| python).clone())
+}
+
+/// Makes the empty venv and installs the package as a user would, plus the dev tools.
 fn install(sh: &Shell, root: &Path, clear: bool, profile: Profile) -> anyhow::Result<PathBuf> {
     anyhow::ensure!(
         crate::python_sdk::has_python(sh),
@@ -130,15 +145,15 @@ fn install(sh: &Shell, root: &Path, clear: bool, profile: Profile) -> anyhow::Re
     if clear || !python.exists() {
         cmd!(sh, "python3 -m venv --clear {venv}").run()?;
     }
-    let (client, server) = (root.join("sdks/python"), root.join("bindings/python"));
-    let pip = cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {client} {server}");
+    let package = root.join("bindings/python");
+    let pip = cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {package}");
     let pip = match profile {
         Profile::Dev => pip.env("MATURIN_PEP517_ARGS", "--profile dev"),
         Profile::Release => pip.env_remove("MATURIN_PEP517_ARGS"),
     };
     let built = if profile == Profile::Dev { "dev profile" } else { "release" };
-    eprintln!("xtask: pip install ./sdks/python ./bindings/python (maturin builds the native module, {built})");
-    pip.run().context("`pip install ./sdks/python ./bindings/python` failed")?;
+    eprintln!("xtask: pip install ./bindings/python (maturin builds the native module, {built})");
+    pip.run().context("`pip install ./bindings/python` failed")?;
     let reqs = root.join("bindings/python/requirements-dev.txt");
     cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check -r {reqs}").run()?;
     Ok(python)
@@ -173,7 +188,13 @@ impl PythonServer {
             let _dir = sh.push_dir(&pkg);
             cmd!(sh, "{python} -m ruff format --check --config {config} {sources...}").run().context("ruff format")?;
             cmd!(sh, "{python} -m ruff check --config {config} {sources...}").run().context("ruff check")?;
-            cmd!(sh, "{python} -m mypy --config-file {config} python/ferry").run().context("mypy --strict")?;
+            let snapshots = python_snapshots(&root)?;
+            let snaps = &snapshots;
+            // (ferry-sdk-gen writes Python formatted at ruff's default width, 88 columns.)
+            cmd!(sh, "{python} -m ruff format --check --line-length 88 {snaps...}").run().context("ruff format")?;
+            cmd!(sh, "{python} -m mypy --config-file {config} python/ferry {snaps...}")
+                .run()
+                .context("mypy --strict")?;
         }
         {
             // From the target directory: the installed module, not the source tree.
@@ -215,6 +236,21 @@ fn soak_with(sh: &Shell, root: &Path, python: &Path, full: bool) -> anyhow::Resu
         .run()
         .context("the Python server's soak (bindings/python/bench/soak_server.py)")?;
     Ok(())
+}
+
+/// The Python emitter's snapshot outputs (`sdk-gen/tests/data/*.py`), checked as well:
+/// they exercise every construct the emitter has, on the `ferry` package.
+fn python_snapshots(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let dir = root.join("sdk-gen/tests/data");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "py") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// `cargo xtask bench-python-server [ARGS..]`.

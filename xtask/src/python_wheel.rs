@@ -7,9 +7,8 @@
 //!    maturin comes from PyPI ([`MATURIN`]) into its own venv.
 //! 2. An empty venv (`target/python-wheel-venv`, cleared each run) and a `PATH` with no
 //!    directory holding `cargo` or `rustc` (and no `CARGO*`/`RUSTUP*` variables), checked
-//!    first: everything below runs under it. Into the venv: the wheel, and (for now)
-//!    `ferry-client` from `./sdks/python`, which the package still depends on until it
-//!    calls through the native client; the pinned tools of
+//!    first: everything below runs under it. Into the venv: the wheel (the one Python
+//!    package: nothing else of this checkout); the pinned tools of
 //!    `bindings/python/requirements-dev.txt`; torch from its cache venv
 //!    ([`crate::python_server`]).
 //! 3. Checks of the installed package: `py.typed` and the stubs are in it, `mypy.stubtest
@@ -68,13 +67,8 @@ impl PythonWheel {
         let no_rust = "import shutil, sys; found = [t for t in ('cargo', 'rustc') if shutil.which(t)]; \
                        sys.exit(f'{found} on PATH') if found else print('xtask: no cargo or rustc on PATH')";
         bare(cmd!(sh, "{python} -c {no_rust}")).run().context("the install's PATH still reaches Rust")?;
-        let client = root.join("sdks/python");
-        eprintln!(
-            "xtask: installing {} and ferry-client from ./sdks/python (the package still depends on the \
-             pure-Python client until it calls through the native one)",
-            wheel.display()
-        );
-        bare(cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {wheel} {client}"))
+        eprintln!("xtask: installing {} (and its dependencies from the registry)", wheel.display());
+        bare(cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {wheel}"))
             .run()
             .context("installing the wheel into an empty venv without Rust")?;
         let reqs = root.join("bindings/python/requirements-dev.txt");

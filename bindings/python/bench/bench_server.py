@@ -4,14 +4,13 @@
 Rows (p50/p99 in microseconds), each pair interleaved in rounds so a noisy neighbour hits
 both alike:
 
-- `call-add`: `add(1, 2)` from the Python client (ferry_client) to `ferry serve` (Rust
+- `call-add`: `add(1, 2)` from the Python client (`ferry.Client`) to `ferry serve` (Rust
   handler) and to `python -m ferry serve` (the same API's `add` in Python).
 - `echo-zero-copy`: `echo` of an f32[1920,1080,3] tensor (24.9 MB) made with
   `client.alloc` (shared memory): both servers send the received tensor back as it is.
 - `calls-per-s-16-clients`: 16 client processes calling `add` as fast as they can.
 - `pipe-rtt-64B` and `pipe-rtt-24.9MB`: Python to Python without RPC: `ferry.connect`
   to a `ferry.listen` peer that sends every message back, beside the same round trip by
-  the pure-Python client's `Pipe` (ferry_client) to that peer, and by
   `multiprocessing.shared_memory` plus a unix socket (the tensor written once into a
   shared segment, its name and size sent over the socket, the peer maps it and answers).
 
@@ -34,10 +33,9 @@ from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
-from ferry_client import Client
-from ferry_client import Pipe as PurePipe
 
 import ferry
+from ferry import Client
 
 HERE = Path(__file__).resolve().parent
 SHAPE = (1920, 1080, 3)
@@ -85,7 +83,7 @@ while True:
 
 CLIENT_LOOP = r"""
 import sys, time
-from ferry_client import Client
+from ferry import Client
 c = Client.connect(sys.argv[1])
 n = int(sys.argv[2])
 for _ in range(50):
@@ -249,7 +247,6 @@ def pipes(a: argparse.Namespace, tag: str) -> list[tuple[str, str, float, float,
     seg = None
     try:
         rust_pipe = ferry.connect(addr)
-        pure = PurePipe.connect(addr)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect("\0" + shm_addr)
         nbytes = int(np.prod(SHAPE)) * 4
@@ -258,8 +255,6 @@ def pipes(a: argparse.Namespace, tag: str) -> list[tuple[str, str, float, float,
         arr[...] = 1.0
         big_rust = rust_pipe.alloc(SHAPE, "f32")
         big_rust[...] = 1.0
-        big_pure = pure.alloc(SHAPE, "f32")
-        big_pure[...] = 1.0
         msg64 = {"pad": "x" * 48}
         shm_msg = f"{seg.name} {nbytes}".encode()
 
@@ -277,7 +272,6 @@ def pipes(a: argparse.Namespace, tag: str) -> list[tuple[str, str, float, float,
                 a.calls,
                 {
                     "ferry.Pipe": lambda: (rust_pipe.send(msg64), rust_pipe.recv()),
-                    "ferry_client": lambda: (pure.send(msg64), pure.recv()),
                     "shm+socket": small_shm,
                 },
             ),
@@ -286,7 +280,6 @@ def pipes(a: argparse.Namespace, tag: str) -> list[tuple[str, str, float, float,
                 a.echoes,
                 {
                     "ferry.Pipe": lambda: (rust_pipe.send({}, [big_rust]), rust_pipe.recv()),
-                    "ferry_client": lambda: (pure.send({}, [big_pure]), pure.recv()),
                     "shm+socket": shm_rtt,
                 },
             ),
@@ -294,7 +287,6 @@ def pipes(a: argparse.Namespace, tag: str) -> list[tuple[str, str, float, float,
             rows = interleave(cases, n, a.rounds)  # type: ignore[arg-type]
             out += [(label, k, r.p(0.5), r.p(0.99), "") for k, r in rows.items()]
         rust_pipe.close()
-        pure.close()
         sock.close()
     finally:
         if seg is not None:
@@ -320,9 +312,7 @@ def summarize(out: list[tuple[str, str, float, float, str]]) -> list[str]:
             ratio(n, "python", "rust", "target >= 0.5")
             break
     ratio("pipe-rtt-64B", "ferry.Pipe", "shm+socket", "p50 ratio")
-    ratio("pipe-rtt-64B", "ferry.Pipe", "ferry_client", "p50 ratio")
     ratio("pipe-rtt-24.9MB", "ferry.Pipe", "shm+socket", "p50 ratio")
-    ratio("pipe-rtt-24.9MB", "ferry.Pipe", "ferry_client", "p50 ratio")
     return lines
 
 

@@ -17,13 +17,12 @@ from typing import Annotated, Any, Literal
 
 import ml_dtypes
 import numpy as np
-from ferry_client import NUMPY_DTYPES
-from ferry_client.generated.conformance import DType
-from ferry_client.tensors import ferry_dtype
 from pydantic import Field
 from typing_extensions import NotRequired, TypedDict
 
 import ferry
+from ferry.generated.conformance import DType
+from ferry.tensors import NUMPY_DTYPES, ferry_dtype
 
 app = ferry.App(
     "ferry conformance",
@@ -96,7 +95,7 @@ def checksum(a: np.ndarray[Any, Any]) -> str:
 
 def dtype_of(a: np.ndarray[Any, Any]) -> str:
     """The ferry dtype name of a received array (bf16 is ml_dtypes' bfloat16, or
-    ferry_client's tagged uint16 without it)."""
+    `ferry.BF16`'s tagged uint16 raw bits)."""
     if a.dtype.name == "bfloat16":
         return "bf16"
     return ferry_dtype(a.dtype)

@@ -6,7 +6,7 @@ every other test).
 
 A tiny transformer block (bf16 and f32 parameters, a persistent buffer) is saved with
 `safetensors.torch.save_file`, published by `ferry serve-weights`, opened with
-`ferry_client.open_weights(..., as_torch=True)` and loaded with `load_state_dict(assign=True)`
+`ferry.open_weights(..., as_torch=True)` and loaded with `load_state_dict(assign=True)`
 into a copy made on the meta device. Prints `PASS <check>` per check; any failure raises.
 `python store_torch_checks.py --reader ADDR NAME FILE` is the second reader (another process).
 """
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from ferry_client import open_weights
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from ferry import open_weights
 
 WAIT = 60.0
 """Seconds any wait gives up after (a failure, never a measurement)."""

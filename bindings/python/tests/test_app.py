@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ferry_client.errors import ConnectionClosed
 
 import ferry
+from ferry.errors import ConnectionClosed
 from tests import apps
 from tests.conftest import WAIT, unique_addr
 

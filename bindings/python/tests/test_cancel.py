@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from ferry_client.errors import CallTimeout, ConnectionClosed
 
 import ferry
+from ferry.errors import CallTimeout, ConnectionClosed
 from tests import apps
 from tests.conftest import WAIT, Background, PlainJson, Served, unique_addr, wait_until
 

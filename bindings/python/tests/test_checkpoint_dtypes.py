@@ -12,9 +12,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from ferry_client import Tensor
 
 import ferry
+from ferry import Tensor
 from ferry._tensors import dtype_name
 from tests.conftest import ROOT
 from tests.test_examples import torch_import_error

@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ferry_client import errors as legacy_errors
-from ferry_client import rpc_errors as legacy_rpc_errors
 
 import ferry
 from ferry import _native
@@ -205,7 +203,6 @@ def test_closed_at_once_when_the_server_dies() -> None:
             c.call("add", [1, 2])
         assert addr in str(e.value)
         assert isinstance(e.value, ConnectionError)
-        assert isinstance(e.value, legacy_errors.ConnectionClosed)
 
 
 def test_an_idle_client_is_closed_by_the_server_and_says_why() -> None:
@@ -272,7 +269,6 @@ def test_errors_are_one_tree(client: ferry.Client) -> None:
     with pytest.raises(ferry.rpc_errors.MethodNotFoundError) as e:
         client.call("no_such_method")
     assert isinstance(e.value, ferry.RpcError) and isinstance(e.value, ferry.FerryError)
-    assert isinstance(e.value, legacy_rpc_errors.MethodNotFoundError)
     with pytest.raises(ferry.ParamsError, match=r'params\[0\]\["x"\]'):
         client.call("add", [{"x": object()}, 1])
     with pytest.raises(ferry.CallTimeout) as t:
@@ -281,19 +277,12 @@ def test_errors_are_one_tree(client: ferry.Client) -> None:
 
 
 def test_rpc_errors_match_the_generated_table() -> None:
-    assert {c: k.__name__ for c, k in ferry.rpc_errors.ERRORS.items()} == {
-        c: k.__name__ for c, k in legacy_rpc_errors.ERRORS.items()
-    }
+    from ferry._constants import ERROR_CLASSES
+
+    assert {c: k.__name__ for c, k in ferry.rpc_errors.ERRORS.items()} == ERROR_CLASSES
     for code, cls in ferry.rpc_errors.ERRORS.items():
-        assert code == cls.CODE and issubclass(cls, legacy_rpc_errors.ERRORS[code])
-    for name in legacy_errors.__dict__:
-        legacy = getattr(legacy_errors, name)
-        if (
-            isinstance(legacy, type)
-            and issubclass(legacy, Exception)
-            and legacy.__module__ == legacy_errors.__name__
-        ):
-            assert issubclass(getattr(ferry.errors, name), legacy), name
+        assert code == cls.CODE and issubclass(cls, ferry.RpcError)
+        assert getattr(ferry, cls.__name__) is cls
 
 
 def test_batch_notify_and_tasks(client: ferry.Client) -> None:

@@ -165,7 +165,7 @@ def test_http_refuses_other_content_types(addrs: Addrs) -> None:
     e.value.close()
 
 
-def test_ferry_client_on_the_same_server(addrs: Addrs) -> None:
+def test_a_ferry_client_on_the_same_server(addrs: Addrs) -> None:
     with ferry.Client.connect(addrs.unix, timeout=WAIT) as c:
         assert c.channel == "shm"
         r = c.call("scale", [np.ones(3, np.float32), 2])

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ferry_client import refs
 
 import ferry
-from ferry import TensorRef
+from ferry import TensorRef, refs
 from tests.apps import mapping_of
 from tests.conftest import WAIT, unique_addr, wait_until
 from tests.refs_app import app

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from ferry_client.errors import ConnectionClosed
 
 import ferry
+from ferry.errors import ConnectionClosed
 from tests.conftest import (
     ROOT,
     WAIT,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ferry_client.errors import Refused
 
 import ferry
+from ferry.errors import Refused
 from tests import apps
 from tests.conftest import ROOT, WAIT, pid_gone, read_line, unique_addr, wait_until
 

@@ -1,4 +1,4 @@
-"""A real torch model through the tensor store (`ferry serve-weights`, `ferry_client.open_weights`
+"""A real torch model through the tensor store (`ferry serve-weights`, `ferry.open_weights`
 with `as_torch=True`): `tests/store_torch_checks.py`, in a child process."""
 
 from __future__ import annotations

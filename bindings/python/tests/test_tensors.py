@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ferry_client.tensors import BF16
 
 import ferry
+from ferry.tensors import BF16
 from tests.apps import mapping_of
 
 try:

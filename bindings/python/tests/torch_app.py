@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from ferry_client import Tensor
 
 import ferry
+from ferry import Tensor
 
 app = ferry.App("torch-checks")
 

@@ -1,10 +1,10 @@
 //! The error classes: the section of a generated module that maps an API's error table to
-//! exception classes, and the runtime's own module of them (`ferry_client/rpc_errors.py`).
+//! exception classes, and the runtime's own module of them (`ferry/rpc_errors.py`).
 //!
 //! The runtime has one class per code of ferry's table ([`RUNTIME_ERRORS`]), and it raises
 //! them. A generated module declares no class of its own for such a code: it re-exports the
 //! runtime's under the runtime's name, so `except demo.InvalidParamsError`,
-//! `except conformance.InvalidParamsError` and `except ferry_client.InvalidParamsError`
+//! `except conformance.InvalidParamsError` and `except ferry.InvalidParamsError`
 //! catch the same error whichever client raised it, and no generated class shadows a
 //! runtime one (code -32003 is `ServerTimeoutError` whatever the API's table calls it).
 //! It declares classes only for its API's own codes.
@@ -70,7 +70,7 @@ pub(super) fn errors(cx: &mut Ctx<'_>, w: &mut CodeWriter) {
     errors_dict(
         w,
         &classes,
-        "The exception class of each code of the error table: the runtime's own (`ferry_client.rpc_errors`, \
+        "The exception class of each code of the error table: the runtime's own (`ferry.rpc_errors`, \
          re-exported here) for ferry's codes, this module's for the API's.",
     );
     w.blank(2);
@@ -79,7 +79,7 @@ pub(super) fn errors(cx: &mut Ctx<'_>, w: &mut CodeWriter) {
         docstring(
             w,
             "The exception for an error response: the class of `code` in `ERRORS`, else the runtime's \
-             (`ferry_client.rpc_errors.error_from_code`: its class for ferry's codes, else `RpcError`).",
+             (`ferry.rpc_errors.error_from_code`: its class for ferry's codes, else `RpcError`).",
         );
         w.line("cls = ERRORS.get(code)");
         w.line("if cls is None:");
@@ -88,7 +88,7 @@ pub(super) fn errors(cx: &mut Ctx<'_>, w: &mut CodeWriter) {
     });
 }
 
-/// `ferry_client/rpc_errors.py`: one `RpcError` subclass per row of `table` (ferry's error
+/// `ferry/rpc_errors.py`: one `RpcError` subclass per row of `table` (ferry's error
 /// table, every code in JSON-RPC's reserved range), `ERRORS` and `error_from_code`. The
 /// runtime raises these classes and the generated modules re-export them.
 ///
@@ -103,8 +103,8 @@ pub fn runtime_module(table: &[ErrorDef]) -> String {
         "The JSON-RPC error codes of ferry (PROTOCOL.md section 18.4) as exception classes, generated \
          from the Rust table `ferry_rpc::codes::ERROR_CODES`: one `RpcError` subclass per code.\n\n\
          The runtime raises these classes for error responses with these codes, and the generated clients \
-         (`ferry_client.generated`) re-export them instead of declaring their own, so \
-         `except ferry_client.InvalidParamsError` and `except demo.InvalidParamsError` catch the same \
+         (`ferry.generated`) re-export them instead of declaring their own, so \
+         `except ferry.InvalidParamsError` and `except demo.InvalidParamsError` catch the same \
          error whichever client raised it.",
     );
     w.line("");
@@ -161,7 +161,7 @@ mod tests {
         ]));
         assert!(
             py.contains(
-                "from ferry_client.rpc_errors import (\n    InvalidParamsError as InvalidParamsError,\n    \
+                "from ferry.rpc_errors import (\n    InvalidParamsError as InvalidParamsError,\n    \
                  ServerTimeoutError as ServerTimeoutError,\n    error_from_code as _runtime_error,\n)\n"
             ),
             "{py}"
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn a_table_without_ferrys_codes_imports_only_the_fallback() {
         let py = module_of(json!([{"code": 1, "name": "OOPS", "message": "Oops"}]));
-        assert!(py.contains("\nfrom ferry_client.rpc_errors import error_from_code as _runtime_error\n"), "{py}");
+        assert!(py.contains("\nfrom ferry.rpc_errors import error_from_code as _runtime_error\n"), "{py}");
         assert!(py.contains("class OopsError(RpcError):"), "{py}");
     }
 

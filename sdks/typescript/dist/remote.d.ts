@@ -15,7 +15,7 @@
  * References belong to the caller's identity, die with the connection that made them unless
  * `publish`ed, and may carry a TTL. A reference that is unknown, freed, expired or another
  * identity's is `NotFoundError` (-32009) wherever it is used. These helpers mirror the
- * Python SDK's `ferry_client.refs` (`keep`, `fetch`, `free`, `publish`, `list_refs`).
+ * Python package's `ferry.refs` (`keep`, `fetch`, `free`, `publish`, `list_refs`).
  */
 import type { CallOptions, Client } from "./client.js";
 import { TensorRef } from "./refs.js";

@@ -26,7 +26,7 @@
  *
  * Exits 1 if a case failed.
  *
- * The scenario (the same case names as the Python SDK's `sdks/python/tests/scenario.py`,
+ * The scenario (the same case names as the Python client's `bindings/python/tests/client/scenario.py`,
  * where both have a case): every dtype made by the server, echoed and checksummed
  * (`sdk::dtype_*`), empty and 0-d tensors, the 24.9 MB f32[1920,1080,3] tensor, named maps
  * in results and params, nested values, JSON types round-tripped, a batch, notifications,

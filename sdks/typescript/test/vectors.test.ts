@@ -3,8 +3,7 @@
  * by `cargo xtask codegen`), read with this package's own implementation: frames through
  * `FrameReader`, MESSAGE frames through `decodeMessage`, WELCOME and REFUSE through
  * `acceptWelcome`, error objects through `errorFromCode`; and the frames written back with
- * `encodeHead`. The Rust (`conformance/tests/vectors.rs`) and Python
- * (`sdks/python/tests/test_vectors.py`) tests read the same files.
+ * `encodeHead`. The Rust tests (`conformance/tests/vectors.rs`) read the same files.
  */
 
 import assert from "node:assert/strict";

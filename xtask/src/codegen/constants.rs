@@ -4,8 +4,8 @@
 //! (`DType::ALL`), the handshake features (`wire::FEATURES`) and the JSON-RPC error codes
 //! (`ferry_rpc::codes::ERROR_CODES`).
 //!
-//! - `sdks/python/ferry_client/_constants.py`: the constants as `Final` names.
-//! - `sdks/python/ferry_client/rpc_errors.py`: one `RpcError` subclass per error code,
+//! - `bindings/python/python/ferry/_constants.py`: the constants as `Final` names.
+//! - `bindings/python/python/ferry/rpc_errors.py`: one `RpcError` subclass per error code,
 //!   `ERRORS` and `error_from_code` (written by `ferry_sdk_gen::python::runtime_module`, as
 //!   the generated clients' own classes are): the classes the runtime raises and the
 //!   generated clients re-export, so `except` catches an error whichever client raised it.
@@ -67,7 +67,7 @@ fn error_doc(e: &ErrorCode) -> String {
     format!("{} `{}`: {}", e.code, e.name, e.description)
 }
 
-/// `sdks/python/ferry_client/_constants.py`.
+/// `bindings/python/python/ferry/_constants.py`.
 pub fn python() -> String {
     let mut o = format!("# {PREAMBLE}\n");
     o.push_str(
@@ -171,7 +171,7 @@ pub fn typescript() -> String {
     o
 }
 
-/// `sdks/python/ferry_client/rpc_errors.py`: ferry's error table as exception classes.
+/// `bindings/python/python/ferry/rpc_errors.py`: ferry's error table as exception classes.
 pub fn python_errors() -> String {
     let table: Vec<ferry_sdk_gen::ir::ErrorDef> = ERROR_CODES
         .iter()

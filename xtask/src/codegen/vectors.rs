@@ -4,9 +4,9 @@
 //! `server_choose`, `ErrorObject`'s constructors); what a receiver must make of malformed
 //! input is the specification's (PROTOCOL.md §7.2, §10.2), stated here once.
 //!
-//! Three test suites read every vector with their own implementation and assert the same
-//! meaning: Rust (`conformance/tests/vectors.rs`), Python
-//! (`sdks/python/tests/test_vectors.py`) and TypeScript (`sdks/typescript/test/vectors.test.ts`).
+//! Two test suites read every vector with their own implementation and assert the same
+//! meaning: Rust (`conformance/tests/vectors.rs`; the Python package runs on that core)
+//! and TypeScript (`sdks/typescript/test/vectors.test.ts`).
 //! An error is `{"kind": "protocol_error" | "limit", "contains": TEXT}`: the CLOSE code a
 //! receiver answers with and a fragment every implementation's message has (absent where
 //! the implementations word it differently).

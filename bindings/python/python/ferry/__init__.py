@@ -24,12 +24,18 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
   (`unix:`, `quic://host:port#sha256=PIN`), numpy and torch tensors in and out
   (`as_torch`), `closed` / `close_reason`, keep-alive, `connect_timeout`.
 - `errors` / `rpc_errors`: the exceptions (`FerryError` and its subclasses, `RpcError`
-  and the class of each of ferry's codes), the names of `ferry_client`'s.
+  and the class of each of ferry's codes: `InvalidParamsError`, `NotFoundError`, ...).
 - `NDArray`, `AnyTensor`: tensor types for fields of pydantic models (dataclasses and
   TypedDicts may use `np.ndarray` and `torch.Tensor` as they are).
-- `open_weights`, `open_bundle`, `Bundle`: versioned weight bundles from a ferry tensor
-  store (`ferry serve-weights`), zero-copy numpy or torch; `TensorRef`: a tensor a server
-  keeps (`ferry_client.refs`). Both from `ferry_client`.
+- `tensors`: `Tensor` (an array with an explicit ferry dtype, DLPack export), `BF16`,
+  `F8E4M3FN`, `F8E5M2`, `NUMPY_DTYPES`, `DTYPES`, `bf16_to_f32`, `f32_to_bf16`.
+- `open_weights`, `open_bundle`, `Bundle` (`store`): versioned weight bundles from a ferry
+  tensor store (`ferry serve-weights`), zero-copy numpy or torch, at any address;
+  `store.publish` publishes one.
+- `TensorRef` and `refs` (`keep`, `fetch`, `free`, `publish`, `list_refs`): tensors a
+  server keeps; `placement`: where a tensor store keeps them (cpu, disk, device tiers).
+- `generated`: typed clients of the built-in APIs (`demo`, `conformance`), as
+  `ferry sdk --lang python` writes them for any server; `types`: their result checks.
 - `StoreServer`, `serve_weights`: host a tensor store (`ferry serve-weights`) from Python.
 - `weights`: weight sync (`Publisher`, `subscribe`): versions as deltas, applied in place.
 - The `ferry` command (also `python -m ferry`): every subcommand of the Rust binary.
@@ -37,9 +43,7 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 
 from __future__ import annotations
 
-from ferry_client import Bundle, TensorRef, open_bundle, open_weights
-
-from . import errors, rpc_errors, weights
+from . import errors, placement, refs, rpc_errors, store, tensors, types, weights
 from ._app import App, Context, empty, keep
 from ._client import AsyncClient, Client
 from ._native import __version__
@@ -58,38 +62,101 @@ from .errors import (
     ResultError,
     RpcError,
 )
+from .refs import TensorRef
+from .rpc_errors import (
+    CancelledError,
+    ForbiddenError,
+    InternalError,
+    InvalidParamsError,
+    InvalidRequestError,
+    LimitExceededError,
+    MethodNotFoundError,
+    NotFoundError,
+    ParseError,
+    ServerError,
+    ServerTimeoutError,
+    TaskNotFoundError,
+    TaskPendingError,
+    TensorError,
+    UnauthorizedError,
+    UnavailableError,
+)
+from .store import Bundle, open_bundle, open_weights
+from .tensors import (
+    BF16,
+    DTYPES,
+    F8E4M3FN,
+    F8E5M2,
+    NUMPY_DTYPES,
+    Tensor,
+    TensorIn,
+    TensorParam,
+    bf16_to_f32,
+    f32_to_bf16,
+)
 
 __all__ = [
+    "BF16",
+    "DTYPES",
+    "F8E4M3FN",
+    "F8E5M2",
+    "NUMPY_DTYPES",
     "AnyTensor",
     "App",
     "AsyncClient",
     "Bundle",
     "CallTimeout",
+    "CancelledError",
     "Client",
     "ConnectionClosed",
     "Context",
     "FerryError",
+    "ForbiddenError",
+    "InternalError",
+    "InvalidParamsError",
+    "InvalidRequestError",
     "LimitError",
+    "LimitExceededError",
     "Listener",
+    "MethodNotFoundError",
     "NDArray",
+    "NotFoundError",
     "ParamsError",
+    "ParseError",
     "Pipe",
     "ProtocolError",
     "Refused",
     "ResultError",
     "RpcError",
+    "ServerError",
+    "ServerTimeoutError",
     "StoreServer",
+    "TaskNotFoundError",
+    "TaskPendingError",
+    "Tensor",
+    "TensorError",
+    "TensorIn",
+    "TensorParam",
     "TensorRef",
+    "UnauthorizedError",
+    "UnavailableError",
     "__version__",
+    "bf16_to_f32",
     "connect",
     "empty",
     "errors",
+    "f32_to_bf16",
     "keep",
     "listen",
     "open_bundle",
     "open_weights",
+    "placement",
+    "refs",
     "rpc_errors",
     "serve_weights",
     "spawn",
+    "store",
+    "tensors",
+    "types",
     "weights",
 ]

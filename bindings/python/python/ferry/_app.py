@@ -17,10 +17,10 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 import pydantic
-from ferry_client.errors import RpcError as _AnyRpcError
-from ferry_client.refs import TensorRef
 
 from . import _native, _schema, _tensors
+from .errors import RpcError
+from .refs import TensorRef
 from .rpc_errors import error_from_code
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -413,7 +413,7 @@ class App:
         return list(self._functions)
 
     def _failure(self, e: BaseException) -> Outcome:
-        if isinstance(e, _AnyRpcError):  # ferry.RpcError, or ferry_client's (generated clients)
+        if isinstance(e, RpcError):  # ferry.RpcError (a generated client's classes are too)
             data = None if e.data is None else json.dumps(e.data, default=str)
             return (int(e.code), str(e.message), data)
         if isinstance(e, asyncio.CancelledError):

@@ -33,11 +33,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-from ferry_client.refs import TensorRef as _TensorRef
-from ferry_client.tensors import Tensor as _RawBits
 
 from . import _native, _tensors
 from .errors import ProtocolError
+from .refs import TensorRef as _TensorRef
+from .tensors import Tensor as _RawBits
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a call waits for its answer unless the client or the call says otherwise."""
@@ -90,7 +90,7 @@ class _Allocated:
             return x.to_json()
         if isinstance(x, np.generic):
             return x.item()
-        if isinstance(x, _RawBits):  # ferry_client's raw bits of a dtype numpy lacks
+        if isinstance(x, _RawBits):  # raw bits of a dtype numpy lacks (`ferry.Tensor`)
             a, dtype = x.array, x.dtype
         elif _tensors.is_tensor_like(x):
             a, dtype = _tensors.host_numpy(x)
@@ -213,7 +213,7 @@ class _Base:
     def flush_releases(self) -> None:
         """Nothing to do: the Rust core tells the server which of its tensors this process
         no longer uses as soon as the last view of one is gone (kept for code written
-        against `ferry_client`, which waited for the next call)."""
+        against the retired pure-Python client, which waited for the next call)."""
 
     def _limit(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout
@@ -241,6 +241,7 @@ class Client(_Base):
         keepalive: float | None = DEFAULT_KEEPALIVE,
         reconnect: bool = False,
         shm_pool_mib: int | None = None,
+        shm: bool = True,
     ) -> Client:
         """Connects to `addr`: `unix:NAME`, `unix:/path.sock`, or
         `quic://host:port#sha256=PIN` (the pin `ferry serve` prints).
@@ -254,6 +255,8 @@ class Client(_Base):
             keepalive: Seconds between keep-alive notifications (None or 0: none).
             reconnect: Connect again before a call on a closed client.
             shm_pool_mib: MiB of shared memory this client may allocate (default 2048).
+            shm: Offer shared memory (the shm channel and the ring: zero-copy tensors on
+                one host); False sends tensors inline in the socket's bytes.
 
         Raises:
             ConnectionClosed: Nothing to connect to (the message names the address).
@@ -266,6 +269,7 @@ class Client(_Base):
             "connect_timeout": connect_timeout,
             "shm_pool_mib": shm_pool_mib,
             "keepalive": keepalive,
+            "shm": shm,
         }
         native = _native.Client.connect(addr, _hooks(allocated), **opts)
         return cls(
@@ -426,6 +430,7 @@ class AsyncClient(_Base):
         keepalive: float | None = DEFAULT_KEEPALIVE,
         reconnect: bool = False,
         shm_pool_mib: int | None = None,
+        shm: bool = True,
     ) -> AsyncClient:
         """Connects to `addr`; the arguments are `Client.connect`'s."""
         allocated = _Allocated()
@@ -434,6 +439,7 @@ class AsyncClient(_Base):
             "connect_timeout": connect_timeout,
             "shm_pool_mib": shm_pool_mib,
             "keepalive": keepalive,
+            "shm": shm,
         }
         native = await cls._open(addr, allocated, opts)
         return cls(

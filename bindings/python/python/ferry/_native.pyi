@@ -213,6 +213,7 @@ class Client:
         connect_timeout: float | None = None,
         shm_pool_mib: int | None = None,
         keepalive: float | None = None,
+        shm: bool = True,
     ) -> Client: ...
     @staticmethod
     def connect_async(
@@ -225,6 +226,7 @@ class Client:
         connect_timeout: float | None = None,
         shm_pool_mib: int | None = None,
         keepalive: float | None = None,
+        shm: bool = True,
     ) -> Pending: ...
     @property
     def address(self) -> str: ...

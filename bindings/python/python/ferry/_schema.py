@@ -21,12 +21,12 @@ from typing import Annotated, Any, get_args, get_origin
 import numpy as np
 import pydantic
 import typing_extensions
-from ferry_client.refs import SCHEMA_MARK, TensorRef
 from pydantic import ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 from typing_extensions import is_typeddict
 
 from . import _native, _tensors
+from .refs import SCHEMA_MARK, TensorRef
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 TENSOR_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/Tensor"}
@@ -34,7 +34,7 @@ _TENSOR_MARK = "x-ferry-tensor"
 """pydantic resolves a `$ref` given with `WithJsonSchema` among its own definitions, so
 tensor fields carry this mark and become `TENSOR_SCHEMA` afterwards (`_unmark`)."""
 TENSOR_REF_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/TensorRef"}
-"""A `TensorRef` field's schema (pydantic gives `ferry_client.refs.SCHEMA_MARK`)."""
+"""A `TensorRef` field's schema (pydantic gives `ferry.refs.SCHEMA_MARK`)."""
 
 
 class Encoding:
@@ -105,7 +105,7 @@ def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
             raise PydanticCustomError(
                 "tensor",
                 "expected a tensor, got {got}: pass a numpy array or torch tensor from a "
-                "ferry client (ferry.Client, ferry_client), or from plain JSON {example}",
+                "ferry client (ferry.Client, a generated client), or from plain JSON {example}",
                 {"got": _json_kind(value), "example": _INLINE_EXAMPLE},
             )
         if not 0 <= i < len(refs):

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from ferry_client.tensors import BF16, F8E4M3FN, F8E5M2, ferry_dtype
 
 from . import _native
+from .tensors import BF16, F8E4M3FN, F8E5M2, ferry_dtype
 
 Alloc = Callable[[list[int], str], _native.OutTensor]
 """Allocates an `OutTensor` of a shape and ferry dtype."""
@@ -84,7 +84,7 @@ def is_tensor_like(x: object) -> bool:
 
 def to_numpy(ref: _native.TensorRef) -> np.ndarray[Any, Any]:
     """A read-only numpy view of a received tensor (bf16 as ml_dtypes' bfloat16 when
-    installed, else `ferry_client.BF16` raw bits; float8 as ml_dtypes' float8 types)."""
+    installed, else `ferry.BF16` raw bits; float8 as ml_dtypes' float8 types)."""
     a: np.ndarray[Any, Any] = np.asarray(ref)
     view = _NUMPY_VIEW.get(ref.dtype)
     if view is not None:

@@ -6,25 +6,21 @@ fits, so generic handlers work: `ConnectionClosed` is a `ConnectionError`, `Call
 (`code`, `message`, `data`); for ferry's codes, the subclass of the code
 (`InvalidParamsError`, `ServerTimeoutError`, ...: `ferry.rpc_errors`).
 
-The names and the hierarchy are `ferry_client.errors`'s: code written against
-`ferry_client` migrates by changing the import. While `ferry_client` (the pure-Python
-runtime the generated clients, the store and references still use) exists, each class
-here also derives from its `ferry_client` namesake, so `except ferry_client.X` keeps
-catching what `ferry.Client` raises.
+The generated clients (`ferry.generated`, `ferry sdk --lang python`) raise and re-export
+the same classes, so `except ferry.InvalidParamsError` catches an error whichever client
+raised it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ferry_client import errors as _legacy
 
-
-class FerryError(_legacy.FerryError):
+class FerryError(Exception):
     """Base class of every exception of ferry."""
 
 
-class ConnectionClosed(FerryError, _legacy.ConnectionClosed):
+class ConnectionClosed(FerryError, ConnectionError):
     """The connection is gone: the server closed it, died, or this client closed it.
     The message names the address.
 
@@ -33,52 +29,68 @@ class ConnectionClosed(FerryError, _legacy.ConnectionClosed):
     """
 
     def __init__(self, message: str, code: str | None = None) -> None:
-        _legacy.ConnectionClosed.__init__(self, message, code)
+        super().__init__(message)
+        self.code = code
 
 
-class Refused(FerryError, _legacy.Refused):
+class Refused(FerryError):
     """The server refused the handshake; `refusal` is its JSON, `reason` one of
     `"version_mismatch"`, `"no_common_channel"`, `"bad_token"`, `"malformed"`."""
 
     def __init__(self, refusal: dict[str, Any], addr: str | None = None) -> None:
-        _legacy.Refused.__init__(self, refusal)
-        if addr is not None:
-            self.args = (f"{addr}: {self.args[0]}",)
+        reason = str(refusal.get("reason"))
+        text = f"the server refused the connection: {reason} ({refusal})"
+        super().__init__(text if addr is None else f"{addr}: {text}")
+        self.reason = reason
+        self.refusal = refusal
         self.addr = addr
 
 
-class ProtocolError(FerryError, _legacy.ProtocolError):
+class ProtocolError(FerryError):
     """The server broke the protocol; the connection was closed with `code`."""
 
     def __init__(self, message: str, code: str = "protocol_error") -> None:
-        _legacy.ProtocolError.__init__(self, message, code)
+        super().__init__(message)
+        self.code = code
 
 
-class LimitError(FerryError, _legacy.LimitError):
+class LimitError(FerryError):
     """Something would exceed a limit: a message over the server's announced limits, or
     the shared-memory pool is full. The message names the limit."""
 
 
-class CallTimeout(FerryError, _legacy.CallTimeout):
+class CallTimeout(FerryError, TimeoutError):
     """No answer within the call's timeout (the call was cancelled on the server), or no
     connection within `connect_timeout`."""
 
 
-class ParamsError(FerryError, _legacy.ParamsError):
+class ParamsError(FerryError, TypeError):
     """The params cannot be sent (a value JSON cannot carry, an unsupported dtype); the
     message says where in the params."""
 
 
-class ResultError(FerryError, _legacy.ResultError):
+class ResultError(FerryError):
     """The result refers to a tensor the message does not have, or is malformed."""
 
 
-class RpcError(FerryError, _legacy.RpcError):
+class RpcError(FerryError):
     """An error response from the server: `code`, `message` and `data` as sent. Raise one
     from a handler of a `ferry.App` to answer with that code."""
 
+    CODE: int | None = None
+    """The code of this class, for subclasses generated from an error table."""
+
     def __init__(self, code: int, message: str, data: object = None) -> None:
-        _legacy.RpcError.__init__(self, code, message, data)
+        super().__init__(code, message, data)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def __str__(self) -> str:
+        text = f"{self.message} (code {self.code})"
+        if self.data is not None:
+            text += f": {self.data!r}"
+        return text
 
 
 __all__ = [

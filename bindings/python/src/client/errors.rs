@@ -1,5 +1,5 @@
-//! The client's failures as the exceptions of `ferry.errors` (one tree for the package;
-//! the same names and hierarchy as `ferry_client.errors` and `rpc_errors`). Every message
+//! The client's failures as the exceptions of `ferry.errors` (one tree for the package:
+//! `ferry.errors` and the generated `ferry.rpc_errors`). Every message
 //! names the server's address.
 
 use ferry_core::PipeError;

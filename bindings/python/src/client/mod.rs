@@ -65,6 +65,22 @@ pub struct Client {
     _keepalive: Option<AbortOnDrop>,
 }
 
+/// An endpoint without shared memory (neither the shm channel nor the ring): tensors travel
+/// inline in the socket's bytes (`connect(shm=False)`).
+fn no_shm_endpoint(token: Option<String>) -> ferry_core::Endpoint {
+    let mut b = ferry_core::Endpoint::builder();
+    for t in ferry::transports() {
+        b = b.transport(t);
+    }
+    for c in ferry::channels().into_iter().filter(|c| c.name() != "shm") {
+        b = b.channel(c);
+    }
+    if let Some(t) = token {
+        b = b.token(t.clone()).require_token(t);
+    }
+    b.build()
+}
+
 /// What a connect is given, checked.
 struct Target {
     addr: String,
@@ -83,12 +99,13 @@ impl Target {
         connect_timeout: Option<f64>,
         shm_pool_mib: Option<u64>,
         keepalive: Option<f64>,
+        shm: bool,
     ) -> PyResult<Target> {
         let wait = wait_limit("connect(connect_timeout=...)", connect_timeout)?;
         let keepalive = wait_limit("connect(keepalive=...)", keepalive)?.filter(|d| !d.is_zero());
         Ok(Target {
             addr: addr.to_owned(),
-            endpoint: crate::pipe::endpoint(token, shm_pool_mib)?,
+            endpoint: if shm { crate::pipe::endpoint(token, shm_pool_mib)? } else { no_shm_endpoint(token) },
             wait: wait.or(connect_timeout.map(|_| Duration::MAX)),
             waited: connect_timeout,
             keepalive,
@@ -266,7 +283,8 @@ impl Client {
     /// Connects to `addr` (GIL released). `hooks`: `(encode, numpy, torch, tensor_ref)`
     /// of `ferry._client`.
     #[staticmethod]
-    #[pyo3(signature = (addr, hooks, *, token=None, connect_timeout=None, shm_pool_mib=None, keepalive=None))]
+    #[pyo3(signature = (addr, hooks, *, token=None, connect_timeout=None, shm_pool_mib=None, keepalive=None, shm=true))]
+    #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
         addr: &str,
@@ -275,8 +293,9 @@ impl Client {
         connect_timeout: Option<f64>,
         shm_pool_mib: Option<u64>,
         keepalive: Option<f64>,
+        shm: bool,
     ) -> PyResult<Client> {
-        let target = Target::new(addr, token, connect_timeout, shm_pool_mib, keepalive)?;
+        let target = Target::new(addr, token, connect_timeout, shm_pool_mib, keepalive, shm)?;
         let (target, r) = py.detach(|| runtime().block_on(target.open()));
         let pipe = r.map_err(|e| errors::connect_error(py, addr, &e, target.waited, target.last.as_deref()))?;
         let _rt = runtime().enter();
@@ -285,7 +304,7 @@ impl Client {
 
     /// [`Client::connect`] for asyncio: resolves `future` on `event_loop` with the client.
     #[staticmethod]
-    #[pyo3(signature = (event_loop, future, addr, hooks, *, token=None, connect_timeout=None, shm_pool_mib=None, keepalive=None))]
+    #[pyo3(signature = (event_loop, future, addr, hooks, *, token=None, connect_timeout=None, shm_pool_mib=None, keepalive=None, shm=true))]
     #[allow(clippy::too_many_arguments)]
     fn connect_async(
         event_loop: Py<PyAny>,
@@ -296,8 +315,9 @@ impl Client {
         connect_timeout: Option<f64>,
         shm_pool_mib: Option<u64>,
         keepalive: Option<f64>,
+        shm: bool,
     ) -> PyResult<Pending> {
-        let target = Target::new(addr, token, connect_timeout, shm_pool_mib, keepalive)?;
+        let target = Target::new(addr, token, connect_timeout, shm_pool_mib, keepalive, shm)?;
         let addr = addr.to_owned();
         let work = async move {
             let (target, r) = target.open().await;
