@@ -29,15 +29,12 @@ impl BenchWeights {
         if !python.exists() {
             cmd!(sh, "python3 -m venv {venv}").run()?;
         }
-        let (client, server) = (root.join("sdks/python"), root.join("bindings/python"));
-        eprintln!("xtask: pip install ./sdks/python ./bindings/python (release) into {}", venv.display());
-        cmd!(
-            sh,
-            "{python} -m pip install --quiet --disable-pip-version-check {client} {server} numpy safetensors ml_dtypes"
-        )
-        .env_remove("MATURIN_PEP517_ARGS")
-        .run()
-        .context("installing the ferry package (release) for the benchmark")?;
+        let server = root.join("bindings/python");
+        eprintln!("xtask: pip install -v ./bindings/python (release) into {}", venv.display());
+        cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {server} numpy safetensors ml_dtypes")
+            .env_remove("MATURIN_PEP517_ARGS")
+            .run()
+            .context("installing the ferry package (release) for the benchmark")?;
         crate::python_server::add_torch(sh, &python)?;
         let script = root.join("bindings/python/bench/bench_weights.py");
         let args = self.args;
