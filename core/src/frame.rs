@@ -250,7 +250,7 @@ pub enum WaitSpin {
     /// ([`FrameReader::arm_busy_poll`]): the reader task.
     BusyPoll,
     /// On the caller's own thread, until this deadline (none: for good): a link that
-    /// [`LinkRead::wakes_blocking_reader`] (a same-host ring) is polled for its adaptive
+    /// [`LinkRead::wakes_blocking_reader`] (a same-host ring) is polled for the wait policy's
     /// window, then slept on (its futex, woken by the writer directly).
     Blocking(Option<std::time::Instant>),
 }

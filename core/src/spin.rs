@@ -4,8 +4,8 @@
 //! job for a pool thread) either sleeps in the kernel (and pays a wake-up when it comes:
 //! tens of µs on a virtual machine) or polls for a while (and spends a CPU). The waiters:
 //! a socket's read half (`ferry-local`), the pipe's reader task and blocking callers on a
-//! same-host ring (`frame/ring.rs`), a writer waiting for room in a full ring, and the
-//! Python binding's `recv` and handler threads. Each asks [`decide`], a pure function
+//! same-host ring (`ferry-ring`'s link), the bare ring API's senders and receivers
+//! (`ferry_ring::Ring`), a writer waiting for room in a full ring, and the Python binding's `recv` and handler threads. Each asks [`decide`], a pure function
 //! tested as a table, what its next wait does. What it looks at:
 //!
 //! - the *window* ([`BusyPoll::set_window`], from [`crate::EndpointBuilder::busy_poll`],

@@ -14,12 +14,15 @@
 //! - **Frames are length-prefixed records** (`len: u32`, `tag: u32`, payload, padded to 8
 //!   bytes), copied in and out. A frame over [`Sender::max_frame`] is refused with
 //!   [`RingError::TooLarge`], and the caller sends it over the socket.
-//! - **Waiting spins, then sleeps.** A waiting side polls the indices for an adaptive window
-//!   (at most [`RingOptions::spin`]; zero turns spinning off), then sleeps on a futex word
-//!   in the shared memory; the other side issues `FUTEX_WAKE` only when that word says
-//!   someone sleeps, so a round trip between spinning sides makes no system call. The window
-//!   shrinks when the peer is idle (see `spin.rs`), so an idle connection spins at most a
-//!   short while after its last frame and then sleeps in the kernel.
+//! - **Waiting spins, then sleeps.** A waiting side polls the indices while ferry's one
+//!   wait policy allows (`ferry_core::spin::decide_alone`: at most [`RingOptions::spin`],
+//!   zero turns spinning off; not while the machine has more runnable threads than CPUs;
+//!   not while its history says the peer is not answering quickly), then sleeps on a futex
+//!   word in the shared memory; the other side issues `FUTEX_WAKE` only when that word says
+//!   someone sleeps, so a round trip between spinning sides makes no system call. A wait
+//!   that slept long turns the spin off until a wait ends soon again, so an idle
+//!   connection spins at most one window after its last frame and then sleeps in the
+//!   kernel at once.
 //! - **The peer is not trusted.** It can write any byte of the file at any time, so every
 //!   access is atomic (no data race on our side), each shared index or length is read once,
 //!   then checked (tail ahead of head by at most the capacity, a length within the
@@ -75,7 +78,6 @@ mod layout;
 mod link;
 #[cfg(target_os = "linux")]
 mod ring;
-mod spin;
 #[cfg(target_os = "linux")]
 mod sys;
 #[cfg(all(target_os = "linux", feature = "__testing"))]
@@ -175,8 +177,8 @@ impl RingOptions {
         self
     }
 
-    /// The longest a wait spins before it sleeps (the adaptive window's maximum); zero turns
-    /// spinning off. Each side chooses its own.
+    /// The longest a wait spins before it sleeps (the wait policy's window,
+    /// `ferry_core::spin`); zero turns spinning off. Each side chooses its own.
     pub fn spin(mut self, max: Duration) -> RingOptions {
         self.spin = max;
         self

@@ -19,7 +19,7 @@
 //!   busy polling is armed (`FrameReader::arm_busy_poll`), the reader first polls
 //!   the ring for the busy-poll window, as it would poll the socket.
 //! - **Blocking callers** (`Pipe::recv_blocking`, on their own thread) wait on the ring
-//!   itself: its adaptive spin, then its futex, which the writer wakes directly (no
+//!   itself: the wait policy's spin, then its futex, which the writer wakes directly (no
 //!   doorbell, one wake-up), in slices of [`DEATH_CHECK`] between which they look at the
 //!   socket for its end. A writer whose diverted frame does not fit the socket at once
 //!   nudges them (`ferry_ring::Nudge`): they then wait on the socket behind the doorbell.
@@ -333,7 +333,7 @@ impl RingRead {
     ///   and waits on the socket in the runtime; the doorbell is taken down however the
     ///   wait ends.
     /// - A blocking caller waits on the ring itself ([`Receiver::wait_for_data`]: its
-    ///   adaptive spin, then its futex, which the writer wakes directly) in slices of
+    ///   wait policy's spin, then its futex, which the writer wakes directly) in slices of
     ///   [`DEATH_CHECK`], looking at the socket between them without waiting: the socket's
     ///   end is the only thing the ring cannot say (frames on the socket have divert
     ///   records in the ring).

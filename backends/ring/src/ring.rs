@@ -21,9 +21,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering, fence};
 use std::time::{Duration, Instant};
 
+use ferry_core::spin::{self, Spin, SpinHistory, Waited};
+
 use crate::RingError;
 use crate::layout::{self, CONSUMER_CLOSED, PRODUCER_CLOSED, RingLayout};
-use crate::spin::{SpinWindow, Waited};
 use crate::sys::{self, SharedMap};
 
 /// The connection is usable.
@@ -129,23 +130,23 @@ impl Shared {
         self.map.u64_at(offset).expect("ring words are in bounds and aligned (layout tests)")
     }
 
-    /// Waits until `ready` says so, spinning up to the window, then sleeping on the futex
-    /// word at `sleeping` until woken or `deadline`. `ready` returns `Ok(true)` when done and
-    /// an error for a closed or corrupt ring; the local state is checked too.
-    /// Waits until `ready`: spins for the window, then sleeps on the futex word at
-    /// `sleeping`. `Ok(true)`: ready. With `stop_on_wake`, a wake-up that finds nothing
-    /// (the peer nudged this side: [`Nudge`]) ends the wait with `Ok(false)`.
+    /// Waits until `ready` says so: spins while the wait policy allows
+    /// ([`spin::decide_alone`]: the window, what `history` learned, the machine's load),
+    /// then sleeps on the futex word at `sleeping` until woken or `deadline`; `history`
+    /// learns how the wait ended. `ready` returns `Ok(true)` when done and an error for a
+    /// closed or corrupt ring; the local state is checked too. With `stop_on_wake`, a
+    /// wake-up that finds nothing (the peer nudged this side: [`Nudge`]) ends the wait with
+    /// `Ok(false)`.
     fn wait_until(
         &self,
         sleeping: usize,
-        spin: &mut SpinWindow,
+        history: &mut SpinHistory,
         deadline: Instant,
         stop_on_wake: bool,
         mut ready: impl FnMut() -> Result<bool, RingError>,
     ) -> Result<bool, RingError> {
         let start = Instant::now();
-        let window = spin.window();
-        if !window.is_zero() {
+        if let Spin::Poll(window) = spin::decide_alone(history.window(), history, start) {
             let mut polls = 0u32;
             // The clock as last read: a wait the spin ends records how long it spun from
             // this, not from a fresh read (the answer is there: every nanosecond now is
@@ -154,7 +155,7 @@ impl Shared {
             let mut seen = start;
             loop {
                 if ready()? {
-                    spin.record(Waited::Spun(seen.duration_since(start)));
+                    history.record(Waited::Spun(seen.duration_since(start)));
                     return Ok(true);
                 }
                 std::hint::spin_loop();
@@ -172,7 +173,7 @@ impl Shared {
         loop {
             let now = Instant::now();
             if now >= deadline {
-                spin.record(Waited::Slept(now.duration_since(start)));
+                history.record(Waited::Slept(now.duration_since(start)));
                 return Err(RingError::Timeout);
             }
             word.store(1, Ordering::SeqCst);
@@ -184,14 +185,14 @@ impl Shared {
             };
             if !matches!(r, Ok(false)) {
                 word.store(0, Ordering::Relaxed);
-                spin.record(Waited::Slept(start.elapsed()));
+                history.record(Waited::Slept(start.elapsed()));
                 return r.map(|_| true);
             }
             sys::futex_wait(word, 1, deadline.saturating_duration_since(now));
             // The peer stores 0 before it wakes this side (a timeout or a signal leaves 1).
             if stop_on_wake && word.load(Ordering::SeqCst) == 0 {
                 let r = ready()?;
-                spin.record(Waited::Slept(start.elapsed()));
+                history.record(Waited::Slept(start.elapsed()));
                 return Ok(r);
             }
         }
@@ -235,13 +236,14 @@ pub struct Sender {
     tail: u64,
     /// A `head` seen earlier and checked: the space it proves free is still free.
     head_seen: u64,
-    spin: SpinWindow,
+    /// What this half's waits taught the wait policy (its window: [`crate::RingOptions::spin`]).
+    spin: SpinHistory,
     poisoned: Option<RingError>,
 }
 
 impl Sender {
     pub(crate) fn new(sh: Arc<Shared>, spin: Duration) -> Sender {
-        Sender { sh, tail: 0, head_seen: 0, spin: SpinWindow::new(spin), poisoned: None }
+        Sender { sh, tail: 0, head_seen: 0, spin: SpinHistory::new(spin), poisoned: None }
     }
 
     /// A [`PeerNotice`] for this connection (both halves share it).
@@ -432,17 +434,18 @@ pub struct Receiver {
     pub(crate) sh: Arc<Shared>,
     /// Bytes ever consumed (this side is the only writer of `head`).
     head: u64,
-    spin: SpinWindow,
+    /// What this half's waits taught the wait policy (its window: [`crate::RingOptions::spin`]).
+    spin: SpinHistory,
     poisoned: Option<RingError>,
 }
 
 impl Receiver {
     pub(crate) fn new(sh: Arc<Shared>, spin: Duration) -> Receiver {
-        Receiver { sh, head: 0, spin: SpinWindow::new(spin), poisoned: None }
+        Receiver { sh, head: 0, spin: SpinHistory::new(spin), poisoned: None }
     }
 
     /// Receives the next frame into `buf` (cleared first) and returns its tag, waiting until
-    /// `deadline` (spinning for the adaptive window, then sleeping on the futex). Frames
+    /// `deadline` (spinning while the wait policy allows, then sleeping on the futex). Frames
     /// published before the peer closed or died are received before [`RingError::Closed`] or
     /// [`RingError::PeerGone`].
     pub fn recv(&mut self, buf: &mut Vec<u8>, deadline: Instant) -> Result<u32, RingError> {
@@ -512,7 +515,7 @@ impl Receiver {
     }
 
     /// Waits on this thread for a record (or a close) until `deadline`: spins for the
-    /// adaptive window, then sleeps on the futex, where the producer's next publish wakes it
+    /// window the wait policy allows, then sleeps on the futex, where the producer's next publish wakes it
     /// directly (no doorbell: one wake-up, not a socket's two). It also ends when the
     /// producer nudges it ([`Sender::nudger`]: bytes are coming on the socket beside the
     /// ring). It does not notice a dead peer by itself (a futex cannot): wait in slices and
@@ -530,7 +533,7 @@ impl Receiver {
 
     /// The longest a wait of this half spins ([`crate::RingOptions::spin`]).
     pub fn spin_max(&self) -> Duration {
-        self.spin.max()
+        self.spin.window()
     }
 
     fn wait_data(&mut self, deadline: Instant, spin: bool) -> Result<WaitEnd, RingError> {
@@ -542,9 +545,9 @@ impl Receiver {
             let ready = || {
                 Ok(sh.u64(sh.rx.tail).load(Ordering::Acquire) != head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0)
             };
-            let mut none = SpinWindow::new(Duration::ZERO);
-            let window = if spin { &mut rx.spin } else { &mut none };
-            match sh.wait_until(sh.rx.consumer_sleeping, window, deadline, true, ready) {
+            let mut none = SpinHistory::new(Duration::ZERO);
+            let history = if spin { &mut rx.spin } else { &mut none };
+            match sh.wait_until(sh.rx.consumer_sleeping, history, deadline, true, ready) {
                 Ok(true) => Ok(WaitEnd::Data),
                 Ok(false) => Ok(WaitEnd::Nudged),
                 Err(RingError::Timeout) => Ok(WaitEnd::Deadline),
@@ -617,4 +620,54 @@ fn take(sh: &Shared, head: &mut u64, buf: &mut Vec<u8>) -> Result<Option<u32>, R
     fence(Ordering::SeqCst);
     sh.wake(ring.producer_sleeping);
     Ok(Some(tag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Ring, RingOptions};
+
+    /// Both ends of one connection in this process, each spinning up to `spin`.
+    fn pair(spin: Duration) -> (Ring, Ring) {
+        let opts = RingOptions::new().capacity(4096).spin(spin);
+        let (a, fd) = Ring::create(&opts).expect("create");
+        let b = Ring::open(fd, 4096, &opts).expect("open");
+        (a, b)
+    }
+
+    /// The ring's waits feed the one wait policy ([`ferry_core::spin::SpinHistory`]): a
+    /// receive that waited far past [`ferry_core::spin::LONG_WAIT_FACTOR`] windows for
+    /// nothing turns the spin off (the next wait sleeps at once), and one that ends within
+    /// that bound turns it on again; a frame that is there costs no wait and teaches nothing.
+    #[test]
+    fn the_rings_waits_teach_the_wait_policy() {
+        let (mut a, mut b) = pair(Duration::from_micros(1));
+        let mut buf = Vec::new();
+        let r = b.recv(&mut buf, Instant::now() + Duration::from_millis(2));
+        assert!(matches!(r, Err(RingError::Timeout)), "{r:?}");
+        assert_eq!(b.rx.spin.learned(), None, "2 ms for nothing is past 8 windows of 1 µs: cold");
+        a.send(b"x", Instant::now() + Duration::from_secs(5)).expect("send");
+        assert_eq!(b.recv(&mut buf, Instant::now()).expect("recv"), 0);
+        assert_eq!(buf, b"x");
+        assert_eq!(b.rx.spin.learned(), None, "a frame already there is no wait");
+
+        // A window of a minute: 8 minutes count as long; a 2 ms wait is short and warms it.
+        let (_a, mut b) = pair(Duration::from_secs(60));
+        b.rx.spin.record(Waited::Slept(Duration::from_secs(3600)));
+        assert_eq!(b.rx.spin.learned(), None, "made cold");
+        let r = b.recv(&mut buf, Instant::now() + Duration::from_millis(2));
+        assert!(matches!(r, Err(RingError::Timeout)), "{r:?}");
+        assert!(b.rx.spin.learned().is_some_and(|d| !d.is_zero()), "warm again: {:?}", b.rx.spin.learned());
+    }
+
+    /// Spinning off (a zero window) learns nothing and never spins: every wait sleeps.
+    #[test]
+    fn a_zero_window_never_spins() {
+        let (_a, mut b) = pair(Duration::ZERO);
+        let mut buf = Vec::new();
+        let r = b.recv(&mut buf, Instant::now() + Duration::from_millis(1));
+        assert!(matches!(r, Err(RingError::Timeout)), "{r:?}");
+        assert_eq!(b.rx.spin.window(), Duration::ZERO);
+        assert_eq!(spin::decide_alone(b.rx.spin.window(), &b.rx.spin, Instant::now()), Spin::Wait(spin::NoSpin::Off));
+    }
 }

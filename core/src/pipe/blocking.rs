@@ -5,9 +5,9 @@
 //! A pipe's frames are read by its reader task. A blocking caller instead reads them on its
 //! own thread: it takes the pipe's [`FrameReader`] over (leader/follower), reads until a
 //! message comes (handling CONTROL frames on the way, as the task would), and parks the
-//! reader again. On a same-host ring the caller polls the ring itself for the ring's
-//! adaptive window (`ferry_ring::RingOptions::spin`), so an answer arriving within it
-//! costs no system call and no wake-up at all; past it, the caller sleeps on the socket
+//! reader again. On a same-host ring the caller polls the ring itself while the wait
+//! policy allows ([`crate::spin`]: at most `ferry_ring::RingOptions::spin`, not on an
+//! overloaded machine), so an answer arriving within it costs no system call and no wake-up at all; past it, the caller sleeps on the socket
 //! (the ring's doorbell) like the task would.
 //!
 //! The hand-over:
@@ -154,8 +154,8 @@ impl Pipe {
     /// [`Pipe::recv`] for a plain thread: waits on this thread (up to `timeout`; `None`:
     /// until a message comes or the pipe ends) and reads the pipe's frames itself, so that
     /// an answer costs no runtime wake-up. On a same-host ring
-    /// ([`crate::EndpointBuilder::link`], `ferry_ring::RingExt::ring`) it polls the ring for the ring's adaptive spin
-    /// window before it sleeps: a peer answering within it is received with no system call.
+    /// ([`crate::EndpointBuilder::link`], `ferry_ring::RingExt::ring`) it polls the ring while the wait policy allows
+    /// ([`crate::spin`]) before it sleeps: a peer answering within it is received with no system call.
     ///
     /// Messages arrive in order with those [`Pipe::recv`] gets (both may be used on one
     /// pipe). After a blocking call the reader stays with this thread's side for a few
