@@ -135,7 +135,7 @@ def torch_peer(q_in: Any, q_out: Any) -> None:
 def iox_service(tag: str) -> tuple[Any, Any, Any]:
     import iceoryx2 as iox
 
-    iox.set_log_level_from_env_or(iox.LogLevel.Warn)  # not its "no config file" notice
+    iox.set_log_level(iox.LogLevel.Error)  # not its "no config file" warning
     node = iox.NodeBuilder.new().create(iox.ServiceType.Ipc)
     rr = (
         node.service_builder(iox.ServiceName.new(f"ferry-bench/{tag}/rr"))
