@@ -10,11 +10,13 @@
 //! - [`rpc_clients`]: third-party JSON-RPC clients (PyPI, npm) against `ferry serve`.
 //! - [`python_sdk`]: the Python client's conformance column (`python-sdk`).
 //! - [`python_server`]: the `ferry` Python package's checks and tests, its benchmark.
+//! - [`bench_python`]: ferry's Python face against the standard library, iceoryx2, torch.
 //! - [`windows`]: the Windows build, linted and tested under Wine.
 //! - [`readme`]: the README's shell blocks, run as written.
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
+mod bench_python;
 mod bench_weights;
 mod ci;
 mod codegen;
@@ -69,6 +71,11 @@ commands:
   bench-python-server [ARGS..]
                            Python-served vs Rust-served calls, echo, 16 clients, and
                            Python-to-Python pipes (bindings/python/bench/bench_server.py)
+  bench-python [ARGS..]    ferry's Python face against the standard library, iceoryx2 and
+                           torch.multiprocessing in one run: 64 B and f32[1920,1080,3] round
+                           trips, add and a 24.9 MB echo (ferry.App vs Rust-served); ratios
+                           and the targets' verdicts (bindings/python/bench/bench_python.py;
+                           --load N burners, --iters N, --big-iters N, --rounds N)
   placement-bench [ARGS..] placement policies (pinned, genoa, lru, flow) against Belady's MIN
                            on synthetic traces and one recorded from a real store run
                            (store/examples/traces/mlp.jsonl): bytes moved, hit rate, modelled
@@ -142,6 +149,7 @@ fn try_main() -> anyhow::Result<()> {
             typescript_sdk::test(&sh)
         }
         Some("bench-weights") => bench_weights::BenchWeights::parse(flags)?.run(&sh),
+        Some("bench-python") => bench_python::BenchPython::parse(flags)?.run(&sh),
         Some("bench-ring") => {
             let args = flags.into_rest();
             let manifest = "bench/iceoryx2-peer/Cargo.toml";

@@ -22,7 +22,9 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 - `listen` / `connect`: `Pipe`s of headers and tensors without JSON-RPC.
 - `Client`, `AsyncClient`: calling, on the Rust client (`_client`): every address
   (`unix:`, `quic://host:port#sha256=PIN`), numpy and torch tensors in and out
-  (`as_torch`), `closed` / `close_reason`, keep-alive, `connect_timeout`.
+  (`as_torch`), `closed` / `close_reason`, keep-alive, `connect_timeout`;
+  `client.functions.add(1, 2)`: the server's functions as methods, from `rpc.discover`
+  (`Functions`, `UnknownFunctionError`).
 - `errors` / `rpc_errors`: the exceptions (`FerryError` and its subclasses, `RpcError`
   and the class of each of ferry's codes: `InvalidParamsError`, `NotFoundError`, ...).
 - `NDArray`, `AnyTensor`: tensor types for fields of pydantic models (dataclasses and
@@ -46,6 +48,7 @@ from __future__ import annotations
 from . import errors, placement, refs, rpc_errors, store, tensors, types, weights
 from ._app import App, Context, empty, keep
 from ._client import AsyncClient, Client
+from ._functions import Function, Functions, UnknownFunctionError
 from ._native import __version__
 from ._pipe import Listener, Pipe, connect, listen
 from ._schema import AnyTensor, NDArray
@@ -112,6 +115,8 @@ __all__ = [
     "Context",
     "FerryError",
     "ForbiddenError",
+    "Function",
+    "Functions",
     "InternalError",
     "InvalidParamsError",
     "InvalidRequestError",
@@ -140,6 +145,7 @@ __all__ = [
     "TensorRef",
     "UnauthorizedError",
     "UnavailableError",
+    "UnknownFunctionError",
     "__version__",
     "bf16_to_f32",
     "connect",

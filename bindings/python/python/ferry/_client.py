@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import _native, _tensors
+from ._functions import Functions
 from .errors import ProtocolError
 from .refs import TensorRef as _TensorRef
 from .tensors import Tensor as _RawBits
@@ -170,6 +171,7 @@ class _Base:
         """Whether results' tensors are torch tensors (else numpy arrays) by default."""
         self.reconnect = reconnect
         """Whether a call on a closed client connects again first."""
+        self._functions: Functions | None = None
 
     @property
     def address(self) -> str:
@@ -340,6 +342,14 @@ class Client(_Base):
         """The server's OpenRPC document (`rpc.discover`)."""
         return _document(self.call("rpc.discover"))
 
+    @property
+    def functions(self) -> Functions:
+        """The server's functions as methods: `client.functions.add(1, 2)` (built from
+        `discover()`, fetched on first use and kept; see `ferry._functions`)."""
+        if self._functions is None:
+            self._functions = Functions(self.discover(), self.call, f"the server at {self.address}")
+        return self._functions
+
     def submit(
         self, method: str, params: object = None, *, keep: bool = False, detached: bool = False
     ) -> str:
@@ -506,6 +516,25 @@ class AsyncClient(_Base):
     async def discover(self) -> dict[str, Any]:
         """The server's OpenRPC document (`rpc.discover`)."""
         return _document(await self.call("rpc.discover"))
+
+    async def load_functions(self) -> Functions:
+        """Fetches the document `functions` is built from (once), without blocking the
+        event loop; returns `functions`."""
+        if self._functions is None:
+            doc = await self.discover()
+            self._functions = Functions(doc, self.call, f"the server at {self.address}")
+        return self._functions
+
+    @property
+    def functions(self) -> Functions:
+        """The server's functions as methods returning awaitables: `await
+        client.functions.add(1, 2)`. Built from the server's OpenRPC document: `await
+        client.load_functions()` fetches it first; otherwise the first use fetches it
+        with one blocking round trip."""
+        if self._functions is None:
+            doc = _document((self._native).call("rpc.discover", None, self._limit(None), False))
+            self._functions = Functions(doc, self.call, f"the server at {self.address}")
+        return self._functions
 
     async def submit(
         self, method: str, params: object = None, *, keep: bool = False, detached: bool = False
