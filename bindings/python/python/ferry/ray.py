@@ -124,7 +124,11 @@ class TransportNotEnabled(TransferError, ValueError):
 
 @dataclass
 class FerryCommunicatorMetadata(CommunicatorMetadata):
-    """Nothing: a one-sided fetch needs no pairing of the two actors."""
+    """A one-sided fetch needs no pairing of the two actors; this only carries what the
+    owner knows of the receiver (`dst_error`: why it cannot take part), for the receiver to
+    raise (Ray may build it on a callback thread, where an exception would be lost)."""
+
+    dst_error: str | None = None
 
 
 @dataclass
@@ -194,7 +198,8 @@ def _node() -> tuple[str, str]:
     import ray
 
     ctx = ray.get_runtime_context()
-    return ctx.get_node_id(), ray.util.get_node_ip_address()
+    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return str(ctx.get_node_id()), ip
 
 
 def _get_host(cfg: _Config) -> tuple[_native.TensorHost, dict[str, Any]]:
@@ -206,9 +211,7 @@ def _get_host(cfg: _Config) -> tuple[_native.TensorHost, dict[str, Any]]:
             if cfg.quic:
                 host = f"[{ip}]" if ":" in ip else ip
                 addrs.append(f"quic://{host}:0")
-            h = _native.TensorHost(
-                addrs, token=cfg.token, max_bytes=max(1, cfg.max_host_mib) << 20
-            )
+            h = _native.TensorHost(addrs, token=cfg.token, max_bytes=max(1, cfg.max_host_mib) << 20)
             got = h.addresses
             _host_desc = {
                 "node": node_id,
@@ -220,10 +223,25 @@ def _get_host(cfg: _Config) -> tuple[_native.TensorHost, dict[str, Any]]:
         return _host, _host_desc
 
 
+_stats_lock = threading.Lock()
+_stats = {"copied_bytes": 0, "fetched_unix": 0, "fetched_quic": 0}
+
+
+def _count(key: str, n: int = 1) -> None:
+    with _stats_lock:
+        _stats[key] += n
+
+
 def host_stats() -> dict[str, int]:
-    """This process's host: objects held and their bytes (zeros when it has none)."""
+    """This process's figures: `objects` and `bytes` its host holds now, `copied_bytes`
+    copied into shared memory so far (tensors not made by `empty`), and `fetched_unix` /
+    `fetched_quic`: objects this process fetched over each path."""
     h = _host
-    return {"objects": h.count, "bytes": h.nbytes} if h is not None else {"objects": 0, "bytes": 0}
+    with _stats_lock:
+        out = dict(_stats)
+    out["objects"] = h.count if h is not None else 0
+    out["bytes"] = h.nbytes if h is not None else 0
+    return out
 
 
 def _whole_block(t: Any) -> _native.SharedBlock | None:
@@ -245,23 +263,28 @@ def _put(cfg: _Config, obj_id: str, tensors: list[Any]) -> list[dict[str, Any]]:
                 "(no CUDA IPC path in the Python package yet): use .cpu() or another transport"
             )
         arrays.append(_tensors.host_numpy(t))
-    descs = [{"dtype": d, "shape": [int(n) for n in a.shape]} for a, d in arrays]
+    shapes = [[int(n) for n in a.shape] for a, _ in arrays]
+    descs: list[dict[str, Any]] = [
+        {"dtype": d, "shape": s} for (_, d), s in zip(arrays, shapes, strict=True)
+    ]
     if len(tensors) == 1:
         b = _whole_block(tensors[0])
         if b is not None:  # ferry-allocated: no copy
-            host.put(obj_id, b, [(0, descs[0]["shape"], descs[0]["dtype"])])
+            host.put(obj_id, b, [(0, shapes[0], arrays[0][1])])
             return descs
-    layout = []
+    # Several tensors, or not ferry's: copied once, into one block.
+    layout: list[tuple[int, list[int], str]] = []
     off = 0
-    for (a, d), desc in zip(arrays, descs):
-        layout.append((off, desc["shape"], d))
+    for (a, d), s in zip(arrays, shapes, strict=True):
+        layout.append((off, s, d))
         off += (a.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     block = _native.SharedBlock(off)
     raw: np.ndarray[Any, Any] = np.asarray(block)
-    for (a, _), (o, _, _) in zip(arrays, layout):
+    for (a, _), (o, _, _) in zip(arrays, layout, strict=True):
         dst = raw[o : o + a.nbytes].view(a.dtype).reshape(a.shape)
         np.copyto(dst, a, casting="no")
     host.put(obj_id, block, layout)
+    _count("copied_bytes", sum(a.nbytes for a, _ in arrays))
     return descs
 
 
@@ -339,6 +362,7 @@ def _fetch(cfg: _Config, obj_id: str, desc: dict[str, Any]) -> list[Any]:
         raise TransferError(
             f"object {obj_id}: {len(m.tensors)} tensors arrived, the descriptor names {len(want)}"
         )
+    _count("fetched_quic" if remote else "fetched_unix")
     return [_tensors.to_torch(r) for r in m.tensors]
 
 
@@ -386,9 +410,9 @@ class FerryTransport(TensorTransportManager):
         self, src_actor: Any, dst_actor: Any, backend: str | None = None
     ) -> FerryCommunicatorMetadata:
         if dst_actor is not None and not getattr(dst_actor, "_ray_enable_tensor_transport", True):
-            raise TransportNotEnabled(
-                f"{dst_actor} receives a ferry tensor (tensor_transport='ferry') but was declared "
-                "without enable_tensor_transport=True: declare its class "
+            return FerryCommunicatorMetadata(
+                dst_error=f"{dst_actor} receives a ferry tensor (tensor_transport='ferry') but "
+                "was declared without enable_tensor_transport=True: declare its class "
                 "@ray.remote(enable_tensor_transport=True)"
             )
         return FerryCommunicatorMetadata()
@@ -404,12 +428,15 @@ class FerryTransport(TensorTransportManager):
             raise TypeError(
                 f"the ferry transport got {type(tensor_transport_metadata).__name__} metadata"
             )
+        dst_error = getattr(communicator_metadata, "dst_error", None)
+        if dst_error:
+            raise TransportNotEnabled(dst_error)
         desc = json.loads(tensor_transport_metadata.descriptor)
         if not desc.get("tensors"):
             return []
         tensors = _fetch(self._config, obj_id, desc)
         if target_buffers:
-            for dst, src in zip(target_buffers, tensors):
+            for dst, src in zip(target_buffers, tensors, strict=True):
                 dst.copy_(src)
             return list(target_buffers)
         return tensors
@@ -493,4 +520,5 @@ def register(
 def _torch_type() -> type:
     import torch
 
-    return torch.Tensor  # type: ignore[no-any-return]
+    cls: type = torch.Tensor
+    return cls
