@@ -15,6 +15,7 @@
 //! - [`ci`]: the whole CI pipeline, the same locally and on the CI runners.
 #![forbid(unsafe_code)]
 
+mod bench_ray;
 mod ci;
 mod codegen;
 mod conformance;
@@ -73,6 +74,9 @@ commands:
   bench-python-server [ARGS..]
                            Python-served vs Rust-served calls, echo, 16 clients, and
                            Python-to-Python pipes (bindings/python/bench/bench_server.py)
+  bench-ray [ARGS..]       a 24.9 MB and a 64 B torch tensor between two Ray actors through
+                           ferry.ray, Ray's object store and gloo, one run
+                           (bindings/python/bench/bench_ray.py)
   placement-bench [ARGS..] placement policies (pinned, genoa, lru, flow) against Belady's MIN
                            on synthetic traces and one recorded from a real store run
                            (store/examples/traces/mlp.jsonl): bytes moved, hit rate, modelled
@@ -157,6 +161,7 @@ fn try_main() -> anyhow::Result<()> {
         Some("python-server") => python_server::PythonServer::parse(flags)?.run(&sh),
         Some("python-wheel") => python_wheel::PythonWheel::parse(flags)?.run(&sh),
         Some("bench-python-server") => python_server::BenchPythonServer::parse(flags)?.run(&sh),
+        Some("bench-ray") => bench_ray::BenchRay::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         Some("soak") => soak::Soak::parse(flags)?.run(&sh),
         Some("windows") => windows::Windows::parse(flags)?.run(&sh),

@@ -42,9 +42,9 @@ pub mod pipe;
 pub mod pool;
 pub mod server;
 pub mod store_server;
-pub mod tensors;
 #[cfg(target_os = "linux")]
 pub mod tensor_host;
+pub mod tensors;
 
 /// The runtime's worker threads: as `ferry serve`'s, half the CPUs when busy polling (the
 /// default), the rest are for the Python threads and the peers; at most 4 (Python, not the
