@@ -268,6 +268,9 @@ def one_node() -> None:
     new_shm = sorted(set(c1["shm"]) - set(c0["shm"]))
     check(f"{TRANSFERS} transfers: nothing new in /dev/shm", not new_shm, new_shm)
 
+    # abort_transport ends a fetch waiting on a producer that does not answer.
+    check_abort()
+
     # The producer dies: the consumer gets ProducerGone, not Ray's 60 s fetch timeout.
     d = Producer.remote()
     ref = d.produce.remote(32)
@@ -284,6 +287,47 @@ def one_node() -> None:
             repr(e)[:500],
         )
     ray.shutdown()
+
+
+def check_abort() -> None:
+    import json
+    import threading
+
+    mute = ferry._native.listen(f"unix:ferry-ray-checks-mute-{os.getpid()}")
+    accepted: list[Any] = []
+    t_accept = threading.Thread(target=lambda: accepted.append(mute.accept(WAIT)))
+    t_accept.start()
+    node = str(ray.get_runtime_context().get_node_id())
+    desc = {"v": 1, "id": "x", "node": node, "pid": 0, "unix": mute.address, "quic": None}
+    desc["tensors"] = [{"dtype": "f32", "shape": [4]}]
+    meta = ferry.ray.FerryTransportMetadata(
+        tensor_meta=[((4,), torch.float32)], tensor_device="cpu", descriptor=json.dumps(desc)
+    )
+    assert ferry.ray._registered is not None
+    mgr = ferry.ray._registered()
+    comm = mgr.get_communicator_metadata(None, None, ferry.ray.TRANSPORT)
+    outcome: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            mgr.recv_multiple_tensors("abort-me", meta, comm)
+        except BaseException as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=fetch)
+    t.start()
+    wait_for("the fetch to be in flight", lambda: "abort-me" in ferry.ray._inflight, bool)
+    mgr.abort_transport("abort-me", comm)
+    t.join(WAIT)
+    t_accept.join(WAIT)
+    check(
+        "abort_transport ends a fetch in flight with TransferError",
+        not t.is_alive()
+        and len(outcome) == 1
+        and type(outcome[0]) is ferry.ray.TransferError
+        and "aborted" in str(outcome[0]),
+        outcome,
+    )
 
 
 def _dead(actor: Any) -> bool:

@@ -34,6 +34,7 @@ ONE_NODE = [
     "1000 transfers: memfd mappings back where they started",
     "1000 transfers: RSS back where it started",
     "1000 transfers: nothing new in /dev/shm",
+    "abort_transport ends a fetch in flight with TransferError",
     "a consumer whose producer died gets ProducerGone",
 ]
 

@@ -294,6 +294,7 @@ def _put(cfg: _Config, obj_id: str, tensors: list[Any]) -> list[dict[str, Any]]:
 _pipes_lock = threading.Lock()
 _pipes: dict[str, tuple[_native.Pipe, threading.Lock]] = {}
 _inflight: dict[str, _native.Pipe] = {}
+_aborted: set[str] = set()
 
 
 def _pipe(addr: str, cfg: _Config) -> tuple[_native.Pipe, threading.Lock]:
@@ -344,6 +345,9 @@ def _fetch(cfg: _Config, obj_id: str, desc: dict[str, Any]) -> list[Any]:
             ) from None
         except (ConnectionError, OSError) as e:
             _drop_pipe(addr)
+            if obj_id in _aborted:
+                _aborted.discard(obj_id)
+                raise TransferError(f"object {obj_id}: the transfer was aborted") from None
             raise ProducerGone(
                 f"object {obj_id}: the producing actor's endpoint {addr} closed ({e}): "
                 "the actor died or was killed"
@@ -459,8 +463,12 @@ class FerryTransport(TensorTransportManager):
             h.free(obj_id)
 
     def abort_transport(self, obj_id: str, communicator_metadata: CommunicatorMetadata) -> None:
+        # On the consumer: closes the pipe an in-flight fetch of `obj_id` waits on (it then
+        # raises TransferError, and the next fetch connects again); what it had received is
+        # dropped with it. On the producer there is nothing to abort: it serves from Rust.
         p = _inflight.pop(obj_id, None)
         if p is not None:
+            _aborted.add(obj_id)
             p.close()
 
 
