@@ -134,7 +134,7 @@ def main() -> None:
     print(f"\nray {ray.__version__}, torch {torch.__version__}, {cpus} CPUs; median and p90 of")
     print("ray.get(b.consume.remote(a.produce.remote())) per round trip, one run\n")
     print(f"| {'path':<24} | {'tensor':>8} | {'median ms':>9} | {'p90 ms':>8} | iters |")
-    print(f"|{'-' * 26}|{'-' * 10}:|{'-' * 10}:|{'-' * 9}:|------:|")
+    print(f"|{'-' * 26}|{'-' * 9}:|{'-' * 10}:|{'-' * 9}:|------:|")
     for r in rows:
         if "error" in r:
             print(f"| {r['path']:<24} | {size(r['bytes']):>8} | {'failed':>9} | {'':>8} |       |")

@@ -32,6 +32,8 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
   keeps (`ferry_client.refs`). Both from `ferry_client`.
 - `StoreServer`, `serve_weights`: host a tensor store (`ferry serve-weights`) from Python.
 - The `ferry` command (also `python -m ferry`): every subcommand of the Rust binary.
+- `ferry.ray` (imported on its own, `pip install "ferry-tensors[ray]"`): ferry as a Ray
+  tensor transport (`tensor_transport="ferry"`).
 """
 
 from __future__ import annotations
