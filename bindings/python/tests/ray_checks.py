@@ -343,7 +343,7 @@ def two_nodes() -> None:
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 2, "resources": {"n1": 2}, "include_dashboard": False},
+        head_node_args={"num_cpus": 4, "resources": {"n1": 4}, "include_dashboard": False},
     )
     cluster.add_node(num_cpus=1, resources={"n2": 1})
     ray.init(address=cluster.address, log_to_driver=False)
@@ -387,6 +387,23 @@ def two_nodes() -> None:
                 "two nodes: a peer without the configured token is refused",
                 "token" in str(e).lower(),
                 repr(e),
+            )
+        # The producer dies: a consumer on another node gets ProducerGone (QUIC's handshake
+        # or idle timeout, 10 s), not Ray's 60 s fetch timeout.
+        print("step: a producer to kill", flush=True)
+        d = Producer.options(resources={"n1": 1}).remote()
+        ref = d.produce.remote(32)
+        ray.wait([ref], timeout=WAIT)
+        ray.kill(d)
+        wait_for("the killed producer to be dead", lambda: _dead(d), lambda x: x)
+        try:
+            ray.get(far.consume.remote(ref), timeout=WAIT)
+            check("two nodes: a consumer whose producer died gets ProducerGone", False, "no error")
+        except Exception as e:
+            check(
+                "two nodes: a consumer whose producer died gets ProducerGone",
+                isinstance(e, ferry.ray.ProducerGone),
+                repr(e)[:500],
             )
     finally:
         ray.shutdown()

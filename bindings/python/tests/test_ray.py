@@ -44,6 +44,7 @@ TWO_NODES = [
     "two nodes: force_remote sends a same-node consumer over QUIC too",
     "two nodes: the QUIC address pins the producer's certificate",
     "two nodes: a peer without the configured token is refused",
+    "two nodes: a consumer whose producer died gets ProducerGone",
 ]
 
 
