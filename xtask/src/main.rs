@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod bench_python;
+mod bench_ray;
 mod bench_weights;
 mod ci;
 mod codegen;
@@ -76,6 +77,9 @@ commands:
                            trips, add and a 24.9 MB echo (ferry.App vs Rust-served); ratios
                            and the targets' verdicts (bindings/python/bench/bench_python.py;
                            --load N burners, --iters N, --big-iters N, --rounds N)
+  bench-ray [ARGS..]       a 24.9 MB and a 64 B torch tensor between two Ray actors through
+                           ferry.ray, Ray's object store and gloo, one run
+                           (bindings/python/bench/bench_ray.py)
   placement-bench [ARGS..] placement policies (pinned, genoa, lru, flow) against Belady's MIN
                            on synthetic traces and one recorded from a real store run
                            (store/examples/traces/mlp.jsonl): bytes moved, hit rate, modelled
@@ -162,6 +166,7 @@ fn try_main() -> anyhow::Result<()> {
         Some("python-server") => python_server::PythonServer::parse(flags)?.run(&sh),
         Some("python-wheel") => python_wheel::PythonWheel::parse(flags)?.run(&sh),
         Some("bench-python-server") => python_server::BenchPythonServer::parse(flags)?.run(&sh),
+        Some("bench-ray") => bench_ray::BenchRay::parse(flags)?.run(&sh),
         Some("ci") => ci::Ci::parse(flags)?.run(&sh),
         Some("soak") => soak::Soak::parse(flags)?.run(&sh),
         Some("windows") => windows::Windows::parse(flags)?.run(&sh),

@@ -26,6 +26,7 @@
 //!   in the test venv by a `.pth` file. `FERRY_NO_TORCH=1` skips it (the torch tests then
 //!   say they are skipped).
 //!
+//! - Ray ([`crate::bench_ray::add_ray`]) for `tests/test_ray.py` (`FERRY_NO_RAY=1` skips it);
 //! - the Python server's soak in its short mode ([`soak`]).
 //!
 //! `bench-python-server` runs `bindings/python/bench/bench_server.py` with that venv and a
@@ -159,6 +160,11 @@ fn install(sh: &Shell, root: &Path, clear: bool, profile: Profile) -> anyhow::Re
     Ok(python)
 }
 
+/// The venv with the package built as a user gets it (release), for the benchmarks.
+pub(crate) fn install_release(sh: &Shell, root: &Path) -> anyhow::Result<PathBuf> {
+    install(sh, root, false, Profile::Release)
+}
+
 /// `cargo xtask python-server`.
 pub struct PythonServer;
 
@@ -204,6 +210,7 @@ impl PythonServer {
                 .context("the stubs (bindings/python/python/ferry/_native.pyi) do not match the module")?;
         }
         add_torch(sh, &python)?;
+        crate::bench_ray::add_ray(sh, &python)?;
         let ferry = crate::python_sdk::ferry_bin(sh, false)?;
         let _dir = sh.push_dir(&pkg);
         cmd!(sh, "{python} -m pytest -q -p no:cacheprovider tests")

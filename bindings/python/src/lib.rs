@@ -18,6 +18,8 @@
 //! - [`command`]: the `ferry` command (every subcommand of the Rust binary, from
 //!   `ferry_commands`); [`store_server`]: `ferry.StoreServer`, a tensor store hosted by a
 //!   Python program.
+//! - [`tensor_host`] (Linux): `ferry.ray`'s per-process host of tensors by id in shared
+//!   memory, served to peers (Ray's tensor transport).
 //!
 //! Python code never runs on a tokio worker: sync handlers run on [`pool`]'s threads,
 //! admitted by their server's [`gate`]
@@ -40,6 +42,8 @@ pub mod pipe;
 pub mod pool;
 pub mod server;
 pub mod store_server;
+#[cfg(target_os = "linux")]
+pub mod tensor_host;
 pub mod tensors;
 pub mod weights;
 
@@ -89,6 +93,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(command::main, m)?)?;
     m.add_class::<store_server::StoreServer>()?;
     m.add_class::<weights::WeightsSubscriber>()?;
+    #[cfg(target_os = "linux")]
+    {
+        m.add_class::<tensor_host::TensorHost>()?;
+        m.add_class::<tensor_host::SharedBlock>()?;
+    }
     m.add("FerryError", m.py().get_type::<pyo3::exceptions::PyOSError>())?;
     Ok(())
 }

@@ -90,3 +90,14 @@ def test_async_task() -> None:
     assert "state=running" in out  # polled while it ran (6 steps of 50 ms)
     assert "final state: done" in out
     assert "result: {'loss': 0.015625, 'steps': 6}" in out
+
+
+def test_ray_weights() -> None:
+    from tests.test_ray import ray_import_error
+
+    why = torch_import_error() or ray_import_error()
+    if why is not None:
+        pytest.skip(f"torch or Ray >= 2.60 is not importable by {sys.executable}: {why}")
+    out = run_example("ray_weights.py")
+    assert "rollout: got (1024, 1024) torch.float32, sum 524288.0" in out
+    assert "driver: torch.Size([1024, 1024])" in out

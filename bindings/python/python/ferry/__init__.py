@@ -41,6 +41,8 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
 - `StoreServer`, `serve_weights`: host a tensor store (`ferry serve-weights`) from Python.
 - `weights`: weight sync (`Publisher`, `subscribe`): versions as deltas, applied in place.
 - The `ferry` command (also `python -m ferry`): every subcommand of the Rust binary.
+- `ferry.ray` (imported on its own, `pip install "ferry-tensors[ray]"`): ferry as a Ray
+  tensor transport (`tensor_transport="ferry"`).
 """
 
 from __future__ import annotations

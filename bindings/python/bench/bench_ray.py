@@ -1,0 +1,167 @@
+"""A torch tensor from one Ray actor to another, `ray.get(b.consume.remote(a.produce.remote()))`,
+through ferry (`ferry.ray`), through Ray's object store, and through Ray's CPU transport (gloo),
+same run (`cargo xtask bench-ray`; issue 46 point 4).
+
+    python bench_ray.py [--iters-big N] [--iters-small N] [--json PATH]
+
+Rows: 24.9 MB and 64 B float32 tensors. The producer keeps its tensor and returns it each call
+(what a trainer handing out its weights does); the consumer reads its last element. ferry is
+measured twice: a tensor torch allocated (copied once into ferry's shared memory per object)
+and one made by `ferry.ray.empty` (lent with no copy). Prints a table of median and p90 per
+round trip, and the ratios the issue sets as targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import ray
+import torch
+
+import ferry.ray
+
+BIG = 24_900_000
+SMALL = 64
+
+ferry.ray.register(quic=False)
+
+
+@ray.remote(enable_tensor_transport=True)
+class Producer:
+    def __init__(self, nbytes: int, ferry_alloc: bool) -> None:
+        n = nbytes // 4
+        if ferry_alloc:
+            self.t = ferry.ray.empty((n,), torch.float32)
+            self.t.copy_(torch.arange(n, dtype=torch.float32))
+        else:
+            self.t = torch.arange(n, dtype=torch.float32)
+
+    @ray.method(tensor_transport="ferry")
+    def produce_ferry(self) -> Any:
+        return self.t
+
+    @ray.method(tensor_transport="gloo")
+    def produce_gloo(self) -> Any:
+        return self.t
+
+    def produce_store(self) -> Any:
+        return self.t
+
+    def ready(self) -> int:
+        return os.getpid()
+
+
+@ray.remote(enable_tensor_transport=True)
+class Consumer:
+    def consume(self, t: Any) -> float:
+        return float(t[-1])
+
+    def ready(self) -> int:
+        return os.getpid()
+
+
+def measure(a: Any, b: Any, method: str, nbytes: int, iters: int) -> dict[str, Any]:
+    produce = getattr(a, method)
+    want = float(nbytes // 4 - 1)
+    for _ in range(3):  # warm: connections, Ray's paths, first-touch of pages
+        got = ray.get(b.consume.remote(produce.remote()), timeout=120)
+        assert got == want, (method, got, want)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        got = ray.get(b.consume.remote(produce.remote()), timeout=120)
+        times.append(time.perf_counter() - t0)
+        assert got == want, (method, got, want)
+    times.sort()
+    return {
+        "median_ms": statistics.median(times) * 1e3,
+        "p90_ms": times[min(len(times) - 1, int(len(times) * 0.9))] * 1e3,
+        "iters": iters,
+    }
+
+
+def row(path: str, nbytes: int, iters: int) -> dict[str, Any]:
+    ferry_alloc = path == "ferry (ferry.ray.empty)"
+    a = Producer.remote(nbytes, ferry_alloc)
+    b = Consumer.remote()
+    ray.get([a.ready.remote(), b.ready.remote()], timeout=120)
+    method = {
+        "ferry (torch tensor)": "produce_ferry",
+        "ferry (ferry.ray.empty)": "produce_ferry",
+        "object store": "produce_store",
+        "gloo (Ray RDT)": "produce_gloo",
+    }[path]
+    try:
+        if method == "produce_gloo":
+            from ray.experimental.collective import create_collective_group
+
+            create_collective_group([a, b], backend="gloo")
+        r = measure(a, b, method, nbytes, iters)
+    except Exception as e:  # a transport Ray ships that does not work here: say so
+        r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    finally:
+        ray.kill(a)
+        ray.kill(b)
+    return {"path": path, "bytes": nbytes, **r}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters-big", type=int, default=30)
+    ap.add_argument("--iters-small", type=int, default=300)
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    paths = ["ferry (torch tensor)", "ferry (ferry.ray.empty)", "object store", "gloo (Ray RDT)"]
+    rows = []
+    for nbytes, iters in ((BIG, args.iters_big), (SMALL, args.iters_small)):
+        for p in paths:
+            r = row(p, nbytes, iters)
+            rows.append(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+    ray.shutdown()
+
+    def size(n: int) -> str:
+        return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n} B"
+
+    cpus = os.cpu_count()
+    print(f"\nray {ray.__version__}, torch {torch.__version__}, {cpus} CPUs; median and p90 of")
+    print("ray.get(b.consume.remote(a.produce.remote())) per round trip, one run\n")
+    print(f"| {'path':<24} | {'tensor':>8} | {'median ms':>9} | {'p90 ms':>8} | iters |")
+    print(f"|{'-' * 26}|{'-' * 9}:|{'-' * 10}:|{'-' * 9}:|------:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['path']:<24} | {size(r['bytes']):>8} | {'failed':>9} | {'':>8} |       |")
+            print(f"|   {r['error']}")
+            continue
+        med, p90, n = r["median_ms"], r["p90_ms"], r["iters"]
+        print(f"| {r['path']:<24} | {size(r['bytes']):>8} | {med:9.2f} | {p90:8.2f} | {n:5} |")
+
+    def med(path: str, n: int) -> float | None:
+        for r in rows:
+            if r["path"] == path and r["bytes"] == n and "median_ms" in r:
+                return float(r["median_ms"])
+        return None
+
+    print()
+    store = med("object store", BIG)
+    for p in ("ferry (torch tensor)", "ferry (ferry.ray.empty)"):
+        big, small = med(p, BIG), med(p, SMALL)
+        if big and small and store:
+            print(
+                f"{p}: object store / ferry at 24.9 MB = {store / big:.1f}x (target >= 20x); "
+                f"ferry 24.9 MB / ferry 64 B = {big / small:.2f}x (target <= 1.5x)"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+//! `ferry.ray`'s native half (Linux): a process's [`TensorHost`], which keeps tensors by id
+//! in ferry shared segments and serves them to any number of peers, and the
+//! [`SharedBlock`]s they are written into.
+//!
+//! A tensor put on the host lies in a sealed-size memfd that belongs to no pipe (a
+//! [`ferry::ferry_shm::SharedSegment`], as a tensor store's buckets): every shm pipe sends
+//! it without a copy, as a lease the peer maps read-only (copy-on-write for torch); a QUIC
+//! pipe sends its bytes. A peer asks with a header `{"get": ID}` and gets `{"ok": ID}` and
+//! the tensors, or `{"missing": ID}` once the id was freed (or never put). Freeing an id
+//! drops the host's hold: the memory goes when the last peer holding a lease lets go too.
+//! When the host process dies, its peers' pipes close and the kernel frees what nobody
+//! maps: nothing is named in `/dev/shm`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ferry::ferry_shm::{SharedSegment, SharedSegmentMut};
+use ferry_core::{Message, Pipe, PipeError, Tensor};
+use pyo3::exceptions::{PyConnectionError, PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime;
+use crate::tensors::meta_of;
+
+/// The default of [`TensorHost`]'s `max_bytes`: 16 GiB of tensors held at once.
+pub const DEFAULT_MAX_BYTES: u64 = 16 << 30;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The state of a [`SharedBlock`].
+enum Block {
+    /// Being written by this process.
+    Open(SharedSegmentMut),
+    /// Put on a host: lendable, never written again through ferry.
+    Frozen(Arc<SharedSegment>),
+    /// Between the two, under the lock.
+    Moving,
+}
+
+/// Bytes in a fresh shared segment, writable until a host takes them.
+#[pyclass(frozen, weakref, module = "ferry._native")]
+pub struct SharedBlock {
+    state: Mutex<Block>,
+    ptr: usize,
+    nbytes: usize,
+}
+
+impl SharedBlock {
+    /// The frozen segment (freezing it now if it is still open).
+    fn freeze(&self) -> PyResult<Arc<SharedSegment>> {
+        let mut s = lock(&self.state);
+        let seg = match std::mem::replace(&mut *s, Block::Moving) {
+            Block::Open(m) => m.freeze(),
+            Block::Frozen(seg) => seg,
+            Block::Moving => return Err(PyRuntimeError::new_err("a SharedBlock was frozen twice at once")),
+        };
+        *s = Block::Frozen(seg.clone());
+        Ok(seg)
+    }
+}
+
+#[pymethods]
+impl SharedBlock {
+    /// A block of `nbytes` bytes (at least one), zeroed.
+    #[new]
+    fn new(nbytes: usize) -> PyResult<SharedBlock> {
+        let mut seg = SharedSegmentMut::create(nbytes.max(1))
+            .map_err(|e| PyMemoryError::new_err(format!("a {nbytes}-byte shared segment (memfd): {e}")))?;
+        let ptr = seg.as_mut_slice().as_mut_ptr() as usize;
+        Ok(SharedBlock { state: Mutex::new(Block::Open(seg)), ptr, nbytes })
+    }
+
+    /// Its size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// The address of its first byte.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.ptr
+    }
+
+    /// True once a host holds it (its bytes are then lent to peers: do not write them).
+    #[getter]
+    fn frozen(&self) -> bool {
+        matches!(*lock(&self.state), Block::Frozen(_))
+    }
+
+    /// numpy's array interface: `nbytes` bytes (`|u1`), writable while open.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("version", 3)?;
+        d.set_item("shape", (self.nbytes,))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.ptr, self.frozen()))?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SharedBlock({} bytes{})", self.nbytes, if self.frozen() { ", frozen" } else { "" })
+    }
+}
+
+/// What a host holds.
+#[derive(Default)]
+struct Objects {
+    by_id: HashMap<String, (Vec<Tensor>, u64)>,
+    bytes: u64,
+}
+
+/// Keeps tensors by id in shared memory and serves them on its addresses.
+#[pyclass(frozen, module = "ferry._native")]
+pub struct TensorHost {
+    objects: Arc<Mutex<Objects>>,
+    addrs: Vec<String>,
+    stop: CancellationToken,
+    max_bytes: u64,
+}
+
+#[pymethods]
+impl TensorHost {
+    /// Listens on `addrs` (`unix:NAME`, `quic://HOST:0`, ...); peers must present `token`
+    /// when one is given. `max_bytes`: the most tensor bytes held at once (default 16 GiB).
+    #[new]
+    #[pyo3(signature = (addrs, *, token=None, max_bytes=DEFAULT_MAX_BYTES))]
+    fn new(py: Python<'_>, addrs: Vec<String>, token: Option<String>, max_bytes: u64) -> PyResult<TensorHost> {
+        let ep = crate::pipe::endpoint(token, None)?;
+        let objects = Arc::new(Mutex::new(Objects::default()));
+        let stop = CancellationToken::new();
+        let mut bound = Vec::with_capacity(addrs.len());
+        for a in &addrs {
+            let l = py
+                .detach(|| runtime().block_on(ep.listen(a)))
+                .map_err(|e| PyConnectionError::new_err(format!("listening on {a}: {e}")))?;
+            bound.push(l.local_addr().to_string());
+            runtime().spawn(accept_loop(l, objects.clone(), stop.clone()));
+        }
+        Ok(TensorHost { objects, addrs: bound, stop, max_bytes })
+    }
+
+    /// The addresses peers connect to (QUIC ones carry the pinned `#sha256=`).
+    #[getter]
+    fn addresses(&self) -> Vec<String> {
+        self.addrs.clone()
+    }
+
+    /// Holds, under `id`, the tensors `layout` describes in `block`: `(offset, shape,
+    /// dtype)` each, contiguous. The block is frozen (no copy): do not write it any more.
+    /// Putting an id again replaces what it held.
+    fn put(&self, id: String, block: &SharedBlock, layout: Vec<(usize, Vec<u64>, String)>) -> PyResult<()> {
+        if self.stop.is_cancelled() {
+            return Err(PyRuntimeError::new_err("this TensorHost is closed"));
+        }
+        let mut metas = Vec::with_capacity(layout.len());
+        let mut total = 0u64;
+        for (off, shape, dtype) in layout {
+            let meta = meta_of(shape, &dtype)?;
+            let n = meta.byte_span().map_err(|e| PyValueError::new_err(e.to_string()))?;
+            if (off as u64).checked_add(n).is_none_or(|e| e > block.nbytes as u64) {
+                return Err(PyValueError::new_err(format!(
+                    "a tensor of {n} bytes at offset {off} is outside the {}-byte block",
+                    block.nbytes
+                )));
+            }
+            total += n;
+            metas.push((off, meta, n as usize));
+        }
+        {
+            let o = lock(&self.objects);
+            let replaced = o.by_id.get(&id).map_or(0, |(_, b)| *b);
+            if o.bytes - replaced + total > self.max_bytes {
+                return Err(PyMemoryError::new_err(format!(
+                    "holding {total} more bytes would pass max_bytes={} (this host holds {} bytes in {} objects): \
+                     free objects (drop their ObjectRefs) or raise ferry.ray.register(max_host_mib=...)",
+                    self.max_bytes,
+                    o.bytes,
+                    o.by_id.len()
+                )));
+            }
+        }
+        let seg = block.freeze()?;
+        let mut tensors = Vec::with_capacity(metas.len());
+        for (off, meta, n) in metas {
+            let bytes =
+                seg.bytes(off, n).ok_or_else(|| PyValueError::new_err("a tensor lies outside its shared segment"))?;
+            tensors.push(Tensor::new(meta, bytes).map_err(|e| PyValueError::new_err(e.to_string()))?);
+        }
+        let mut o = lock(&self.objects);
+        if let Some((_, b)) = o.by_id.insert(id, (tensors, total)) {
+            o.bytes -= b;
+        }
+        o.bytes += total;
+        Ok(())
+    }
+
+    /// Drops the host's hold on `id`; true when it held it.
+    fn free(&self, id: &str) -> bool {
+        let mut o = lock(&self.objects);
+        match o.by_id.remove(id) {
+            Some((_, b)) => {
+                o.bytes -= b;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether it holds `id`.
+    fn has(&self, id: &str) -> bool {
+        lock(&self.objects).by_id.contains_key(id)
+    }
+
+    /// How many ids it holds.
+    #[getter]
+    fn count(&self) -> usize {
+        lock(&self.objects).by_id.len()
+    }
+
+    /// How many tensor bytes it holds.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        lock(&self.objects).bytes
+    }
+
+    /// Stops serving, closes its peers' pipes and drops everything it holds.
+    fn close(&self) {
+        self.stop.cancel();
+        *lock(&self.objects) = Objects::default();
+    }
+}
+
+impl Drop for TensorHost {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn accept_loop(mut l: ferry_core::PipeListener, objects: Arc<Mutex<Objects>>, stop: CancellationToken) {
+    loop {
+        let p = tokio::select! {
+            () = stop.cancelled() => return,
+            p = l.accept() => p,
+        };
+        match p {
+            Ok(p) => {
+                tokio::spawn(serve(p, objects.clone(), stop.clone()));
+            }
+            Err(PipeError::Closed) => return,
+            Err(e) => tracing::debug!(error = %e, "ferry.ray host: a connection's handshake failed"),
+        }
+    }
+}
+
+/// Answers one peer's `{"get": ID}` requests until it hangs up or the host closes.
+async fn serve(p: Pipe, objects: Arc<Mutex<Objects>>, stop: CancellationToken) {
+    loop {
+        let msg = tokio::select! {
+            () = stop.cancelled() => break,
+            m = p.recv() => m,
+        };
+        let Ok(msg) = msg else { break };
+        let reply = match msg.header.get("get").and_then(|v| v.as_str()) {
+            Some(id) => match lock(&objects).by_id.get(id) {
+                Some((ts, _)) => Message::with_tensors(json!({ "ok": id }), ts.clone()),
+                None => Message::new(json!({ "missing": id })),
+            },
+            None => Message::new(json!({ "error": "expected a header {\"get\": ID}" })),
+        };
+        if p.send(reply).await.is_err() {
+            break;
+        }
+    }
+    p.close().await;
+}
