@@ -1,6 +1,6 @@
 //! The conformance suite over the same-host ring: the local transport (unix sockets) with
 //! the shm and inline channels, on endpoints that offer and grant the ring
-//! (`EndpointBuilder::ring`). Every frame after the handshake goes through the rings,
+//! (`ferry_ring::RingExt::ring`). Every frame after the handshake goes through the rings,
 //! except those carrying descriptors (new shm segments), which go over the socket with a
 //! divert record in their place: the suite checks that nothing is lost or reordered. The
 //! ring crate's own tests (hostile indices, SIGKILL) are `tests/processes/`.
@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use ferry_conformance::Fixture;
 use ferry_core::{Channel, InlineChannel, Transport};
+#[cfg(target_os = "linux")]
 use ferry_ring::RingExt;
 
 #[derive(Default)]
