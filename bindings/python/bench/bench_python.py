@@ -32,6 +32,7 @@ the issue's targets' verdicts are printed after the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import signal
@@ -267,6 +268,37 @@ def me(*args: str) -> list[str]:
     return [sys.executable, __file__, *args]
 
 
+IOX_DIRS = ("/dev/shm", "/tmp/iceoryx2", "/tmp/iceoryx2/nodes", "/tmp/iceoryx2/services")
+
+
+def iox_files() -> set[str]:
+    """iceoryx2's files (its `iox2_` prefix) in /dev/shm and /tmp/iceoryx2."""
+    found: set[str] = set()
+    for d in IOX_DIRS:
+        with contextlib.suppress(OSError):
+            found |= {os.path.join(d, n) for n in os.listdir(d) if n.startswith("iox2_")}
+    return found
+
+
+def iox_leftovers_remover() -> Callable[[], None]:
+    """iceoryx2 leaves files behind (its global management segment, more when a process
+    dies): returns a cleanup that removes those that appeared during the run and says so,
+    as `cargo xtask bench-ring` does."""
+    before = iox_files()
+
+    def remove() -> None:
+        gone = []
+        for f in sorted(iox_files() - before):
+            try:
+                os.remove(f)
+                gone.append(f)
+            except OSError:
+                pass
+        print(f"iceoryx2 files left behind, now removed: {gone}", file=sys.stderr)
+
+    return remove
+
+
 def pipes(a: argparse.Namespace, procs: Procs, tag: str, skipped: list[str]) -> list[Row]:
     import multiprocessing as mp
 
@@ -338,6 +370,8 @@ def pipes(a: argparse.Namespace, procs: Procs, tag: str, skipped: list[str]) -> 
     # iceoryx2
     try:
         import iceoryx2  # noqa: F401
+
+        cleanup.append(iox_leftovers_remover())
 
         for mode in ("poll", "event"):
             itag = f"{tag}-{mode}"
