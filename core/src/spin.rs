@@ -198,6 +198,13 @@ impl SpinHistory {
         self.learned
     }
 
+    /// Whether a spin that ends a wait has anything to teach: `false` when it is warm at
+    /// its whole window, where [`SpinHistory::record`] of any [`Waited::Spun`] changes
+    /// nothing (so a caller may skip reading the clock for it).
+    pub fn learns_from_spins(&self) -> bool {
+        !self.window.is_zero() && self.learned != Some(self.window)
+    }
+
     /// Learns from how the last wait ended.
     pub fn record(&mut self, waited: Waited) {
         if self.window.is_zero() {
@@ -498,8 +505,17 @@ mod tests {
         ];
         for (window, before, waited, after) in rows {
             let mut h = SpinHistory { window, learned: before };
+            let learns = h.learns_from_spins();
             h.record(waited);
             assert_eq!(h.learned(), after, "window {window:?}, learned {before:?}, {waited:?}");
+            // A history that says it learns nothing from spins is unchanged by any spin.
+            if !learns {
+                let mut again = SpinHistory { window, learned: before };
+                for t in [us(0), us(1), us(49), us(50), us(10_000)] {
+                    again.record(Waited::Spun(t));
+                    assert_eq!(again.learned(), before, "window {window:?}, learned {before:?}, spun {t:?}");
+                }
+            }
         }
     }
 

@@ -120,7 +120,11 @@ impl RingRead {
         let mut polls = 0u32;
         loop {
             if self.rx.has_data() {
-                self.wait.history.record(Waited::Spun(start.elapsed()));
+                // (A warm history learns nothing from a caught spin: no clock read on the
+                // way to the record.)
+                if self.wait.history.learns_from_spins() {
+                    self.wait.history.record(Waited::Spun(start.elapsed()));
+                }
                 return true;
             }
             std::hint::spin_loop();

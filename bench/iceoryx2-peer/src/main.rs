@@ -7,7 +7,7 @@
 //! async calls over the socket.
 //!
 //! ```sh
-//! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--json] [--load N]
+//! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--rounds R] [--only CASE] [--json] [--load N]
 //! ```
 //!
 //! `--load N` measures on a busy machine: N CPU burners (this binary as `--peer burn`, at
@@ -62,33 +62,49 @@ fn main() -> Res<()> {
     let tmp_existed = std::path::Path::new(TMP_DIR).exists();
     let slow = (iters / 5).max(100);
     let big = (iters / 20).max(100);
-    type Case<'a> = (&'a str, usize, Box<dyn Fn() -> Res<Vec<Duration>>>);
+    // `--rounds R`: every case runs R times, its iterations split among them, and the
+    // cases take turns (case 1, 2, ..., then again): a change in the machine during the
+    // run (a noisy neighbour, the host moving a vCPU) falls on every case alike, not on
+    // the one that happened to be running.
+    let rounds: usize = flag(&args, "--rounds").map(|s| s.parse()).transpose()?.unwrap_or(5).max(1);
+    type Case<'a> = (&'a str, usize, Box<dyn Fn(usize) -> Res<Vec<Duration>>>);
     let cases: Vec<Case> = vec![
-        ("ferry-ring spin on", iters, Box::new(move || ring_rtt(SPIN_ON, iters))),
-        ("ferry-ring spin off", slow, Box::new(move || ring_rtt(Duration::ZERO, slow))),
-        ("iceoryx2 request-response", iters, Box::new(move || iceoryx_rtt(iters))),
-        ("unix socket (blocking)", slow, Box::new(move || socket_rtt(slow))),
-        ("pipe ring spin on", iters, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64, iters))),
-        (
-            "pipe ring spin on +header",
-            iters,
-            Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64Header, iters)),
-        ),
-        ("pipe ring spin on 24.9MB", big, Box::new(move || pipe::rtt(Path::Ring(SPIN_ON), Load::Pool, big))),
-        ("pipe ring spin off", slow, Box::new(move || pipe::rtt(Path::Ring(Duration::ZERO), Load::Bytes64, slow))),
-        ("pipe socket blocking", slow, Box::new(move || pipe::rtt(Path::SocketBlocking, Load::Bytes64, slow))),
-        ("pipe socket async", slow, Box::new(move || pipe::rtt(Path::SocketAsync, Load::Bytes64, slow))),
-        ("pipe socket async 24.9MB", big, Box::new(move || pipe::rtt(Path::SocketAsync, Load::Pool, big))),
+        ("ferry-ring spin on", iters, Box::new(|n| ring_rtt(SPIN_ON, n))),
+        ("ferry-ring spin off", slow, Box::new(|n| ring_rtt(Duration::ZERO, n))),
+        ("iceoryx2 request-response", iters, Box::new(iceoryx_rtt)),
+        ("unix socket (blocking)", slow, Box::new(socket_rtt)),
+        ("pipe ring spin on", iters, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64, n))),
+        ("pipe ring spin on +header", iters, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64Header, n))),
+        ("pipe ring spin on 24.9MB", big, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Pool, n))),
+        ("pipe ring spin off", slow, Box::new(|n| pipe::rtt(Path::Ring(Duration::ZERO), Load::Bytes64, n))),
+        ("pipe socket blocking", slow, Box::new(|n| pipe::rtt(Path::SocketBlocking, Load::Bytes64, n))),
+        ("pipe socket async", slow, Box::new(|n| pipe::rtt(Path::SocketAsync, Load::Bytes64, n))),
+        ("pipe socket async 24.9MB", big, Box::new(|n| pipe::rtt(Path::SocketAsync, Load::Pool, n))),
     ];
     // `--only NAME`: the case of that exact name if there is one, else every case whose
     // name contains it.
     let only = flag(&args, "--only");
     let exact = only.as_deref().is_some_and(|o| cases.iter().any(|(name, _, _)| *name == o));
-    let rows: Vec<_> = cases
+    let cases: Vec<_> = cases
         .into_iter()
         .filter(|(name, _, _)| only.as_deref().is_none_or(|o| if exact { *name == o } else { name.contains(o) }))
-        .map(|(name, n, run)| (name, n, run()))
         .collect();
+    let mut got: Vec<Res<Vec<Duration>>> = cases.iter().map(|_| Ok(Vec::new())).collect();
+    for round in 0..rounds {
+        for ((_, n, run), acc) in cases.iter().zip(got.iter_mut()) {
+            // The first rounds take the remainder, so the rounds add up to the case's count.
+            let share = n / rounds + usize::from(round < n % rounds);
+            if let Ok(times) = acc
+                && share > 0
+            {
+                match run(share) {
+                    Ok(t) => times.extend(t),
+                    Err(e) => *acc = Err(e),
+                }
+            }
+        }
+    }
+    let rows: Vec<_> = cases.iter().zip(got).map(|((name, n, _), r)| (*name, *n, r)).collect();
     let mut removed = remove_new(&before);
     if !tmp_existed {
         // The run made /tmp/iceoryx2: remove its (now empty) directories too; a directory

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{Channel, DType, Endpoint, InlineChannel, Message, Tensor, TensorMeta};
-use ferry_ring::{RingExt, RingOptions};
 use ferry_local::LocalTransport;
+use ferry_ring::{RingExt, RingOptions};
 use ferry_shm::ShmChannel;
 
 use crate::{Res, finish, spawn};

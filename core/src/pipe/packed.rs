@@ -271,8 +271,12 @@ pub fn unpack(
         )));
     }
     super::read::count_header_values(header, rules.max_header_values)?;
-    let header: serde_json::Value =
-        serde_json::from_slice(header).map_err(|e| ProtocolError::BadHeader(e.to_string()))?;
+    // (`null`, the header of most messages, without the parser.)
+    let header: serde_json::Value = if header == b"null" {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(header).map_err(|e| ProtocolError::BadHeader(e.to_string()))?
+    };
     // One copy for the inline tensors; a lone one owns it whole (no second handle).
     let mut whole = (inline > 0).then(|| crate::frame::aligned_copy(data));
     let mut tensors = Vec::with_capacity(described.len());
