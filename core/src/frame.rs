@@ -390,6 +390,16 @@ impl SocketReader {
         &mut self.inner
     }
 
+    /// Whether the socket has something this reader has not taken yet, without waiting:
+    /// bytes buffered here, or readable in the kernel ([`crate::DirectRead::readable_now`]).
+    /// `None`: nothing is buffered and the transport cannot tell.
+    pub fn readable_now(&self) -> Option<bool> {
+        if !self.inner.buffer().is_empty() {
+            return Some(true);
+        }
+        self.direct.as_ref()?.readable_now()
+    }
+
     /// The limits every frame is checked against, wherever it comes from.
     pub fn limits(&self) -> Limits {
         self.limits

@@ -291,6 +291,13 @@ pub trait DirectRead: Send + Sync + 'static {
     fn wait_readable(&self, deadline: Option<std::time::Instant>) -> std::io::Result<Readiness>;
     /// Ends every wait, now and later, with [`Readiness::Interrupted`] (the pipe closed).
     fn interrupt(&self);
+    /// Whether the read half is readable now (bytes, its end, or an error), asked of the
+    /// kernel without waiting and without reading. A link that sleeps elsewhere (the
+    /// ring's futex) asks it last before it sleeps, so bytes that came on the socket
+    /// meanwhile are never slept through. `None`: cannot tell (the default).
+    fn readable_now(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// Accepts connections.

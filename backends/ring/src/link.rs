@@ -136,8 +136,10 @@ impl RingRead {
     }
 
     /// A blocking caller's wait for a record until `until`: the wait policy's spin (when
-    /// [`spin::decide_alone`] allows one), then the ring's futex at once.
-    fn wait(&mut self, until: Instant) -> Result<WaitEnd, RingError> {
+    /// [`spin::decide_alone`] allows one), then the ring's futex at once; a nudge ends it,
+    /// and so do bytes on the socket (`s`) that are there when it would sleep: a nudge the
+    /// writer sent while this side was still spinning (or not yet waiting) woke nobody.
+    fn wait(&mut self, s: &SocketReader, until: Instant) -> Result<WaitEnd, RingError> {
         if self.rx.has_data() {
             return Ok(WaitEnd::Data);
         }
@@ -147,7 +149,7 @@ impl RingRead {
         {
             return Ok(WaitEnd::Data);
         }
-        let end = self.rx.sleep_for_data(until);
+        let end = self.rx.sleep_for_data_unless(until, || s.readable_now() == Some(true));
         self.wait.history.record(Waited::Slept(start.elapsed()));
         end
     }
@@ -352,7 +354,7 @@ impl RingRead {
                 let end = if std::mem::take(&mut ring.nudged) {
                     WaitEnd::Nudged
                 } else {
-                    ring.wait(until).map_err(ring_error)?
+                    ring.wait(s, until).map_err(ring_error)?
                 };
                 match end {
                     WaitEnd::Data => return Ok(true),
@@ -424,7 +426,7 @@ impl RingRead {
             }
             if !ring.rx.has_data() {
                 let until = slice_end(deadline)?;
-                match ring.wait(until) {
+                match ring.wait(s, until) {
                     Ok(WaitEnd::Data) => {}
                     Ok(WaitEnd::Nudged) => {
                         ring.nudged = true;

@@ -521,14 +521,26 @@ impl Receiver {
     /// ring). It does not notice a dead peer by itself (a futex cannot): wait in slices and
     /// look at the socket between them, or give the ring a [`PeerNotice`].
     pub fn wait_for_data(&mut self, deadline: Instant) -> Result<WaitEnd, RingError> {
-        self.wait_data(deadline, true)
+        self.wait_data(deadline, true, || false)
     }
 
     /// [`Receiver::wait_for_data`] without the spin: sleeps on the futex at once. For a
     /// caller that spun already by a policy of its own (ferry's pipe: `ferry_core::spin`),
     /// polling [`Receiver::has_data`].
     pub fn sleep_for_data(&mut self, deadline: Instant) -> Result<WaitEnd, RingError> {
-        self.wait_data(deadline, false)
+        self.wait_data(deadline, false, || false)
+    }
+
+    /// [`Receiver::sleep_for_data`], ended with [`WaitEnd::Nudged`] also when `elsewhere`
+    /// says there is something to read elsewhere (the socket). It is asked after this side
+    /// says it sleeps and before it sleeps, so something the producer put there before a
+    /// [`Nudge`] that found this side awake (and so woke nobody) is never slept through.
+    pub fn sleep_for_data_unless(
+        &mut self,
+        deadline: Instant,
+        elsewhere: impl FnMut() -> bool,
+    ) -> Result<WaitEnd, RingError> {
+        self.wait_data(deadline, false, elsewhere)
     }
 
     /// The longest a wait of this half spins ([`crate::RingOptions::spin`]).
@@ -536,20 +548,25 @@ impl Receiver {
         self.spin.window()
     }
 
-    fn wait_data(&mut self, deadline: Instant, spin: bool) -> Result<WaitEnd, RingError> {
+    fn wait_data(
+        &mut self,
+        deadline: Instant,
+        spin: bool,
+        mut elsewhere: impl FnMut() -> bool,
+    ) -> Result<WaitEnd, RingError> {
         self.guard(|rx| {
             if rx.has_data() {
                 return Ok(WaitEnd::Data);
             }
             let (sh, head) = (&*rx.sh, rx.head);
-            let ready = || {
-                Ok(sh.u64(sh.rx.tail).load(Ordering::Acquire) != head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0)
-            };
+            let here =
+                || sh.u64(sh.rx.tail).load(Ordering::Acquire) != head || sh.closed_bits(&sh.rx) & PRODUCER_CLOSED != 0;
+            let ready = || Ok(here() || elsewhere());
             let mut none = SpinHistory::new(Duration::ZERO);
             let history = if spin { &mut rx.spin } else { &mut none };
             match sh.wait_until(sh.rx.consumer_sleeping, history, deadline, true, ready) {
-                Ok(true) => Ok(WaitEnd::Data),
-                Ok(false) => Ok(WaitEnd::Nudged),
+                Ok(true) if here() => Ok(WaitEnd::Data),
+                Ok(_) => Ok(WaitEnd::Nudged),
                 Err(RingError::Timeout) => Ok(WaitEnd::Deadline),
                 Err(e) => Err(e),
             }
@@ -633,6 +650,31 @@ mod tests {
         let (a, fd) = Ring::create(&opts).expect("create");
         let b = Ring::open(fd, 4096, &opts).expect("open");
         (a, b)
+    }
+
+    /// Something to read elsewhere (the socket) ends a sleep before it starts: a nudge
+    /// sent while the consumer was still awake woke nobody, and the consumer must not
+    /// sleep through the bytes it announced (it would until its deadline).
+    #[test]
+    fn something_elsewhere_ends_the_sleep_as_a_nudge() {
+        let (mut a, mut b) = pair(Duration::ZERO);
+        // A nudge while the consumer is awake: nobody sleeps, so nothing is woken.
+        a.tx.nudger().nudge();
+        let far = Instant::now() + Duration::from_secs(30);
+        let mut asked = 0;
+        let end = b.rx.sleep_for_data_unless(far, || {
+            asked += 1;
+            true
+        });
+        assert!(matches!(end, Ok(WaitEnd::Nudged)), "{end:?}");
+        assert_eq!(asked, 1, "asked once, before sleeping");
+        // Nothing elsewhere: the deadline ends it, as before.
+        let end = b.rx.sleep_for_data_unless(Instant::now() + Duration::from_millis(5), || false);
+        assert!(matches!(end, Ok(WaitEnd::Deadline)), "{end:?}");
+        // A record in the ring wins over something elsewhere.
+        a.send(b"x", Instant::now() + Duration::from_secs(5)).expect("send");
+        let end = b.rx.sleep_for_data_unless(far, || true);
+        assert!(matches!(end, Ok(WaitEnd::Data)), "{end:?}");
     }
 
     /// The ring's waits feed the one wait policy ([`ferry_core::spin::SpinHistory`]): a
