@@ -347,10 +347,19 @@ class TensorHost:
     `ferry.ray`)."""
 
     def __new__(
-        cls, addrs: list[str], *, token: str | None = None, max_bytes: int = ...
+        cls,
+        addrs: list[str],
+        *,
+        token: str | None = None,
+        max_bytes: int = ...,
+        pool_bytes: int = ...,
+        pool_idle: float = ...,
     ) -> TensorHost: ...
     @property
     def addresses(self) -> list[str]: ...
+    def block(self, nbytes: int) -> SharedBlock: ...
+    @property
+    def pool_stats(self) -> dict[str, int]: ...
     def put(
         self, id: str, block: SharedBlock, layout: list[tuple[int, list[int], str]]
     ) -> None: ...
