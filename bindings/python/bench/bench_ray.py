@@ -6,8 +6,10 @@ same run (`cargo xtask bench-ray`; issue 46 point 4).
 
 Rows: 24.9 MB and 64 B float32 tensors. The producer keeps its tensor and returns it each call
 (what a trainer handing out its weights does); the consumer reads its last element. ferry is
-measured twice: a tensor torch allocated (copied once into ferry's shared memory per object)
-and one made by `ferry.ray.empty` (lent with no copy). Prints a table of median and p90 per
+measured three times: a tensor torch allocated (copied once per object into a segment of the
+producer's pool, which comes back once the object is freed and the consumer let go), the same
+with no pool (a new segment per object: its pages' first touch), and one made by
+`ferry.ray.empty` (lent with no copy). Prints a table of median and p90 per
 round trip, and the ratios the issue sets as targets.
 
 The floor: "Ray actor calls only" passes None through the same two calls (what no transport can
@@ -41,8 +43,12 @@ ferry.ray.register(quic=False)
 
 @ray.remote(enable_tensor_transport=True)
 class Producer:
-    def __init__(self, nbytes: int, ferry_alloc: bool) -> None:
+    def __init__(self, nbytes: int, ferry_alloc: bool, pool: bool = True) -> None:
         n = nbytes // 4
+        if not pool:
+            # This actor's host made now, with no pool: every object gets a new segment
+            # (ferry.ray before segments were reused), for the comparison in the same run.
+            ferry.ray._get_host(ferry.ray._Config(quic=False, pool_mib=0))
         if ferry_alloc:
             self.t = ferry.ray.empty((n,), torch.float32)
             self.t.copy_(torch.arange(n, dtype=torch.float32))
@@ -142,11 +148,12 @@ def measure(a: Any, b: Any, method: str, nbytes: int, iters: int) -> dict[str, A
 
 def row(path: str, nbytes: int, iters: int) -> dict[str, Any]:
     ferry_alloc = path == "ferry (ferry.ray.empty)"
-    a = Producer.remote(nbytes, ferry_alloc)
+    a = Producer.remote(nbytes, ferry_alloc, path != "ferry (torch, no pool)")
     b = Consumer.remote()
     ray.get([a.ready.remote(), b.ready.remote()], timeout=120)
     method = {
         "ferry (torch tensor)": "produce_ferry",
+        "ferry (torch, no pool)": "produce_ferry",
         "ferry (ferry.ray.empty)": "produce_ferry",
         "object store": "produce_store",
         "gloo (Ray RDT)": "produce_gloo",
@@ -173,7 +180,13 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows as JSON here")
     args = ap.parse_args()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    paths = ["ferry (torch tensor)", "ferry (ferry.ray.empty)", "object store", "gloo (Ray RDT)"]
+    paths = [
+        "ferry (torch tensor)",
+        "ferry (torch, no pool)",
+        "ferry (ferry.ray.empty)",
+        "object store",
+        "gloo (Ray RDT)",
+    ]
     rows = []
     for nbytes, iters in ((BIG, args.iters_big), (SMALL, args.iters_small)):
         for p in paths:
@@ -238,13 +251,13 @@ def main() -> None:
             "(no transport can beat the object store by more in this round trip here)"
         )
     store_in = inside.get(("object store", BIG))
-    for p in ("ferry (torch tensor)", "ferry (ferry.ray.empty)"):
+    for p in ("ferry (torch tensor)", "ferry (torch, no pool)", "ferry (ferry.ray.empty)"):
         fin = inside.get((p, BIG))
         if store_in and fin:
             print(
                 f"{p}: inside the actors, object store / ferry at 24.9 MB = {store_in / fin:.1f}x"
             )
-    for p in ("ferry (torch tensor)", "ferry (ferry.ray.empty)"):
+    for p in ("ferry (torch tensor)", "ferry (torch, no pool)", "ferry (ferry.ray.empty)"):
         big, small = med(p, BIG), med(p, SMALL)
         if big and small and store:
             print(
