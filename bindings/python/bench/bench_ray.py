@@ -197,6 +197,15 @@ def main() -> None:
     rows.append(floor)
     print(json.dumps(floor), file=sys.stderr, flush=True)
     ray.shutdown()
+    report(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    """Prints the tables and ratios of one run's rows (`--json` writes them; `python -c
+    'import bench_ray, json; bench_ray.report(json.load(open(PATH)))'` prints them again)."""
 
     def size(n: int) -> str:
         return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n} B" if n else "None"
@@ -250,6 +259,16 @@ def main() -> None:
             f"ceiling: object store at 24.9 MB / Ray actor calls only = {store / floor_ms:.1f}x "
             "(no transport can beat the object store by more in this round trip here)"
         )
+    # Ray Direct Transport's own floor: the smallest ferry round trip less ferry's part in it
+    # (put and fetch); what is left is Ray's (the owner's metadata hop, its __ray_recv__ task).
+    rdt = med("ferry (ferry.ray.empty)", SMALL)
+    rdt_in = inside.get(("ferry (ferry.ray.empty)", SMALL))
+    if store and rdt and rdt_in is not None:
+        print(
+            f"ceiling under Ray Direct Transport: object store at 24.9 MB / (ferry.ray.empty 64 B "
+            f"{rdt:.2f} ms - ferry's put and fetch in it {rdt_in:.2f} ms) = "
+            f"{store / (rdt - rdt_in):.1f}x (Ray's part of any RDT round trip here)"
+        )
     store_in = inside.get(("object store", BIG))
     for p in ("ferry (torch tensor)", "ferry (torch, no pool)", "ferry (ferry.ray.empty)"):
         fin = inside.get((p, BIG))
@@ -264,9 +283,6 @@ def main() -> None:
                 f"{p}: object store / ferry at 24.9 MB = {store / big:.1f}x (target >= 20x); "
                 f"ferry 24.9 MB / ferry 64 B = {big / small:.2f}x (target <= 1.5x)"
             )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
