@@ -55,7 +55,7 @@ enum Block {
     Moving,
 }
 
-/// Bytes in a fresh shared segment, writable until a host takes them.
+/// Bytes in a shared segment (a new one, or from a host's pool), writable until a host takes them.
 #[pyclass(frozen, weakref, module = "ferry._native")]
 pub struct SharedBlock {
     state: Mutex<Block>,

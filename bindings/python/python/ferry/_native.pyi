@@ -329,7 +329,8 @@ class WeightsSubscriber:
 
 @final
 class SharedBlock:
-    """Bytes in a fresh shared segment (Linux), writable until a `TensorHost` takes them."""
+    """Bytes in a shared segment (Linux; a new one, or from a `TensorHost`'s pool), writable
+    until a `TensorHost` takes them."""
 
     def __new__(cls, nbytes: int) -> SharedBlock: ...
     @property
