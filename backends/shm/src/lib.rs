@@ -24,6 +24,9 @@
 //!   [`ShmOptions::keep_idle_bytes`] kept for the next messages), or at once when a new
 //!   segment would not fit under the limit; the peer is told to unmap it too (`forget`,
 //!   feature `shm_forget`).
+//! - **Shared segments**: [`SharedSegment`]s belong to no pipe (a store's buckets) and are
+//!   lent to every pipe; a [`SharedPool`] fills them again once every handle and every
+//!   peer's lease let go (never while a peer may still read one).
 //! - **Negotiation**: offered only over transports that pass descriptors, accepted only when
 //!   both peers share boot id and IPC / network namespaces; otherwise the handshake falls
 //!   back to the next channel (inline).
@@ -47,6 +50,8 @@ mod batch;
 #[cfg(target_os = "linux")]
 mod pool;
 #[cfg(target_os = "linux")]
+mod recycle;
+#[cfg(target_os = "linux")]
 mod session;
 #[cfg(target_os = "linux")]
 mod shared;
@@ -55,6 +60,8 @@ mod span;
 #[cfg(target_os = "linux")]
 mod sys;
 
+#[cfg(target_os = "linux")]
+pub use recycle::{DEFAULT_IDLE_RELEASE, DEFAULT_KEEP_BYTES, SharedPool, SharedPoolOptions, SharedPoolStats};
 #[cfg(target_os = "linux")]
 pub use shared::{SharedSegment, SharedSegmentMut};
 #[cfg(target_os = "linux")]

@@ -51,6 +51,20 @@ struct Granted {
     /// Offset of the leased range inside the slot.
     start: usize,
     len: usize,
+    /// The peer released it, or never got it (its message was not sent). Dropped unsettled
+    /// (the pipe closed while the peer held it), a shared segment's lease withholds the
+    /// segment from its pool: the peer may still read it ([`crate::SharedPool`]).
+    settled: bool,
+}
+
+impl Drop for Granted {
+    fn drop(&mut self) {
+        if !self.settled
+            && let Source::Shared(seg) = &self.core
+        {
+            seg.withhold();
+        }
+    }
 }
 
 /// What this side knows of the peer's memory.
@@ -142,7 +156,7 @@ impl ShmSession {
         } else {
             None
         };
-        self.record_grant(lease, Granted { core: Source::Shared(seg), start, len }, out);
+        self.record_grant(lease, Granted { core: Source::Shared(seg), start, len, settled: false }, out);
         Ok(Location::Shm(ShmRef {
             segment: id,
             offset: start as u64,
@@ -185,7 +199,7 @@ impl ShmSession {
             let idx = out.attach_fd(fd);
             Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
         };
-        self.record_grant(lease, Granted { core: Source::Slot(core), start, len }, out);
+        self.record_grant(lease, Granted { core: Source::Slot(core), start, len, settled: false }, out);
         Ok(Location::Shm(ShmRef {
             segment: u64::from(segment),
             offset,
@@ -494,7 +508,10 @@ impl ChannelSession for ShmSession {
         let mut freed = Vec::with_capacity(c.release.len());
         for id in c.release {
             match granted.remove(&id) {
-                Some(g) => freed.push(g),
+                Some(mut g) => {
+                    g.settled = true;
+                    freed.push(g);
+                }
                 None => return Err(bad(format!("release of lease {id}, which is not granted"))),
             }
         }
@@ -547,7 +564,9 @@ impl SendTicket for ShmTicket {
         {
             let mut g = lock(&s.granted);
             for lease in &self.grants {
-                g.remove(lease);
+                if let Some(mut never_sent) = g.remove(lease) {
+                    never_sent.settled = true;
+                }
             }
         }
         for &segment in &self.pool_announced {

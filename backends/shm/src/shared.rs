@@ -11,11 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
+use crate::recycle::PoolRef;
 use crate::span::AddrSpan;
 use crate::sys::{ExclusiveRange, OwnSegment, SharedRange};
 
@@ -56,6 +57,8 @@ impl Forgets {
 #[derive(Debug)]
 pub struct SharedSegmentMut {
     range: ExclusiveRange,
+    /// The pool it goes back to once it went ([`crate::SharedPool`]).
+    pool: Option<PoolRef>,
 }
 
 impl SharedSegmentMut {
@@ -64,7 +67,12 @@ impl SharedSegmentMut {
     pub fn create(len: usize) -> io::Result<Self> {
         let seg = OwnSegment::create(len)?;
         let range = seg.claim(0, len).ok_or_else(|| io::Error::other("a new segment could not be claimed"))?;
-        Ok(SharedSegmentMut { range })
+        Ok(SharedSegmentMut { range, pool: None })
+    }
+
+    /// A segment of `pool`'s.
+    pub(crate) fn from_pool(range: ExclusiveRange, pool: PoolRef) -> Self {
+        SharedSegmentMut { range, pool: Some(pool) }
     }
 
     /// Length in bytes.
@@ -94,6 +102,8 @@ impl SharedSegmentMut {
             id: SHARED_ID_BASE + NEXT.fetch_add(1, Ordering::Relaxed),
             range: self.range.freeze(),
             announced: Mutex::new(Vec::new()),
+            pool: self.pool,
+            withheld: AtomicBool::new(false),
         });
         SPAN.add(seg.addr(), seg.len());
         registry().insert(seg.addr(), Arc::downgrade(&seg));
@@ -108,6 +118,11 @@ pub struct SharedSegment {
     range: SharedRange,
     /// The sessions it was announced on.
     announced: Mutex<Vec<Weak<Forgets>>>,
+    /// The pool it goes back to once it went.
+    pool: Option<PoolRef>,
+    /// A peer may still read it without a lease saying so: never filled again
+    /// ([`crate::SharedPool`], contract 2).
+    withheld: AtomicBool,
 }
 
 impl std::fmt::Debug for SharedSegment {
@@ -159,6 +174,12 @@ impl SharedSegment {
         self.range.segment().dup_fd()
     }
 
+    /// A peer may still read it though no lease of its says so (a pipe closed while the
+    /// peer held leases on it): its pool must not fill it again.
+    pub(crate) fn withhold(&self) {
+        self.withheld.store(true, Ordering::Release);
+    }
+
     /// Remembers that a session announced it: that session's peer is told to forget it
     /// when it goes.
     pub(crate) fn announced_to(&self, forgets: &Arc<Forgets>) {
@@ -182,6 +203,10 @@ impl Drop for SharedSegment {
                 lock(&f.ids).push(self.id);
                 f.waker.wake();
             }
+        }
+        // Last: its peers were told to forget this id; filled again, it gets a new one.
+        if let Some(pool) = self.pool.as_ref().and_then(Weak::upgrade) {
+            pool.came_back(self.range.segment().clone(), self.withheld.load(Ordering::Acquire));
         }
     }
 }

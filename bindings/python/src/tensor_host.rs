@@ -10,11 +10,18 @@
 //! drops the host's hold: the memory goes when the last peer holding a lease lets go too.
 //! When the host process dies, its peers' pipes close and the kernel frees what nobody
 //! maps: nothing is named in `/dev/shm`.
+//!
+//! Blocks a host hands out ([`TensorHost::block`]) come from its [`SharedPool`]: a segment
+//! whose id was freed and whose every peer lease was released is filled again (its pages are
+//! there already: a new segment costs the first touch of each page, most of a copy-in's
+//! time), never while a peer may still read it (see [`ferry::ferry_shm::SharedPool`]). Kept
+//! segments are given back once idle for `pool_idle` seconds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use ferry::ferry_shm::{SharedSegment, SharedSegmentMut};
+use ferry::ferry_shm::{SharedPool, SharedPoolOptions, SharedSegment, SharedSegmentMut};
 use ferry_core::{Message, Pipe, PipeError, Tensor};
 use pyo3::exceptions::{PyConnectionError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -27,6 +34,12 @@ use crate::tensors::meta_of;
 
 /// The default of [`TensorHost`]'s `max_bytes`: 16 GiB of tensors held at once.
 pub const DEFAULT_MAX_BYTES: u64 = 16 << 30;
+
+/// The default of [`TensorHost`]'s `pool_bytes`: 1 GiB of idle segments kept for reuse.
+pub const DEFAULT_POOL_BYTES: u64 = ferry::ferry_shm::DEFAULT_KEEP_BYTES;
+
+/// The default of [`TensorHost`]'s `pool_idle`: a kept segment idle 5 s is given back.
+pub const DEFAULT_POOL_IDLE: f64 = 5.0;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -42,7 +55,7 @@ enum Block {
     Moving,
 }
 
-/// Bytes in a fresh shared segment, writable until a host takes them.
+/// Bytes in a shared segment (a new one, or from a host's pool), writable until a host takes them.
 #[pyclass(frozen, weakref, module = "ferry._native")]
 pub struct SharedBlock {
     state: Mutex<Block>,
@@ -50,7 +63,21 @@ pub struct SharedBlock {
     nbytes: usize,
 }
 
+fn segment_error(nbytes: usize, e: &std::io::Error) -> PyErr {
+    PyMemoryError::new_err(format!("a {nbytes}-byte shared segment (memfd): {e}"))
+}
+
 impl SharedBlock {
+    /// The first `nbytes` bytes of `seg` (at most its length). The bytes past them, which
+    /// peers map too, are zeroed (a pooled segment holds what was written there last).
+    fn of(mut seg: SharedSegmentMut, nbytes: usize) -> SharedBlock {
+        let nbytes = nbytes.min(seg.len());
+        let bytes = seg.as_mut_slice();
+        bytes[nbytes..].fill(0);
+        let ptr = bytes.as_mut_ptr() as usize;
+        SharedBlock { state: Mutex::new(Block::Open(seg)), ptr, nbytes }
+    }
+
     /// The frozen segment (freezing it now if it is still open).
     fn freeze(&self) -> PyResult<Arc<SharedSegment>> {
         let mut s = lock(&self.state);
@@ -69,10 +96,8 @@ impl SharedBlock {
     /// A block of `nbytes` bytes (at least one), zeroed.
     #[new]
     fn new(nbytes: usize) -> PyResult<SharedBlock> {
-        let mut seg = SharedSegmentMut::create(nbytes.max(1))
-            .map_err(|e| PyMemoryError::new_err(format!("a {nbytes}-byte shared segment (memfd): {e}")))?;
-        let ptr = seg.as_mut_slice().as_mut_ptr() as usize;
-        Ok(SharedBlock { state: Mutex::new(Block::Open(seg)), ptr, nbytes })
+        let seg = SharedSegmentMut::create(nbytes.max(1)).map_err(|e| segment_error(nbytes, &e))?;
+        Ok(SharedBlock::of(seg, nbytes))
     }
 
     /// Its size in bytes.
@@ -123,15 +148,33 @@ pub struct TensorHost {
     addrs: Vec<String>,
     stop: CancellationToken,
     max_bytes: u64,
+    pool: SharedPool,
 }
 
 #[pymethods]
 impl TensorHost {
     /// Listens on `addrs` (`unix:NAME`, `quic://HOST:0`, ...); peers must present `token`
     /// when one is given. `max_bytes`: the most tensor bytes held at once (default 16 GiB).
+    /// `pool_bytes`: the most bytes of idle segments kept for [`TensorHost::block`] (default
+    /// 1 GiB; 0 keeps none); `pool_idle`: seconds a kept segment waits before it is given
+    /// back (default 5).
     #[new]
-    #[pyo3(signature = (addrs, *, token=None, max_bytes=DEFAULT_MAX_BYTES))]
-    fn new(py: Python<'_>, addrs: Vec<String>, token: Option<String>, max_bytes: u64) -> PyResult<TensorHost> {
+    #[pyo3(signature = (
+        addrs, *, token=None, max_bytes=DEFAULT_MAX_BYTES, pool_bytes=DEFAULT_POOL_BYTES,
+        pool_idle=DEFAULT_POOL_IDLE
+    ))]
+    fn new(
+        py: Python<'_>,
+        addrs: Vec<String>,
+        token: Option<String>,
+        max_bytes: u64,
+        pool_bytes: u64,
+        pool_idle: f64,
+    ) -> PyResult<TensorHost> {
+        let idle_release = Duration::try_from_secs_f64(pool_idle).map_err(|_| {
+            PyValueError::new_err(format!("pool_idle={pool_idle}: expected a number of seconds, 0 or more"))
+        })?;
+        let pool = SharedPool::new(SharedPoolOptions { keep_bytes: pool_bytes, idle_release });
         let ep = crate::pipe::endpoint(token, None)?;
         let objects = Arc::new(Mutex::new(Objects::default()));
         let stop = CancellationToken::new();
@@ -143,7 +186,32 @@ impl TensorHost {
             bound.push(l.local_addr().to_string());
             runtime().spawn(accept_loop(l, objects.clone(), stop.clone()));
         }
-        Ok(TensorHost { objects, addrs: bound, stop, max_bytes })
+        runtime().spawn(give_back_idle(pool.clone(), stop.clone()));
+        Ok(TensorHost { objects, addrs: bound, stop, max_bytes, pool })
+    }
+
+    /// A block of `nbytes` bytes (at least one) for [`TensorHost::put`]: a segment of this
+    /// host's pool when one of that size (in whole pages) came back, its bytes then what was
+    /// written there last (not zeros), else a new, zeroed one.
+    fn block(&self, nbytes: usize) -> PyResult<SharedBlock> {
+        let seg = self.pool.alloc(nbytes.max(1)).map_err(|e| segment_error(nbytes, &e))?;
+        Ok(SharedBlock::of(seg, nbytes.max(1)))
+    }
+
+    /// The pool's figures: `kept_segments` and `kept_bytes` idle now; `created`, `reused`,
+    /// `withheld` (came back while a peer might still read them: never refilled) and
+    /// `given_back` segments so far.
+    #[getter]
+    fn pool_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.pool.stats();
+        let d = PyDict::new(py);
+        d.set_item("kept_segments", s.kept_segments)?;
+        d.set_item("kept_bytes", s.kept_bytes)?;
+        d.set_item("created", s.created)?;
+        d.set_item("reused", s.reused)?;
+        d.set_item("withheld", s.withheld)?;
+        d.set_item("given_back", s.given_back)?;
+        Ok(d)
     }
 
     /// The addresses peers connect to (QUIC ones carry the pinned `#sha256=`).
@@ -230,16 +298,31 @@ impl TensorHost {
         lock(&self.objects).bytes
     }
 
-    /// Stops serving, closes its peers' pipes and drops everything it holds.
+    /// Stops serving, closes its peers' pipes and drops everything it holds and keeps.
     fn close(&self) {
         self.stop.cancel();
         *lock(&self.objects) = Objects::default();
+        self.pool.close();
     }
 }
 
 impl Drop for TensorHost {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// Gives back the pool's idle segments as they become due, until the host closes.
+async fn give_back_idle(pool: SharedPool, stop: CancellationToken) {
+    // A look at least every second, so that a segment coming back is seen in time.
+    let most = pool.options().idle_release.clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        let wait =
+            pool.give_back_idle(Instant::now()).map_or(most, |due| due.saturating_duration_since(Instant::now()));
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait.clamp(Duration::from_millis(10), most)) => {}
+        }
     }
 }
 

@@ -34,13 +34,16 @@ records and Python's allocator; a leak of the 64 B tensors' segments would be on
 page or more per transfer, and the mappings are counted exactly)."""
 
 
+POOL_IDLE = 4.0
+"""`register(pool_idle=)` of the one-node checks: seconds an idle kept segment waits."""
+
 MODE = sys.argv[1] if len(sys.argv) > 1 else "one-node"
 TOKEN = "ferry-ray-checks-token"
 # Before the classes: `@ray.method(tensor_transport="ferry")` checks the name is registered.
 if MODE == "two-nodes":
     ferry.ray.register(force_remote=True, token=TOKEN)
 else:
-    ferry.ray.register()
+    ferry.ray.register(pool_idle=POOL_IDLE)
 
 
 def check(name: str, ok: bool, detail: object = "") -> None:
@@ -126,6 +129,19 @@ class Consumer:
             "dtype": str(t.dtype),
             "mapping": mapping_of(t.data_ptr()),
         }
+
+    def keep(self, t: Any) -> float:
+        self.kept = t
+        return float(t.sum())
+
+    def matches(self, t: Any, seed: float) -> bool:
+        return bool(torch.equal(t, torch.arange(t.numel(), dtype=torch.float32) + seed))
+
+    def kept_is(self, n: int, seed: float) -> bool:
+        return bool(torch.equal(self.kept, torch.arange(n, dtype=torch.float32) + seed))
+
+    def drop_kept(self) -> None:
+        del self.kept
 
     def consume_many(self, d: Any) -> dict[str, Any]:
         return {k: (str(v.dtype), v.float().tolist()) for k, v in d.items()}
@@ -226,6 +242,8 @@ def one_node() -> None:
         )
     ray.kill(c)
 
+    check_reuse(a, b)
+
     # 1,000 transfers leave RSS, memfd mappings and /dev/shm where they started.
     for i in range(20):  # warm: pipes connected, Ray's paths taken once
         ray.get(b.consume.remote(a.produce.remote(16, float(i))), timeout=WAIT)
@@ -287,6 +305,68 @@ def one_node() -> None:
             repr(e)[:500],
         )
     ray.shutdown()
+
+
+def check_reuse(a: Any, b: Any) -> None:
+    """The producer's pool: a segment is filled again once its object was freed and its
+    consumer let go, never while the consumer still holds a tensor from it."""
+    n = (1 << 18) + 3  # a size no other check uses
+
+    def stats() -> dict[str, int]:
+        return dict(ray.get(a.stats.remote()))
+
+    # From an empty pool (what earlier checks left goes after POOL_IDLE), so that its
+    # figures count this check's segments only.
+    wait_for("the pool to be empty", stats, lambda st: st["pool_segments"] == 0)
+    f0 = ray.get(a.footprint.remote())
+
+    # Object 1 stays in the consumer; object 2 passes and is freed.
+    ray.get(b.keep.remote(a.produce.remote(n, 7.0)), timeout=WAIT)
+    ray.get(b.consume.remote(a.produce.remote(n, 1.0)), timeout=WAIT)
+    s1 = wait_for(
+        "object 2's segment to come back",
+        stats,
+        lambda st: st["objects"] == 0 and st["pool_segments"] >= 1,
+    )
+    # Object 3 reuses object 2's segment (the only one of its size that came back).
+    got = ray.get(b.matches.remote(a.produce.remote(n, 3.0), 3.0), timeout=WAIT)
+    s2 = stats()
+    check(
+        "reuse: a freed object's segment is filled again for the next object of its size",
+        s2["segments_reused"] == s1["segments_reused"] + 1 and got,
+        (s1, s2, got),
+    )
+    # Objects 4-6 pass while object 1's tensor is still held.
+    for seed in (4.0, 5.0, 6.0):
+        ok = ray.get(b.matches.remote(a.produce.remote(n, seed), seed), timeout=WAIT)
+        assert ok, f"FAIL object with seed {seed} arrived changed"
+    check(
+        "reuse: a consumer's held tensor keeps its bytes while later objects of its size pass",
+        ray.get(b.kept_is.remote(n, 7.0), timeout=WAIT),
+    )
+    before = wait_for("objects 3-6 to be freed", stats, lambda st: st["objects"] == 0)
+    ray.get(b.drop_kept.remote(), timeout=WAIT)
+    after = wait_for(
+        "object 1's segment to come back",
+        stats,
+        # Object 2's segment (filled again by 3-6, then back) and object 1's.
+        lambda st: st["pool_segments"] >= 2,
+    )
+    check(
+        "reuse: a held tensor's segment comes back once the consumer drops it",
+        after["segments_withheld"] == 0,
+        (before, after),
+    )
+    f1 = wait_for(
+        "the pool to give its segments back",
+        lambda: (stats(), ray.get(a.footprint.remote())),
+        lambda sf: sf[0]["pool_bytes"] == 0 and sf[1]["memfd"] <= f0["memfd"],
+    )
+    check(
+        f"reuse: the pool gives its memory back after pool_idle ({POOL_IDLE} s)",
+        f1[0]["segments_given_back"] > after["segments_given_back"],
+        (f0["memfd"], f1),
+    )
 
 
 def check_abort() -> None:

@@ -329,7 +329,8 @@ class WeightsSubscriber:
 
 @final
 class SharedBlock:
-    """Bytes in a fresh shared segment (Linux), writable until a `TensorHost` takes them."""
+    """Bytes in a shared segment (Linux; a new one, or from a `TensorHost`'s pool), writable
+    until a `TensorHost` takes them."""
 
     def __new__(cls, nbytes: int) -> SharedBlock: ...
     @property
@@ -347,10 +348,19 @@ class TensorHost:
     `ferry.ray`)."""
 
     def __new__(
-        cls, addrs: list[str], *, token: str | None = None, max_bytes: int = ...
+        cls,
+        addrs: list[str],
+        *,
+        token: str | None = None,
+        max_bytes: int = ...,
+        pool_bytes: int = ...,
+        pool_idle: float = ...,
     ) -> TensorHost: ...
     @property
     def addresses(self) -> list[str]: ...
+    def block(self, nbytes: int) -> SharedBlock: ...
+    @property
+    def pool_stats(self) -> dict[str, int]: ...
     def put(
         self, id: str, block: SharedBlock, layout: list[tuple[int, list[int], str]]
     ) -> None: ...

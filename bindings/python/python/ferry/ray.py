@@ -26,7 +26,11 @@ How it moves tensors:
   started at its first produced object) on a unix socket and on QUIC (the node's IP, any
   port). It keeps each object's tensors by Ray's object id in ferry shared memory (memfds
   that belong to no connection): a tensor made by `ferry.ray.empty` is already there (no
-  copy); any other is copied in once.
+  copy); any other is copied in once, into a segment of the host's pool: one that came
+  back (its object garbage-collected and every consumer's tensor from it dropped) is filled
+  again, its pages already there (a new segment's first touch of each page costs more than
+  the copy). A segment a consumer may still read is never filled again (see `register`'s
+  `pool_mib`).
 - The metadata Ray carries to the consumer is a JSON descriptor (`FerryTransportMetadata
   .descriptor`: id, node, addresses, dtypes and shapes): no pickled handles.
 - The consumer (`recv_multiple_tensors`, one-sided: the producer's Python never runs)
@@ -36,7 +40,8 @@ How it moves tensors:
   no copy. On another node, or with `force_remote=True`, it uses QUIC, pinned to the
   producer's certificate fingerprint, with the configured token.
 - `garbage_collect` (Ray: the ObjectRef went out of scope) drops the producer's hold; the
-  memory goes when the last consumer view dies too. A dead producer's memory is freed by
+  memory goes back to the pool when the last consumer view dies too, and the pool gives it
+  back to the system after `pool_idle` seconds unused. A dead producer's memory is freed by
   the kernel (nothing is named in `/dev/shm`); a consumer asking a dead producer gets
   `ProducerGone` at once (the socket refuses), never Ray's 60 s fetch timeout.
 
@@ -52,6 +57,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -76,6 +82,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 __all__ = [
     "DEFAULT_FETCH_TIMEOUT",
     "DEFAULT_MAX_HOST_MIB",
+    "DEFAULT_POOL_IDLE",
+    "DEFAULT_POOL_MIB",
     "TRANSPORT",
     "FerryCommunicatorMetadata",
     "FerryTransport",
@@ -99,6 +107,14 @@ objects not yet garbage-collected."""
 DEFAULT_FETCH_TIMEOUT = 30.0
 """The default of `register(fetch_timeout=)`: seconds a consumer waits for a producer's
 answer (a live producer answers from its Rust runtime, without its Python thread)."""
+
+DEFAULT_POOL_MIB = 1024
+"""The default of `register(pool_mib=)`: the most memory of idle segments one actor keeps to
+copy the next objects into."""
+
+DEFAULT_POOL_IDLE = 5.0
+"""The default of `register(pool_idle=)`: seconds an idle kept segment waits before it goes
+back to the system."""
 
 _ALIGN = 64
 
@@ -145,6 +161,8 @@ class _Config:
     quic: bool = True
     max_host_mib: int = DEFAULT_MAX_HOST_MIB
     fetch_timeout: float = DEFAULT_FETCH_TIMEOUT
+    pool_mib: int = DEFAULT_POOL_MIB
+    pool_idle: float = DEFAULT_POOL_IDLE
 
 
 # ---------------------------------------------------------------------------------------
@@ -194,12 +212,19 @@ def _np_dtype(name: str) -> np.dtype[Any]:
     raise ValueError(f"unknown ferry dtype {name!r}")
 
 
-def _node() -> tuple[str, str]:
-    import ray
+_node_cache: tuple[str, str] | None = None
 
-    ctx = ray.get_runtime_context()
-    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    return str(ctx.get_node_id()), ip
+
+def _node() -> tuple[str, str]:
+    """This process's Ray node id and IP (asked once: a worker never changes node)."""
+    global _node_cache
+    if _node_cache is None:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        _node_cache = (str(ctx.get_node_id()), ip)
+    return _node_cache
 
 
 def _get_host(cfg: _Config) -> tuple[_native.TensorHost, dict[str, Any]]:
@@ -211,7 +236,13 @@ def _get_host(cfg: _Config) -> tuple[_native.TensorHost, dict[str, Any]]:
             if cfg.quic:
                 host = f"[{ip}]" if ":" in ip else ip
                 addrs.append(f"quic://{host}:0")
-            h = _native.TensorHost(addrs, token=cfg.token, max_bytes=max(1, cfg.max_host_mib) << 20)
+            h = _native.TensorHost(
+                addrs,
+                token=cfg.token,
+                max_bytes=max(1, cfg.max_host_mib) << 20,
+                pool_bytes=max(0, cfg.pool_mib) << 20,
+                pool_idle=cfg.pool_idle,
+            )
             got = h.addresses
             _host_desc = {
                 "node": node_id,
@@ -224,7 +255,15 @@ def _get_host(cfg: _Config) -> tuple[_native.TensorHost, dict[str, Any]]:
 
 
 _stats_lock = threading.Lock()
-_stats = {"copied_bytes": 0, "fetched_unix": 0, "fetched_quic": 0}
+_stats = {
+    "copied_bytes": 0,
+    "fetched_unix": 0,
+    "fetched_quic": 0,
+    "put_ns": 0,
+    "put_ns_last": 0,
+    "fetch_ns": 0,
+    "fetch_ns_last": 0,
+}
 
 
 def _count(key: str, n: int = 1) -> None:
@@ -232,15 +271,34 @@ def _count(key: str, n: int = 1) -> None:
         _stats[key] += n
 
 
+def _timed(key: str, since_ns: int) -> None:
+    """Adds the time since `since_ns` to `key` and sets `key_last` to it."""
+    dt = time.perf_counter_ns() - since_ns
+    with _stats_lock:
+        _stats[key] += dt
+        _stats[key + "_last"] = dt
+
+
 def host_stats() -> dict[str, int]:
     """This process's figures: `objects` and `bytes` its host holds now, `copied_bytes`
-    copied into shared memory so far (tensors not made by `empty`), and `fetched_unix` /
-    `fetched_quic`: objects this process fetched over each path."""
+    copied into shared memory so far (tensors not made by `empty`), `fetched_unix` /
+    `fetched_quic`: objects this process fetched over each path; `put_ns` / `fetch_ns`: time
+    spent putting objects on its host (Ray's metadata call: the copy in, if any) and fetching
+    them (the consumer's whole receive), in all and (`put_ns_last`, `fetch_ns_last`) the last
+    one; its pool's `pool_segments`
+    and `pool_bytes` kept idle now, and `segments_created`, `segments_reused`,
+    `segments_withheld` (a consumer might still read them: never refilled) and
+    `segments_given_back` so far."""
     h = _host
     with _stats_lock:
         out = dict(_stats)
     out["objects"] = h.count if h is not None else 0
     out["bytes"] = h.nbytes if h is not None else 0
+    p = h.pool_stats if h is not None else {}
+    out["pool_segments"] = p.get("kept_segments", 0)
+    out["pool_bytes"] = p.get("kept_bytes", 0)
+    for k in ("created", "reused", "withheld", "given_back"):
+        out[f"segments_{k}"] = p.get(k, 0)
     return out
 
 
@@ -272,17 +330,23 @@ def _put(cfg: _Config, obj_id: str, tensors: list[Any]) -> list[dict[str, Any]]:
         if b is not None:  # ferry-allocated: no copy
             host.put(obj_id, b, [(0, shapes[0], arrays[0][1])])
             return descs
-    # Several tensors, or not ferry's: copied once, into one block.
+    # Several tensors, or not ferry's: copied once, into one block of the host's pool (its
+    # bytes may be an earlier object's: the gaps between tensors are zeroed, so a consumer
+    # maps nothing but this object's bytes and zeros).
     layout: list[tuple[int, list[int], str]] = []
     off = 0
     for (a, d), s in zip(arrays, shapes, strict=True):
         layout.append((off, s, d))
         off += (a.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    block = _native.SharedBlock(off)
+    block = host.block(off)
     raw: np.ndarray[Any, Any] = np.asarray(block)
+    end = 0
     for (a, _), (o, _, _) in zip(arrays, layout, strict=True):
+        raw[end:o] = 0
         dst = raw[o : o + a.nbytes].view(a.dtype).reshape(a.shape)
         np.copyto(dst, a, casting="no")
+        end = o + a.nbytes
+    raw[end:] = 0
     host.put(obj_id, block, layout)
     _count("copied_bytes", sum(a.nbytes for a, _ in arrays))
     return descs
@@ -400,15 +464,18 @@ class FerryTransport(TensorTransportManager):
     def extract_tensor_transport_metadata(
         self, obj_id: str, rdt_object: list[Any]
     ) -> FerryTransportMetadata:
+        t0 = time.perf_counter_ns()
         cfg = self._config
         descs = _put(cfg, obj_id, list(rdt_object))
         _, where = _get_host(cfg)
         descriptor = json.dumps({"v": 1, "id": obj_id, **where, "tensors": descs})
-        return FerryTransportMetadata(
+        meta = FerryTransportMetadata(
             tensor_meta=[(t.shape, t.dtype) for t in rdt_object],
             tensor_device="cpu" if rdt_object else None,
             descriptor=descriptor,
         )
+        _timed("put_ns", t0)
+        return meta
 
     def get_communicator_metadata(
         self, src_actor: Any, dst_actor: Any, backend: str | None = None
@@ -435,6 +502,7 @@ class FerryTransport(TensorTransportManager):
         dst_error = getattr(communicator_metadata, "dst_error", None)
         if dst_error:
             raise TransportNotEnabled(dst_error)
+        t0 = time.perf_counter_ns()
         desc = json.loads(tensor_transport_metadata.descriptor)
         if not desc.get("tensors"):
             return []
@@ -442,7 +510,8 @@ class FerryTransport(TensorTransportManager):
         if target_buffers:
             for dst, src in zip(target_buffers, tensors, strict=True):
                 dst.copy_(src)
-            return list(target_buffers)
+            tensors = list(target_buffers)
+        _timed("fetch_ns", t0)
         return tensors
 
     def send_multiple_tensors(
@@ -482,6 +551,8 @@ def register(
     quic: bool = True,
     max_host_mib: int = DEFAULT_MAX_HOST_MIB,
     fetch_timeout: float = DEFAULT_FETCH_TIMEOUT,
+    pool_mib: int = DEFAULT_POOL_MIB,
+    pool_idle: float = DEFAULT_POOL_IDLE,
 ) -> type[FerryTransport]:
     """Registers the `ferry` tensor transport (`cpu`, torch tensors) with Ray. Call it in
     the process that creates the actors, before creating them (Ray then registers it on
@@ -496,6 +567,14 @@ def register(
     - `max_host_mib`: the most tensor memory an actor holds for live objects (default
       16384); past it the producing method fails naming this option.
     - `fetch_timeout`: seconds a consumer waits for a producer's answer (default 30).
+    - `pool_mib`: the most memory of idle segments an actor keeps to copy its next objects
+      into (default 1024; 0 keeps none). A tensor not made by `ferry.ray.empty` is copied
+      into a kept segment of its size, in whole pages, when one came back: its object was
+      garbage-collected and every consumer dropped its tensors from it (a consumer maps it
+      copy-on-write, so a segment it may still read is never filled again). A new segment
+      costs its pages' first touch, several times the copy.
+    - `pool_idle`: seconds an idle kept segment waits before it goes back to the system
+      (default 5).
 
     Registering twice with the same options is a no-op; with other options, an error
     (Ray keeps one class per name).
@@ -509,6 +588,8 @@ def register(
         quic=quic,
         max_host_mib=max_host_mib,
         fetch_timeout=fetch_timeout,
+        pool_mib=pool_mib,
+        pool_idle=pool_idle,
     )
     if _registered is not None:
         if _registered._config != cfg:
