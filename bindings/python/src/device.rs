@@ -6,10 +6,10 @@
 //!   object, or anything made from it, lives); ones from `alloc_device` are in the pipe's
 //!   exportable pool (sent without a copy). Both expose `__cuda_array_interface__` (v3) and
 //!   `__dlpack__` / `__dlpack_device__`, so torch, CuPy and numba view them without a copy.
-//! - [`DeviceTensor::wrap`]: another library's device memory (a CUDA torch tensor, a CuPy
+//! - `DeviceTensor.wrap`: another library's device memory (a CUDA torch tensor, a CuPy
 //!   array), held by its Python object until sent; the channel copies it once into its pool,
 //!   on the device.
-//! - [`check_channels`]: a device tensor only travels on a pipe that negotiated a channel
+//! - `check_channels`: a device tensor only travels on a pipe that negotiated a channel
 //!   for its device; the error says why there is none, in the caller's words.
 //!
 //! Streams: ferry orders its work on the legacy default stream of each device's primary
@@ -65,7 +65,7 @@ enum Origin {
     Received,
     /// From `alloc_device`: this side's pool, to fill and send.
     Allocated,
-    /// Another library's memory ([`DeviceTensor::wrap`]).
+    /// Another library's memory (`DeviceTensor.wrap`).
     Wrapped,
 }
 

@@ -6,7 +6,7 @@
 //! renames the capsule `"used_dltensor"` when it takes the tensor and calls its `deleter`
 //! once it is done with the memory; a capsule dropped unconsumed still has its name, and
 //! its destructor calls the deleter itself. Here the managed tensor is one heap block
-//! ([`Managed`]) that owns a clone of the ferry [`Tensor`] (for a received tensor, the
+//! (`Managed`) that owns a clone of the ferry [`Tensor`] (for a received tensor, the
 //! lease on the peer's memory and its IPC mapping), so the memory stays mapped until the
 //! consumer lets go, on whatever thread that happens (no Python object is held).
 #![allow(unsafe_code)]
