@@ -251,6 +251,13 @@ def test_a_tensor_sent_back_is_the_senders_own_memory(gpu: Any) -> None:
         assert back.data_ptr == t.data_ptr, "its own pool memory, not a mapping of itself"
         np.testing.assert_array_equal(read(a, back), np.arange(4))
         assert rx.stats()["cuda-ipc"]["returns_sent"] == 1
+        # Another library's view of a received tensor (what torch.from_dlpack(got) is)
+        # goes back the same way: recognised, not copied.
+        rx.send(None, [ViewOf(got)])
+        _, (view_back,) = tx.recv(WAIT)
+        assert view_back.data_ptr == t.data_ptr
+        assert rx.stats()["cuda-ipc"]["returns_sent"] == 2
+        assert rx.stats()["cuda-ipc"]["copies_in"] == 0
         assert a.open_imports == 0, "a process never opens its own handle"
 
 

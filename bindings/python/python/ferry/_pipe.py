@@ -110,7 +110,11 @@ class Pipe:
         `DeviceTensor`s for CUDA tensors; released when the last reference dies).
         `TimeoutError` after `timeout` seconds."""
         m = self._native.recv(timeout)
-        return json.loads(m.header), [_tensors.to_numpy(t) for t in m.tensors]
+        out = [_tensors.to_numpy(t) for t in m.tensors]
+        for t in out:
+            if isinstance(t, _native.DeviceTensor):  # a view of it sent back: by reference
+                _tensors.remember(self._devices, t)
+        return json.loads(m.header), out
 
     def close(self) -> None:
         """Closes the pipe: the peer's `recv` fails with `ConnectionError`. Safe to call

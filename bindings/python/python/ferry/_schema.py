@@ -117,10 +117,13 @@ def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
                 {"i": i, "n": len(refs)},
             )
         ref = refs[i]
-        if kind == "torch":
-            return _tensors.to_torch(ref)
-        a = _tensors.to_numpy(ref)
         given = info.context.get("given") if isinstance(info.context, dict) else None
+        if kind == "torch":
+            t = _tensors.to_torch(ref)
+            if given is not None and isinstance(ref, _native.DeviceTensor):
+                given.append((t, ref))  # a view of it returned goes back by reference
+            return t
+        a = _tensors.to_numpy(ref)
         if given is not None:
             given.append((a, ref))
         return a

@@ -282,14 +282,23 @@ def remember(devices: Devices, t: _native.DeviceTensor) -> _native.DeviceTensor:
     return t
 
 
-def device_out(x: object, devices: Devices | None) -> _native.DeviceTensor:
+def device_out(
+    x: object, devices: Devices | None, given: Given | None = None
+) -> _native.DeviceTensor:
     """What sends device tensor `x`: itself when it is a `DeviceTensor`, the one of
-    `devices` (from `alloc_device`) it views whole (a torch or CuPy view of one: no
-    copy), else `x` wrapped (the channel copies it once, on the device)."""
+    `devices` (from `alloc_device`, or received) or of `given` (a call's params) it views
+    whole (a torch or CuPy view of one: no copy; a received one goes back to its owner as
+    a reference to its own memory), else `x` wrapped (the channel copies it once, on the
+    device)."""
     if isinstance(x, _native.DeviceTensor):
         return x
     ptr, shape, dtype, strides, index = device_parts(x)
     d = None if devices is None or strides is not None else devices.get(ptr)
+    if d is None and given and strides is None:
+        d = next(
+            (r for _, r in given if isinstance(r, _native.DeviceTensor) and r.data_ptr == ptr),
+            None,
+        )
     if (
         d is not None
         and d.dtype == dtype
@@ -343,7 +352,7 @@ def to_out(
     `x`'s bytes copied in. A device tensor goes as `device_out` says (never through the
     host)."""
     if is_device(x):
-        return device_out(x, devices)
+        return device_out(x, devices, given)
     if given and isinstance(x, np.ndarray) and not x.flags.writeable:
         for g, got in given:
             if g is x:  # an echo: the array the handler got, untouched (read-only)

@@ -51,6 +51,22 @@ def echo(x: np.ndarray) -> np.ndarray:
     return x
 
 
+class _View:
+    """Another library's view of a device tensor (what torch.as_tensor(x) is)."""
+
+    def __init__(self, x: ferry.DeviceTensor) -> None:
+        self.__cuda_array_interface__ = x.__cuda_array_interface__
+        self._dev = x.__dlpack_device__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._dev
+
+
+@app.function
+def view_of(x: np.ndarray) -> Any:
+    return _View(x)  # type: ignore[arg-type]
+
+
 @app.function
 def plus_one(x: np.ndarray, ctx: ferry.Context) -> Any:
     data = read(SERVER["proc"], x) + 1
@@ -117,9 +133,12 @@ def test_a_client_allocation_is_passed_without_a_copy(served: tuple[str, Any]) -
         copies = me.calls("cuMemcpyDtoDAsync")
         assert c.call("describe", {"x": t})["sum"] == 8.0
         assert me.calls("cuMemcpyDtoDAsync") == copies, "lent, not copied"
-        # A param the handler sends back is the caller's own memory again.
+        # A param the handler sends back (or a view of it) is the caller's own memory again.
         back = c.call("echo", {"x": t})
         assert back.data_ptr == t.data_ptr
+        server_copies = SERVER["proc"].calls("cuMemcpyDtoDAsync")
+        assert c.call("view_of", {"x": t}).data_ptr == t.data_ptr
+        assert SERVER["proc"].calls("cuMemcpyDtoDAsync") == server_copies, "not copied"
         assert me.open_imports == 0
 
 

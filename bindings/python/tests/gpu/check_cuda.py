@@ -14,8 +14,9 @@ Two processes (multiprocessing, `spawn`: CUDA does not survive `fork`):
    checks every byte through `torch.from_dlpack`, `torch.as_tensor(..., device="cuda")` and
    `cupy.asarray`, that each of those views has the `DeviceTensor`'s address (no copy on
    the receiving side), that `alloc_device` was lent without any copy (a write the producer
-   makes afterwards shows through the consumer's mapping), that a tensor sent back is the
-   producer's own memory, and that every lease comes back once the consumer drops them.
+   makes afterwards shows through the consumer's mapping), that a torch view of a received
+   tensor sent back is the producer's own memory (no copy), and that every lease comes
+   back once the consumer drops them.
 2. `ferry.App` / `ferry.Client`: CUDA torch params, `Context.alloc_device` results,
    `as_torch=True` giving torch CUDA tensors.
 
@@ -101,7 +102,9 @@ def producer(addr: str, out: Any) -> None:
         p.send({"case": "rewritten"}, [])
         _, (back,) = p.recv(WAIT)
         _check(
-            results, "a tensor sent back is the producer's own memory", back.data_ptr == t.data_ptr
+            results,
+            "a torch view of a received tensor, sent back, is the producer's own memory",
+            back.data_ptr == t.data_ptr,
         )
         back_t = torch.from_dlpack(back)
         _check(results, "its bytes", bool((back_t == 5.0).all()))
@@ -163,7 +166,14 @@ def consumer(addr: str, out: Any) -> None:
                     "alloc: the producer's later write shows (same memory)",
                     bool((dl == 5.0).all()),
                 )
-                p.send({"back": True}, [got])
+                p.send({"back": True}, [dl])  # the torch view: goes back by reference
+                st = p.stats()["cuda-ipc"]
+                _check(
+                    results,
+                    "alloc: the view went back as a reference, not a copy",
+                    st["copies_in"] == 0 and st["returns_sent"] == 1,
+                    str(st),
+                )
             del dl, ca, cp
         p.recv(WAIT)  # done
         held.clear()
