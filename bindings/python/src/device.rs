@@ -315,10 +315,16 @@ pub(crate) fn received(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     }
 }
 
-/// Why this process's cuda-ipc channel is not usable, if it is not.
-fn not_viable_here() -> Option<String> {
+/// Why a pipe negotiated no cuda-ipc channel, as far as this side can tell: this process's
+/// channel is not viable (the reason), or the peer did not offer or accept it.
+pub(crate) fn why_no_channel() -> String {
     use ferry_core::Channel;
-    ferry::ferry_cuda_ipc::CudaIpcChannel::new().viability().err().map(|e| e.to_string())
+    match ferry::ferry_cuda_ipc::CudaIpcChannel::new().viability() {
+        Err(e) => format!("cuda-ipc is not usable in this process: {e}"),
+        Ok(()) => "cuda-ipc needs both ends on one Linux host, in different processes, sharing a GPU, both with \
+                   the CUDA driver (the peer did not offer or accept it)"
+            .to_owned(),
+    }
 }
 
 /// Checks that every device tensor of `tensors` can travel on a pipe with `info`: the error
@@ -330,12 +336,7 @@ pub(crate) fn check_channels(py: Python<'_>, info: &PipeInfo, tensors: &[Tensor]
         if kind == DeviceKind::Cpu || info.channels.contains_key(&kind) {
             continue;
         }
-        let why = match not_viable_here() {
-            Some(r) => format!("cuda-ipc is not usable in this process: {r}"),
-            None => "cuda-ipc needs both ends on one Linux host, in different processes, sharing a GPU, both \
-                     with the CUDA driver (the peer did not offer or accept it)"
-                .to_owned(),
-        };
+        let why = why_no_channel();
         return Err(device_error(
             py,
             format!(

@@ -231,9 +231,10 @@ impl Pipe {
                 py,
                 format!(
                     "alloc_device({:?}, {:?}, device={device}): this pipe negotiated no channel for CUDA tensors \
-                     (see Pipe.device_channel); allocate on the host (alloc) instead",
+                     ({}); allocate on the host (alloc) instead",
                     meta.shape,
-                    meta.dtype.name()
+                    meta.dtype.name(),
+                    crate::device::why_no_channel()
                 ),
             ));
         }
