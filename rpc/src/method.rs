@@ -190,6 +190,13 @@ impl CallContext {
         }
     }
 
+    /// The channel the caller's pipe negotiated for tensors of `kind` (`"cuda-ipc"` for
+    /// [`ferry_core::DeviceKind::Cuda`]), or `None`: such tensors cannot be answered to this
+    /// caller (a plain JSON connection has none).
+    pub fn device_channel(&self, kind: ferry_core::DeviceKind) -> Option<&str> {
+        self.pipe.as_ref()?.info().channels.get(&kind).map(String::as_str)
+    }
+
     /// A device tensor for `meta` (e.g. `cuda:0`) in the memory of the caller's pipe's
     /// device channel (cuda-ipc: answering with it costs no copy); its bytes are
     /// unspecified until written. Fails with a tensor error when the caller has no

@@ -6,7 +6,8 @@
 //! - `pip install ./bindings/python` into an empty venv
 //!   (`target/python-server-venv`, cleared each run): maturin from PyPI builds the native
 //!   module with this machine's Rust toolchain. The tests build it with cargo's `dev`
-//!   profile (`MATURIN_PEP517_ARGS=--profile dev`): it reuses the dependencies the
+//!   profile and the test-only feature `__testing` ([`DEV_MATURIN_ARGS`]: the simulated
+//!   GPU of the cuda-ipc tests, never in a user's wheel): it reuses the dependencies the
 //!   workspace's tests compiled, where the release build a user gets costs ~3.5 minutes of
 //!   CI on 2 cores, and debug assertions and overflow checks run under the tests too. The
 //!   benchmark builds release, as a user does;
@@ -115,6 +116,10 @@ pub(crate) fn add_torch(sh: &Shell, python: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// maturin's arguments for the test venv's build: the `dev` profile and the test-only
+/// feature `__testing` (the in-memory CUDA driver the cuda-ipc tests run on).
+pub const DEV_MATURIN_ARGS: &str = "--profile dev --features __testing";
+
 /// The cargo profile maturin builds the native module with.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Profile {
@@ -149,7 +154,10 @@ fn install(sh: &Shell, root: &Path, clear: bool, profile: Profile) -> anyhow::Re
     let package = root.join("bindings/python");
     let pip = cmd!(sh, "{python} -m pip install --quiet --disable-pip-version-check {package}");
     let pip = match profile {
-        Profile::Dev => pip.env("MATURIN_PEP517_ARGS", "--profile dev"),
+        // The dev build also has the test-only simulated GPU (`__testing`), for the
+        // cuda-ipc tests (`tests/test_cuda.py`, `tests/client/test_cuda.py`); the release
+        // build, like a user's wheel, has not (those tests then skip, saying why).
+        Profile::Dev => pip.env("MATURIN_PEP517_ARGS", DEV_MATURIN_ARGS),
         Profile::Release => pip.env_remove("MATURIN_PEP517_ARGS"),
     };
     let built = if profile == Profile::Dev { "dev profile" } else { "release" };

@@ -149,6 +149,24 @@ impl FakeGpu {
     }
 }
 
+/// The simulated process that [`crate::CudaIpcChannel::new`] and
+/// [`crate::CudaIpcChannel::with_options`] use instead of the real driver while one is set
+/// ([`set_active`]): for tests that build channels where they cannot pass a driver (the
+/// facade's `ferry::endpoint()`, a server's endpoint, the Python binding's pipes), e.g. two
+/// simulated processes of one [`FakeGpu`] in one real process.
+static ACTIVE: Mutex<Option<Arc<FakeDriver>>> = Mutex::new(None);
+
+/// Makes channels built from now on use `driver` (`None`: the real driver again); returns
+/// the one set before. Channels already built keep theirs.
+pub fn set_active(driver: Option<Arc<FakeDriver>>) -> Option<Arc<FakeDriver>> {
+    std::mem::replace(&mut *lock(&ACTIVE), driver)
+}
+
+/// The simulated process set by [`set_active`], if any.
+pub fn active() -> Option<Arc<FakeDriver>> {
+    lock(&ACTIVE).clone()
+}
+
 impl World {
     fn random_handle(&mut self) -> IpcHandle {
         let mut h = [0u8; HANDLE_BYTES];

@@ -49,7 +49,9 @@
 //!
 //! # Feature flags
 //! None. (The facade `ferry` enables this crate with its `cuda-ipc` feature; `__testing`, for
-//! tests only, adds the in-memory CUDA driver `fake`.)
+//! tests only, adds the in-memory CUDA driver `fake`, and `fake::set_active`, which makes
+//! [`CudaIpcChannel::new`] use a simulated process where a test cannot pass a driver: the
+//! Python package's cuda-ipc tests.)
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -154,6 +156,11 @@ impl CudaIpcChannel {
 
     /// With the real driver and these options.
     pub fn with_options(opts: CudaIpcOptions) -> Self {
+        // Tests only (feature `__testing`): a simulated process, where one was set.
+        #[cfg(any(test, feature = "__testing"))]
+        if let Some(d) = fake::active() {
+            return Self::with_driver(d, opts);
+        }
         Self::with_driver(sys::CudaDriver::shared(), opts)
     }
 

@@ -29,6 +29,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use serde_json::Value;
 
+use crate::device::DeviceTensor;
 use crate::runtime;
 use crate::tensors::{OutTensor, TensorRef, meta_of};
 
@@ -62,8 +63,12 @@ fn outcome(py: Python<'_>, o: &Bound<'_, PyAny>) -> Result<Reply, ErrorObject> {
                     // A received tensor sent back as it is (an echo): no copy, over shm the
                     // peer gets its own memory back.
                     tensors.push(r.get().tensor.clone());
+                } else if let Ok(d) = o.cast::<DeviceTensor>() {
+                    tensors.push(d.get().tensor.clone());
                 } else {
-                    return Err(ErrorObject::internal("result tensor: neither an OutTensor nor a TensorRef"));
+                    return Err(ErrorObject::internal(
+                        "result tensor: neither an OutTensor, a TensorRef nor a DeviceTensor",
+                    ));
                 }
             }
             Ok(Reply { value, tensors })
@@ -82,10 +87,9 @@ fn outcome(py: Python<'_>, o: &Bound<'_, PyAny>) -> Result<Reply, ErrorObject> {
     }
 }
 
-/// The received tensors as a Python list of [`TensorRef`].
+/// The received tensors as a Python list of [`TensorRef`] (host) and [`DeviceTensor`].
 fn refs<'py>(py: Python<'py>, tensors: Vec<Tensor>) -> PyResult<Bound<'py, PyList>> {
-    let items: Vec<Bound<'py, TensorRef>> =
-        tensors.into_iter().map(|t| Bound::new(py, TensorRef::new(t))).collect::<PyResult<_>>()?;
+    let items: Vec<Py<PyAny>> = tensors.into_iter().map(|t| crate::device::received(py, t)).collect::<PyResult<_>>()?;
     PyList::new(py, items)
 }
 
@@ -332,6 +336,33 @@ impl Context {
             })
             .map_err(|e| PyRuntimeError::new_err(format!("allocating a result tensor: {}", e.message)))?;
         Ok(OutTensor::new(t))
+    }
+
+    /// A device tensor on `cuda:device` for the result, in the memory of the caller's
+    /// cuda-ipc channel (it goes back without a copy); contents unspecified until written.
+    /// `DeviceTensorError` when the caller has no channel for CUDA tensors.
+    #[pyo3(signature = (shape, dtype, device=0))]
+    fn alloc_device(&self, py: Python<'_>, shape: Vec<u64>, dtype: &str, device: u32) -> PyResult<DeviceTensor> {
+        let meta = crate::device::device_meta(shape, dtype, device)?;
+        let ctx = self.ctx.clone();
+        let t = py
+            .detach(|| {
+                runtime().block_on(async {
+                    tokio::select! {
+                        r = ctx.alloc_device(meta) => r,
+                        () = ctx.cancelled() => Err(ErrorObject::cancelled("the call was cancelled while allocating")),
+                    }
+                })
+            })
+            .map_err(|e| crate::device::device_error(py, format!("allocating a device tensor: {}", e.message)))?;
+        Ok(DeviceTensor::allocated(t))
+    }
+
+    /// The channel the caller's connection negotiated for CUDA tensors (`"cuda-ipc"`), or
+    /// `None` (CUDA results cannot go back to it).
+    #[getter]
+    fn device_channel(&self) -> Option<String> {
+        self.ctx.device_channel(ferry_core::DeviceKind::Cuda).map(str::to_owned)
     }
 
     /// A writable tensor to keep as a reference ([`Context::keep`]): a shared segment of

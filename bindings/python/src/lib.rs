@@ -11,6 +11,8 @@
 //!   ([`ferry_commands::cli_rpc::bind`] and `run`).
 //! - [`tensors`]: received tensors as read-only zero-copy views (`__array_interface__`,
 //!   holding the Rust lease), result tensors allocated in the connection's memory.
+//! - [`device`]: CUDA tensors over the cuda-ipc channel (`ferry.DeviceTensor`:
+//!   `__cuda_array_interface__`, DLPack through [`sys`]), never copied to the host.
 //! - [`pipe`]: `ferry.listen` / `ferry.connect`, messages of a header and tensors without
 //!   JSON-RPC.
 //! - [`client`]: `ferry.Client` / `ferry.AsyncClient`, the Rust JSON-RPC client
@@ -35,6 +37,7 @@ pub mod accept;
 pub mod answer;
 pub mod client;
 pub mod command;
+pub mod device;
 pub mod gate;
 pub mod handler;
 pub mod json;
@@ -42,6 +45,7 @@ pub mod pipe;
 pub mod pool;
 pub mod server;
 pub mod store_server;
+pub mod sys;
 #[cfg(target_os = "linux")]
 pub mod tensor_host;
 pub mod tensors;
@@ -82,6 +86,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handler::Done>()?;
     m.add_class::<tensors::TensorRef>()?;
     m.add_class::<tensors::OutTensor>()?;
+    m.add_class::<device::DeviceTensor>()?;
+    // Test-only (the simulated GPU): set as attributes, out of `__all__` (the stubs, checked
+    // by stubtest against the wheel's module, do not have them).
+    #[cfg(feature = "__testing")]
+    {
+        m.setattr("_FakeGpu", m.py().get_type::<device::fake::FakeGpu>())?;
+        m.setattr("_FakeProcess", m.py().get_type::<device::fake::FakeProcess>())?;
+        m.setattr("_fake_cuda_deactivate", wrap_pyfunction!(device::fake::_fake_cuda_deactivate, m)?)?;
+    }
     m.add_class::<pipe::Pipe>()?;
     m.add_class::<pipe::Listener>()?;
     m.add_class::<pipe::Message>()?;

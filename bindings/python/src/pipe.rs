@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tokio::sync::Mutex as AsyncMutex;
 
+use crate::device::{DeviceTensor, check_channels, device_meta};
 use crate::runtime;
 use crate::tensors::{OutTensor, TensorRef, meta_of};
 
@@ -153,13 +154,14 @@ impl Listener {
     }
 }
 
-/// A received message: the header as JSON text and the tensors as read-only views.
+/// A received message: the header as JSON text and the tensors as read-only views
+/// ([`TensorRef`] on the host, [`DeviceTensor`] on a device).
 #[pyclass(frozen, module = "ferry._native")]
 pub struct Message {
     /// The header, JSON text.
     #[pyo3(get)]
     header: String,
-    tensors: Vec<Py<TensorRef>>,
+    tensors: Vec<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -207,6 +209,42 @@ impl Pipe {
         uses_ring(&self.pipe)
     }
 
+    /// The channel negotiated for CUDA tensors (`"cuda-ipc"`), or `None`: CUDA tensors
+    /// cannot be sent on this pipe.
+    #[getter]
+    fn device_channel(&self) -> Option<String> {
+        self.pipe.info().channels.get(&ferry_core::DeviceKind::Cuda).cloned()
+    }
+
+    /// Each negotiated channel's counters, as JSON text (`{"cuda-ipc": {"copies_in": ..}}`).
+    fn stats(&self) -> String {
+        self.pipe.stats().to_string()
+    }
+
+    /// A device tensor on `cuda:device` in the cuda-ipc channel's exportable memory
+    /// (sending it costs no copy); its contents are unspecified until written.
+    #[pyo3(signature = (shape, dtype, device=0))]
+    fn alloc_device(&self, py: Python<'_>, shape: Vec<u64>, dtype: &str, device: u32) -> PyResult<DeviceTensor> {
+        let meta = device_meta(shape, dtype, device)?;
+        if self.device_channel().is_none() {
+            return Err(crate::device::device_error(
+                py,
+                format!(
+                    "alloc_device({:?}, {:?}, device={device}): this pipe negotiated no channel for CUDA tensors \
+                     ({}); allocate on the host (alloc) instead",
+                    meta.shape,
+                    meta.dtype.name(),
+                    crate::device::why_no_channel()
+                ),
+            ));
+        }
+        let p = self.pipe.clone();
+        let t = py
+            .detach(|| runtime().block_on(p.alloc_device(meta)))
+            .map_err(|e| crate::device::device_error(py, format!("allocating a device tensor: {e}")))?;
+        Ok(DeviceTensor::allocated(t))
+    }
+
     /// A writable tensor in this pipe's memory (shm: sending it costs no copy).
     fn alloc(&self, py: Python<'_>, shape: Vec<u64>, dtype: &str) -> PyResult<OutTensor> {
         let meta = meta_of(shape, dtype)?;
@@ -229,13 +267,16 @@ impl Pipe {
                 ts.push(o.get().take()?);
             } else if let Ok(r) = t.cast::<TensorRef>() {
                 ts.push(r.get().tensor.clone());
+            } else if let Ok(d) = t.cast::<DeviceTensor>() {
+                ts.push(d.get().tensor.clone());
             } else {
                 return Err(PyTypeError::new_err(format!(
-                    "send takes OutTensor or TensorRef, not {}",
+                    "send takes OutTensor, TensorRef or DeviceTensor, not {}",
                     t.get_type().qualname()?
                 )));
             }
         }
+        check_channels(py, self.pipe.info(), &ts, "the message's tensors")?;
         let p = self.pipe.clone();
         // On this thread (a Python thread, never a runtime worker): a packed message goes
         // into the ring with no runtime wake-up (`Pipe::send_blocking`).
@@ -281,7 +322,7 @@ impl Pipe {
             }
             Some(r) => r.map_err(|e| io_err("receiving", e))?,
         };
-        let tensors = msg.tensors.into_iter().map(|t| Py::new(py, TensorRef::new(t))).collect::<PyResult<_>>()?;
+        let tensors = msg.tensors.into_iter().map(|t| crate::device::received(py, t)).collect::<PyResult<_>>()?;
         Ok(Message { header: msg.header.to_string(), tensors })
     }
 

@@ -154,7 +154,7 @@ impl TensorRef {
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let Some(bytes) = self.tensor.host_bytes() else {
             return Err(PyValueError::new_err(format!(
-                "a {} tensor has no host bytes: the Python server does not map device tensors yet",
+                "a {} tensor has no host bytes (device tensors are ferry.DeviceTensor objects)",
                 self.tensor.device()
             )));
         };

@@ -20,6 +20,10 @@ app.serve("unix:demo")  # or: python -m ferry serve mymodule:app unix:demo
   a tensor as a reference that stays on the server (a `TensorRef`).
 - `spawn(app)`: the app in a child process and a connected `Client`.
 - `listen` / `connect`: `Pipe`s of headers and tensors without JSON-RPC.
+- `DeviceTensor`: a CUDA tensor over the cuda-ipc channel (received, or from
+  `alloc_device`): `__cuda_array_interface__` and DLPack, for torch and CuPy without a
+  copy. CUDA torch tensors and CuPy arrays are sent as they are, never through the host
+  (`DeviceTensorError` on a connection without cuda-ipc).
 - `Client`, `AsyncClient`: calling, on the Rust client (`_client`): every address
   (`unix:`, `quic://host:port#sha256=PIN`), numpy and torch tensors in and out
   (`as_torch`), `closed` / `close_reason`, keep-alive, `connect_timeout`;
@@ -51,7 +55,7 @@ from . import errors, placement, refs, rpc_errors, store, tensors, types, weight
 from ._app import App, Context, empty, keep
 from ._client import AsyncClient, Client
 from ._functions import Function, Functions, UnknownFunctionError
-from ._native import __version__
+from ._native import DeviceTensor, __version__
 from ._pipe import Listener, Pipe, connect, listen
 from ._schema import AnyTensor, NDArray
 from ._spawn import spawn
@@ -59,6 +63,7 @@ from ._store_server import StoreServer, serve_weights
 from .errors import (
     CallTimeout,
     ConnectionClosed,
+    DeviceTensorError,
     FerryError,
     LimitError,
     ParamsError,
@@ -115,6 +120,8 @@ __all__ = [
     "Client",
     "ConnectionClosed",
     "Context",
+    "DeviceTensor",
+    "DeviceTensorError",
     "FerryError",
     "ForbiddenError",
     "Function",

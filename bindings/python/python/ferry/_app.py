@@ -28,6 +28,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 CANCELLED = -32002
+TENSOR_ERROR = -32006
 
 Outcome = tuple[str | bytes, list[_tensors.Out]] | tuple[int, str, str | None]
 """What a handler wrapper gives Rust: `(result_json, tensors)` or `(code, message,
@@ -40,12 +41,13 @@ class Context:
     """What a handler gets besides its params, when it declares a param annotated
     `ferry.Context` (any name): cancellation, result tensors, the caller."""
 
-    __slots__ = ("_allocated", "_given", "_native")
+    __slots__ = ("_allocated", "_devices", "_given", "_native")
 
     def __init__(self, native: _native.Context) -> None:
         self._native = native
         self._allocated: list[_native.OutTensor] = []
         self._given: _tensors.Given = []
+        self._devices: _tensors.Devices | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -73,6 +75,27 @@ class Context:
         out = self._native.alloc([int(n) for n in shape], _tensors.dtype_name(dtype))
         self._allocated.append(out)
         return _tensors.out_array(out)
+
+    @property
+    def device_channel(self) -> str | None:
+        """The channel the caller's connection negotiated for CUDA tensors (`"cuda-ipc"`),
+        or None: a CUDA result cannot go back to this caller (it gets a `TensorError`);
+        return `t.cpu()` to answer it from the host."""
+        return self._native.device_channel
+
+    def alloc_device(
+        self, shape: tuple[int, ...] | list[int], dtype: object = "f32", device: int = 0
+    ) -> _native.DeviceTensor:
+        """A tensor on `cuda:device` in the memory of the caller's cuda-ipc channel: fill
+        it (through `torch.as_tensor(t, device="cuda")` or `cupy.asarray(t)`) and return
+        it, or that view of it: it goes back without a copy. Contents unspecified until
+        written. `DeviceTensorError` when the caller has no cuda-ipc channel."""
+        out = self._native.alloc_device(
+            [int(n) for n in shape], _tensors.dtype_name(dtype), int(device)
+        )
+        if self._devices is None:
+            self._devices = _tensors.new_devices()
+        return _tensors.remember(self._devices, out)
 
     def keep(self, tensor: object, *, ttl: float | None = None) -> TensorRef:
         """Keeps `tensor` on the server as a reference owned by the caller, to return in
@@ -152,7 +175,7 @@ class _Function:
     # ---- the wrappers Rust calls ----------------------------------------------------
 
     def call_sync(
-        self, params: object, refs: list[_native.TensorRef], native: _native.Context
+        self, params: object, refs: list[_tensors.Received], native: _native.Context
     ) -> Outcome:
         ctx = Context(native)
         token = _current.set(ctx)
@@ -175,7 +198,7 @@ class _Function:
     def call_async(
         self,
         params: object,
-        refs: list[_native.TensorRef],
+        refs: list[_tensors.Received],
         native: _native.Context,
         done: _native.Done,
     ) -> Any:
@@ -203,7 +226,7 @@ class _Function:
         return fut
 
     async def _run(
-        self, params: object, refs: list[_native.TensorRef], native: _native.Context
+        self, params: object, refs: list[_tensors.Received], native: _native.Context
     ) -> Outcome:
         ctx = Context(native)
         _current.set(ctx)  # this task's own context
@@ -222,7 +245,7 @@ class _Function:
     # ---- helpers ----------------------------------------------------------------------
 
     def _kwargs(
-        self, params: object, refs: list[_native.TensorRef], ctx: Context
+        self, params: object, refs: list[_tensors.Received], ctx: Context
     ) -> dict[str, Any]:
         kwargs = self.sig.validate(params, refs, ctx._given)
         if self.sig.ctx_param is not None:
@@ -230,6 +253,22 @@ class _Function:
         return kwargs
 
     def _encode(self, result: object, ctx: Context) -> Outcome:
+        out = self._encode_result(result, ctx)
+        outs = out[1]
+        if isinstance(outs, list) and outs:
+            device = next((t for t in outs if isinstance(t, _native.DeviceTensor)), None)
+            if device is not None and ctx._native.device_channel is None:
+                reason = (
+                    f"the result of {self.name} holds a {device.device} tensor, but the "
+                    "caller's connection negotiated no channel for CUDA tensors (cuda-ipc "
+                    "needs both ends on one host, in different processes, sharing a GPU); "
+                    "ferry does not copy device tensors to the host on its own: the handler "
+                    "can answer such callers with t.cpu() (see Context.device_channel)"
+                )
+                return (TENSOR_ERROR, "Tensor error", json.dumps({"reason": reason}))
+        return out
+
+    def _encode_result(self, result: object, ctx: Context) -> Outcome:
         fast = self.sig.fast_result
         try:
             if fast is not None:
@@ -242,7 +281,7 @@ class _Function:
                     text = self.sig.encode_fast(result)
                     if text is not None:
                         return (text, [])
-            enc = _schema.Encoding(ctx._native.alloc, ctx._allocated, ctx._given)
+            enc = _schema.Encoding(ctx._native.alloc, ctx._allocated, ctx._given, ctx._devices)
             if self.sig.result_json is not None:
                 # pydantic writes the JSON itself (a third of the time); it writes NaN and
                 # infinities as such, so a result with them takes the checking path below.
@@ -251,7 +290,7 @@ class _Function:
                 )
                 if b"NaN" not in out and b"Infinity" not in out:
                     return (out, enc.outs)
-                enc = _schema.Encoding(ctx._native.alloc, ctx._allocated, ctx._given)
+                enc = _schema.Encoding(ctx._native.alloc, ctx._allocated, ctx._given, ctx._devices)
             if self.sig.result is None:
                 obj = _schema.encode_any(result, enc)
             else:

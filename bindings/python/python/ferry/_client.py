@@ -81,12 +81,15 @@ class _Allocated:
         self.by_ptr: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = (
             weakref.WeakValueDictionary()
         )
+        self.devices = _tensors.new_devices()
 
     def encode(self, x: object, client: _native.Client) -> object:
         """The `encode` hook of `_native.Client`: what sends `x`, which is not plain JSON
         (a tensor, a stand-in JSON value, or None when ferry cannot send it)."""
         if isinstance(x, (_native.TensorRef, _native.OutTensor)):
             return x
+        if _tensors.is_device(x):
+            return _tensors.device_out(x, self.devices)
         if isinstance(x, _TensorRef):
             return x.to_json()
         if isinstance(x, np.generic):
@@ -211,6 +214,24 @@ class _Base:
         import torch
 
         return _tensors.torch_view(a, _tensors.dtype_name(dtype), torch.from_numpy)
+
+    @property
+    def device_channel(self) -> str | None:
+        """The channel negotiated for CUDA tensors (`"cuda-ipc"`), or None: CUDA tensors
+        cannot go in params on this connection (`DeviceTensorError`)."""
+        return self._native.device_channel
+
+    def alloc_device(
+        self, shape: Sequence[int], dtype: object = "f32", device: int = 0
+    ) -> _native.DeviceTensor:
+        """A tensor on `cuda:device` in this connection's cuda-ipc memory: fill it (through
+        `torch.as_tensor(t, device="cuda")` or `cupy.asarray(t)`) and pass it, or that
+        view of it, in params: it travels without a copy. Contents unspecified until
+        written. `DeviceTensorError` without a cuda-ipc channel."""
+        out = self._native.alloc_device(
+            [int(n) for n in shape], _tensors.dtype_name(dtype), int(device)
+        )
+        return _tensors.remember(self._allocated.devices, out)
 
     def flush_releases(self) -> None:
         """Nothing to do: the Rust core tells the server which of its tensors this process

@@ -3,6 +3,13 @@
 Over shm both directions are zero-copy: received tensors are read-only numpy views of the
 peer's memory; an array from `Pipe.alloc` is sent without a copy (any other array is
 copied once into the pipe's memory).
+
+CUDA tensors go over the cuda-ipc channel where both ends negotiated it (one host, two
+processes, a shared GPU): received ones are `ferry.DeviceTensor`s mapping the peer's
+device memory (`torch.as_tensor(x, device="cuda")`, `torch.from_dlpack(x)`,
+`cupy.asarray(x)`: no copy); one from `Pipe.alloc_device` is sent without a copy, any
+other (a CUDA torch tensor, a CuPy array) is copied once on the device. Never through the
+host: without cuda-ipc, sending one raises `DeviceTensorError`.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ class Pipe:
     def __init__(self, native: _native.Pipe) -> None:
         self._native = native
         self._allocated: list[_native.OutTensor] = []
+        self._devices = _tensors.new_devices()
 
     @property
     def channel(self) -> str:
@@ -39,6 +47,32 @@ class Pipe:
     def closed(self) -> bool:
         """True once the peer is gone."""
         return self._native.closed
+
+    @property
+    def device_channel(self) -> str | None:
+        """The channel negotiated for CUDA tensors (`"cuda-ipc"`), or None: CUDA tensors
+        cannot be sent on this pipe (`DeviceTensorError`)."""
+        return self._native.device_channel
+
+    def stats(self) -> dict[str, Any]:
+        """Each negotiated channel's counters, by channel name (e.g. `"cuda-ipc"`:
+        `copies_in`, device copies made to send tensors from outside its pool;
+        `leases_granted`, tensors of this side the peer still holds)."""
+        stats: dict[str, Any] = json.loads(self._native.stats())
+        return stats
+
+    def alloc_device(
+        self, shape: tuple[int, ...] | list[int], dtype: object = "f32", device: int = 0
+    ) -> _native.DeviceTensor:
+        """A tensor on `cuda:device` in the cuda-ipc channel's memory: fill it (through
+        `torch.as_tensor(t, device="cuda")` or `cupy.asarray(t)`, no copy) and send it
+        (or that view of it) without a copy. Like `torch.empty`, its contents are
+        unspecified. Do not write to it once sent. `DeviceTensorError` when this pipe has
+        no cuda-ipc channel."""
+        out = self._native.alloc_device(
+            [int(n) for n in shape], _tensors.dtype_name(dtype), int(device)
+        )
+        return _tensors.remember(self._devices, out)
 
     def alloc(
         self, shape: tuple[int, ...] | list[int], dtype: object = "f32"
@@ -59,20 +93,28 @@ class Pipe:
         timeout: float | None = None,
     ) -> None:
         """Sends `header` (any JSON value) and `tensors` (numpy, torch, anything with
-        `__dlpack__` or `__array_interface__`).
+        `__dlpack__` or `__array_interface__`; CUDA tensors: see the module docs).
 
         A send waits while the peer does not read (its buffers are full). `timeout`
         bounds that wait: past it, `TimeoutError`, and nothing was sent (the pipe stays
         open). If the peer process dies meanwhile, the send fails with
         `BrokenPipeError` (a `ConnectionError`) and the pipe is closed."""
-        outs = [_tensors.to_out(t, self._native.alloc, self._allocated) for t in tensors]
+        outs = [
+            _tensors.to_out(t, self._native.alloc, self._allocated, None, self._devices)
+            for t in tensors
+        ]
         self._native.send(json.dumps(header, allow_nan=False), outs, timeout)
 
-    def recv(self, timeout: float | None = None) -> tuple[Any, list[np.ndarray[Any, Any]]]:
-        """The next message: its header and its tensors (read-only views, released when
-        the last reference dies). `TimeoutError` after `timeout` seconds."""
+    def recv(self, timeout: float | None = None) -> tuple[Any, list[Any]]:
+        """The next message: its header and its tensors (read-only numpy views, and
+        `DeviceTensor`s for CUDA tensors; released when the last reference dies).
+        `TimeoutError` after `timeout` seconds."""
         m = self._native.recv(timeout)
-        return json.loads(m.header), [_tensors.to_numpy(t) for t in m.tensors]
+        out = [_tensors.to_numpy(t) for t in m.tensors]
+        for t in out:
+            if isinstance(t, _native.DeviceTensor):  # a view of it sent back: by reference
+                _tensors.remember(self._devices, t)
+        return json.loads(m.header), out
 
     def close(self) -> None:
         """Closes the pipe: the peer's `recv` fails with `ConnectionError`. Safe to call
@@ -96,7 +138,7 @@ class Pipe:
         """`send` for asyncio (runs in a worker thread)."""
         await asyncio.to_thread(lambda: self.send(header, tensors, timeout=timeout))
 
-    async def arecv(self, timeout: float | None = None) -> tuple[Any, list[np.ndarray[Any, Any]]]:
+    async def arecv(self, timeout: float | None = None) -> tuple[Any, list[Any]]:
         """`recv` for asyncio (waits in a worker thread)."""
         return await asyncio.to_thread(self.recv, timeout)
 

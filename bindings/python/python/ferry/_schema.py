@@ -40,22 +40,24 @@ TENSOR_REF_SCHEMA: dict[str, Any] = {"$ref": "#/components/schemas/TensorRef"}
 class Encoding:
     """What serializing one result needs: where tensors go and how to allocate them."""
 
-    __slots__ = ("alloc", "allocated", "given", "outs")
+    __slots__ = ("alloc", "allocated", "devices", "given", "outs")
 
     def __init__(
         self,
         alloc: _tensors.Alloc,
         allocated: list[_native.OutTensor],
         given: _tensors.Given | None = None,
+        devices: _tensors.Devices | None = None,
     ) -> None:
         self.alloc = alloc
         self.allocated = allocated
         self.given: _tensors.Given = [] if given is None else given
+        self.devices = devices
         self.outs: list[_tensors.Out] = []
 
     def ref(self, x: object) -> dict[str, int]:
         """`{"$tensor": i}` for `x`, which is appended to the outgoing tensors."""
-        self.outs.append(_tensors.to_out(x, self.alloc, self.allocated, self.given))
+        self.outs.append(_tensors.to_out(x, self.alloc, self.allocated, self.given, self.devices))
         return {"$tensor": len(self.outs) - 1}
 
     def fallback(self, x: object) -> Any:
@@ -115,10 +117,13 @@ def _tensor_in(kind: str) -> Callable[[Any, pydantic.ValidationInfo], Any]:
                 {"i": i, "n": len(refs)},
             )
         ref = refs[i]
-        if kind == "torch":
-            return _tensors.to_torch(ref)
-        a = _tensors.to_numpy(ref)
         given = info.context.get("given") if isinstance(info.context, dict) else None
+        if kind == "torch":
+            t = _tensors.to_torch(ref)
+            if given is not None and isinstance(ref, _native.DeviceTensor):
+                given.append((t, ref))  # a view of it returned goes back by reference
+            return t
+        a = _tensors.to_numpy(ref)
         if given is not None:
             given.append((a, ref))
         return a
@@ -318,7 +323,7 @@ class Signature:
     def validate(
         self,
         params: object,
-        refs: list[_native.TensorRef],
+        refs: list[_tensors.Received],
         given: _tensors.Given | None = None,
     ) -> dict[str, Any]:
         """The keyword arguments of a call, from its params by name (the server turns
@@ -380,7 +385,7 @@ def _fast_kind(tp: Any) -> str | None:
 def _fast_kwargs(
     fast: dict[str, tuple[str, Any]],
     params: dict[str, Any],
-    refs: list[_native.TensorRef],
+    refs: list[_tensors.Received],
     given: _tensors.Given | None,
 ) -> dict[str, Any] | None:
     """The keyword arguments when every param passes pydantic's strict JSON check for its

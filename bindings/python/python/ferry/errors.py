@@ -69,6 +69,13 @@ class ParamsError(FerryError, TypeError):
     message says where in the params."""
 
 
+class DeviceTensorError(ParamsError):
+    """A device (CUDA) tensor cannot travel as asked: the connection negotiated no
+    cuda-ipc channel (the message says why), or its dtype, strides or mask are not what
+    ferry sends. ferry never copies a device tensor to the host on its own: copy it
+    yourself (`.cpu()`) to send it on such a connection."""
+
+
 class ResultError(FerryError):
     """The result refers to a tensor the message does not have, or is malformed."""
 
@@ -96,6 +103,7 @@ class RpcError(FerryError):
 __all__ = [
     "CallTimeout",
     "ConnectionClosed",
+    "DeviceTensorError",
     "FerryError",
     "LimitError",
     "ParamsError",

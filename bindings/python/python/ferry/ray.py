@@ -47,8 +47,9 @@ How it moves tensors:
 
 Ray's alpha API forces some compromises, each documented where it is made: torch tensors
 only (a transport has one data type, and registering `np.ndarray` would replace Ray's
-numpy serializer in every process using it); `cpu` only (no CUDA IPC path in the Python
-package yet); the configuration travels with the transport's class (Ray constructs
+numpy serializer in every process using it); `cpu` only (its tensor host keeps host
+memory; CUDA tensors go between processes over `ferry.Pipe` / `ferry.Client`, cuda-ipc);
+the configuration travels with the transport's class (Ray constructs
 managers without arguments).
 """
 
@@ -318,7 +319,8 @@ def _put(cfg: _Config, obj_id: str, tensors: list[Any]) -> list[dict[str, Any]]:
         if t.device.type != "cpu":
             raise ValueError(
                 f"the ferry transport moves cpu tensors; this one is on {t.device} "
-                "(no CUDA IPC path in the Python package yet): use .cpu() or another transport"
+                "(its tensor host keeps host memory): use .cpu(), or send CUDA tensors over a "
+                "ferry.Pipe (cuda-ipc)"
             )
         arrays.append(_tensors.host_numpy(t))
     shapes = [[int(n) for n in a.shape] for a, _ in arrays]

@@ -15,9 +15,9 @@ Arrays are read-only; torch tensors (`as_torch=True`) are writable copy-on-write
 `unix:/path.sock`, or `quic://host:port#sha256=PIN` with `token=` (over QUIC the buckets
 arrive as copies, not mappings).
 
-A GPU bundle (buckets in device memory, published with `Store::publish_device`) cannot be
-opened from Python yet: the native client does not map device tensors (its buckets raise
-`ResultError`).
+A GPU bundle (buckets in device memory, published with `Store::publish_device`) is not
+sliced into tensors from Python yet: its buckets arrive over cuda-ipc as
+`ferry.DeviceTensor`s, and looking up a tensor in one raises `ResultError` saying so.
 
     from ferry import open_weights
     sd = open_weights("unix:ferry-weights", "llama", as_torch=True)
@@ -134,6 +134,12 @@ class Bundle(Mapping[str, Any]):
             shape = tuple(dims[starts[i] : starts[i] + ndim])
             dtype = NUMPY_DTYPES[dtype_name]
             buf = self._buckets[bucket]
+            if isinstance(buf, _native.DeviceTensor):
+                raise ResultError(
+                    f"tensor {name!r:.100} is in a {buf.device} bucket (a GPU bundle): the "
+                    "bucket arrived over cuda-ipc as a ferry.DeviceTensor, but ferry.Bundle "
+                    "slices host buckets only (torch.as_tensor(bucket, device='cuda') views it)"
+                )
             n = math.prod(shape) * dtype.itemsize
             if offset + n > buf.shape[0]:
                 raise ResultError(f"tensor {name!r} lies outside bucket {bucket}")

@@ -4,12 +4,13 @@
 //! - Out (`Encoder::value`): `None`, `bool`, `int`, `float`, `str`, `list`, `tuple` and
 //!   `dict` (string keys) become JSON; anything else is given to the Python `encode` hook
 //!   (`ferry._client._encode`, with the client to allocate from), which answers with a tensor to send (an `OutTensor` in the
-//!   connection's memory, or a received `TensorRef` sent back as it is), a JSON-able
+//!   connection's memory, a `DeviceTensor`, or a received `TensorRef` sent back as it is), a JSON-able
 //!   stand-in (a numpy scalar's value, a tensor reference's wire form), or `None` for a
 //!   value ferry cannot send: a `ParamsError` naming where in the params it is.
 //! - In (`Decoder::decode`): JSON as `json.loads` makes it, except `{"$tensor": i}` (the message's
 //!   tensor `i`) and the inline `{"$tensor": {"dtype", "shape", "data"}}`, given to the
-//!   `tensor` hook as a `TensorRef` (a numpy or torch view), and `{"$tensor_ref": {..}}`,
+//!   `tensor` hook as a `TensorRef` (a numpy or torch view; a `DeviceTensor` for a device
+//!   tensor), and `{"$tensor_ref": {..}}`,
 //!   given to the `tensor_ref` hook.
 
 use ferry_core::Tensor;
@@ -19,6 +20,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Value};
 
 use super::errors::{params_error, result_error};
+use crate::device::DeviceTensor;
 use crate::tensors::{OutTensor, TensorRef};
 
 /// How deep params may nest (as the server's parser allows).
@@ -109,6 +111,8 @@ impl<'py> Encoder<'_, 'py> {
         let got = self.hook.call1((obj, self.client))?;
         let tensor = if let Ok(o) = got.cast::<OutTensor>() {
             Some(o.get().take()?)
+        } else if let Ok(d) = got.cast::<DeviceTensor>() {
+            Some(d.get().tensor.clone())
         } else {
             got.cast::<TensorRef>().ok().map(|r| r.get().tensor.clone())
         };
@@ -122,8 +126,8 @@ impl<'py> Encoder<'_, 'py> {
                 obj.py(),
                 format!(
                     "{path} is of type {}.{} ({obj:.60}), which ferry cannot send: pass JSON values (None, bool, \
-                     int, float, str, lists, tuples, dicts with str keys), numpy arrays, CPU torch tensors or \
-                     tensor references; convert it to one of those first",
+                     int, float, str, lists, tuples, dicts with str keys), numpy arrays, torch tensors, CUDA arrays \
+                     (`__cuda_array_interface__`) or tensor references; convert it to one of those first",
                     t.module()?,
                     t.qualname()?
                 ),
@@ -206,6 +210,6 @@ impl<'py> Decoder<'_, 'py> {
             // Another object whose only key is `$tensor` (an OpenRPC schema has one).
             _ => return Ok(None),
         };
-        Ok(Some(self.tensor.call1((Py::new(py, TensorRef::new(t))?,))?))
+        Ok(Some(self.tensor.call1((crate::device::received(py, t)?,))?))
     }
 }

@@ -23,6 +23,11 @@ fn make<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallArgs<'py>
     }
 }
 
+/// `ferry.errors.NAME(args)` for other modules of the binding.
+pub(crate) fn make_error<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallArgs<'py>) -> PyErr {
+    make(py, name, args)
+}
+
 /// `ParamsError(message)`.
 pub(crate) fn params_error(py: Python<'_>, message: String) -> PyErr {
     make(py, "ParamsError", (message,))

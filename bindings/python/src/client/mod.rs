@@ -217,7 +217,9 @@ fn encode(slf: &Bound<'_, Client>, params: &Bound<'_, PyAny>, tensors: &mut Vec<
     let mut enc = Encoder { hook, client: slf.as_any(), tensors: std::mem::take(tensors) };
     let r = enc.value(params, &mut "params".to_owned(), 0);
     *tensors = enc.tensors;
-    match r? {
+    let r = r?;
+    crate::device::check_channels(py, slf.get().rpc.pipe().info(), tensors, "the params")?;
+    match r {
         v @ (Value::Object(_) | Value::Array(_)) => Ok(Some(v)),
         other => Err(errors::params_error(
             py,
@@ -374,6 +376,30 @@ impl Client {
             .detach(|| runtime().block_on(async move { p.pipe().alloc(meta).await }))
             .map_err(|e| errors::pipe_error(py, &self.addr, "allocating a tensor", &e))?;
         Ok(OutTensor::new(t))
+    }
+
+    /// A device tensor on `cuda:device` in the connection's cuda-ipc memory (passed in
+    /// params, it travels without a copy); its contents are unspecified until written.
+    #[pyo3(signature = (shape, dtype, device=0))]
+    fn alloc_device(
+        &self,
+        py: Python<'_>,
+        shape: Vec<u64>,
+        dtype: &str,
+        device: u32,
+    ) -> PyResult<crate::device::DeviceTensor> {
+        let meta = crate::device::device_meta(shape, dtype, device)?;
+        let p = self.rpc.clone();
+        let t = py
+            .detach(|| runtime().block_on(async move { p.pipe().alloc_device(meta).await }))
+            .map_err(|e| crate::device::device_error(py, format!("{}: allocating a device tensor: {e}", self.addr)))?;
+        Ok(crate::device::DeviceTensor::allocated(t))
+    }
+
+    /// The channel negotiated for CUDA tensors (`"cuda-ipc"`), or `None`.
+    #[getter]
+    fn device_channel(&self) -> Option<String> {
+        self.rpc.pipe().info().channels.get(&ferry_core::DeviceKind::Cuda).cloned()
     }
 
     /// Calls `method` (GIL released while it waits, up to `timeout` seconds; `None`: no
