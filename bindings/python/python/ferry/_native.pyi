@@ -2,7 +2,7 @@
 the compiled module by `mypy.stubtest` in CI (`cargo xtask python-server`)."""
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, final
 
 __all__ = [
@@ -172,6 +172,16 @@ class Pipe:
     def send(
         self, header: str, tensors: list[OutTensor | TensorRef], timeout: float | None = None
     ) -> None: ...
+    def send_objects(
+        self,
+        header: Any,
+        tensors: Iterable[Any],
+        timeout: float | None,
+        to_out: Callable[[Any], OutTensor | TensorRef],
+    ) -> None: ...
+    def recv_objects(
+        self, timeout: float | None, to_numpy: Callable[[TensorRef], Any]
+    ) -> tuple[Any, list[Any]]: ...
     def recv(self, timeout: float | None = None) -> Message: ...
     def close(self) -> None: ...
 

@@ -371,7 +371,7 @@ impl Client {
         let meta = meta_of(shape, dtype)?;
         let p = self.rpc.clone();
         let t = py
-            .detach(|| runtime().block_on(async move { p.pipe().alloc(meta).await }))
+            .detach(|| crate::pipe::now_or_block(async move { p.pipe().alloc(meta).await }))
             .map_err(|e| errors::pipe_error(py, &self.addr, "allocating a tensor", &e))?;
         Ok(OutTensor::new(t))
     }
@@ -452,7 +452,14 @@ impl Client {
     fn run(&self, py: Python<'_>, op: Op, timeout: Option<f64>, as_torch: bool) -> PyResult<Py<PyAny>> {
         let limit = wait_limit("call", timeout)?;
         let rpc = self.rpc.clone();
-        let r = py.detach(|| runtime().block_on(op.run(rpc, limit)));
+        let r = py.detach(|| match op {
+            // Sent and waited for on this thread, which reads the answer itself (the wait
+            // policy's spin on a same-host ring, then its futex): no runtime wake-up.
+            Op::Call { method, params, tensors } => {
+                rpc.call_raw_blocking(&method, params, tensors, limit).map(|(v, t)| Outcome::Value(v, t))
+            }
+            op => runtime().block_on(op.run(rpc, limit)),
+        });
         self.finish(py, r, as_torch)
     }
 }
