@@ -264,12 +264,16 @@ fn finish(
     let tensor_ref = hooks.tensor_ref.bind(py);
     match r.map_err(|e| errors::call_error(py, addr, e))? {
         Outcome::Unit => Ok(py.None()),
-        Outcome::Value(v, tensors) => Ok(Decoder { tensor, tensor_ref, tensors: &tensors }.decode(py, &v)?.unbind()),
+        Outcome::Value(v, tensors) => {
+            Ok(Decoder { tensor, tensor_ref, tensors: &tensors, numpy: !as_torch }.decode(py, &v)?.unbind())
+        }
         Outcome::Batch(items) => {
             let list = PyList::empty(py);
             for item in items {
                 list.append(match item {
-                    Ok((v, tensors)) => Decoder { tensor, tensor_ref, tensors: &tensors }.decode(py, &v)?,
+                    Ok((v, tensors)) => {
+                        Decoder { tensor, tensor_ref, tensors: &tensors, numpy: !as_torch }.decode(py, &v)?
+                    }
                     Err(e) => errors::call_error(py, addr, CallError::Rpc(e)).into_value(py).into_bound(py).into_any(),
                 })?;
             }
