@@ -134,10 +134,14 @@ impl Drop for Counted<'_> {
 impl Client {
     /// [`Client::call_raw`] for a plain thread: sends and waits for the answer on this
     /// thread (up to `timeout`; `None`: until it comes or the connection ends), reading
-    /// the pipe itself (see the [module](self)): a same-host ring's answer costs no thread
-    /// wake-up when it comes within the wait policy's spin. Calls from other threads and
-    /// async calls may be in flight at once; answers go to their calls whoever reads them.
-    /// A call that times out is cancelled on the server, as [`Client::call_raw`]'s.
+    /// the pipe itself with [`ferry_core::Pipe::recv_blocking`] (the client's read task
+    /// stands aside meanwhile): a same-host ring's answer costs no thread wake-up when it
+    /// comes within the wait policy's spin, a socket's one wake-up (this thread's). Calls
+    /// from other threads and async calls may be in flight at once; answers go to their
+    /// calls whoever reads them. A call that times out is cancelled on the server, as
+    /// [`Client::call_raw`]'s. Unlike it, the send is bounded by `timeout` too: a request
+    /// that cannot go out in time (a server that does not read) fails with
+    /// [`CallError::Timeout`], nothing sent.
     ///
     /// Not for async tasks: it would hold a runtime worker while it waits.
     pub fn call_raw_blocking(
