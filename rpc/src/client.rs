@@ -9,6 +9,8 @@
 //! - When the server goes away, every call waiting fails with [`CallError::Closed`] at
 //!   once, and later calls fail the same way: nothing hangs.
 
+mod direct;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,6 +70,12 @@ struct Shared {
     next_id: AtomicU64,
     /// Why the pipe ended (the server's CLOSE reason), once it has.
     ended: Mutex<Option<PipeError>>,
+    /// The runtime the client was made on: a call given up on a plain thread sends its
+    /// cancellation from there.
+    handle: tokio::runtime::Handle,
+    /// Blocking calls ([`Client::call_raw_blocking`]) that read the pipe on their own
+    /// threads, and when the last ended: the read loop stands aside meanwhile.
+    direct: direct::Direct,
 }
 
 impl Shared {
@@ -121,13 +129,11 @@ impl Drop for CallGuard {
         if self.shared.pipe.is_closed() {
             return;
         }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let shared = self.shared.clone();
-            let msg = jsonrpc::request(None, "ferry.cancel", Some(json!({ "id": self.id })));
-            rt.spawn(async move {
-                let _ = shared.pipe.send(Message::new(msg)).await;
-            });
-        }
+        let shared = self.shared.clone();
+        let msg = jsonrpc::request(None, "ferry.cancel", Some(json!({ "id": self.id })));
+        self.shared.handle.spawn(async move {
+            let _ = shared.pipe.send(Message::new(msg)).await;
+        });
     }
 }
 
@@ -139,6 +145,8 @@ impl Client {
             pending: Mutex::new(Pending::new()),
             next_id: AtomicU64::new(1),
             ended: Mutex::new(None),
+            handle: tokio::runtime::Handle::current(),
+            direct: direct::Direct::default(),
         });
         let reader = tokio::spawn(read_loop(shared.clone()));
         Client { shared, timeout: None, _reader: Arc::new(AbortOnDrop(reader)) }
@@ -362,26 +370,53 @@ fn encode_params<P: Serialize + ?Sized>(params: &P) -> Result<(Option<Value>, Ve
     }
 }
 
+/// Reads the responses and hands each to its call, except while blocking calls read them
+/// on their own threads ([`direct`]): it then stands aside (its `recv` dropped, which is
+/// cancel-safe) until none has for a while.
 async fn read_loop(shared: Arc<Shared>) {
     loop {
-        match shared.pipe.recv().await {
-            Ok(msg) => match msg.header {
-                Value::Array(items) => {
-                    for item in items {
-                        deliver(&shared, item, msg.tensors.clone());
-                    }
-                }
-                v => deliver(&shared, v, msg.tensors),
-            },
+        if !shared.direct.loop_may_read() {
+            direct::stand_aside(&shared).await;
+            continue;
+        }
+        let r = tokio::select! {
+            biased;
+            () = shared.direct.asked() => continue,
+            r = shared.pipe.recv() => r,
+        };
+        match r {
+            Ok(msg) => received(&shared, msg),
             Err(e) => {
-                *shared.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
-                let waiters = shared.pending().close();
-                for w in waiters {
-                    let _ = w.send(Err(CallError::Closed(e.clone())));
-                }
+                ended(&shared, e);
                 return;
             }
         }
+    }
+}
+
+/// A message read from the pipe: each response in it goes to its call.
+fn received(shared: &Shared, msg: Message) {
+    match msg.header {
+        Value::Array(items) => {
+            for item in items {
+                deliver(shared, item, msg.tensors.clone());
+            }
+        }
+        v => deliver(shared, v, msg.tensors),
+    }
+}
+
+/// The pipe ended with `e`: every call waiting fails with it (the first reason is kept).
+fn ended(shared: &Shared, e: PipeError) {
+    {
+        let mut ended = shared.ended.lock().unwrap_or_else(|e| e.into_inner());
+        if ended.is_none() {
+            *ended = Some(e.clone());
+        }
+    }
+    let waiters = shared.pending().close();
+    for w in waiters {
+        let _ = w.send(Err(CallError::Closed(e.clone())));
     }
 }
 

@@ -327,10 +327,11 @@ impl Context {
         // A full pool makes this wait; a cancelled call stops waiting.
         let t = py
             .detach(|| {
-                runtime().block_on(async {
+                crate::pipe::now_or_block(async {
                     tokio::select! {
-                        r = ctx.alloc(meta) => r,
+                        biased;
                         () = ctx.cancelled() => Err(ErrorObject::cancelled("the call was cancelled while allocating")),
+                        r = ctx.alloc(meta) => r,
                     }
                 })
             })

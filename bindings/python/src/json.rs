@@ -1,9 +1,62 @@
-//! JSON values as Python objects: a call's params reach the app already parsed, so a
-//! handler with plain params is called without a second parse in Python.
+//! JSON values as Python objects and back: a call's params reach the app already parsed,
+//! so a handler with plain params is called without a second parse in Python, and a pipe's
+//! header goes between Python objects and [`Value`]s with no JSON text in between.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::Value;
+
+/// How deep [`from_py_plain`] follows nested lists and dicts before it leaves the value to
+/// `json.dumps` (which has its own limit).
+const PLAIN_DEPTH: usize = 64;
+
+/// `obj` as the JSON value `json.dumps(obj, allow_nan=False)` writes, when it is made of
+/// the exact plain types only (`None`, `bool`, `int` within 64 bits, finite `float`, `str`,
+/// `list`, `tuple`, `dict` with `str` keys); `None` for anything else (a subclass, a
+/// non-`str` key, NaN, a big int, another type, deep nesting): the caller then takes
+/// `json.dumps`'s way, which converts or refuses it as it always did.
+pub fn from_py_plain(obj: &Bound<'_, PyAny>) -> Option<Value> {
+    plain(obj, 0)
+}
+
+fn plain(obj: &Bound<'_, PyAny>, depth: usize) -> Option<Value> {
+    if depth > PLAIN_DEPTH {
+        return None;
+    }
+    if obj.is_none() {
+        return Some(Value::Null);
+    }
+    if let Ok(s) = obj.cast_exact::<PyString>() {
+        return s.to_str().ok().map(|s| Value::String(s.to_owned()));
+    }
+    if let Ok(d) = obj.cast_exact::<PyDict>() {
+        let mut map = serde_json::Map::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let k = k.cast_exact::<PyString>().ok()?.to_str().ok()?;
+            map.insert(k.to_owned(), plain(&v, depth + 1)?);
+        }
+        return Some(Value::Object(map));
+    }
+    if let Ok(b) = obj.cast_exact::<PyBool>() {
+        return Some(Value::Bool(b.is_true()));
+    }
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Ok(i) = obj.extract::<i64>() {
+            return Some(Value::from(i));
+        }
+        return obj.extract::<u64>().ok().map(Value::from);
+    }
+    if let Ok(f) = obj.cast_exact::<PyFloat>() {
+        return serde_json::Number::from_f64(f.value()).map(Value::Number);
+    }
+    if let Ok(l) = obj.cast_exact::<PyList>() {
+        return l.iter().map(|v| plain(&v, depth + 1)).collect::<Option<Vec<_>>>().map(Value::Array);
+    }
+    if let Ok(t) = obj.cast_exact::<PyTuple>() {
+        return t.iter().map(|v| plain(&v, depth + 1)).collect::<Option<Vec<_>>>().map(Value::Array);
+    }
+    None
+}
 
 /// `v` as the object `json.loads` would make of its text: `None`, `bool`, `int`, `float`,
 /// `str`, `list`, `dict` (keys in their order).

@@ -15,7 +15,7 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use crate::device::{DeviceTensor, check_channels, device_meta};
 use crate::runtime;
-use crate::tensors::{OutTensor, TensorRef, meta_of};
+use crate::tensors::{OutTensor, TensorRef, Whole, meta_of};
 
 /// The shm channel's options for `ferry.listen` / `ferry.connect`: its errors name what
 /// Python sets (`shm_pool_mib=`), not Rust fields.
@@ -180,11 +180,123 @@ pub struct Pipe {
     /// What `recv`'s waits taught the wait policy (off the ring: the ring's reader keeps
     /// its own).
     history: Arc<Mutex<SpinHistory>>,
+    /// This pipe's number in the process: the [`OutTensor`]s it allocates carry it
+    /// ([`OutTensor::owned_by`]), so an array over one goes out without a copy here only.
+    id: u64,
 }
 
 impl Pipe {
     fn new(p: ferry_core::Pipe) -> Pipe {
-        Pipe { pipe: Arc::new(p), history: Arc::new(Mutex::new(SpinHistory::new(crate::busy_poll()))) }
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Pipe {
+            pipe: Arc::new(p),
+            history: Arc::new(Mutex::new(SpinHistory::new(crate::busy_poll()))),
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next message.
+    fn recv_message(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<ferry_core::Message> {
+        let limit = wait_limit("recv", timeout)?;
+        let (p, history) = (self.pipe.clone(), self.history.clone());
+        let r = py.detach(|| {
+            if uses_ring(&p) {
+                // Waits on this thread: the ring's spin, then its futex (no runtime wake-up).
+                return match p.recv_blocking(limit) {
+                    Err(ferry_core::PipeError::Timeout(_, "recv_blocking")) => None,
+                    r => Some(r),
+                };
+            }
+            let start = std::time::Instant::now();
+            if let Some(r) = spin_recv(&p, &history) {
+                return Some(r);
+            }
+            let r = runtime().block_on(async {
+                match timeout {
+                    Some(_) => match limit {
+                        Some(d) => tokio::time::timeout(d, p.recv()).await.ok(),
+                        None => Some(p.recv().await),
+                    },
+                    None => Some(p.recv().await),
+                }
+            });
+            history.lock().unwrap_or_else(|e| e.into_inner()).record(Waited::Slept(start.elapsed()));
+            r
+        });
+        match r {
+            None => Err(PyTimeoutError::new_err(format!(
+                "recv(timeout={}): no message arrived within {0} s; pass a longer timeout, or timeout=None to wait until one comes",
+                timeout.unwrap_or_default()
+            ))),
+            Some(r) => r.map_err(|e| io_err("receiving", e)),
+        }
+    }
+
+    /// Sends `header` and `tensors` on this thread (GIL released).
+    fn send_message(
+        &self,
+        py: Python<'_>,
+        header: serde_json::Value,
+        tensors: Vec<Tensor>,
+        limit: Option<Duration>,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        check_channels(py, self.pipe.info(), &tensors, "the message's tensors")?;
+        let p = self.pipe.clone();
+        // On this thread (a Python thread, never a runtime worker): a packed message goes
+        // into the ring with no runtime wake-up (`Pipe::send_blocking`).
+        py.detach(|| p.send_blocking_timeout(ferry_core::Message::with_tensors(header, tensors), limit))
+            .map_err(|e| send_err(e, timeout, self.pipe.is_closed()))
+    }
+
+    /// What sends `x` (see [`Pipe::send_objects`]).
+    fn out_tensor(&self, x: &Bound<'_, PyAny>, to_out: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+        if let Ok(o) = x.cast::<OutTensor>() {
+            return o.get().take();
+        }
+        if let Ok(r) = x.cast::<TensorRef>() {
+            return Ok(r.get().tensor.clone());
+        }
+        if let Ok(d) = x.cast::<DeviceTensor>() {
+            return Ok(d.get().tensor.clone());
+        }
+        match crate::tensors::whole_view(x)? {
+            Some(Whole::Received(r)) => return Ok(r.get().tensor.clone()),
+            Some(Whole::Allocated(o)) if o.get().owner() == self.id => return o.get().take(),
+            _ => {}
+        }
+        if let Some(t) = crate::tensors::small_copy(x)? {
+            return Ok(t);
+        }
+        let out = to_out.call1((x,))?;
+        if let Ok(o) = out.cast::<OutTensor>() {
+            return o.get().take();
+        }
+        if let Ok(r) = out.cast::<TensorRef>() {
+            return Ok(r.get().tensor.clone());
+        }
+        if let Ok(d) = out.cast::<DeviceTensor>() {
+            return Ok(d.get().tensor.clone());
+        }
+        Err(PyTypeError::new_err(format!(
+            "send takes OutTensor, TensorRef or DeviceTensor, not {}",
+            out.get_type().qualname()?
+        )))
+    }
+}
+
+/// `f`'s output: polled once here (in the runtime's context), and when it is not ready at
+/// once (a full pool waiting for room), waited for on the runtime. Most allocations are
+/// ready at the first poll: they then cost no `block_on`.
+pub(crate) fn now_or_block<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let first = {
+        let _rt = runtime().enter();
+        f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    };
+    match first {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => runtime().block_on(f),
     }
 }
 
@@ -249,8 +361,8 @@ impl Pipe {
     fn alloc(&self, py: Python<'_>, shape: Vec<u64>, dtype: &str) -> PyResult<OutTensor> {
         let meta = meta_of(shape, dtype)?;
         let p = self.pipe.clone();
-        let t = py.detach(|| runtime().block_on(p.alloc(meta))).map_err(|e| io_err("allocating", e))?;
-        Ok(OutTensor::new(t))
+        let t = py.detach(|| now_or_block(p.alloc(meta))).map_err(|e| io_err("allocating", e))?;
+        Ok(OutTensor::new(t).owned_by(self.id))
     }
 
     /// Sends a header (JSON text) and tensors ([`OutTensor`] from `alloc`, or received
@@ -276,52 +388,76 @@ impl Pipe {
                 )));
             }
         }
-        check_channels(py, self.pipe.info(), &ts, "the message's tensors")?;
-        let p = self.pipe.clone();
-        // On this thread (a Python thread, never a runtime worker): a packed message goes
-        // into the ring with no runtime wake-up (`Pipe::send_blocking`).
-        py.detach(|| p.send_blocking_timeout(ferry_core::Message::with_tensors(header, ts), limit))
-            .map_err(|e| send_err(e, timeout, self.pipe.is_closed()))
+        self.send_message(py, header, ts, limit, timeout)
+    }
+
+    /// `ferry.Pipe.send`'s work in one call: `header` (any JSON value, turned into JSON
+    /// here, or by `json.dumps` when it holds more than the plain types), and `tensors`:
+    /// [`OutTensor`]s, [`TensorRef`]s and numpy arrays viewing one of them whole go out as
+    /// they are (no copy: a received tensor sent back, an array from `alloc`); anything
+    /// else is given to `to_out` (Python: it copies it into this pipe's memory).
+    #[pyo3(signature = (header, tensors, timeout, to_out))]
+    fn send_objects(
+        &self,
+        py: Python<'_>,
+        header: &Bound<'_, PyAny>,
+        tensors: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        to_out: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let limit = wait_limit("send", timeout)?;
+        let header = match crate::json::from_py_plain(header) {
+            Some(v) => v,
+            None => {
+                // What `json.dumps` makes of it, or its error (TypeError, ValueError).
+                static DUMPS: pyo3::sync::PyOnceLock<Py<PyAny>> = pyo3::sync::PyOnceLock::new();
+                let dumps = DUMPS.import(py, "json", "dumps")?;
+                let kw = pyo3::types::PyDict::new(py);
+                kw.set_item(pyo3::intern!(py, "allow_nan"), false)?;
+                let text: String = dumps.call((header,), Some(&kw))?.extract()?;
+                serde_json::from_str(&text).map_err(|e| PyValueError::new_err(format!("header JSON: {e}")))?
+            }
+        };
+        let mut ts: Vec<Tensor> = Vec::new();
+        for t in tensors.try_iter()? {
+            let t = t?;
+            ts.push(self.out_tensor(&t, to_out)?);
+        }
+        self.send_message(py, header, ts, limit, timeout)
+    }
+
+    /// `ferry.Pipe.recv`'s work in one call: the next message as `(header, arrays)`, the
+    /// header as `json.loads` would make it, each tensor a read-only numpy view (made here
+    /// for numpy's own dtypes, by `to_numpy` for the others).
+    #[pyo3(signature = (timeout, to_numpy))]
+    fn recv_objects<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+        to_numpy: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyList>)> {
+        let msg = self.recv_message(py, timeout)?;
+        let header = crate::json::to_py(py, &msg.header)?;
+        let arrays = PyList::empty(py);
+        for t in msg.tensors {
+            let obj = crate::device::received(py, t)?.into_bound(py);
+            // Device tensors (and dtypes numpy lacks) are `to_numpy`'s.
+            let view = match obj.cast::<TensorRef>() {
+                Ok(r) => crate::tensors::numpy_view(r)?,
+                Err(_) => None,
+            };
+            arrays.append(match view {
+                Some(a) => a,
+                None => to_numpy.call1((obj,))?,
+            })?;
+        }
+        Ok((header, arrays))
     }
 
     /// Waits (GIL released; up to `timeout` seconds, forever if None) for the next message.
     #[pyo3(signature = (timeout=None))]
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
-        let limit = wait_limit("recv", timeout)?;
-        let (p, history) = (self.pipe.clone(), self.history.clone());
-        let r = py.detach(|| {
-            if uses_ring(&p) {
-                // Waits on this thread: the ring's spin, then its futex (no runtime wake-up).
-                return match p.recv_blocking(limit) {
-                    Err(ferry_core::PipeError::Timeout(_, "recv_blocking")) => None,
-                    r => Some(r),
-                };
-            }
-            let start = std::time::Instant::now();
-            if let Some(r) = spin_recv(&p, &history) {
-                return Some(r);
-            }
-            let r = runtime().block_on(async {
-                match timeout {
-                    Some(_) => match limit {
-                        Some(d) => tokio::time::timeout(d, p.recv()).await.ok(),
-                        None => Some(p.recv().await),
-                    },
-                    None => Some(p.recv().await),
-                }
-            });
-            history.lock().unwrap_or_else(|e| e.into_inner()).record(Waited::Slept(start.elapsed()));
-            r
-        });
-        let msg = match r {
-            None => {
-                return Err(PyTimeoutError::new_err(format!(
-                    "recv(timeout={}): no message arrived within {0} s; pass a longer timeout, or timeout=None to wait until one comes",
-                    timeout.unwrap_or_default()
-                )));
-            }
-            Some(r) => r.map_err(|e| io_err("receiving", e))?,
-        };
+        let msg = self.recv_message(py, timeout)?;
         let tensors = msg.tensors.into_iter().map(|t| crate::device::received(py, t)).collect::<PyResult<_>>()?;
         Ok(Message { header: msg.header.to_string(), tensors })
     }

@@ -19,7 +19,8 @@ use ferry_core::{DType, Device, Tensor, TensorMeta, TensorMut};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyTuple, PyType};
 
 /// numpy's type string for a dtype. Types numpy lacks (bf16, the float8s) are given as the
 /// unsigned integer of their size; the Python side views them as their real type (ml_dtypes
@@ -79,6 +80,143 @@ fn array_interface<'py>(
     };
     d.set_item(intern!(py, "strides"), strides)?;
     Ok(d)
+}
+
+/// numpy's objects that the hot paths use, looked up once.
+struct Numpy {
+    ndarray: Py<PyType>,
+    asarray: Py<PyAny>,
+    /// The numpy dtype an array made from a tensor of each of [`DType::ALL`] has (numpy's
+    /// own dtypes are singletons, compared by identity); `None` for the dtypes numpy lacks
+    /// (bf16, the float8s), whose arrays the Python side views as another type.
+    dtypes: Vec<Option<Py<PyAny>>>,
+}
+
+fn numpy(py: Python<'_>) -> PyResult<&Numpy> {
+    static NUMPY: PyOnceLock<Numpy> = PyOnceLock::new();
+    NUMPY.get_or_try_init(py, || {
+        let np = py.import("numpy")?;
+        let dtype = np.getattr("dtype")?;
+        let dtypes = DType::ALL
+            .iter()
+            .map(|d| match d {
+                DType::Bf16 | DType::F8E4M3Fn | DType::F8E5M2 => Ok(None),
+                d => Ok(Some(dtype.call1((typestr(*d),))?.unbind())),
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(Numpy {
+            ndarray: np.getattr("ndarray")?.cast_into()?.unbind(),
+            asarray: np.getattr("asarray")?.unbind(),
+            dtypes,
+        })
+    })
+}
+
+/// The numpy dtype of `d` when numpy has it as its own (see [`Numpy::dtypes`]).
+fn numpy_dtype(np: &Numpy, d: DType) -> Option<&Py<PyAny>> {
+    DType::ALL.iter().position(|x| *x == d).and_then(|i| np.dtypes[i].as_ref())
+}
+
+/// A read-only numpy array viewing `r` whole (no copy), made here when numpy has the
+/// tensor's dtype; `None` for the others (the caller's Python hook views them).
+pub fn numpy_view<'py>(r: &Bound<'py, TensorRef>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = r.py();
+    let np = numpy(py)?;
+    if r.get().tensor.host_bytes().is_none() || numpy_dtype(np, r.get().tensor.dtype()).is_none() {
+        return Ok(None);
+    }
+    np.asarray.bind(py).call1((r,)).map(Some)
+}
+
+/// What a numpy array `x` views, when it is a plain `numpy.ndarray` viewing the whole of a
+/// native tensor (its base), with that tensor's dtype and shape, C-contiguous, and (for a
+/// received tensor) read-only: then the tensor itself goes out, with no copy. `None` for
+/// anything else (the caller copies, or asks the Python side).
+///
+/// numpy sets a view's base to the object that owns the memory, so any view of a tensor's
+/// array has the tensor as its base; a C-contiguous view of as many bytes as the tensor
+/// has, inside its memory, starts at its first byte: it is the whole.
+pub enum Whole<'py> {
+    /// A received tensor, viewed whole and read-only.
+    Received(Bound<'py, TensorRef>),
+    /// A tensor allocated to send, viewed whole.
+    Allocated(Bound<'py, OutTensor>),
+}
+
+/// See [`Whole`].
+pub fn whole_view<'py>(x: &Bound<'py, PyAny>) -> PyResult<Option<Whole<'py>>> {
+    let py = x.py();
+    let np = numpy(py)?;
+    if !x.get_type().is(np.ndarray.bind(py)) {
+        return Ok(None);
+    }
+    let base = x.getattr(intern!(py, "base"))?;
+    let (meta, nbytes, found) = if let Ok(r) = base.cast::<TensorRef>() {
+        let t = &r.get().tensor;
+        (t.meta().clone(), t.host_bytes().map(<[u8]>::len), Whole::Received(r.clone()))
+    } else if let Ok(o) = base.cast::<OutTensor>() {
+        let o2 = o.get();
+        (o2.meta.clone(), Some(o2.nbytes), Whole::Allocated(o.clone()))
+    } else {
+        return Ok(None);
+    };
+    let Some(nbytes) = nbytes else { return Ok(None) };
+    let Some(dtype) = numpy_dtype(np, meta.dtype) else { return Ok(None) };
+    if nbytes == 0 || !meta.is_contiguous() || meta.byte_span().ok() != Some(nbytes as u64) {
+        return Ok(None);
+    }
+    if !x.getattr(intern!(py, "dtype"))?.is(dtype.bind(py)) {
+        return Ok(None);
+    }
+    let shape = x.getattr(intern!(py, "shape"))?;
+    let shape = shape.cast::<PyTuple>()?;
+    if shape.len() != meta.shape.len() {
+        return Ok(None);
+    }
+    for (d, want) in shape.iter().zip(&meta.shape) {
+        if d.extract::<u64>()? != *want {
+            return Ok(None);
+        }
+    }
+    let flags = x.getattr(intern!(py, "flags"))?;
+    if !flags.getattr(intern!(py, "c_contiguous"))?.is_truthy()? {
+        return Ok(None);
+    }
+    if matches!(found, Whole::Received(_)) && flags.getattr(intern!(py, "writeable"))?.is_truthy()? {
+        return Ok(None);
+    }
+    Ok(Some(found))
+}
+
+/// Arrays smaller than this are sent as a copy of their bytes made here ([`small_copy`]):
+/// the shm channel sends tensors under 16 KiB inline (`ShmOptions::inline_below`), where a
+/// copy costs less than a lease of shared memory.
+pub const SMALL_COPY_BELOW: usize = 16 << 10;
+
+/// A copy of a small plain `numpy.ndarray` (a dtype numpy has as its own, in this
+/// machine's byte order; fewer than [`SMALL_COPY_BELOW`] bytes, more than none) as a
+/// tensor, in row-major order whatever its strides; `None` for anything else.
+pub fn small_copy(x: &Bound<'_, PyAny>) -> PyResult<Option<Tensor>> {
+    let py = x.py();
+    let np = numpy(py)?;
+    if !x.get_type().is(np.ndarray.bind(py)) {
+        return Ok(None);
+    }
+    let dt = x.getattr(intern!(py, "dtype"))?;
+    let Some(i) = np.dtypes.iter().position(|d| d.as_ref().is_some_and(|d| d.bind(py).is(&dt))) else {
+        return Ok(None);
+    };
+    let nbytes: usize = x.getattr(intern!(py, "nbytes"))?.extract()?;
+    if nbytes == 0 || nbytes >= SMALL_COPY_BELOW {
+        return Ok(None);
+    }
+    let shape: Vec<u64> = x.getattr(intern!(py, "shape"))?.extract()?;
+    let bytes = x.call_method0(intern!(py, "tobytes"))?;
+    let bytes = bytes.cast::<PyBytes>()?;
+    let meta = TensorMeta::new(DType::ALL[i], shape);
+    Tensor::new(meta, bytes::Bytes::copy_from_slice(bytes.as_bytes()))
+        .map(Some)
+        .map_err(|e| PyValueError::new_err(format!("an array of {nbytes} bytes: {e}")))
 }
 
 /// A received tensor: read-only, zero-copy, holding its memory until the last view dies.
@@ -183,6 +321,8 @@ pub struct OutTensor {
     meta: TensorMeta,
     ptr: usize,
     nbytes: usize,
+    /// The pipe whose memory it is ([`OutTensor::owned_by`]; 0: none said).
+    owner: u64,
 }
 
 impl OutTensor {
@@ -191,7 +331,19 @@ impl OutTensor {
         let meta = t.meta().clone();
         let bytes = t.as_bytes_mut();
         let (ptr, nbytes) = (bytes.as_mut_ptr() as usize, bytes.len());
-        OutTensor { state: Mutex::new(Out::Open(t)), meta, ptr, nbytes }
+        OutTensor { state: Mutex::new(Out::Open(t)), meta, ptr, nbytes, owner: 0 }
+    }
+
+    /// Marks it as allocated by the pipe numbered `owner` (so that only that pipe sends an
+    /// array over it without a copy).
+    pub fn owned_by(mut self, owner: u64) -> OutTensor {
+        self.owner = owner;
+        self
+    }
+
+    /// The pipe it was allocated by ([`OutTensor::owned_by`]; 0: none said).
+    pub fn owner(&self) -> u64 {
+        self.owner
     }
 
     /// The tensor to send. Its bytes stay valid while this object lives.

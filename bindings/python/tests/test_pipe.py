@@ -249,3 +249,73 @@ def test_headers_must_be_json(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
 def test_connect_to_nobody() -> None:
     with pytest.raises(ConnectionError):
         ferry.connect(unique_addr("nobody"))
+
+
+def test_headers_arrive_as_json_dumps_writes_them(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
+    """Plain headers are turned into JSON natively, the rest by `json.dumps`: either way
+    the peer gets what `json.loads(json.dumps(header))` gives (tuples as lists, non-str
+    keys as strings, str and int subclasses as their values)."""
+    import enum
+    import json
+
+    class Kind(str, enum.Enum):
+        A = "a"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    a, b = pair
+    deep: Any = "leaf"
+    for _ in range(100):
+        deep = [deep]
+    headers: list[Any] = [
+        {"t": (1, 2.5, (None, True)), "u": "é\u2603", "n": -(2**63), "m": 2**64 - 1},
+        {1: "one", 2.5: "x", None: "none", False: "no"},
+        {"kind": Kind.A, "level": Level.HIGH},
+        deep,
+        [],
+        "text",
+        0.1,
+    ]
+    for h in headers:
+        a.send(h)
+        assert b.recv(timeout=WAIT)[0] == json.loads(json.dumps(h)), h
+
+
+def test_views_of_received_and_allocated_tensors(pair: tuple[ferry.Pipe, ferry.Pipe]) -> None:
+    """An array that is a received tensor, or an allocated one, whole goes back without a
+    copy (the sender gets its own memory back); a part of one, or a view as another dtype,
+    is copied, with its own shape and dtype."""
+    a, b = pair
+    out = a.alloc((BIG,), "f32")
+    out[...] = np.arange(BIG, dtype=np.float32)
+    a.send({}, [out])
+    _, ts = b.recv(timeout=WAIT)
+    got = ts[0]
+    b.send({}, [got, got[1:], got.view(np.int32), got.reshape(128, 128)])
+    _, back = a.recv(timeout=WAIT)
+    ptr = out.__array_interface__["data"][0]
+    assert back[0].__array_interface__["data"][0] == ptr, "the whole went back as it is"
+    np.testing.assert_array_equal(back[0], out)
+    assert back[1].__array_interface__["data"][0] != ptr, "a part is copied"
+    np.testing.assert_array_equal(back[1], out[1:])
+    assert back[2].dtype == np.int32
+    np.testing.assert_array_equal(back[2], out.view(np.int32))
+    assert back[3].shape == (128, 128)
+    np.testing.assert_array_equal(back[3], out.reshape(128, 128))
+    # An array from another pipe's alloc is copied into this one's memory.
+    addr = unique_addr("other")
+    listener = ferry.listen(addr)
+    got_other: list[Any] = []
+    t = threading.Thread(target=lambda: got_other.append(ferry.connect(addr)), daemon=True)
+    t.start()
+    c = listener.accept(timeout=WAIT)
+    t.join(WAIT)
+    foreign = got_other[0].alloc((BIG,), "f32")
+    foreign[...] = 4.0
+    a.send({}, [foreign])
+    _, ts = b.recv(timeout=WAIT)
+    np.testing.assert_array_equal(ts[0], np.full(BIG, 4.0, np.float32))
+    foreign[...] = 5.0
+    np.testing.assert_array_equal(ts[0], np.full(BIG, 4.0, np.float32))
+    c.close()

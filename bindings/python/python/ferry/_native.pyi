@@ -2,7 +2,7 @@
 the compiled module by `mypy.stubtest` in CI (`cargo xtask python-server`)."""
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, final
 
 __all__ = [
@@ -228,6 +228,16 @@ class Pipe:
         tensors: list[OutTensor | TensorRef | DeviceTensor],
         timeout: float | None = None,
     ) -> None: ...
+    def send_objects(
+        self,
+        header: Any,
+        tensors: Iterable[Any],
+        timeout: float | None,
+        to_out: Callable[[Any], OutTensor | TensorRef | DeviceTensor],
+    ) -> None: ...
+    def recv_objects(
+        self, timeout: float | None, to_numpy: Callable[[TensorRef | DeviceTensor], Any]
+    ) -> tuple[Any, list[Any]]: ...
     def recv(self, timeout: float | None = None) -> Message: ...
     def close(self) -> None: ...
 

@@ -1,8 +1,9 @@
 """`ferry.listen` / `ferry.connect`: a header and tensors, without JSON-RPC.
 
 Over shm both directions are zero-copy: received tensors are read-only numpy views of the
-peer's memory; an array from `Pipe.alloc` is sent without a copy (any other array is
-copied once into the pipe's memory).
+peer's memory; an array from `Pipe.alloc`, or a received one sent back whole, is sent
+without a copy. Any other array is copied once: into the pipe's memory, or, under 16 KiB,
+into the message itself (a copy costs less than sharing memory there).
 
 CUDA tensors go over the cuda-ipc channel where both ends negotiated it (one host, two
 processes, a shared GPU): received ones are `ferry.DeviceTensor`s mapping the peer's
@@ -99,22 +100,26 @@ class Pipe:
         bounds that wait: past it, `TimeoutError`, and nothing was sent (the pipe stays
         open). If the peer process dies meanwhile, the send fails with
         `BrokenPipeError` (a `ConnectionError`) and the pipe is closed."""
-        outs = [
-            _tensors.to_out(t, self._native.alloc, self._allocated, None, self._devices)
-            for t in tensors
-        ]
-        self._native.send(json.dumps(header, allow_nan=False), outs, timeout)
+        # In one native call: the header turned into JSON there (`json.dumps` only for
+        # what is not plain JSON types), received tensors and arrays from `alloc` sent as
+        # they are; `_to_out` copies any other array into this pipe's memory (a CUDA
+        # tensor: on the device, into the cuda-ipc pool).
+        self._native.send_objects(header, tensors, timeout, self._to_out)
+
+    def _to_out(self, x: object) -> _tensors.Out:
+        return _tensors.to_out(x, self._native.alloc, self._allocated, None, self._devices)
+
+    def _received(self, t: Any) -> Any:
+        out = _tensors.to_numpy(t)
+        if isinstance(out, _native.DeviceTensor):  # a view of it sent back: by reference
+            _tensors.remember(self._devices, out)
+        return out
 
     def recv(self, timeout: float | None = None) -> tuple[Any, list[Any]]:
         """The next message: its header and its tensors (read-only numpy views, and
         `DeviceTensor`s for CUDA tensors; released when the last reference dies).
         `TimeoutError` after `timeout` seconds."""
-        m = self._native.recv(timeout)
-        out = [_tensors.to_numpy(t) for t in m.tensors]
-        for t in out:
-            if isinstance(t, _native.DeviceTensor):  # a view of it sent back: by reference
-                _tensors.remember(self._devices, t)
-        return json.loads(m.header), out
+        return self._native.recv_objects(timeout, self._received)
 
     def close(self) -> None:
         """Closes the pipe: the peer's `recv` fails with `ConnectionError`. Safe to call

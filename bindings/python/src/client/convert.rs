@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 
 use super::errors::{params_error, result_error};
 use crate::device::DeviceTensor;
-use crate::tensors::{OutTensor, TensorRef};
+use crate::tensors::{OutTensor, TensorRef, Whole};
 
 /// How deep params may nest (as the server's parser allows).
 const MAX_DEPTH: usize = 128;
@@ -108,6 +108,18 @@ impl<'py> Encoder<'_, 'py> {
 
     /// A value that is not plain JSON: a tensor, or what the hook stands in for it.
     fn other(&mut self, obj: &Bound<'py, PyAny>, path: &mut String, depth: usize) -> PyResult<Value> {
+        // The common tensors without the hook: a numpy array viewing a received or an
+        // allocated tensor whole (sent as it is), a small array (its bytes copied here,
+        // sent inline).
+        let native = match crate::tensors::whole_view(obj)? {
+            Some(Whole::Received(r)) => Some(r.get().tensor.clone()),
+            Some(Whole::Allocated(o)) => Some(o.get().take()?),
+            None => crate::tensors::small_copy(obj)?,
+        };
+        if let Some(t) = native {
+            self.tensors.push(t);
+            return Ok(serde_json::json!({ TENSOR_KEY: self.tensors.len() - 1 }));
+        }
         let got = self.hook.call1((obj, self.client))?;
         let tensor = if let Ok(o) = got.cast::<OutTensor>() {
             Some(o.get().take()?)
@@ -148,6 +160,9 @@ pub(crate) struct Decoder<'a, 'py> {
     pub tensor_ref: &'a Bound<'py, PyAny>,
     /// The message's tensors.
     pub tensors: &'a [Tensor],
+    /// Whether `tensor` makes numpy arrays (those of numpy's own dtypes are then made
+    /// here, as it would).
+    pub numpy: bool,
 }
 
 impl<'py> Decoder<'_, 'py> {
@@ -210,6 +225,13 @@ impl<'py> Decoder<'_, 'py> {
             // Another object whose only key is `$tensor` (an OpenRPC schema has one).
             _ => return Ok(None),
         };
-        Ok(Some(self.tensor.call1((crate::device::received(py, t)?,))?))
+        let obj = crate::device::received(py, t)?.into_bound(py);
+        if self.numpy
+            && let Ok(r) = obj.cast::<TensorRef>()
+            && let Some(a) = crate::tensors::numpy_view(r)?
+        {
+            return Ok(Some(a));
+        }
+        Ok(Some(self.tensor.call1((obj,))?))
     }
 }

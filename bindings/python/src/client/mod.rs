@@ -266,12 +266,16 @@ fn finish(
     let tensor_ref = hooks.tensor_ref.bind(py);
     match r.map_err(|e| errors::call_error(py, addr, e))? {
         Outcome::Unit => Ok(py.None()),
-        Outcome::Value(v, tensors) => Ok(Decoder { tensor, tensor_ref, tensors: &tensors }.decode(py, &v)?.unbind()),
+        Outcome::Value(v, tensors) => {
+            Ok(Decoder { tensor, tensor_ref, tensors: &tensors, numpy: !as_torch }.decode(py, &v)?.unbind())
+        }
         Outcome::Batch(items) => {
             let list = PyList::empty(py);
             for item in items {
                 list.append(match item {
-                    Ok((v, tensors)) => Decoder { tensor, tensor_ref, tensors: &tensors }.decode(py, &v)?,
+                    Ok((v, tensors)) => {
+                        Decoder { tensor, tensor_ref, tensors: &tensors, numpy: !as_torch }.decode(py, &v)?
+                    }
                     Err(e) => errors::call_error(py, addr, CallError::Rpc(e)).into_value(py).into_bound(py).into_any(),
                 })?;
             }
@@ -373,7 +377,7 @@ impl Client {
         let meta = meta_of(shape, dtype)?;
         let p = self.rpc.clone();
         let t = py
-            .detach(|| runtime().block_on(async move { p.pipe().alloc(meta).await }))
+            .detach(|| crate::pipe::now_or_block(async move { p.pipe().alloc(meta).await }))
             .map_err(|e| errors::pipe_error(py, &self.addr, "allocating a tensor", &e))?;
         Ok(OutTensor::new(t))
     }
@@ -478,7 +482,14 @@ impl Client {
     fn run(&self, py: Python<'_>, op: Op, timeout: Option<f64>, as_torch: bool) -> PyResult<Py<PyAny>> {
         let limit = wait_limit("call", timeout)?;
         let rpc = self.rpc.clone();
-        let r = py.detach(|| runtime().block_on(op.run(rpc, limit)));
+        let r = py.detach(|| match op {
+            // Sent and waited for on this thread, which reads the answer itself (the wait
+            // policy's spin on a same-host ring, then its futex): no runtime wake-up.
+            Op::Call { method, params, tensors } => {
+                rpc.call_raw_blocking(&method, params, tensors, limit).map(|(v, t)| Outcome::Value(v, t))
+            }
+            op => runtime().block_on(op.run(rpc, limit)),
+        });
         self.finish(py, r, as_torch)
     }
 }
