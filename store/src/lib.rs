@@ -33,6 +33,7 @@ mod bucket;
 pub mod delta;
 pub mod delta_serve;
 mod device;
+mod digests;
 mod manifest;
 mod placed;
 pub mod placement;
@@ -49,6 +50,7 @@ pub use placed::{DeviceTierOptions, PlacedRefs, PlacementOptions, RefState, poli
 #[cfg(feature = "cuda")]
 pub use refs::device_or_shared_copy;
 pub use refs::{shared_copy, shared_tensor_mut};
+pub use share::FromBuilder;
 pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 
 /// Options of a [`Store`].

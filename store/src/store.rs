@@ -45,6 +45,10 @@ pub struct Manifest {
     pub(crate) columns: OnceLock<crate::manifest::Columns>,
     /// Each entry's BLAKE3 digest (of its bytes), once computed.
     pub(crate) tensor_digests: OnceLock<Arc<Vec<[u8; 32]>>>,
+    /// Digests to take from the version before (the tensors it shares storage with).
+    pub(crate) inherit: crate::digests::Inherit,
+    /// Bytes hashed to compute `tensor_digests` (the tensors not inherited).
+    pub(crate) digested_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Manifest {
@@ -75,6 +79,12 @@ impl Manifest {
     /// digest; PROTOCOL.md §23), once the tensors' digests are computed.
     pub fn tree_digest(&self) -> Option<String> {
         Some(crate::manifest::tree_digest(&self.entries, &self.tensor_digests()?))
+    }
+
+    /// Bytes hashed to compute the tensors' digests (0 until computed): the tensors that
+    /// do not share storage with the version before, whose digests are taken from it.
+    pub fn digested_bytes(&self) -> u64 {
+        self.digested_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -110,20 +120,29 @@ impl Version {
     }
 
     /// Each tensor's BLAKE3 digest, in the order of the manifest's entries: computed once
-    /// per version (by the digest thread after publishing, or here), then remembered in the
+    /// per version (by the digest thread after publishing, or here; a second caller waits
+    /// for the first), several tensors at a time, taken from the version before for the
+    /// tensors whose storage it shares ([`crate::digests`]), then remembered in the
     /// manifest. A tensor in a device bucket cannot be hashed here: [`StoreError::Invalid`].
     pub fn tensor_digests(&self) -> Result<Arc<Vec<[u8; 32]>>, StoreError> {
         if let Some(d) = self.manifest.tensor_digests.get() {
             return Ok(d.clone());
         }
-        let mut out = Vec::with_capacity(self.manifest.entries.len());
+        let mut bytes = Vec::with_capacity(self.manifest.entries.len());
         for (i, e) in self.manifest.entries.iter().enumerate() {
-            let bytes = self
-                .entry_bytes(i)
-                .ok_or_else(|| StoreError::Invalid(format!("tensor {:?} is not in host memory: no digest", e.0)))?;
-            out.push(*blake3::hash(&bytes).as_bytes());
+            bytes.push(
+                self.entry_bytes(i)
+                    .ok_or_else(|| StoreError::Invalid(format!("tensor {:?} is not in host memory: no digest", e.0)))?,
+            );
         }
-        Ok(self.manifest.tensor_digests.get_or_init(|| Arc::new(out)).clone())
+        let m = &self.manifest;
+        Ok(m.tensor_digests
+            .get_or_init(|| {
+                let (d, n) = crate::digests::compute(&bytes, &m.inherit.take());
+                m.digested_bytes.store(n, std::sync::atomic::Ordering::Relaxed);
+                Arc::new(d)
+            })
+            .clone())
     }
 
     /// The host bytes of the `i`-th entry (`None` in a device bucket).
@@ -250,6 +269,9 @@ pub struct Store {
     pub(crate) opts: StoreOptions,
     pub(crate) state: Mutex<State>,
     pub(crate) placement: OnceLock<Arc<crate::PlacedRefs>>,
+    /// Counts the changes of latest versions (publish, unpublish): what
+    /// [`Store::wait_latest`] waits on.
+    pub(crate) changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -270,7 +292,12 @@ pub struct BundleStatus {
 impl Store {
     /// An empty store.
     pub fn new(opts: StoreOptions) -> Arc<Store> {
-        Arc::new(Store { opts, state: Mutex::new(State::default()), placement: OnceLock::new() })
+        Arc::new(Store {
+            opts,
+            state: Mutex::new(State::default()),
+            placement: OnceLock::new(),
+            changes: tokio::sync::watch::Sender::new(0),
+        })
     }
 
     /// Its options.
@@ -304,6 +331,36 @@ impl Store {
         }
     }
 
+    /// The number of the latest version of `name` (`None`: none).
+    pub fn latest_version(&self, name: &str) -> Option<u64> {
+        lock(&self.state).bundles.get(name)?.latest.as_ref().map(|v| v.manifest.version)
+    }
+
+    /// Waits, at most `limit`, until bundle `name` has a latest version other than `held`
+    /// (`None`: until it has one), and returns the latest version then (`held`, or `None`,
+    /// when the time ran out). Woken by each publish, not by polling: a reader that holds
+    /// version N and waits this way hears of N+1 as it is published.
+    pub async fn wait_latest(&self, name: &str, held: Option<u64>, limit: std::time::Duration) -> Option<u64> {
+        let mut changes = self.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // (Subscribed before looking: a publish in between marks the receiver changed.)
+            let now = self.latest_version(name);
+            if now.is_some() && now != held {
+                return now;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return self.latest_version(name),
+            }
+        }
+    }
+
+    /// Tells [`Store::wait_latest`]'s waiters that a latest version changed.
+    pub(crate) fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// The manifest of version `n` of `name` if the store remembers it
     /// ([`StoreOptions::delta_history`]), whether or not its storage lives.
     pub(crate) fn remembered(&self, name: &str, n: u64) -> Option<Arc<Manifest>> {
@@ -334,6 +391,8 @@ impl Store {
             slot.old.push(Old { buckets: v.buckets.iter().map(Bucket::downgrade).collect(), manifest: v.manifest });
         }
         st.prune(self.opts.delta_history);
+        drop(st);
+        self.changed();
         Ok(())
     }
 
@@ -353,6 +412,7 @@ impl Store {
             slot.orphan = true;
         }
         drop(st);
+        self.changed();
         let n = dropped.len();
         // Freeing memory no reader holds takes about 0.2 s per GiB: not on the closing
         // connection's time.
@@ -459,6 +519,11 @@ impl Store {
             slot.latest.iter().chain(&slot.bases).flat_map(|v| v.buckets.iter().map(Bucket::key)).collect();
         let new_bytes = buckets.iter().filter(|b| !before.contains(&b.key())).map(|b| b.len() as u64).sum();
         slot.next += 1;
+        // The digests of the tensors that stay where they were come from the version before.
+        let inherit = match &slot.latest {
+            Some(p) => crate::digests::Inherit::of(&p.manifest, &p.buckets, &entries, &buckets),
+            None => crate::digests::Inherit::default(),
+        };
         let manifest = Arc::new(Manifest {
             name: name.to_owned(),
             version: slot.next,
@@ -470,6 +535,8 @@ impl Store {
             digest: cell.clone(),
             columns: OnceLock::new(),
             tensor_digests: OnceLock::new(),
+            inherit,
+            digested_bytes: Default::default(),
         });
         let v = Version { manifest, buckets };
         let prev = slot.latest.replace(v.clone());
@@ -491,6 +558,7 @@ impl Store {
             }
         }
         drop(st);
+        self.changed();
         free_later(dropped_bases);
         // Freeing a superseded version no reader holds unmaps and frees its memory (about
         // 0.2 s per GiB): not on the publisher's time.
