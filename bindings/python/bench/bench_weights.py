@@ -21,6 +21,7 @@ All processes share this machine's cores: on N hosts each subscriber would have 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -174,7 +175,20 @@ class Net:
     def limit(self, rate: str) -> None:
         pre = ("ip", "netns", "exec", "fwb-pub", "tc", "qdisc")
         sh(*pre, "del", "dev", "eth0", "root", check=False)
-        sh(*pre, "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "8mb", "latency", "200ms")
+        sh(
+            *pre,
+            "add",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "8mb",
+            "latency",
+            "200ms",
+        )
 
     def cleanup(self) -> None:
         for ns in getattr(self, "names", []) or [
@@ -266,10 +280,8 @@ def run_rate(net: Net | None, rate: str, a: argparse.Namespace) -> dict[str, Any
         r["delta"] = {"pub": pub, "subs": done, "store": last[-1] if last else None}
     finally:
         for p in [*subs, store]:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 send(p, "quit")
-            except (BrokenPipeError, OSError):
-                pass
             try:
                 p.wait(60)
             except subprocess.TimeoutExpired:
@@ -303,9 +315,10 @@ def same_host(a: argparse.Namespace) -> dict[str, Any]:
         u = sub.update(timeout=900)
         r["delta_sent"], r["delta_full"] = u["sent_bytes"], u["full_bytes"]
         t0 = time.perf_counter()
-        pub.publish({n: sd[n] for n in list(sd)[:1]}, version=3, changed=[list(sd)[0]])
+        first = next(iter(sd))
+        pub.publish({first: sd[first]}, version=3, changed=[first])
         r["publish_one_changed"] = time.perf_counter() - t0
-        r["one_changed_bytes"] = sd[list(sd)[0]].numel() * 2
+        r["one_changed_bytes"] = sd[first].numel() * 2
     # What the step changed: tensors, elements, pages.
     changed_tensors, changed_elems, pages, touched = 0, 0, 0, 0
     idx_all = []
@@ -382,19 +395,45 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]], same: dict[str, An
         d, rate = r["delta"], r["rate"]
         applied = max(s["applied"] for s in d["subs"]) - d["pub"]["t0"]
         sent = d["subs"][0]["sent_bytes"]
-        row(rate, "full transfer (`open_weights`, QUIC)", f"{r['full']['s']:.2f}", f"{r['full']['bytes']:,}")
-        row(rate, "first sync (`update` from nothing, verified)", f"{r['sync']['s']:.2f}",
-            f"{r['sync']['bytes']:,}")
-        row(rate, "ferry delta, publish -> all applied (`wait_for` + `apply_to`)", f"{applied:.2f}",
-            f"{sent:,} ({sent / full_b:.2%})")
+        row(
+            rate,
+            "full transfer (`open_weights`, QUIC)",
+            f"{r['full']['s']:.2f}",
+            f"{r['full']['bytes']:,}",
+        )
+        row(
+            rate,
+            "first sync (`update` from nothing, verified)",
+            f"{r['sync']['s']:.2f}",
+            f"{r['sync']['bytes']:,}",
+        )
+        row(
+            rate,
+            "ferry delta, publish -> all applied (`wait_for` + `apply_to`)",
+            f"{applied:.2f}",
+            f"{sent:,} ({sent / full_b:.2%})",
+        )
         if r.get("gloo_s") is not None:
             row(rate, "torch.distributed broadcast (gloo)", f"{r['gloo_s']:.2f}", f"{full_b:,}")
     if same:
-        row("same host", "safetensors file re-read (page cache warm)", f"{same['st_load']:.2f}",
-            f"{full_b:,}")
+        row(
+            "same host",
+            "safetensors file re-read (page cache warm)",
+            f"{same['st_load']:.2f}",
+            f"{full_b:,}",
+        )
     print("\n### Where the delta's time went (seconds after `publish` was called)\n")
-    row("link", "publish returned", "store: delta started", "store: digests", "store: diff",
-        "first answer in", "last answer in", "last copy checked+written", "last model applied")
+    row(
+        "link",
+        "publish returned",
+        "store: delta started",
+        "store: digests",
+        "store: diff",
+        "first answer in",
+        "last answer in",
+        "last copy checked+written",
+        "last model applied",
+    )
     row(*["---"] * 9)
     for r in rows:
         d = r["delta"]
@@ -421,21 +460,35 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]], same: dict[str, An
         d, rate = r["delta"], r["rate"]
         sent = d["subs"][0]["sent_bytes"]
         ratio = (max(s["applied"] for s in d["subs"]) - d["pub"]["t0"]) / r["full"]["s"]
-        row(f"{rate}: delta bytes <= 3% of full", f"{sent / full_b:.2%}", verdict(sent <= 0.03 * full_b))
+        row(
+            f"{rate}: delta bytes <= 3% of full",
+            f"{sent / full_b:.2%}",
+            verdict(sent <= 0.03 * full_b),
+        )
         note = "" if rate == "1gbit" else " (the target is at 1 Gbit/s)"
-        row(f"{rate}: publish -> all applied <= 0.1x full transfer", f"{ratio:.3f}x",
-            verdict(ratio <= 0.1) + note)
+        row(
+            f"{rate}: publish -> all applied <= 0.1x full transfer",
+            f"{ratio:.3f}x",
+            verdict(ratio <= 0.1) + note,
+        )
     if not same:
         return
     s = same
-    row("same host: publish <= 2x a copy of the changed tensors' bytes into new memory",
+    row(
+        "same host: publish <= 2x a copy of the changed tensors' bytes into new memory",
         f"{s['publish'] / s['copy_new']:.2f}x ({s['publish']:.3f} s / {s['copy_new']:.3f} s)",
-        verdict(s["publish"] <= 2 * s["copy_new"]))
-    row("same host: against a copy into memory already mapped",
+        verdict(s["publish"] <= 2 * s["copy_new"]),
+    )
+    row(
+        "same host: against a copy into memory already mapped",
         f"{s['publish'] / s['copy_mapped']:.2f}x ({s['copy_mapped']:.3f} s)",
-        verdict(s["publish"] <= 2 * s["copy_mapped"]))
-    row("same host: against a copy of the changed elements only",
-        f"{s['publish'] / s['copy_elems']:.1f}x ({s['copy_elems']:.3f} s)", "see the pages")
+        verdict(s["publish"] <= 2 * s["copy_mapped"]),
+    )
+    row(
+        "same host: against a copy of the changed elements only",
+        f"{s['publish'] / s['copy_elems']:.1f}x ({s['copy_elems']:.3f} s)",
+        "see the pages",
+    )
     print("\n### Same host\n")
     print(
         f"- changed: {s['changed_tensors']} of {n} tensors ({s['changed_tensor_bytes']:,} B),"
@@ -491,7 +544,10 @@ def main() -> None:
             why = f"{' '.join(e.cmd)}: {e.stderr.strip()}"
     if net is None:
         print(f"bench-weights: no network namespaces ({why}): loopback, no tc limit", flush=True)
-    print(f"bench-weights: {os.cpu_count()} cores shared by the store and {a.subs} subscribers", flush=True)
+    print(
+        f"bench-weights: {os.cpu_count()} cores shared by the store and {a.subs} subscribers",
+        flush=True,
+    )
     rows: list[dict[str, Any]] = []
     try:
         for rate in a.rates.split(",") if net else ["loopback"]:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any, final
 
 __all__ = [
+    "BuilderSlot",
     "Client",
     "Context",
     "Done",
@@ -20,6 +21,7 @@ __all__ = [
     "StoreServer",
     "TensorHost",
     "TensorRef",
+    "VersionBuilder",
     "WeightsSubscriber",
     "__version__",
     "connect",

@@ -222,7 +222,9 @@ def _publish_local(
                 keep = (
                     dt == r.dtype
                     and tuple(a.shape) == tuple(r.shape)
-                    and _same_bytes(a.reshape(-1).view(np.uint8), np.asarray(r).reshape(-1).view(np.uint8))
+                    and _same_bytes(
+                        a.reshape(-1).view(np.uint8), np.asarray(r).reshape(-1).view(np.uint8)
+                    )
                 )
             plan.append((n, keep))
     specs: list[tuple[str, str, list[int], bool]] = []
@@ -237,12 +239,12 @@ def _publish_local(
             specs.append((n, dt, [int(x) for x in a.shape], False))
             sources.append(a)
     b = server._build(name, base, specs)
-    for i, a in enumerate(sources):
-        slot = None if a is None else b.slot(i)
-        if slot is None or a is None:
+    for i, src in enumerate(sources):
+        slot = None if src is None else b.slot(i)
+        if slot is None or src is None:
             continue
         dst: np.ndarray[Any, Any] = np.asarray(slot)
-        np.copyto(dst, a.reshape(-1).view(np.uint8))
+        np.copyto(dst, src.reshape(-1).view(np.uint8))
         del dst, slot
     return b.commit(json.dumps(meta))
 
