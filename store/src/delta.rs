@@ -245,10 +245,7 @@ impl Store {
             }
             tensors.push(td);
         }
-        let times = DeltaTimes {
-            digests_ms: (t1 - t0).as_secs_f64() * 1e3,
-            diff_ms: t1.elapsed().as_secs_f64() * 1e3,
-        };
+        let times = DeltaTimes { digests_ms: (t1 - t0).as_secs_f64() * 1e3, diff_ms: t1.elapsed().as_secs_f64() * 1e3 };
         let d = Delta {
             name: man.name.clone(),
             version: man.version,

@@ -14,11 +14,13 @@ use bytes::Bytes;
 use crate::bucket::Bucket;
 use crate::{Entry, Manifest};
 
-/// Where a version's entries can take their digests from: for each entry, the index of the
-/// entry of the version before (held weakly: the link never keeps it alive) in the same
-/// bucket range. Taken by the first computation.
+/// The version before (held weakly: the link never keeps it alive) and, for each entry,
+/// the index of its entry in the same bucket range.
+type Link = (Weak<Manifest>, Vec<Option<u32>>);
+
+/// Where a version's entries can take their digests from. Taken by the first computation.
 #[derive(Debug, Default)]
-pub(crate) struct Inherit(Mutex<Option<(Weak<Manifest>, Vec<Option<u32>>)>>);
+pub(crate) struct Inherit(Mutex<Option<Link>>);
 
 impl Inherit {
     /// The entries of a version (`entries` over `buckets`) that lie where entries of `prev`
@@ -30,7 +32,8 @@ impl Inherit {
         };
         let before: HashMap<(usize, u64, u64), u32> =
             prev.entries.iter().enumerate().filter_map(|(j, e)| Some((key(prev_buckets, e)?, j as u32))).collect();
-        let map: Vec<Option<u32>> = entries.iter().map(|e| key(buckets, e).and_then(|k| before.get(&k).copied())).collect();
+        let map: Vec<Option<u32>> =
+            entries.iter().map(|e| key(buckets, e).and_then(|k| before.get(&k).copied())).collect();
         if map.iter().all(Option::is_none) {
             return Inherit::default();
         }
@@ -52,7 +55,8 @@ impl Inherit {
 pub(crate) fn compute(bytes: &[Bytes], known: &[Option<[u8; 32]>]) -> (Vec<[u8; 32]>, u64) {
     let todo: Vec<usize> = (0..bytes.len()).filter(|&i| known.get(i).copied().flatten().is_none()).collect();
     let hashed = parallel_map(todo.len(), |k| *blake3::hash(&bytes[todo[k]]).as_bytes());
-    let mut out: Vec<[u8; 32]> = (0..bytes.len()).map(|i| known.get(i).copied().flatten().unwrap_or_default()).collect();
+    let mut out: Vec<[u8; 32]> =
+        (0..bytes.len()).map(|i| known.get(i).copied().flatten().unwrap_or_default()).collect();
     let mut n = 0u64;
     for (k, d) in hashed.into_iter().enumerate() {
         out[todo[k]] = d;

@@ -78,7 +78,14 @@ impl Held {
 
     /// The params of `store.delta` asking for version `to` (default the latest) from this.
     pub fn params(&self, to: Option<u64>) -> DeltaParams {
-        DeltaParams { name: self.name.clone(), from: self.version, from_tree: self.tree.clone(), to, sparse: true, wait_ms: None }
+        DeltaParams {
+            name: self.name.clone(),
+            from: self.version,
+            from_tree: self.tree.clone(),
+            to,
+            sparse: true,
+            wait_ms: None,
+        }
     }
 }
 

@@ -296,7 +296,8 @@ impl FromBuilder {
     pub fn commit(mut self, metadata: Value) -> Result<Version, StoreError> {
         if let Some(prev) = &self.prev {
             for &(i, j) in &self.refill {
-                let src = prev.entry_bytes(j).ok_or_else(|| StoreError::NotFound(format!("{:?}", self.tensors[i].0)))?;
+                let src =
+                    prev.entry_bytes(j).ok_or_else(|| StoreError::NotFound(format!("{:?}", self.tensors[i].0)))?;
                 let slot = self.slots[i].expect("a refilled tensor has a slot");
                 self.builder.tensor_mut_at(slot).expect("one builder slot per copied tensor").copy_from_slice(&src);
             }

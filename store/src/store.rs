@@ -130,10 +130,10 @@ impl Version {
         }
         let mut bytes = Vec::with_capacity(self.manifest.entries.len());
         for (i, e) in self.manifest.entries.iter().enumerate() {
-            bytes.push(
-                self.entry_bytes(i)
-                    .ok_or_else(|| StoreError::Invalid(format!("tensor {:?} is not in host memory: no digest", e.0)))?,
-            );
+            bytes
+                .push(self.entry_bytes(i).ok_or_else(|| {
+                    StoreError::Invalid(format!("tensor {:?} is not in host memory: no digest", e.0))
+                })?);
         }
         let m = &self.manifest;
         Ok(m.tensor_digests

@@ -99,7 +99,8 @@ fn a_version_built_from_the_latest_keeps_what_it_names_and_holds_what_was_writte
     v2.manifest().wait_digest();
     assert_eq!(v2.manifest().new_bytes, 4 * N as u64, "one tensor's bytes are new");
     assert_eq!(v2.manifest().digested_bytes(), 4 * N as u64);
-    let got: Vec<f32> = v2.tensors().iter().map(|(_, t)| f32::from_le_bytes(t.as_bytes()[..4].try_into().unwrap())).collect();
+    let got: Vec<f32> =
+        v2.tensors().iter().map(|(_, t)| f32::from_le_bytes(t.as_bytes()[..4].try_into().unwrap())).collect();
     assert_eq!(got, vec![0.0, 1.0, 2.0, 3.0, 9.0, 5.0, 6.0, 7.0]);
     digests_true(&v2);
     // Against a base that is no longer the latest: refused at the commit.

@@ -78,7 +78,8 @@ impl VersionBuilder {
     /// made from it before `commit`.
     fn slot(slf: &Bound<'_, Self>, i: usize) -> PyResult<Option<BuilderSlot>> {
         let me = slf.get();
-        let mut guard = me.builder.lock().map_err(|_| PyRuntimeError::new_err("a version builder's lock was poisoned"))?;
+        let mut guard =
+            me.builder.lock().map_err(|_| PyRuntimeError::new_err("a version builder's lock was poisoned"))?;
         let b = guard.as_mut().ok_or_else(|| PyRuntimeError::new_err("this version was committed"))?;
         let Some(bytes) = b.tensor_mut(i) else { return Ok(None) };
         let (ptr, len) = (bytes.as_mut_ptr() as usize, bytes.len());
