@@ -540,6 +540,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                 })?;
                 let mut store = crate::weights::store_options(budget_mib, bucket_mib, !no_digest)?;
                 store.delta_bases = delta_bases;
+                store.spare_buckets = true;
                 let access = crate::weights::access(token, max_connections);
                 let busy_poll = serve_busy_poll(None)?;
                 let (addr, files) = crate::weights::address_and_files(files, addr)?;

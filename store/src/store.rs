@@ -220,6 +220,8 @@ pub(crate) struct State {
     pub(crate) bundles: BTreeMap<String, Slot>,
     /// Bytes held by builders not committed yet.
     building: u64,
+    /// New buckets made ready for the next publish ([`StoreOptions::spare_buckets`]).
+    spares: Vec<BucketMut>,
 }
 
 impl State {
@@ -244,7 +246,7 @@ impl State {
     /// Bytes of live buckets, each counted once however many versions share it.
     fn used(&self) -> u64 {
         let mut seen = HashSet::new();
-        let mut sum = self.building;
+        let mut sum = self.building + self.spares.iter().map(|b| b.as_slice().len() as u64).sum::<u64>();
         for s in self.bundles.values() {
             for b in s.latest.iter().chain(&s.bases).flat_map(|v| &v.buckets) {
                 if seen.insert(b.key()) {
@@ -448,7 +450,15 @@ impl Store {
         let mut buckets = Vec::with_capacity(bucket_lens.len());
         for len in &bucket_lens {
             let len = usize::try_from(*len).map_err(|_| StoreError::Invalid("bucket too large".into()))?;
-            buckets.push(BucketMut::create(len).map_err(StoreError::Io)?);
+            let spare = {
+                let mut st = lock(&self.state);
+                let i = st.spares.iter().position(|b| b.as_slice().len() == len);
+                i.map(|i| st.spares.swap_remove(i))
+            };
+            buckets.push(match spare {
+                Some(b) => b,
+                None => BucketMut::create(len).map_err(StoreError::Io)?,
+            });
         }
         let entries =
             specs.into_iter().zip(&places).map(|((n, m), &(b, off))| Entry(n, m.dtype, m.shape, b, off)).collect();
@@ -469,6 +479,14 @@ impl Store {
         }
         st.prune(self.opts.delta_history);
         let mut used = st.used();
+        if used.saturating_add(bytes) > self.opts.budget_bytes && !st.spares.is_empty() {
+            // Spare buckets go first, then the versions kept only for deltas.
+            let spares = std::mem::take(&mut st.spares);
+            drop(st);
+            drop(spares);
+            st = lock(&self.state);
+            used = st.used();
+        }
         if used.saturating_add(bytes) > self.opts.budget_bytes && st.bundles.values().any(|s| !s.bases.is_empty()) {
             // The versions kept only for deltas go first (readers keep what they hold).
             let bases: Vec<Version> = st.bundles.values_mut().flat_map(|s| s.bases.drain(..)).collect();
@@ -573,6 +591,9 @@ impl Store {
                 // (Host buckets only: a device version has no tensor digests until asked.)
                 let _ =
                     for_hash.buckets.iter().all(|b| matches!(b, Bucket::Host(_))).then(|| for_hash.tensor_digests());
+                // The tensors' digests are what readers of deltas wait for; the bundle
+                // digest takes the cores they leave.
+                background_priority();
                 let d = version_digest(&for_hash, read2.as_ref());
                 // The buckets are let go before the digest is told: who waited for it may
                 // count on this thread holding nothing.
@@ -595,6 +616,42 @@ impl Store {
         );
         Ok(v)
     }
+}
+
+/// Lowers the calling thread's priority (nice 10; on Linux the nice value is per thread):
+/// background work takes the cores that publishers and readers leave.
+fn background_priority() {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::process::setpriority_process(None, 10);
+}
+
+/// Makes spare buckets of `lens` ready for the next publish ([`StoreOptions::spare_buckets`])
+/// on a thread of its own at a low priority: each page written once, so the next publish
+/// copies into memory already there. Never past the budget, and never more spare bytes
+/// than `lens` add up to.
+fn make_spares(store: Arc<Store>, lens: Vec<usize>) {
+    let total: u64 = lens.iter().map(|&l| l as u64).sum();
+    let _ = std::thread::Builder::new().name("ferry-store-spare".into()).spawn(move || {
+        background_priority();
+        for len in lens {
+            {
+                let st = lock(&store.state);
+                let spare: u64 = st.spares.iter().map(|b| b.as_slice().len() as u64).sum();
+                if spare + len as u64 > total || st.used() + len as u64 > store.opts.budget_bytes {
+                    return;
+                }
+            }
+            let Ok(mut b) = BucketMut::create(len) else { return };
+            for x in b.as_mut_slice().iter_mut().step_by(4096) {
+                *x = 0;
+            }
+            let mut st = lock(&store.state);
+            if st.used() + len as u64 > store.opts.budget_bytes {
+                return; // (a publish took the room meanwhile: `b` is freed)
+            }
+            st.spares.push(b);
+        }
+    });
 }
 
 /// Drops `versions`; where that frees memory (about 0.2 s per GiB to unmap), on a thread of
@@ -744,9 +801,14 @@ impl BundleBuilder {
             })
             .collect();
         let store = reservation.store.clone();
+        let lens: Vec<usize> =
+            all[shift as usize..].iter().filter(|b| matches!(b, Bucket::Host(_))).map(Bucket::len).collect();
         // The committed version is counted from here on; the reservation ends as it is.
         let v = store.commit(&name, &by, entries, all, metadata, None, base);
         drop(reservation);
+        if v.is_ok() && store.opts.spare_buckets && !lens.is_empty() {
+            make_spares(store, lens);
+        }
         v
     }
 }

@@ -181,3 +181,36 @@ async fn wait_latest_returns_the_next_version_or_the_held_one_when_the_time_runs
     let v2 = store.publish("m", state(&|_| 1.0), Value::Null, None).unwrap();
     assert_eq!(tokio::time::timeout(T, waiter).await.unwrap().unwrap(), Some(v2.manifest().version));
 }
+
+#[test]
+fn spare_buckets_are_made_after_a_publish_filled_by_the_next_and_let_go_under_the_budget() {
+    let v = 8 * 4 * N as u64; // one version: eight 16 KiB tensors in one bucket
+    let store = Store::new(StoreOptions {
+        budget_bytes: 2 * v + 4096,
+        bucket_bytes: 1 << 20,
+        spare_buckets: true,
+        ..StoreOptions::default()
+    });
+    let v1 = store.publish("m", state(&|_| 0.0), Value::Null, None).unwrap();
+    v1.manifest().wait_digest();
+    // The spare is made in the background (bounded wait).
+    let mut waited = 0;
+    while store.used_bytes() < 2 * v && waited < 3000 {
+        std::thread::sleep(Duration::from_millis(1));
+        waited += 1;
+    }
+    assert_eq!(store.used_bytes(), 2 * v, "version 1 and a spare bucket of its size");
+    // Version 1 still held, version 2 needs a bucket: the spare is it (within the budget).
+    let v2 = store.publish("m", state(&|_| 0.5), Value::Null, None).unwrap();
+    v2.manifest().wait_digest();
+    digests_true(&v2);
+    let got: Vec<f32> =
+        v2.tensors().iter().map(|(_, t)| f32::from_le_bytes(t.as_bytes()[..4].try_into().unwrap())).collect();
+    assert_eq!(got, (0..8).map(|i| i as f32 + 0.5).collect::<Vec<_>>());
+    // Version 2 held as well: a third needs room the spare (if any was made again) gives up.
+    let v3 = store.publish("m", state(&|_| 0.25), Value::Null, None);
+    assert!(matches!(v3, Err(StoreError::Budget { .. })), "three versions do not fit: {v3:?}");
+    drop(v1);
+    let v3 = store.publish("m", state(&|_| 0.25), Value::Null, None).unwrap();
+    digests_true(&v3);
+}

@@ -136,6 +136,9 @@ impl StoreServer {
         .map_err(err)?;
         let mut store = ferry_commands::weights::store_options(budget_mib, bucket_mib, digest).map_err(err)?;
         store.delta_bases = delta_bases;
+        // A store served for weight sync gets a version per training step: its next buckets
+        // are made ready between publishes.
+        store.spare_buckets = true;
         let o = WeightsOptions {
             files,
             name,

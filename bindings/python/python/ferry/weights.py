@@ -266,6 +266,9 @@ class Subscriber:
         self._n = native
         # The version (store number, tree digest) each model was last brought to.
         self._models: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
+        # Models that cannot be weakly referenced (a dict of tensors), by id, with the
+        # addresses of their tensors (an id reused by another dict does not match).
+        self._plain: dict[int, tuple[tuple[tuple[str, int], ...], tuple[int, str]]] = {}
         self.last_update: dict[str, int] | None = None
         """What the last update did (`update`'s result), `None` before the first."""
 
@@ -380,7 +383,12 @@ class Subscriber:
                     f"tensor {n!r}: the model's dtype is {t.dtype}, the version's {dt}", n
                 )
         key = _weak_key(model)
-        held = self._models.get(key) if key is not None else None
+        prints = tuple((n, int(t.data_ptr())) for n, t in targets.items())
+        if key is not None:
+            held = self._models.get(key)
+        else:
+            plain = self._plain.get(id(model))
+            held = plain[1] if plain is not None and plain[0] == prints else None
         last = self._n.last_delta()
         with torch.no_grad():
             if held == (v, tree):
@@ -406,6 +414,10 @@ class Subscriber:
                     t.copy_(_as_dtype(to_torch(r), t.dtype).view(t.shape))
         if key is not None:
             self._models[key] = (v, tree)
+        else:
+            self._plain[id(model)] = (prints, (v, tree))
+            while len(self._plain) > 16:
+                del self._plain[next(iter(self._plain))]
         return _version_of(self.metadata, v)
 
     def store_stats(self) -> list[dict[str, Any]]:
