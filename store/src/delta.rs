@@ -282,11 +282,13 @@ pub(crate) fn sparse(old: &[u8], new: &[u8], dtype: DType) -> Option<(Tensor, Te
     // Sparse only while strictly smaller than the whole tensor.
     let max = (new.len().saturating_sub(1)) / (isz + size);
     let idx = changed_elements(old, new, size, max)?;
-    let mut vals = Vec::with_capacity(idx.len() * size);
-    for &i in &idx {
-        let at = i as usize * size;
-        vals.extend_from_slice(&new[at..at + size]);
-    }
+    let vals = match size {
+        1 => gather::<1>(new, &idx),
+        2 => gather::<2>(new, &idx),
+        4 => gather::<4>(new, &idx),
+        8 => gather::<8>(new, &idx),
+        _ => idx.iter().flat_map(|&i| &new[i as usize * size..(i as usize + 1) * size]).copied().collect(),
+    };
     let k = idx.len() as u64;
     let index = if wide {
         Tensor::from_slice(vec![k], &idx).ok()?
@@ -296,6 +298,16 @@ pub(crate) fn sparse(old: &[u8], new: &[u8], dtype: DType) -> Option<(Tensor, Te
     };
     let values = Tensor::new(TensorMeta::new(dtype, vec![k]), Bytes::from(vals)).ok()?;
     Some((index, values))
+}
+
+/// The `S`-byte elements of `new` at `idx` (in range: found by [`changed_elements`]).
+fn gather<const S: usize>(new: &[u8], idx: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(idx.len() * S);
+    for &i in idx {
+        let at = i as usize * S;
+        out.extend_from_slice(&new[at..at + S]);
+    }
+    out
 }
 
 /// The indices of the elements (`size` bytes each) whose bits differ between `old` and
@@ -313,11 +325,14 @@ pub(crate) fn changed_elements(old: &[u8], new: &[u8], size: usize, max: usize) 
     if 8 % size == 0 {
         let per = 8 / size;
         let words = old.len() / 8;
+        // One element's bits in a little-endian word (element j at bits 8*size*j..).
+        let mask = if size == 8 { u64::MAX } else { (1u64 << (size * 8)) - 1 };
         for (w, (a, b)) in old.chunks_exact(8).zip(new.chunks_exact(8)).enumerate() {
-            let (x, y) = (u64::from_ne_bytes(a.try_into().ok()?), u64::from_ne_bytes(b.try_into().ok()?));
-            if x != y {
+            let (x, y) = (u64::from_le_bytes(a.try_into().ok()?), u64::from_le_bytes(b.try_into().ok()?));
+            let d = x ^ y;
+            if d != 0 {
                 for j in 0..per {
-                    if a[j * size..(j + 1) * size] != b[j * size..(j + 1) * size] && !push(w * per + j, &mut out) {
+                    if (d >> (j * size * 8)) & mask != 0 && !push(w * per + j, &mut out) {
                         return None;
                     }
                 }

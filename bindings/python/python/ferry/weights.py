@@ -16,6 +16,12 @@ sub.apply_to(engine_model)  # in place: same storage, CUDA graphs stay valid
 - The store (`ferry serve-weights`, `ferry.StoreServer`) keeps each version; a new one
   shares every unchanged tensor with the one before (`store.publish`; with
   `changed=[...]` the unchanged ones are not even sent: `base`, `Store::publish_delta`).
+  A `Publisher` given the `StoreServer` itself publishes without a connection: the
+  changed tensors are copied once, straight into the new version's buckets
+  (`Store::builder_from`), which the store makes ready between publishes.
+- `wait_for` is a long poll (`store.delta` with `wait_ms`): the store answers as the
+  version is published, and computes each delta once for every subscriber at the same
+  version (it keeps the version before: `delta_bases`).
 - A subscriber holds a verified copy of one version and moves to the next by
   `store.delta` (PROTOCOL.md §23): per tensor nothing, its changed elements, or the whole
   tensor. Every digest is checked (Rust `ferry_store::replica::apply`) before anything is
