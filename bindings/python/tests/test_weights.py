@@ -330,3 +330,29 @@ def test_wait_for_a_version_not_published_yet_returns_when_it_is_or_times_out(
     pub.publish(step(v1, 0.01, 9), version=2)
     t.join(WAIT)
     assert got == [2] and sub.version == 2
+
+
+def test_apply_to_a_dict_of_tensors_writes_only_the_changed_elements_the_second_time(
+    store: ferry.StoreServer,
+) -> None:
+    pub = fw.Publisher(store, "m")
+    sub = fw.subscribe(store.addr, "m")
+    v1 = {"x": torch.arange(1000, dtype=torch.float32)}
+    pub.publish(v1, version=1)
+    sub.wait_for(1, timeout=WAIT)
+    model = {"x": torch.zeros(1000)}
+    sub.apply_to(model)
+    assert torch.equal(model["x"], v1["x"])
+    # A mark in an element the next version does not change: a delta written as a delta
+    # (only the changed elements) leaves it; a whole copy would not.
+    model["x"][0] = -5.0
+    v2 = {"x": v1["x"].clone()}
+    v2["x"][500] = 0.5
+    pub.publish(v2, version=2)
+    sub.wait_for(2, timeout=WAIT)
+    sub.apply_to(model)
+    assert float(model["x"][500]) == 0.5 and float(model["x"][0]) == -5.0
+    # Another dict (other tensors) is not taken for the one brought to version 2.
+    other = {"x": torch.zeros(1000)}
+    sub.apply_to(other)
+    assert torch.equal(other["x"], v2["x"])
