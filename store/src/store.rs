@@ -122,7 +122,7 @@ impl Version {
     /// Each tensor's BLAKE3 digest, in the order of the manifest's entries: computed once
     /// per version (by the digest thread after publishing, or here; a second caller waits
     /// for the first), several tensors at a time, taken from the version before for the
-    /// tensors whose storage it shares ([`crate::digests`]), then remembered in the
+    /// tensors whose storage it shares (a bucket never changes once published), then remembered in the
     /// manifest. A tensor in a device bucket cannot be hashed here: [`StoreError::Invalid`].
     pub fn tensor_digests(&self) -> Result<Arc<Vec<[u8; 32]>>, StoreError> {
         if let Some(d) = self.manifest.tensor_digests.get() {
