@@ -163,6 +163,11 @@ enum Cmd {
         /// Do not compute BLAKE3 digests of versions (readers cannot then check one).
         #[arg(long)]
         no_digest: bool,
+        /// Superseded versions of each bundle the store keeps so that readers one step
+        /// behind get sparse deltas, only the changed elements (`store.delta`); each costs
+        /// the memory its version does not share with the next.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        delta_bases: usize,
         /// Place tensor references in a cpu tier above a disk tier, moved by this policy:
         /// pinned, genoa, lru or flow (default: no tiers, references stay in memory).
         #[arg(long, value_name = "POLICY")]
@@ -511,6 +516,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                 budget_mib,
                 bucket_mib,
                 no_digest,
+                delta_bases,
                 placement,
                 cpu_budget_mib,
                 disk_budget_mib,
@@ -532,7 +538,9 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                     cuda_budget_mib,
                     cuda_device,
                 })?;
-                let store = crate::weights::store_options(budget_mib, bucket_mib, !no_digest)?;
+                let mut store = crate::weights::store_options(budget_mib, bucket_mib, !no_digest)?;
+                store.delta_bases = delta_bases;
+                store.spare_buckets = true;
                 let access = crate::weights::access(token, max_connections);
                 let busy_poll = serve_busy_poll(None)?;
                 let (addr, files) = crate::weights::address_and_files(files, addr)?;

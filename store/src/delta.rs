@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use ferry_core::{DType, Tensor, TensorMeta};
@@ -41,6 +42,13 @@ pub struct DeltaParams {
     /// Allow sparse tensors (default true); false: only `same` and `dense`.
     #[serde(default = "yes")]
     pub sparse: bool,
+    /// Milliseconds to wait, when `to` is absent, for a latest version other than `from`
+    /// (a long poll: the answer comes as the next version is published); absent or 0:
+    /// answer at once. When the time runs out the answer is the latest version then
+    /// (possibly `from` itself: every tensor `same`); NOT_FOUND if the bundle still has
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -144,11 +152,36 @@ impl Base {
     }
 }
 
+/// What computing a delta took ([`Store::delta_timed`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeltaTimes {
+    /// Milliseconds to get both versions' tensor digests (computed here unless the digest
+    /// thread had already, or inherited from the version before: [`crate::Manifest::digested_bytes`]).
+    pub digests_ms: f64,
+    /// Milliseconds to compare the changed tensors element by element and gather the changes.
+    pub diff_ms: f64,
+}
+
+/// How one tensor of M goes, before its bytes are looked at.
+enum Plan {
+    Same,
+    /// Diffed against the base's tensor `j` (sparse when smaller).
+    Diff(usize),
+    Dense,
+}
+
 impl Store {
     /// Version `p.to` (default the latest) of `p.name` as a delta from version `p.from`,
     /// per tensor the smallest of nothing, its changed elements and the whole tensor. Reads
-    /// every changed tensor of both versions (call it off an async runtime's threads).
+    /// every changed tensor of both versions, several tensors at a time (call it off an async
+    /// runtime's threads).
     pub fn delta(&self, p: &DeltaParams) -> Result<Delta, StoreError> {
+        self.delta_timed(p).map(|(d, _)| d)
+    }
+
+    /// [`Store::delta`], and what its parts took.
+    pub fn delta_timed(&self, p: &DeltaParams) -> Result<(Delta, DeltaTimes), StoreError> {
+        let t0 = Instant::now();
         let m = self.open(&p.name, p.to)?;
         let md = m.tensor_digests()?;
         let man = m.manifest();
@@ -160,11 +193,32 @@ impl Store {
                 p.from_tree.as_deref().is_none_or(|want| want == t)
             }),
         };
+        let t1 = Instant::now();
         let index: HashMap<&str, usize> =
             base.iter().flat_map(|b| b.manifest().entries.iter().enumerate().map(|(i, e)| (e.0.as_str(), i))).collect();
+        let mut plans = Vec::with_capacity(man.entries.len());
+        for (i, e) in man.entries.iter().enumerate() {
+            let old = base.as_ref().zip(index.get(e.0.as_str())).filter(|(b, j)| {
+                let o = &b.manifest().entries[**j];
+                o.1 == e.1 && o.2 == e.2
+            });
+            plans.push(match old {
+                Some((b, &j)) if b.digests()[j] == md[i] => Plan::Same,
+                Some((Base::Whole(..), &j)) if p.sparse => Plan::Diff(j),
+                _ => Plan::Dense,
+            });
+        }
+        // The changed tensors, compared several at a time.
+        let diffs = crate::digests::parallel_map(plans.len(), |i| match (&plans[i], &base) {
+            (Plan::Diff(j), Some(Base::Whole(v, _))) => {
+                let (a, z) = (v.entry_bytes(*j)?, m.entry_bytes(i)?);
+                sparse(&a, &z, man.entries[i].1)
+            }
+            _ => None,
+        });
         let (mut full, mut sent) = (0u64, 0u64);
         let mut tensors = Vec::with_capacity(man.entries.len());
-        for (i, e) in man.entries.iter().enumerate() {
+        for ((i, e), diff) in man.entries.iter().enumerate().zip(diffs) {
             let len = e.byte_len().ok_or_else(|| StoreError::Invalid(format!("tensor {:?} overflows", e.0)))?;
             full += len;
             let mut td = TensorDelta {
@@ -177,34 +231,22 @@ impl Store {
                 index: None,
                 values: None,
             };
-            let old = base.as_ref().zip(index.get(e.0.as_str())).filter(|(b, j)| {
-                let o = &b.manifest().entries[**j];
-                o.1 == e.1 && o.2 == e.2
-            });
-            if let Some((b, &j)) = old {
-                if b.digests()[j] == md[i] {
-                    td.change = Change::Same;
-                    tensors.push(td);
-                    continue;
-                }
-                if let (Base::Whole(v, _), true) = (b, p.sparse) {
-                    let (a, z) = (v.entry_bytes(j), m.entry_bytes(i));
-                    if let Some((idx, vals)) = a.zip(z).and_then(|(a, z)| sparse(&a, &z, e.1)) {
-                        sent += (idx.nbytes() + vals.nbytes()) as u64;
-                        (td.change, td.index, td.values) =
-                            (Change::Sparse, Some(RpcTensor(idx)), Some(RpcTensor(vals)));
-                        tensors.push(td);
-                        continue;
-                    }
-                }
+            if matches!(plans[i], Plan::Same) {
+                td.change = Change::Same;
+            } else if let Some((idx, vals)) = diff {
+                sent += (idx.nbytes() + vals.nbytes()) as u64;
+                (td.change, td.index, td.values) = (Change::Sparse, Some(RpcTensor(idx)), Some(RpcTensor(vals)));
+            } else {
+                let t = m
+                    .tensors_at(i)
+                    .ok_or_else(|| StoreError::Invalid(format!("tensor {:?} is not on the host", e.0)))?;
+                sent += len;
+                td.data = Some(RpcTensor(t));
             }
-            let t =
-                m.tensors_at(i).ok_or_else(|| StoreError::Invalid(format!("tensor {:?} is not on the host", e.0)))?;
-            sent += len;
-            td.data = Some(RpcTensor(t));
             tensors.push(td);
         }
-        Ok(Delta {
+        let times = DeltaTimes { digests_ms: (t1 - t0).as_secs_f64() * 1e3, diff_ms: t1.elapsed().as_secs_f64() * 1e3 };
+        let d = Delta {
             name: man.name.clone(),
             version: man.version,
             base: base.as_ref().map(|b| b.manifest().version),
@@ -216,7 +258,8 @@ impl Store {
             tensors,
             full_bytes: full,
             sent_bytes: sent,
-        })
+        };
+        Ok((d, times))
     }
 
     /// Version `n` of `name` as the store still knows it, if at all.
@@ -239,11 +282,13 @@ pub(crate) fn sparse(old: &[u8], new: &[u8], dtype: DType) -> Option<(Tensor, Te
     // Sparse only while strictly smaller than the whole tensor.
     let max = (new.len().saturating_sub(1)) / (isz + size);
     let idx = changed_elements(old, new, size, max)?;
-    let mut vals = Vec::with_capacity(idx.len() * size);
-    for &i in &idx {
-        let at = i as usize * size;
-        vals.extend_from_slice(&new[at..at + size]);
-    }
+    let vals = match size {
+        1 => gather::<1>(new, &idx),
+        2 => gather::<2>(new, &idx),
+        4 => gather::<4>(new, &idx),
+        8 => gather::<8>(new, &idx),
+        _ => idx.iter().flat_map(|&i| &new[i as usize * size..(i as usize + 1) * size]).copied().collect(),
+    };
     let k = idx.len() as u64;
     let index = if wide {
         Tensor::from_slice(vec![k], &idx).ok()?
@@ -253,6 +298,16 @@ pub(crate) fn sparse(old: &[u8], new: &[u8], dtype: DType) -> Option<(Tensor, Te
     };
     let values = Tensor::new(TensorMeta::new(dtype, vec![k]), Bytes::from(vals)).ok()?;
     Some((index, values))
+}
+
+/// The `S`-byte elements of `new` at `idx` (in range: found by [`changed_elements`]).
+fn gather<const S: usize>(new: &[u8], idx: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(idx.len() * S);
+    for &i in idx {
+        let at = i as usize * S;
+        out.extend_from_slice(&new[at..at + S]);
+    }
+    out
 }
 
 /// The indices of the elements (`size` bytes each) whose bits differ between `old` and
@@ -270,11 +325,14 @@ pub(crate) fn changed_elements(old: &[u8], new: &[u8], size: usize, max: usize) 
     if 8 % size == 0 {
         let per = 8 / size;
         let words = old.len() / 8;
+        // One element's bits in a little-endian word (element j at bits 8*size*j..).
+        let mask = if size == 8 { u64::MAX } else { (1u64 << (size * 8)) - 1 };
         for (w, (a, b)) in old.chunks_exact(8).zip(new.chunks_exact(8)).enumerate() {
-            let (x, y) = (u64::from_ne_bytes(a.try_into().ok()?), u64::from_ne_bytes(b.try_into().ok()?));
-            if x != y {
+            let (x, y) = (u64::from_le_bytes(a.try_into().ok()?), u64::from_le_bytes(b.try_into().ok()?));
+            let d = x ^ y;
+            if d != 0 {
                 for j in 0..per {
-                    if a[j * size..(j + 1) * size] != b[j * size..(j + 1) * size] && !push(w * per + j, &mut out) {
+                    if (d >> (j * size * 8)) & mask != 0 && !push(w * per + j, &mut out) {
                         return None;
                     }
                 }

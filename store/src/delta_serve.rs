@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::delta::{Delta, DeltaParams};
+use crate::delta::{Delta, DeltaParams, DeltaTimes};
 use crate::{Store, StoreError};
 
 /// Deltas a store keeps by default ([`DeltaServer::new`]).
@@ -46,6 +46,29 @@ pub struct DeltaStat {
     pub full_bytes: u64,
 }
 
+/// One delta the store computed (`store.delta.timings`): where the time between a
+/// publish and the readers' answers went on the store's side.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct DeltaTiming {
+    /// The bundle.
+    pub name: String,
+    /// The version it is from (`None`: from nothing).
+    pub from: Option<u64>,
+    /// The version it makes.
+    pub to: u64,
+    /// When that version was published (milliseconds since the Unix epoch).
+    pub published_ms: u64,
+    /// When the computation started (milliseconds since the Unix epoch, fractional).
+    pub started_ms: f64,
+    /// What its parts took.
+    pub times: DeltaTimes,
+    /// Bytes of tensor data in it.
+    pub sent_bytes: u64,
+}
+
+/// Computations [`DeltaServer`] remembers for `store.delta.timings`.
+pub const DELTA_TIMINGS_KEPT: usize = 16;
+
 /// The cache and the counts behind `store.delta` and `store.delta.stats`.
 #[derive(Debug)]
 pub struct DeltaServer {
@@ -53,19 +76,60 @@ pub struct DeltaServer {
     capacity: usize,
     cache: Mutex<VecDeque<(Key, Slot)>>,
     stats: Mutex<HashMap<u64, DeltaStat>>,
+    timings: Mutex<VecDeque<DeltaTiming>>,
+}
+
+fn now_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
 impl DeltaServer {
     /// Serves `store`'s deltas, keeping the latest `capacity` of them (0: none).
     pub fn new(store: Arc<Store>, capacity: usize) -> DeltaServer {
-        DeltaServer { store, capacity, cache: Mutex::new(VecDeque::new()), stats: Mutex::new(HashMap::new()) }
+        DeltaServer {
+            store,
+            capacity,
+            cache: Mutex::new(VecDeque::new()),
+            stats: Mutex::new(HashMap::new()),
+            timings: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The store served.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// [`Store::delta_timed`], remembered for [`DeltaServer::timings`].
+    fn compute(&self, p: &DeltaParams) -> Result<Delta, StoreError> {
+        let started_ms = now_ms();
+        let (d, times) = self.store.delta_timed(p)?;
+        let mut t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        t.push_back(DeltaTiming {
+            name: d.name.clone(),
+            from: d.base,
+            to: d.version,
+            published_ms: d.published_ms,
+            started_ms,
+            times,
+            sent_bytes: d.sent_bytes,
+        });
+        while t.len() > DELTA_TIMINGS_KEPT {
+            t.pop_front();
+        }
+        Ok(d)
+    }
+
+    /// The last deltas computed (at most [`DELTA_TIMINGS_KEPT`]), oldest first.
+    pub fn timings(&self) -> Vec<DeltaTiming> {
+        self.timings.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 
     /// [`Store::delta`], from the cache when another reader asked for the same one.
     /// Blocking (call it off an async runtime's threads).
     pub fn delta(&self, p: &DeltaParams) -> Result<Arc<Delta>, StoreError> {
         if self.capacity == 0 {
-            return self.store.delta(p).map(Arc::new);
+            return self.compute(p).map(Arc::new);
         }
         let m = self.store.open(&p.name, p.to)?;
         let key = Key {
@@ -94,7 +158,7 @@ impl DeltaServer {
         if let Some(d) = &*got {
             return Ok(d.clone());
         }
-        let d = Arc::new(self.store.delta(&DeltaParams { to: Some(m.manifest().version), ..p.clone() })?);
+        let d = Arc::new(self.compute(&DeltaParams { to: Some(m.manifest().version), ..p.clone() })?);
         *got = Some(d.clone());
         Ok(d)
     }

@@ -33,6 +33,7 @@ mod bucket;
 pub mod delta;
 pub mod delta_serve;
 mod device;
+mod digests;
 mod manifest;
 mod placed;
 pub mod placement;
@@ -49,6 +50,7 @@ pub use placed::{DeviceTierOptions, PlacedRefs, PlacementOptions, RefState, poli
 #[cfg(feature = "cuda")]
 pub use refs::device_or_shared_copy;
 pub use refs::{shared_copy, shared_tensor_mut};
+pub use share::FromBuilder;
 pub use store::{BundleBuilder, BundleStatus, HostRead, Manifest, Owner, Store, Version};
 
 /// Options of a [`Store`].
@@ -73,6 +75,14 @@ pub struct StoreOptions {
     /// (default 64): a reader at one of them whose storage is gone gets nothing for the
     /// tensors that did not change and whole tensors for the others.
     pub delta_history: usize,
+    /// After each publish, make ready in the background (at a low priority) new buckets of
+    /// the sizes that publish made, their pages already in memory, for the next publish to
+    /// fill (default false). Writing a version into memory never touched costs the kernel a
+    /// page fault per 4 KiB (on some virtual machines more than the copy itself); with
+    /// spares a publisher in a loop (a trainer) pays it between publishes, not in them.
+    /// Spares count in [`StoreOptions::budget_bytes`] and are let go first when a publish
+    /// would go past it.
+    pub spare_buckets: bool,
 }
 
 impl Default for StoreOptions {
@@ -83,6 +93,7 @@ impl Default for StoreOptions {
             digest: true,
             delta_bases: 0,
             delta_history: 64,
+            spare_buckets: false,
         }
     }
 }

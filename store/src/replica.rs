@@ -78,7 +78,14 @@ impl Held {
 
     /// The params of `store.delta` asking for version `to` (default the latest) from this.
     pub fn params(&self, to: Option<u64>) -> DeltaParams {
-        DeltaParams { name: self.name.clone(), from: self.version, from_tree: self.tree.clone(), to, sparse: true }
+        DeltaParams {
+            name: self.name.clone(),
+            from: self.version,
+            from_tree: self.tree.clone(),
+            to,
+            sparse: true,
+            wait_ms: None,
+        }
     }
 }
 
@@ -263,15 +270,19 @@ fn check<'a>(
                 t.index.as_ref().zip(t.values.as_ref()).ok_or_else(|| bad("`sparse` without `index` and `values`"))?;
             let size = t.dtype.itemsize();
             let numel = (held.len() / size.max(1)) as u64;
+            let ib = index.host_bytes().ok_or_else(|| bad("`index` is not in host memory"))?;
+            if index.meta().strides.is_some() {
+                return Err(bad("`index` is strided"));
+            }
+            // Read straight from the received bytes (little-endian), no aligned copy first.
             let idx: Vec<u64> = match (index.dtype(), index.shape()) {
-                (DType::U32, [_]) => index
-                    .to_aligned()
-                    .as_slice::<u32>()
-                    .map_err(|e| bad(&e.to_string()))?
-                    .iter()
-                    .map(|&i| u64::from(i))
+                (DType::U32, [n]) if ib.len() as u64 == n * 4 => {
+                    ib.chunks_exact(4).map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect()
+                }
+                (DType::U64, [n]) if ib.len() as u64 == n * 8 => ib
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
                     .collect(),
-                (DType::U64, [_]) => index.to_aligned().as_slice::<u64>().map_err(|e| bad(&e.to_string()))?.to_vec(),
                 _ => return Err(bad("`index` is not a u32 or u64 vector")),
             };
             if values.dtype() != t.dtype || values.shape() != [idx.len() as u64] {

@@ -274,21 +274,39 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
     );
     let deltas = Arc::new(crate::delta_serve::DeltaServer::new(store.clone(), crate::delta_serve::DEFAULT_DELTA_CACHE));
     let ds = deltas.clone();
-    m.register_blocking("store.delta", move |p: crate::delta::DeltaParams, ctx: CallContext| {
-        let d = ds.delta(&p).map_err(error)?;
-        if let Some(conn) = ctx.peer().conn {
-            ds.count(conn, &ctx.peer().addr, &d);
+    m.register_ctx("store.delta", move |p: crate::delta::DeltaParams, ctx: CallContext| {
+        let ds = ds.clone();
+        async move {
+            if let (Some(ms), None) = (p.wait_ms.filter(|&ms| ms > 0), p.to) {
+                ds.store().wait_latest(&p.name, p.from, std::time::Duration::from_millis(ms)).await;
+            }
+            let d2 = ds.clone();
+            let d = tokio::task::spawn_blocking(move || d2.delta(&p))
+                .await
+                .map_err(ErrorObject::internal)?
+                .map_err(error)?;
+            if let Some(conn) = ctx.peer().conn {
+                ds.count(conn, &ctx.peer().addr, &d);
+            }
+            Ok::<_, ErrorObject>(Delta::clone(&d))
         }
-        Ok(Delta::clone(&d))
     })?
     .summary("What a reader holding version N needs to make version M: per tensor nothing, its changed elements, or the whole tensor")
     .description(
         "Per tensor of M (the latest unless `to` is given): `same` when its BLAKE3 digest is the one in N, `sparse` \
          (indices and values of the elements whose bits changed) when that is smaller than the tensor and the store \
          still has N's bytes, else `dense`. Without `from`, or when the store's N is not the reader's (`from_tree`), \
-         every tensor is `dense` and `base` is null. The reader checks every digest before it writes (PROTOCOL.md §23). \
-         NOT_FOUND for an unknown bundle or a version M no longer held.",
+         every tensor is `dense` and `base` is null. With `wait_ms` (and no `to`), the answer waits up to that long \
+         for a version other than `from` to be published (a long poll). The reader checks every digest before it \
+         writes (PROTOCOL.md §23). NOT_FOUND for an unknown bundle or a version M no longer held.",
     );
+    let dt = deltas.clone();
+    m.register("store.delta.timings", move |_: ListParams| {
+        let d = dt.clone();
+        async move { Ok::<_, ErrorObject>(d.timings()) }
+    })?
+    .summary("The last deltas the store computed and what their parts took (digests, element comparison)")
+    .inline();
     m.register("store.delta.stats", move |_: ListParams| {
         let d = deltas.clone();
         async move { Ok::<_, ErrorObject>(d.stats()) }

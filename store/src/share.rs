@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferry_core::Tensor;
+use ferry_core::{Tensor, TensorMeta};
 use serde_json::Value;
 
 use crate::bucket::Bucket;
@@ -112,6 +112,77 @@ impl Store {
         self.publish_sources(name, tensors, sources, Some(&prev), metadata, by, Some(base))
     }
 
+    /// Starts the next version of `name`: `tensors` in order, each `(name, meta, keep)`;
+    /// with `keep`, the tensor of that name in version `base` (which must have it with that
+    /// dtype and shape, and must still be the latest at the commit: else
+    /// [`StoreError::Stale`]) is kept without being read or copied; the others are filled by
+    /// the caller ([`FromBuilder::tensor_mut`]). What [`Store::publish`] and
+    /// [`Store::publish_delta`] do, for a producer that writes the changed tensors into the
+    /// store's memory itself (one copy, from wherever they are).
+    pub fn builder_from(
+        self: &Arc<Self>,
+        name: &str,
+        base: Option<u64>,
+        tensors: Vec<(String, TensorMeta, bool)>,
+        by: Owner,
+    ) -> Result<FromBuilder, StoreError> {
+        let prev = match base {
+            None => None,
+            Some(b) => Some(self.open(name, None).ok().filter(|v| v.manifest().version == b).ok_or_else(|| {
+                StoreError::Stale {
+                    name: name.to_owned(),
+                    base: b,
+                    latest: self.open(name, None).ok().map(|v| v.manifest().version),
+                }
+            })?),
+        };
+        let index: HashMap<&str, usize> =
+            prev.iter().flat_map(|p| p.manifest().entries.iter().enumerate().map(|(i, e)| (e.0.as_str(), i))).collect();
+        let mut sources = Vec::with_capacity(tensors.len());
+        let mut from = Vec::with_capacity(tensors.len());
+        let mut lens = Vec::with_capacity(tensors.len());
+        for (n, m, keep) in &tensors {
+            lens.push(m.byte_span().map_err(|e| StoreError::Invalid(format!("tensor {n:?}: {e}")))?);
+            if !keep {
+                sources.push(Source::Copy);
+                from.push(None);
+                continue;
+            }
+            let (p, j) = prev.as_ref().zip(index.get(n.as_str())).ok_or_else(|| {
+                StoreError::Invalid(format!("tensor {n:?} is kept but version {base:?} does not have it"))
+            })?;
+            let e = &p.manifest().entries[*j];
+            if e.1 != m.dtype || e.2 != m.shape {
+                return Err(StoreError::Invalid(format!(
+                    "tensor {n:?} is kept but its dtype or shape differs from version {base:?}'s"
+                )));
+            }
+            let (b, off) = p.entry_place(*j).ok_or_else(|| StoreError::NotFound(format!("{n:?}")))?;
+            sources.push(Source::InPlace(b, off));
+            from.push(Some(*j));
+        }
+        if let Some(p) = &prev {
+            unshare_sparse_buckets(p, &lens, &mut sources);
+        }
+        let mut slots = Vec::with_capacity(tensors.len());
+        let mut specs = Vec::new();
+        let mut refill = Vec::new();
+        for (i, ((n, m, _), s)) in tensors.iter().zip(&sources).enumerate() {
+            if matches!(s, Source::Copy) {
+                if let Some(j) = from[i] {
+                    refill.push((i, j));
+                }
+                slots.push(Some(specs.len()));
+                specs.push((n.clone(), m.clone()));
+            } else {
+                slots.push(None);
+            }
+        }
+        let builder = self.builder(name, specs, by)?;
+        let tensors = tensors.into_iter().zip(sources).map(|((n, m, _), s)| (n, m, s)).collect();
+        Ok(FromBuilder { base, prev, tensors, slots, refill, builder })
+    }
+
     /// Publishes `tensors`, each from its source; buckets of `prev` kept at less than half
     /// are not shared (their tensors are copied).
     #[allow(clippy::too_many_arguments)]
@@ -126,23 +197,8 @@ impl Store {
         base: Option<u64>,
     ) -> Result<Version, StoreError> {
         if let Some(prev) = prev {
-            let mut kept: HashMap<usize, u64> = HashMap::new();
-            for ((_, t), s) in tensors.iter().zip(&sources) {
-                if let Source::InPlace(b, _) = s {
-                    *kept.entry(b.key()).or_default() += t.nbytes() as u64;
-                }
-            }
-            let sparse: Vec<usize> = prev
-                .buckets()
-                .iter()
-                .filter(|b| kept.get(&b.key()).is_some_and(|&k| k.saturating_mul(2) < b.len() as u64))
-                .map(Bucket::key)
-                .collect();
-            for s in &mut sources {
-                if matches!(s, Source::InPlace(b, _) if sparse.contains(&b.key())) {
-                    *s = Source::Copy;
-                }
-            }
+            let lens: Vec<u64> = tensors.iter().map(|(_, t)| t.nbytes() as u64).collect();
+            unshare_sparse_buckets(prev, &lens, &mut sources);
         }
         let copy = tensors
             .iter()
@@ -176,6 +232,94 @@ impl Store {
             }
         }
         builder.commit_with(metadata, in_place, entries, base)
+    }
+}
+
+/// Turns back into copies the tensors that would keep a bucket of `prev` at less than half
+/// its bytes (`lens`: each tensor's bytes).
+fn unshare_sparse_buckets(prev: &Version, lens: &[u64], sources: &mut [Source]) {
+    let mut kept: HashMap<usize, u64> = HashMap::new();
+    for (len, s) in lens.iter().zip(sources.iter()) {
+        if let Source::InPlace(b, _) = s {
+            *kept.entry(b.key()).or_default() += len;
+        }
+    }
+    let sparse: Vec<usize> = prev
+        .buckets()
+        .iter()
+        .filter(|b| kept.get(&b.key()).is_some_and(|&k| k.saturating_mul(2) < b.len() as u64))
+        .map(Bucket::key)
+        .collect();
+    for s in sources.iter_mut() {
+        if matches!(s, Source::InPlace(b, _) if sparse.contains(&b.key())) {
+            *s = Source::Copy;
+        }
+    }
+}
+
+/// A version of a bundle being made from its latest version ([`Store::builder_from`]): the
+/// tensors kept from it are referenced where they lie, the others are filled by the caller
+/// ([`FromBuilder::tensor_mut`]) in new buckets, then [`FromBuilder::commit`] publishes it.
+/// Dropped without a commit, it publishes nothing.
+pub struct FromBuilder {
+    base: Option<u64>,
+    prev: Option<Version>,
+    /// Each tensor: name, meta, and where it comes from (the builder's slot for a copy).
+    tensors: Vec<(String, TensorMeta, Source)>,
+    /// For each tensor, its slot in `builder` (copies only).
+    slots: Vec<Option<usize>>,
+    /// Kept tensors that are copied after all (their bucket of `base` would stay less than
+    /// half used): (tensor, index in `prev`).
+    refill: Vec<(usize, usize)>,
+    builder: crate::BundleBuilder,
+}
+
+impl std::fmt::Debug for FromBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FromBuilder").field("base", &self.base).field("tensors", &self.tensors.len()).finish()
+    }
+}
+
+impl FromBuilder {
+    /// The bytes of tensor `i` (of the list given to [`Store::builder_from`]), to fill;
+    /// `None` for a tensor kept from the base.
+    pub fn tensor_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        let slot = (*self.slots.get(i)?)?;
+        if self.refill.iter().any(|&(t, _)| t == i) {
+            return None;
+        }
+        self.builder.tensor_mut_at(slot)
+    }
+
+    /// Publishes the version, with `metadata`; [`StoreError::Stale`] if the base is no
+    /// longer the latest version.
+    pub fn commit(mut self, metadata: Value) -> Result<Version, StoreError> {
+        if let Some(prev) = &self.prev {
+            for &(i, j) in &self.refill {
+                let src =
+                    prev.entry_bytes(j).ok_or_else(|| StoreError::NotFound(format!("{:?}", self.tensors[i].0)))?;
+                let slot = self.slots[i].expect("a refilled tensor has a slot");
+                self.builder.tensor_mut_at(slot).expect("one builder slot per copied tensor").copy_from_slice(&src);
+            }
+        }
+        let mut in_place: Vec<Bucket> = Vec::new();
+        let mut entries = Vec::with_capacity(self.tensors.len());
+        for ((n, m, src), slot) in self.tensors.into_iter().zip(&self.slots) {
+            match src {
+                Source::InPlace(bucket, off) => {
+                    let i = match in_place.iter().position(|b| b.same(&bucket)) {
+                        Some(i) => i,
+                        None => {
+                            in_place.push(bucket);
+                            in_place.len() - 1
+                        }
+                    };
+                    entries.push(Placed::InPlace(Entry(n, m.dtype, m.shape, i as u32, off as u64)));
+                }
+                Source::Copy => entries.push(Placed::Copied(slot.expect("a copied tensor has a slot"))),
+            }
+        }
+        self.builder.commit_with(metadata, in_place, entries, self.base)
     }
 }
 

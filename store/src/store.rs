@@ -45,6 +45,10 @@ pub struct Manifest {
     pub(crate) columns: OnceLock<crate::manifest::Columns>,
     /// Each entry's BLAKE3 digest (of its bytes), once computed.
     pub(crate) tensor_digests: OnceLock<Arc<Vec<[u8; 32]>>>,
+    /// Digests to take from the version before (the tensors it shares storage with).
+    pub(crate) inherit: crate::digests::Inherit,
+    /// Bytes hashed to compute `tensor_digests` (the tensors not inherited).
+    pub(crate) digested_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Manifest {
@@ -75,6 +79,12 @@ impl Manifest {
     /// digest; PROTOCOL.md §23), once the tensors' digests are computed.
     pub fn tree_digest(&self) -> Option<String> {
         Some(crate::manifest::tree_digest(&self.entries, &self.tensor_digests()?))
+    }
+
+    /// Bytes hashed to compute the tensors' digests (0 until computed): the tensors that
+    /// do not share storage with the version before, whose digests are taken from it.
+    pub fn digested_bytes(&self) -> u64 {
+        self.digested_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -110,20 +120,29 @@ impl Version {
     }
 
     /// Each tensor's BLAKE3 digest, in the order of the manifest's entries: computed once
-    /// per version (by the digest thread after publishing, or here), then remembered in the
+    /// per version (by the digest thread after publishing, or here; a second caller waits
+    /// for the first), several tensors at a time, taken from the version before for the
+    /// tensors whose storage it shares (a bucket never changes once published), then remembered in the
     /// manifest. A tensor in a device bucket cannot be hashed here: [`StoreError::Invalid`].
     pub fn tensor_digests(&self) -> Result<Arc<Vec<[u8; 32]>>, StoreError> {
         if let Some(d) = self.manifest.tensor_digests.get() {
             return Ok(d.clone());
         }
-        let mut out = Vec::with_capacity(self.manifest.entries.len());
+        let mut bytes = Vec::with_capacity(self.manifest.entries.len());
         for (i, e) in self.manifest.entries.iter().enumerate() {
-            let bytes = self
-                .entry_bytes(i)
-                .ok_or_else(|| StoreError::Invalid(format!("tensor {:?} is not in host memory: no digest", e.0)))?;
-            out.push(*blake3::hash(&bytes).as_bytes());
+            bytes
+                .push(self.entry_bytes(i).ok_or_else(|| {
+                    StoreError::Invalid(format!("tensor {:?} is not in host memory: no digest", e.0))
+                })?);
         }
-        Ok(self.manifest.tensor_digests.get_or_init(|| Arc::new(out)).clone())
+        let m = &self.manifest;
+        Ok(m.tensor_digests
+            .get_or_init(|| {
+                let (d, n) = crate::digests::compute(&bytes, &m.inherit.take());
+                m.digested_bytes.store(n, std::sync::atomic::Ordering::Relaxed);
+                Arc::new(d)
+            })
+            .clone())
     }
 
     /// The host bytes of the `i`-th entry (`None` in a device bucket).
@@ -201,6 +220,8 @@ pub(crate) struct State {
     pub(crate) bundles: BTreeMap<String, Slot>,
     /// Bytes held by builders not committed yet.
     building: u64,
+    /// New buckets made ready for the next publish ([`StoreOptions::spare_buckets`]).
+    spares: Vec<BucketMut>,
 }
 
 impl State {
@@ -225,7 +246,7 @@ impl State {
     /// Bytes of live buckets, each counted once however many versions share it.
     fn used(&self) -> u64 {
         let mut seen = HashSet::new();
-        let mut sum = self.building;
+        let mut sum = self.building + self.spares.iter().map(|b| b.as_slice().len() as u64).sum::<u64>();
         for s in self.bundles.values() {
             for b in s.latest.iter().chain(&s.bases).flat_map(|v| &v.buckets) {
                 if seen.insert(b.key()) {
@@ -250,6 +271,9 @@ pub struct Store {
     pub(crate) opts: StoreOptions,
     pub(crate) state: Mutex<State>,
     pub(crate) placement: OnceLock<Arc<crate::PlacedRefs>>,
+    /// Counts the changes of latest versions (publish, unpublish): what
+    /// [`Store::wait_latest`] waits on.
+    pub(crate) changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -270,7 +294,12 @@ pub struct BundleStatus {
 impl Store {
     /// An empty store.
     pub fn new(opts: StoreOptions) -> Arc<Store> {
-        Arc::new(Store { opts, state: Mutex::new(State::default()), placement: OnceLock::new() })
+        Arc::new(Store {
+            opts,
+            state: Mutex::new(State::default()),
+            placement: OnceLock::new(),
+            changes: tokio::sync::watch::Sender::new(0),
+        })
     }
 
     /// Its options.
@@ -304,6 +333,36 @@ impl Store {
         }
     }
 
+    /// The number of the latest version of `name` (`None`: none).
+    pub fn latest_version(&self, name: &str) -> Option<u64> {
+        lock(&self.state).bundles.get(name)?.latest.as_ref().map(|v| v.manifest.version)
+    }
+
+    /// Waits, at most `limit`, until bundle `name` has a latest version other than `held`
+    /// (`None`: until it has one), and returns the latest version then (`held`, or `None`,
+    /// when the time ran out). Woken by each publish, not by polling: a reader that holds
+    /// version N and waits this way hears of N+1 as it is published.
+    pub async fn wait_latest(&self, name: &str, held: Option<u64>, limit: std::time::Duration) -> Option<u64> {
+        let mut changes = self.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // (Subscribed before looking: a publish in between marks the receiver changed.)
+            let now = self.latest_version(name);
+            if now.is_some() && now != held {
+                return now;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return self.latest_version(name),
+            }
+        }
+    }
+
+    /// Tells [`Store::wait_latest`]'s waiters that a latest version changed.
+    pub(crate) fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// The manifest of version `n` of `name` if the store remembers it
     /// ([`StoreOptions::delta_history`]), whether or not its storage lives.
     pub(crate) fn remembered(&self, name: &str, n: u64) -> Option<Arc<Manifest>> {
@@ -334,6 +393,8 @@ impl Store {
             slot.old.push(Old { buckets: v.buckets.iter().map(Bucket::downgrade).collect(), manifest: v.manifest });
         }
         st.prune(self.opts.delta_history);
+        drop(st);
+        self.changed();
         Ok(())
     }
 
@@ -353,6 +414,7 @@ impl Store {
             slot.orphan = true;
         }
         drop(st);
+        self.changed();
         let n = dropped.len();
         // Freeing memory no reader holds takes about 0.2 s per GiB: not on the closing
         // connection's time.
@@ -388,7 +450,15 @@ impl Store {
         let mut buckets = Vec::with_capacity(bucket_lens.len());
         for len in &bucket_lens {
             let len = usize::try_from(*len).map_err(|_| StoreError::Invalid("bucket too large".into()))?;
-            buckets.push(BucketMut::create(len).map_err(StoreError::Io)?);
+            let spare = {
+                let mut st = lock(&self.state);
+                let i = st.spares.iter().position(|b| b.as_slice().len() == len);
+                i.map(|i| st.spares.swap_remove(i))
+            };
+            buckets.push(match spare {
+                Some(b) => b,
+                None => BucketMut::create(len).map_err(StoreError::Io)?,
+            });
         }
         let entries =
             specs.into_iter().zip(&places).map(|((n, m), &(b, off))| Entry(n, m.dtype, m.shape, b, off)).collect();
@@ -409,6 +479,14 @@ impl Store {
         }
         st.prune(self.opts.delta_history);
         let mut used = st.used();
+        if used.saturating_add(bytes) > self.opts.budget_bytes && !st.spares.is_empty() {
+            // Spare buckets go first, then the versions kept only for deltas.
+            let spares = std::mem::take(&mut st.spares);
+            drop(st);
+            drop(spares);
+            st = lock(&self.state);
+            used = st.used();
+        }
         if used.saturating_add(bytes) > self.opts.budget_bytes && st.bundles.values().any(|s| !s.bases.is_empty()) {
             // The versions kept only for deltas go first (readers keep what they hold).
             let bases: Vec<Version> = st.bundles.values_mut().flat_map(|s| s.bases.drain(..)).collect();
@@ -459,6 +537,11 @@ impl Store {
             slot.latest.iter().chain(&slot.bases).flat_map(|v| v.buckets.iter().map(Bucket::key)).collect();
         let new_bytes = buckets.iter().filter(|b| !before.contains(&b.key())).map(|b| b.len() as u64).sum();
         slot.next += 1;
+        // The digests of the tensors that stay where they were come from the version before.
+        let inherit = match &slot.latest {
+            Some(p) => crate::digests::Inherit::of(&p.manifest, &p.buckets, &entries, &buckets),
+            None => crate::digests::Inherit::default(),
+        };
         let manifest = Arc::new(Manifest {
             name: name.to_owned(),
             version: slot.next,
@@ -470,6 +553,8 @@ impl Store {
             digest: cell.clone(),
             columns: OnceLock::new(),
             tensor_digests: OnceLock::new(),
+            inherit,
+            digested_bytes: Default::default(),
         });
         let v = Version { manifest, buckets };
         let prev = slot.latest.replace(v.clone());
@@ -491,6 +576,7 @@ impl Store {
             }
         }
         drop(st);
+        self.changed();
         free_later(dropped_bases);
         // Freeing a superseded version no reader holds unmaps and frees its memory (about
         // 0.2 s per GiB): not on the publisher's time.
@@ -505,6 +591,9 @@ impl Store {
                 // (Host buckets only: a device version has no tensor digests until asked.)
                 let _ =
                     for_hash.buckets.iter().all(|b| matches!(b, Bucket::Host(_))).then(|| for_hash.tensor_digests());
+                // The tensors' digests are what readers of deltas wait for; the bundle
+                // digest takes the cores they leave.
+                background_priority();
                 let d = version_digest(&for_hash, read2.as_ref());
                 // The buckets are let go before the digest is told: who waited for it may
                 // count on this thread holding nothing.
@@ -527,6 +616,42 @@ impl Store {
         );
         Ok(v)
     }
+}
+
+/// Lowers the calling thread's priority (nice 10; on Linux the nice value is per thread):
+/// background work takes the cores that publishers and readers leave.
+fn background_priority() {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::process::setpriority_process(None, 10);
+}
+
+/// Makes spare buckets of `lens` ready for the next publish ([`StoreOptions::spare_buckets`])
+/// on a thread of its own at a low priority: each page written once, so the next publish
+/// copies into memory already there. Never past the budget, and never more spare bytes
+/// than `lens` add up to.
+fn make_spares(store: Arc<Store>, lens: Vec<usize>) {
+    let total: u64 = lens.iter().map(|&l| l as u64).sum();
+    let _ = std::thread::Builder::new().name("ferry-store-spare".into()).spawn(move || {
+        background_priority();
+        for len in lens {
+            {
+                let st = lock(&store.state);
+                let spare: u64 = st.spares.iter().map(|b| b.as_slice().len() as u64).sum();
+                if spare + len as u64 > total || st.used() + len as u64 > store.opts.budget_bytes {
+                    return;
+                }
+            }
+            let Ok(mut b) = BucketMut::create(len) else { return };
+            for x in b.as_mut_slice().iter_mut().step_by(4096) {
+                *x = 0;
+            }
+            let mut st = lock(&store.state);
+            if st.used() + len as u64 > store.opts.budget_bytes {
+                return; // (a publish took the room meanwhile: `b` is freed)
+            }
+            st.spares.push(b);
+        }
+    });
 }
 
 /// Drops `versions`; where that frees memory (about 0.2 s per GiB to unmap), on a thread of
@@ -676,9 +801,14 @@ impl BundleBuilder {
             })
             .collect();
         let store = reservation.store.clone();
+        let lens: Vec<usize> =
+            all[shift as usize..].iter().filter(|b| matches!(b, Bucket::Host(_))).map(Bucket::len).collect();
         // The committed version is counted from here on; the reservation ends as it is.
         let v = store.commit(&name, &by, entries, all, metadata, None, base);
         drop(reservation);
+        if v.is_ok() && store.opts.spare_buckets && !lens.is_empty() {
+            make_spares(store, lens);
+        }
         v
     }
 }

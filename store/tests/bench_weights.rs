@@ -43,8 +43,9 @@ fn bench_weights() {
     let (v1, t1) = publish(&state);
     v1.manifest().wait_digest();
     let mut replica = Replica::new("m");
-    let d =
-        store.delta(&DeltaParams { name: "m".into(), from: None, from_tree: None, to: None, sparse: true }).unwrap();
+    let d = store
+        .delta(&DeltaParams { name: "m".into(), from: None, from_tree: None, to: None, sparse: true, wait_ms: None })
+        .unwrap();
     replica.apply(&d).unwrap();
     drop((d, v1));
     println!("state: {n} x 4 MiB bf16 = {} MiB; first publish (copy) {t1:.1} ms", full >> 20);

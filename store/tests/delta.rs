@@ -36,7 +36,7 @@ fn raw(dtype: DType, bytes: Vec<u8>) -> Tensor {
 }
 
 fn params(from: Option<u64>, tree: Option<String>) -> DeltaParams {
-    DeltaParams { name: "m".into(), from, from_tree: tree, to: None, sparse: true }
+    DeltaParams { name: "m".into(), from, from_tree: tree, to: None, sparse: true, wait_ms: None }
 }
 
 /// The store's bytes of the latest version, by name.

@@ -1,9 +1,12 @@
 //! `cargo xtask bench-weights [ARGS..]`: the weight-sync benchmark (issue 47 point 6),
 //! `bindings/python/bench/bench_weights.py`, on a release build of the Python package
 //! installed into `target/bench-weights-venv` (torch from the cache venv, as the tests').
-//! The arguments go to the script (`--mib N`, `--subs N`, `--rates 10gbit,1gbit`). It
-//! makes network namespaces and `tc` limits, so it needs root; without, it says so and
-//! measures over loopback.
+//! The arguments go to the script (`--mib N`, `--subs N`, `--rates 10gbit,1gbit`,
+//! `--no-gloo`, `--no-same-host`, `--tmp DIR`). It makes network namespaces and `tc`
+//! limits, so it needs root; without, it says so and measures over loopback. It prints
+//! the tables of the closing note: the rows per link, where the delta's time went, the
+//! targets' verdicts, and the same-host figures (publish against copies of the changed
+//! bytes, pages touched).
 
 use anyhow::Context;
 use xshell::{Shell, cmd};

@@ -44,6 +44,7 @@ pub mod json;
 pub mod pipe;
 pub mod pool;
 pub mod server;
+pub mod store_local;
 pub mod store_server;
 pub mod sys;
 #[cfg(target_os = "linux")]
@@ -105,6 +106,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::settle::Pending>()?;
     m.add_function(wrap_pyfunction!(command::main, m)?)?;
     m.add_class::<store_server::StoreServer>()?;
+    m.add_class::<store_local::VersionBuilder>()?;
+    m.add_class::<store_local::BuilderSlot>()?;
     m.add_class::<weights::WeightsSubscriber>()?;
     #[cfg(target_os = "linux")]
     {

@@ -27,6 +27,7 @@ enum Ended {
 /// garbage collected).
 #[pyclass(frozen, module = "ferry._native")]
 pub struct StoreServer {
+    store: std::sync::Arc<ferry_store::Store>,
     addresses: Vec<String>,
     stop: CancellationToken,
     ended: Mutex<Ended>,
@@ -93,10 +94,13 @@ impl StoreServer {
     /// `addr` and serves in the background. The options are `ferry serve-weights`' (MiB
     /// where it says MiB); `token`: required from every client (no default from
     /// `FERRY_TOKEN` here). `announce` prints `listening on ADDR` to stdout, as the command.
+    /// `delta_bases`: superseded versions of each bundle the store keeps so that readers
+    /// one step behind get sparse deltas (default 1; each costs the memory its version
+    /// does not share with the next).
     #[new]
     #[pyo3(signature = (addr="unix:ferry-weights".to_owned(), files=Vec::new(), *, name=None, budget_mib=None,
         bucket_mib=512, digest=true, placement=None, cpu_budget_mib=None, disk_budget_mib=None, disk_dir=None,
-        token=None, max_connections=512, announce=false))]
+        token=None, max_connections=512, announce=false, delta_bases=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -113,6 +117,7 @@ impl StoreServer {
         token: Option<String>,
         max_connections: usize,
         announce: bool,
+        delta_bases: usize,
     ) -> PyResult<StoreServer> {
         let name = match (name, files.is_empty()) {
             (Some(n), _) => n,
@@ -129,7 +134,11 @@ impl StoreServer {
             ..Default::default()
         })
         .map_err(err)?;
-        let store = ferry_commands::weights::store_options(budget_mib, bucket_mib, digest).map_err(err)?;
+        let mut store = ferry_commands::weights::store_options(budget_mib, bucket_mib, digest).map_err(err)?;
+        store.delta_bases = delta_bases;
+        // A store served for weight sync gets a version per training step: its next buckets
+        // are made ready between publishes.
+        store.spare_buckets = true;
         let o = WeightsOptions {
             files,
             name,
@@ -149,6 +158,7 @@ impl StoreServer {
             })
             .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
         let addresses = bound.bound.addresses();
+        let store = bound.store().clone();
         if announce {
             bound.bound.announce().map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
         }
@@ -164,7 +174,7 @@ impl StoreServer {
                 .await;
             let _ = tx.send(r);
         });
-        Ok(StoreServer { addresses, stop, ended: Mutex::new(Ended::Running(rx)) })
+        Ok(StoreServer { store, addresses, stop, ended: Mutex::new(Ended::Running(rx)) })
     }
 
     /// The addresses served (a port the OS chose; for QUIC the fingerprint clients pin).
@@ -195,6 +205,25 @@ impl StoreServer {
         let timeout = seconds("timeout", timeout)?;
         self.stop.cancel();
         self.wait_for(py, Some(timeout))
+    }
+
+    /// The latest version of bundle `name` (`ferry.weights.Publisher`'s in-process path):
+    /// `(number, [(name, TensorRef)])`, read-only views of the store's memory; `None`: none.
+    fn _latest(&self, name: &str) -> Option<(u64, Vec<(String, crate::tensors::TensorRef)>)> {
+        crate::store_local::latest(&self.store, name)
+    }
+
+    /// Starts the next version of bundle `name` in this store (`ferry.weights.Publisher`'s
+    /// in-process path): `tensors` as `(name, dtype, shape, keep)`, a kept one taken from
+    /// version `base` without a copy, the others filled through the builder's slots.
+    #[pyo3(signature = (name, base, tensors))]
+    fn _build(
+        &self,
+        name: &str,
+        base: Option<u64>,
+        tensors: Vec<(String, String, Vec<u64>, bool)>,
+    ) -> PyResult<crate::store_local::VersionBuilder> {
+        crate::store_local::VersionBuilder::start(&self.store, name, base, tensors)
     }
 
     /// Whether it still serves.

@@ -59,7 +59,7 @@ pub fn parse_dtype(name: &str) -> PyResult<DType> {
 }
 
 /// The `__array_interface__` dict of `meta`'s bytes at `ptr`.
-fn array_interface<'py>(
+pub(crate) fn array_interface<'py>(
     py: Python<'py>,
     meta: &TensorMeta,
     ptr: usize,

@@ -87,6 +87,11 @@ pub struct WeightsSubscriber {
     state: Mutex<State>,
 }
 
+/// Seconds since the Unix epoch.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
 fn seconds(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
     crate::pipe::wait_limit(what, s)
 }
@@ -157,13 +162,26 @@ impl WeightsSubscriber {
 
     /// Fetches what the copy needs to become version `to` (default the latest) and applies
     /// it, all or nothing: on any error (the connection lost, a digest that does not match)
-    /// the copy still holds the version it held. Returns what was done: `version`, `same`,
-    /// `sparse`, `dense`, `elements`, `sent_bytes`, `full_bytes`.
-    #[pyo3(signature = (to=None, timeout=None))]
-    fn update<'py>(&self, py: Python<'py>, to: Option<u64>, timeout: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+    /// the copy still holds the version it held. With `wait` (seconds) and no `to`, the
+    /// store answers when a version other than the one held is published, or after `wait`
+    /// (a long poll: no polling). Returns what was done: `version`, `same`, `sparse`,
+    /// `dense`, `elements`, `sent_bytes`, `full_bytes`, and where the time went: `fetch_s`
+    /// (asking and receiving, the store's wait and computation included), `apply_s`
+    /// (checking and writing), `received_at` (the Unix time the answer was in).
+    #[pyo3(signature = (to=None, timeout=None, wait=None))]
+    fn update<'py>(
+        &self,
+        py: Python<'py>,
+        to: Option<u64>,
+        timeout: Option<f64>,
+        wait: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let limit = seconds("update(timeout=...)", timeout)?;
-        let params = self.state()?.copy.held.params(to);
+        let wait = seconds("update(wait=...)", wait)?;
+        let mut params = self.state()?.copy.held.params(to);
+        params.wait_ms = wait.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
         let rpc = self.rpc.clone();
+        let t0 = Instant::now();
         let r = py.detach(|| {
             runtime().block_on(async move {
                 match limit {
@@ -173,10 +191,13 @@ impl WeightsSubscriber {
             })
         });
         let delta = Arc::new(r.map_err(|e| call_error(py, &self.addr, e))?);
+        let (fetched, received_at) = (t0.elapsed(), unix_now());
         let applied = py.detach(|| -> Result<_, String> {
             let mut st = self.state.lock().map_err(|_| "a weights subscriber's lock was poisoned".to_owned())?;
             let a = apply(&delta, &mut st.copy).map_err(|e| e.to_string())?;
-            st.last = Some(delta.clone());
+            // Only a delta from a version is written into models (`apply_to` at its base);
+            // one from nothing would keep a second copy of every tensor alive.
+            st.last = delta.base.is_some().then(|| delta.clone());
             Ok(a)
         });
         let a = applied.map_err(|e| PyValueError::new_err(format!("{}: {e}", self.addr)))?;
@@ -188,7 +209,26 @@ impl WeightsSubscriber {
         d.set_item("elements", a.elements)?;
         d.set_item("sent_bytes", delta.sent_bytes)?;
         d.set_item("full_bytes", delta.full_bytes)?;
+        d.set_item("fetch_s", fetched.as_secs_f64())?;
+        d.set_item("apply_s", (t0.elapsed() - fetched).as_secs_f64())?;
+        d.set_item("received_at", received_at)?;
         Ok(d)
+    }
+
+    /// The last deltas the store computed and what their parts took
+    /// (`store.delta.timings`): a list of dicts `name`, `from`, `to`, `published_ms`,
+    /// `started_ms`, `times` (`digests_ms`, `diff_ms`), `sent_bytes`.
+    #[pyo3(signature = (timeout=None))]
+    fn store_timings<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
+        let limit = seconds("store_timings(timeout=...)", timeout)?;
+        let rpc = self.rpc.clone();
+        let r = py.detach(|| {
+            runtime().block_on(async move {
+                rpc.call_raw("store.delta.timings", Some(serde_json::json!({})), Vec::new(), limit).await
+            })
+        });
+        let (v, _) = r.map_err(|e| call_error(py, &self.addr, e))?;
+        crate::json::to_py(py, &v)
     }
 
     /// The version held (`None`: none yet).
@@ -226,7 +266,8 @@ impl WeightsSubscriber {
     /// The last delta applied, for writing it into a model that held its base: `(base,
     /// base_tree, version, changes)` with `changes` a list of `(name, kind, index, values)`
     /// (`kind` `"sparse"`: `index` a u32/u64 vector, `values` the new elements; `"dense"`:
-    /// `values` the whole tensor; unchanged tensors are left out). `None`: no delta yet.
+    /// `values` the whole tensor; unchanged tensors are left out). `None`: no delta yet, or
+    /// the last one was from nothing (every tensor whole).
     #[allow(clippy::type_complexity)]
     fn last_delta(
         &self,

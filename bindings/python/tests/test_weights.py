@@ -222,3 +222,137 @@ def test_a_subscriber_that_cannot_update_keeps_its_version_and_says_so(
     assert e.value.version == 1 and sub.version == 1
     assert isinstance(e.value.__cause__, ferry.FerryError)
     assert same(sub.state_dict(), v1)
+
+
+def test_a_publisher_in_the_store_process_keeps_unchanged_tensors_and_copies_the_rest(
+    store: ferry.StoreServer,
+) -> None:
+    # Publisher(StoreServer) writes into the store without a connection.
+    pub = fw.Publisher(store, "m")
+    sub = fw.subscribe(store.addr, "m")
+    v1 = make_state()
+    pub.publish(v1, version=1)
+    sub.wait_for(1, timeout=WAIT)
+    v2 = dict(v1)
+    v2["w.f16"] = torch.zeros(32, 32, dtype=torch.float16)
+    pub.publish(v2, version=2)
+    got = sub._update(None, WAIT)
+    assert (got["same"], got["dense"] + got["sparse"]) == (len(v2) - 1, 1), got
+    assert same(sub.state_dict(), v2)
+    # Named changes: the others are kept without being compared; a new name is added.
+    v3 = dict(v2)
+    v3["w.f32"] = torch.full((128,), 7.0)
+    v3["new"] = torch.arange(5, dtype=torch.float32)
+    pub.publish({"w.f32": v3["w.f32"], "new": v3["new"]}, version=3, changed=["w.f32", "new"])
+    sub.wait_for(3, timeout=WAIT)
+    assert same(sub.state_dict(), v3)
+
+
+def test_a_tensor_changed_in_place_after_publishing_is_published_changed_never_stale(
+    store: ferry.StoreServer,
+) -> None:
+    # The store copies what is published: the trainer's tensors stay its own, and a
+    # later in-place change is a change (its digest is the new bytes', not the old one's).
+    pub = fw.Publisher(store, "m")
+    sub = fw.subscribe(store.addr, "m")
+    sd = make_state()
+    pub.publish(sd, version=1)
+    sub.wait_for(1, timeout=WAIT)
+    t = sd["w.f32"]
+    assert isinstance(t, torch.Tensor)
+    t.add_(1.0)  # in place: the same storage, new values
+    pub.publish(sd, version=2)
+    got = sub._update(None, WAIT)
+    assert got["same"] == len(sd) - 1, got
+    assert same(sub.state_dict(), sd)
+    t.add_(1.0)
+    pub.publish(sd, version=3, changed=["w.f32"])
+    sub.wait_for(3, timeout=WAIT)
+    assert same(sub.state_dict(), sd)
+
+
+def test_a_reader_writing_into_its_view_of_a_version_does_not_change_the_store(
+    store: ferry.StoreServer,
+) -> None:
+    pub = fw.Publisher(store, "m")
+    v1 = make_state()
+    pub.publish(v1, version=1)
+    b = ferry.open_weights(store.addr, "m", as_torch=True)
+    view = b["w.f32"]
+    view.mul_(0.0)  # a torch view of the store's memory is copy-on-write
+    assert float(view.abs().sum()) == 0.0
+    sub = fw.subscribe(store.addr, "m")
+    sub.wait_for(1, timeout=WAIT)
+    assert same(sub.state_dict(), v1), "the store's version changed under a reader's write"
+    v2 = dict(v1)
+    v2["w.f16"] = torch.ones(32, 32, dtype=torch.float16)
+    pub.publish(v2, version=2)
+    got = sub._update(None, WAIT)
+    assert got["same"] == len(v2) - 1, got  # the kept tensors' digests still hold
+    assert same(sub.state_dict(), v2)
+    b.close()
+
+
+def test_a_version_being_built_cannot_be_committed_while_an_array_can_still_write_into_it(
+    store: ferry.StoreServer,
+) -> None:
+    b = store._build("m", None, [("a", "f32", [4], False)])
+    slot = b.slot(0)
+    assert slot is not None
+    a = np.asarray(slot)
+    a[:] = 1
+    with pytest.raises(RuntimeError, match="still alive"):
+        b.commit("{}")
+    del a, slot
+    assert b.commit("{}") == 1
+    with pytest.raises(RuntimeError, match="committed"):
+        b.slot(0)
+    sub = fw.subscribe(store.addr, "m")
+    sub.wait_for(1, timeout=WAIT)
+    assert bits(sub.state_dict(as_torch=False)["a"]) == b"\x01" * 16
+
+
+def test_wait_for_a_version_not_published_yet_returns_when_it_is_or_times_out(
+    store: ferry.StoreServer,
+) -> None:
+    import threading
+
+    sub = fw.subscribe(store.addr, "m")
+    with pytest.raises(TimeoutError):
+        sub.wait_for(1, timeout=0.2)
+    assert sub.version is None
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(sub.wait_for(2, timeout=WAIT)))
+    t.start()
+    pub = fw.Publisher(store, "m")
+    v1 = make_state()
+    pub.publish(v1, version=1)
+    pub.publish(step(v1, 0.01, 9), version=2)
+    t.join(WAIT)
+    assert got == [2] and sub.version == 2
+
+
+def test_apply_to_a_dict_of_tensors_writes_only_the_changed_elements_the_second_time(
+    store: ferry.StoreServer,
+) -> None:
+    pub = fw.Publisher(store, "m")
+    sub = fw.subscribe(store.addr, "m")
+    v1 = {"x": torch.arange(1000, dtype=torch.float32)}
+    pub.publish(v1, version=1)
+    sub.wait_for(1, timeout=WAIT)
+    model = {"x": torch.zeros(1000)}
+    sub.apply_to(model)
+    assert torch.equal(model["x"], v1["x"])
+    # A mark in an element the next version does not change: a delta written as a delta
+    # (only the changed elements) leaves it; a whole copy would not.
+    model["x"][0] = -5.0
+    v2 = {"x": v1["x"].clone()}
+    v2["x"][500] = 0.5
+    pub.publish(v2, version=2)
+    sub.wait_for(2, timeout=WAIT)
+    sub.apply_to(model)
+    assert float(model["x"][500]) == 0.5 and float(model["x"][0]) == -5.0
+    # Another dict (other tensors) is not taken for the one brought to version 2.
+    other = {"x": torch.zeros(1000)}
+    sub.apply_to(other)
+    assert torch.equal(other["x"], v2["x"])

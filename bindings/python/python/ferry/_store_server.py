@@ -33,6 +33,7 @@ def serve_weights(
     token: str | None = None,
     max_connections: int = 512,
     announce: bool = True,
+    delta_bases: int = 1,
 ) -> None:
     """Publishes `files` (`.safetensors`) as bundle `name` and serves the store on `addr`
     until interrupted (KeyboardInterrupt stops it and is raised), as `ferry serve-weights`
@@ -52,6 +53,7 @@ def serve_weights(
         token=token,
         max_connections=max_connections,
         announce=announce,
+        delta_bases=delta_bases,
     )
     try:
         server.wait()

@@ -16,6 +16,12 @@ sub.apply_to(engine_model)  # in place: same storage, CUDA graphs stay valid
 - The store (`ferry serve-weights`, `ferry.StoreServer`) keeps each version; a new one
   shares every unchanged tensor with the one before (`store.publish`; with
   `changed=[...]` the unchanged ones are not even sent: `base`, `Store::publish_delta`).
+  A `Publisher` given the `StoreServer` itself publishes without a connection: the
+  changed tensors are copied once, straight into the new version's buckets
+  (`Store::builder_from`), which the store makes ready between publishes.
+- `wait_for` is a long poll (`store.delta` with `wait_ms`): the store answers as the
+  version is published, and computes each delta once for every subscriber at the same
+  version (it keeps the version before: `delta_bases`).
 - A subscriber holds a verified copy of one version and moves to the next by
   `store.delta` (PROTOCOL.md §23): per tensor nothing, its changed elements, or the whole
   tensor. Every digest is checked (Rust `ferry_store::replica::apply`) before anything is
@@ -41,10 +47,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
+from . import _native, rpc_errors
 from ._client import Client
 from ._store_server import StoreServer
-from ._tensors import dtype_name, to_numpy, to_torch
+from ._tensors import dtype_name, host_numpy, to_numpy, to_torch
 from .errors import FerryError
 
 __all__ = [
@@ -55,6 +61,10 @@ __all__ = [
     "WeightsError",
     "subscribe",
 ]
+
+
+_LONG_POLL = 30.0
+"""Seconds one `store.delta` call waits for a new version (`wait_for` asks again after)."""
 
 
 class WeightsError(FerryError):
@@ -102,11 +112,15 @@ class Publisher:
         connect_timeout: float | None = 10.0,
         timeout: float | None = None,
     ) -> None:
-        addr = addr_or_store.addr if isinstance(addr_or_store, StoreServer) else addr_or_store
         self.name = name
-        self._client = Client.connect(
-            addr, token=token, connect_timeout=connect_timeout, timeout=timeout
-        )
+        # A store this process hosts is published into directly (no connection).
+        self._local = addr_or_store if isinstance(addr_or_store, StoreServer) else None
+        self._client: Client | None = None
+        if self._local is None:
+            assert isinstance(addr_or_store, str)
+            self._client = Client.connect(
+                addr_or_store, token=token, connect_timeout=connect_timeout, timeout=timeout
+            )
         self._store_version: int | None = None
 
     def publish(
@@ -129,6 +143,12 @@ class Publisher:
         meta: dict[str, Any] = dict(metadata or {})
         if version is not None:
             meta["version"] = int(version)
+        if self._local is not None:
+            self._store_version = _publish_local(
+                self._local, self.name, state_dict, meta, changed, removed, self._store_version
+            )
+            return self._store_version
+        assert self._client is not None
         if changed is not None and self._store_version is not None:
             names = list(changed)
             tensors = {n: _contiguous(state_dict[n]) for n in names}
@@ -148,13 +168,91 @@ class Publisher:
 
     def close(self) -> None:
         """Closes the connection (the versions stay in the store)."""
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
     def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _same_bytes(x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> bool:
+    """Whether two byte vectors are equal, compared in growing chunks (a tensor that changed
+    anywhere near its start costs a few KiB to tell)."""
+    n = x.size
+    if n != y.size:
+        return False
+    i, size = 0, 4096
+    while i < n:
+        j = min(n, i + size)
+        if not np.array_equal(x[i:j], y[i:j]):
+            return False
+        i, size = j, min(size * 4, 1 << 22)
+    return True
+
+
+def _publish_local(
+    server: StoreServer,
+    name: str,
+    state_dict: Mapping[str, Any],
+    meta: dict[str, Any],
+    changed: Iterable[str] | None,
+    removed: Iterable[str],
+    mine: int | None,
+) -> int:
+    """Publishes into a store this process hosts: each tensor equal to the latest
+    version's (or, with `changed`, each tensor not named) is kept where it lies, the others
+    are copied once into the new version's buckets. Returns the store's version number."""
+    latest = server._latest(name)
+    base = None if latest is None else latest[0]
+    prev = {} if latest is None else dict(latest[1])
+    if changed is not None and mine is not None:
+        if latest is None or mine != base:
+            raise WeightsError(
+                f"bundle {name!r}: version {mine} (this publisher's last) is no longer the"
+                f" latest ({base} is): publish the whole state_dict, without changed="
+            )
+        ch, gone = set(changed), set(removed)
+        names = [n for n, _ in latest[1] if n not in gone]
+        names += sorted(n for n in ch if n not in prev)
+        plan = [(n, n not in ch) for n in names]
+    else:
+        plan = []
+        for n, t in state_dict.items():
+            r = prev.get(n)
+            keep = False
+            if r is not None:
+                a, dt = host_numpy(_contiguous(t))
+                keep = (
+                    dt == r.dtype
+                    and tuple(a.shape) == tuple(r.shape)
+                    and _same_bytes(
+                        a.reshape(-1).view(np.uint8), np.asarray(r).reshape(-1).view(np.uint8)
+                    )
+                )
+            plan.append((n, keep))
+    specs: list[tuple[str, str, list[int], bool]] = []
+    sources: list[np.ndarray[Any, Any] | None] = []
+    for n, keep in plan:
+        if keep:
+            r = prev[n]
+            specs.append((n, r.dtype, [int(x) for x in r.shape], True))
+            sources.append(None)
+        else:
+            a, dt = host_numpy(_contiguous(state_dict[n]))
+            specs.append((n, dt, [int(x) for x in a.shape], False))
+            sources.append(a)
+    b = server._build(name, base, specs)
+    for i, src in enumerate(sources):
+        slot = None if src is None else b.slot(i)
+        if slot is None or src is None:
+            continue
+        dst: np.ndarray[Any, Any] = np.asarray(slot)
+        np.copyto(dst, src.reshape(-1).view(np.uint8))
+        del dst, slot
+    return b.commit(json.dumps(meta))
 
 
 def _contiguous(t: Any) -> Any:
@@ -174,6 +272,9 @@ class Subscriber:
         self._n = native
         # The version (store number, tree digest) each model was last brought to.
         self._models: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
+        # Models that cannot be weakly referenced (a dict of tensors), by id, with the
+        # addresses of their tensors (an id reused by another dict does not match).
+        self._plain: dict[int, tuple[tuple[tuple[str, int], ...], tuple[int, str]]] = {}
         self.last_update: dict[str, int] | None = None
         """What the last update did (`update`'s result), `None` before the first."""
 
@@ -219,30 +320,33 @@ class Subscriber:
         """Waits until the store's latest version is `version` or later (the publisher's
         label), then moves to it, all or nothing. Returns the version now held. Raises
         `TimeoutError` after `timeout` seconds (the version held unchanged) and
-        `UpdateFailed` when the update fails."""
+        `UpdateFailed` when the update fails. The store answers as the version is
+        published (a long poll on `store.delta`), not when a poll comes round."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.002
         while True:
             have = self.version
             if have is not None and have >= version:
                 return have
-            try:
-                latest = self._n.latest(
-                    None if deadline is None else max(deadline - time.monotonic(), 0.001)
-                )
-            except Exception as e:
-                raise UpdateFailed(f"waiting for version {version}: {e}", have) from e
-            if latest is not None and _version_of(json.loads(latest[1]), latest[0]) >= version:
-                left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-                self._update(latest[0], left)
-                continue
-            if deadline is not None and time.monotonic() >= deadline:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise TimeoutError(
                     f"{self._n.addr}: version {version} of {self._n.name!r} not published"
                     f" within {timeout} s (holding {have})"
                 )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+            wait = _LONG_POLL if left is None else min(left, _LONG_POLL)
+            try:
+                self.last_update = dict(self._n.update(None, left, wait))
+            except rpc_errors.NotFoundError:
+                continue  # no version yet: the store waited `wait` for one
+            except TimeoutError as e:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"{self._n.addr}: version {version} of {self._n.name!r} not in"
+                        f" within {timeout} s (holding {have})"
+                    ) from e
+                raise UpdateFailed(f"waiting for version {version}: {e}", have) from e
+            except Exception as e:
+                raise UpdateFailed(f"waiting for version {version}: {e}", have) from e
 
     def state_dict(self, as_torch: bool = True) -> dict[str, Any]:
         """The version held, by name: read-only views of the subscriber's verified copy (no
@@ -285,7 +389,12 @@ class Subscriber:
                     f"tensor {n!r}: the model's dtype is {t.dtype}, the version's {dt}", n
                 )
         key = _weak_key(model)
-        held = self._models.get(key) if key is not None else None
+        prints = tuple((n, int(t.data_ptr())) for n, t in targets.items())
+        if key is not None:
+            held = self._models.get(key)
+        else:
+            plain = self._plain.get(id(model))
+            held = plain[1] if plain is not None and plain[0] == prints else None
         last = self._n.last_delta()
         with torch.no_grad():
             if held == (v, tree):
@@ -311,6 +420,10 @@ class Subscriber:
                     t.copy_(_as_dtype(to_torch(r), t.dtype).view(t.shape))
         if key is not None:
             self._models[key] = (v, tree)
+        else:
+            self._plain[id(model)] = (prints, (v, tree))
+            while len(self._plain) > 16:
+                del self._plain[next(iter(self._plain))]
         return _version_of(self.metadata, v)
 
     def store_stats(self) -> list[dict[str, Any]]:
