@@ -101,3 +101,27 @@ def test_ray_weights() -> None:
     out = run_example("ray_weights.py")
     assert "rollout: got (1024, 1024) torch.float32, sum 524288.0" in out
     assert "driver: torch.Size([1024, 1024])" in out
+
+
+def test_weight_sync() -> None:
+    why = torch_import_error()
+    if why is not None:
+        pytest.skip(f"torch is not importable by {sys.executable}: {why}")
+    out = run_example("weight_sync.py")
+    for engine in (1, 2):
+        got = re.findall(
+            rf"^engine {engine}: version (\d) applied"
+            r" \((whole|delta): (\d+) of (\d+) bytes sent\)$",
+            out,
+            re.MULTILINE,
+        )
+        assert [(v, kind) for v, kind, _, _ in got] == [
+            ("1", "whole"),
+            ("2", "delta"),
+            ("3", "delta"),
+        ], out
+        for _, kind, sent, full in got:
+            # The whole version first; then 1% of the elements changed: a few percent sent.
+            assert int(sent) == int(full) if kind == "whole" else int(sent) < int(full) // 20, out
+        assert f"engine {engine}: same storage throughout" in out, out
+    assert "trainer: both engines are at version 3" in out, out

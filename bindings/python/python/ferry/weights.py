@@ -349,9 +349,11 @@ class Subscriber:
                 raise UpdateFailed(f"waiting for version {version}: {e}", have) from e
 
     def state_dict(self, as_torch: bool = True) -> dict[str, Any]:
-        """The version held, by name: read-only views of the subscriber's verified copy (no
-        copy made). They keep this version while held: a later update writes the next
-        version into new memory for the tensors still viewed."""
+        """The version held, by name: views of the subscriber's verified copy (no copy
+        made). They keep this version while held: a later update writes the next version
+        into new memory for the tensors still viewed. Do not write into them (torch has no
+        read-only tensors): a write changes the copy the next update builds on; use
+        `apply_to` for weights you may write."""
         conv = to_torch if as_torch else to_numpy
         return {n: conv(r) for n, r in self._n.tensors()}
 
