@@ -6,12 +6,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use ferry_core::{ALIGN, Tensor, TensorMeta};
+use ferry_core::{Tensor, TensorMeta};
 use serde_json::Value;
 
 use crate::bucket::{Bucket, BucketMut, WeakBucket};
 use crate::manifest::{DigestCell, Entry, digest};
 use crate::{StoreError, StoreOptions};
+
+mod plan;
+mod spares;
+
+pub(crate) use plan::plan;
+pub(crate) use spares::free_later;
+use spares::{background_priority, make_spares};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -618,50 +625,6 @@ impl Store {
     }
 }
 
-/// Lowers the calling thread's priority (nice 10; on Linux the nice value is per thread):
-/// background work takes the cores that publishers and readers leave.
-fn background_priority() {
-    #[cfg(target_os = "linux")]
-    let _ = rustix::process::setpriority_process(None, 10);
-}
-
-/// Makes spare buckets of `lens` ready for the next publish ([`StoreOptions::spare_buckets`])
-/// on a thread of its own at a low priority: each page written once, so the next publish
-/// copies into memory already there. Never past the budget, and never more spare bytes
-/// than `lens` add up to.
-fn make_spares(store: Arc<Store>, lens: Vec<usize>) {
-    let total: u64 = lens.iter().map(|&l| l as u64).sum();
-    let _ = std::thread::Builder::new().name("ferry-store-spare".into()).spawn(move || {
-        background_priority();
-        for len in lens {
-            {
-                let st = lock(&store.state);
-                let spare: u64 = st.spares.iter().map(|b| b.as_slice().len() as u64).sum();
-                if spare + len as u64 > total || st.used() + len as u64 > store.opts.budget_bytes {
-                    return;
-                }
-            }
-            let Ok(mut b) = BucketMut::create(len) else { return };
-            for x in b.as_mut_slice().iter_mut().step_by(4096) {
-                *x = 0;
-            }
-            let mut st = lock(&store.state);
-            if st.used() + len as u64 > store.opts.budget_bytes {
-                return; // (a publish took the room meanwhile: `b` is freed)
-            }
-            st.spares.push(b);
-        }
-    });
-}
-
-/// Drops `versions`; where that frees memory (about 0.2 s per GiB to unmap), on a thread of
-/// its own, not on the caller's time.
-pub(crate) fn free_later(versions: Vec<Version>) {
-    if versions.iter().any(|v| v.buckets.iter().any(Bucket::is_last)) {
-        let _ = std::thread::Builder::new().name("ferry-store-free".into()).spawn(move || drop(versions));
-    }
-}
-
 /// Copies a device tensor to the host (for the digest of a version whose buckets are on a
 /// device): e.g. `ferry_cuda_ipc::CudaIpcChannel::copy_to_host`.
 pub type HostRead = Arc<dyn Fn(&Tensor) -> Result<Vec<u8>, String> + Send + Sync>;
@@ -701,26 +664,6 @@ fn check_owner(name: &str, slot: &Slot, by: &Owner) -> Result<(), StoreError> {
         (Some(ferry_rpc::Identity::Uid(uid)), None) if *uid == rustix::process::geteuid().as_raw() => Ok(()),
         _ => Err(StoreError::Forbidden(format!("bundle {name:?} belongs to another identity"))),
     }
-}
-
-/// Places tensors of `lens` bytes in buckets of at most `bucket_bytes` (a larger tensor gets
-/// a bucket of its own): tensors of 4 KiB and more start on a page, smaller ones on 64
-/// bytes. Returns each tensor's (bucket, offset) and each bucket's length.
-pub(crate) fn plan(lens: &[u64], bucket_bytes: u64) -> (Vec<(u32, u64)>, Vec<u64>) {
-    let mut places = Vec::with_capacity(lens.len());
-    let mut buckets: Vec<u64> = Vec::new();
-    for &len in lens {
-        let align = if len >= 4096 { 4096 } else { ALIGN as u64 };
-        let fits = buckets.last().map(|&used| used.next_multiple_of(align).saturating_add(len) <= bucket_bytes);
-        if fits != Some(true) {
-            buckets.push(0);
-        }
-        let last = buckets.last_mut().expect("a bucket was just made");
-        let off = last.next_multiple_of(align);
-        *last = off + len;
-        places.push(((buckets.len() - 1) as u32, off));
-    }
-    (places, buckets)
 }
 
 /// Budget held by a builder until it commits or is dropped.
@@ -810,20 +753,5 @@ impl BundleBuilder {
             make_spares(store, lens);
         }
         v
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::plan;
-
-    #[test]
-    fn plan_packs_and_aligns() {
-        let (p, b) = plan(&[10, 5000, 100, 1 << 20], 1 << 20);
-        assert_eq!(p, vec![(0, 0), (0, 4096), (0, 9152), (1, 0)]);
-        assert_eq!(b, vec![9252, 1 << 20]);
-        let (p, b) = plan(&[3 << 20], 1 << 20);
-        assert_eq!((p, b), (vec![(0, 0)], vec![3 << 20]), "a large tensor gets its own bucket");
-        assert_eq!(plan(&[], 1 << 20), (vec![], vec![]));
     }
 }
