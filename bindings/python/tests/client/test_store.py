@@ -38,10 +38,20 @@ def checkpoint(path: Path) -> dict[str, npt.NDArray[Any]]:
 @pytest.fixture
 def weights(tmp_path: Path) -> Iterator[tuple[Server, dict[str, npt.NDArray[Any]]]]:
     sd = checkpoint(tmp_path / "model.safetensors")
+    # `--delta-bases 0`: the store keeps no superseded version for deltas of its own, so
+    # `held_versions` shows exactly what readers hold (these tests watch their holds).
     s = Server(
         "weights",
         unique_addr("weights"),
-        ["serve-weights", str(tmp_path / "model.safetensors"), "--name", "m", "--addr"],
+        [
+            "serve-weights",
+            str(tmp_path / "model.safetensors"),
+            "--name",
+            "m",
+            "--delta-bases",
+            "0",
+            "--addr",
+        ],
     )
     try:
         yield s, sd

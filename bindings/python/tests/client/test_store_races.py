@@ -122,7 +122,8 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture
 def racing(tmp_path: Path) -> Iterator[Server]:
-    """`ferry serve-weights` of version 1 of `m` (every element 1), 1 MiB buckets."""
+    """`ferry serve-weights` of version 1 of `m` (every element 1), 1 MiB buckets, no
+    superseded version kept for deltas (`held_versions` then shows the readers' holds)."""
     save_file(filled(1), str(tmp_path / "m.safetensors"))
     s = Server(
         "weights",
@@ -134,6 +135,8 @@ def racing(tmp_path: Path) -> Iterator[Server]:
             "m",
             "--bucket-mib",
             "1",
+            "--delta-bases",
+            "0",
             "--addr",
         ],
     )
