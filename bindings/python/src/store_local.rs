@@ -4,7 +4,7 @@
 //! where they lie, and copies the others once, straight into the new version's buckets
 //! (`StoreServer._build`: a [`VersionBuilder`] whose slots numpy fills), then commits.
 //!
-//! A slot is writable memory of a version not yet published: [`VersionBuilder::commit`]
+//! A slot is writable memory of a version not yet published: `VersionBuilder::commit`
 //! refuses while any array over a slot is still alive, so no Python object can write into
 //! a published version (its buckets never change once published; the digests the store
 //! keeps, and those it takes over from version to version, rely on it).

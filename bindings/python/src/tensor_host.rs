@@ -11,7 +11,7 @@
 //! When the host process dies, its peers' pipes close and the kernel frees what nobody
 //! maps: nothing is named in `/dev/shm`.
 //!
-//! Blocks a host hands out ([`TensorHost::block`]) come from its [`SharedPool`]: a segment
+//! Blocks a host hands out (`TensorHost::block`) come from its [`SharedPool`]: a segment
 //! whose id was freed and whose every peer lease was released is filled again (its pages are
 //! there already: a new segment costs the first touch of each page, most of a copy-in's
 //! time), never while a peer may still read it (see [`ferry::ferry_shm::SharedPool`]). Kept
