@@ -46,7 +46,7 @@ pub struct DeltaParams {
     /// (a long poll: the answer comes as the next version is published); absent or 0:
     /// answer at once. When the time runs out the answer is the latest version then
     /// (possibly `from` itself: every tensor `same`); NOT_FOUND if the bundle still has
-    /// none.
+    /// none. At most [`crate::rpc::MAX_DELTA_WAIT_MS`] (one minute); more is cut to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
 }

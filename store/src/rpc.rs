@@ -18,6 +18,10 @@ use serde_json::Value;
 use crate::delta::Delta;
 use crate::{Entry, Manifest, Store, StoreError};
 
+/// The longest `store.delta` waits for a new version (`wait_ms` above it is cut to it):
+/// one minute. The caller's long poll then asks again.
+pub const MAX_DELTA_WAIT_MS: u64 = 60_000;
+
 pub mod placement;
 
 /// Params of `store.publish`.
@@ -278,6 +282,9 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
         let ds = ds.clone();
         async move {
             if let (Some(ms), None) = (p.wait_ms.filter(|&ms| ms > 0), p.to) {
+                // A caller's long poll holds a call slot, not memory; it is still capped, so a
+                // peer cannot park calls past `MAX_DELTA_WAIT_MS` (it asks again).
+                let ms = ms.min(MAX_DELTA_WAIT_MS);
                 ds.store().wait_latest(&p.name, p.from, std::time::Duration::from_millis(ms)).await;
             }
             let d2 = ds.clone();
