@@ -48,6 +48,8 @@ use ferry_core::{Channel, ChannelError, ChannelSession, ConnInfo, DeviceKind, Se
 #[cfg(target_os = "linux")]
 mod batch;
 #[cfg(target_os = "linux")]
+mod cow;
+#[cfg(target_os = "linux")]
 mod pool;
 #[cfg(target_os = "linux")]
 mod recycle;
@@ -60,6 +62,8 @@ mod span;
 #[cfg(target_os = "linux")]
 mod sys;
 
+#[cfg(target_os = "linux")]
+pub use cow::CowBuf;
 #[cfg(target_os = "linux")]
 pub use recycle::{DEFAULT_IDLE_RELEASE, DEFAULT_KEEP_BYTES, SharedPool, SharedPoolOptions, SharedPoolStats};
 #[cfg(target_os = "linux")]

@@ -4,7 +4,9 @@
 //!
 //! The copy is copy-on-write per tensor: a tensor Python still holds a view of (a
 //! `state_dict` of version N) is copied before the next version is written into it, so
-//! readers of N keep N while they hold it; tensors nobody holds are patched in place.
+//! readers of N keep N while they hold it; tensors nobody holds are patched in place. The
+//! views themselves are private mappings ([`ferry::ferry_shm::CowBuf`]): a reader that
+//! writes into one (torch has no read-only tensors) changes only its own pages.
 //! `apply_to(model)` (Python, `python/ferry/weights.py`) writes the last delta's changes,
 //! already checked here, into a model's parameters.
 
@@ -24,7 +26,17 @@ use crate::client::errors::{call_error, connect_error};
 use crate::runtime;
 use crate::tensors::TensorRef;
 
-/// One tensor's bytes, shared with the Python views made of it.
+/// One tensor's bytes: on the heap as they arrived, or, once Python asked for a view, in a
+/// memfd that views map copy-on-write ([`ferry::ferry_shm::CowBuf`], Linux), so that a
+/// write into a torch view (torch has no read-only tensors) stays in that view and never
+/// reaches the verified copy the next version is built on.
+enum Data {
+    Heap(Arc<AlignedBuf>),
+    #[cfg(target_os = "linux")]
+    Cow(Arc<ferry::ferry_shm::CowBuf>),
+}
+
+/// A heap buffer's bytes, shared with the views made of it (off Linux, and empty tensors).
 #[derive(Clone)]
 struct Buf(Arc<AlignedBuf>);
 
@@ -34,11 +46,60 @@ impl AsRef<[u8]> for Buf {
     }
 }
 
+impl Data {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Data::Heap(b) => b.as_ref().as_ref(),
+            #[cfg(target_os = "linux")]
+            Data::Cow(b) => b.as_slice(),
+        }
+    }
+
+    /// The bytes to write version N+1 into: in place when no view of N lives, else a new
+    /// buffer (a reader of N keeps N while it holds it).
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let shared = match self {
+            Data::Heap(b) => Arc::get_mut(b).is_none(),
+            #[cfg(target_os = "linux")]
+            Data::Cow(b) => Arc::get_mut(b).is_none(),
+        };
+        if shared {
+            *self = Data::Heap(Arc::new(AlignedBuf::copy_from(self.bytes())));
+        }
+        match self {
+            Data::Heap(b) => Arc::get_mut(b).map_or(&mut [], AsMut::as_mut),
+            #[cfg(target_os = "linux")]
+            Data::Cow(b) => Arc::get_mut(b).map_or(&mut [], |b| b.as_mut_slice()),
+        }
+    }
+
+    /// A view for Python: copy-on-write on Linux (the bytes move into a memfd once, on the
+    /// first view of this version), the shared heap buffer elsewhere.
+    fn view(&mut self) -> std::io::Result<Bytes> {
+        #[cfg(target_os = "linux")]
+        {
+            if let Data::Heap(b) = self
+                && !b.is_empty()
+            {
+                *self = Data::Cow(Arc::new(ferry::ferry_shm::CowBuf::copy_from(b.as_ref().as_ref())?));
+            }
+            if let Data::Cow(b) = self {
+                return b.view();
+            }
+        }
+        match self {
+            Data::Heap(b) => Ok(Bytes::from_owner(Buf(b.clone()))),
+            #[cfg(target_os = "linux")]
+            Data::Cow(_) => Err(std::io::Error::other("unreachable: a copy-on-write buffer was not viewed")),
+        }
+    }
+}
+
 /// The verified copy of the version held: a [`DeltaTarget`], copy-on-write per tensor.
 #[derive(Default)]
 struct Copy {
     held: Held,
-    data: HashMap<String, Arc<AlignedBuf>>,
+    data: HashMap<String, Data>,
 }
 
 impl DeltaTarget for Copy {
@@ -46,21 +107,16 @@ impl DeltaTarget for Copy {
         &self.held
     }
     fn bytes(&self, name: &str) -> Option<&[u8]> {
-        self.data.get(name).map(|b| b.as_ref().as_ref())
+        self.data.get(name).map(Data::bytes)
     }
     fn bytes_mut(&mut self, name: &str) -> Option<&mut [u8]> {
-        let b = self.data.get_mut(name)?;
-        if Arc::get_mut(b).is_none() {
-            // A reader still holds version N of this tensor: N+1 goes into a new buffer.
-            *b = Arc::new(AlignedBuf::copy_from(b.as_ref().as_ref()));
-        }
-        Arc::get_mut(b).map(AsMut::as_mut)
+        self.data.get_mut(name).map(Data::bytes_mut)
     }
     fn can_replace(&self) -> bool {
         true
     }
     fn replace(&mut self, name: &str, _: DType, _: &[u64], data: AlignedBuf) {
-        self.data.insert(name.to_owned(), Arc::new(data));
+        self.data.insert(name.to_owned(), Data::Heap(Arc::new(data)));
     }
     fn remove(&mut self, name: &str) {
         self.data.remove(name);
@@ -249,14 +305,21 @@ impl WeightsSubscriber {
         Ok(self.state()?.copy.held.metadata.to_string())
     }
 
-    /// Every tensor held, in the order published: `(name, TensorRef)`, each a read-only
-    /// view of the copy (no copy made; the view keeps this version's bytes).
+    /// Every tensor held, in the order published: `(name, TensorRef)`, each a view of the
+    /// copy that keeps this version's bytes. On Linux each call maps the copy anew,
+    /// copy-on-write: no copy is made (the first view of a version moves each tensor into a
+    /// memfd once), and a write into a view (torch) stays in that view, never reaching the
+    /// copy, later views or later versions.
     fn tensors(&self) -> PyResult<Vec<(String, TensorRef)>> {
-        let st = self.state()?;
+        let mut guard = self.state()?;
+        let st = &mut *guard;
         let mut out = Vec::with_capacity(st.copy.held.tensors.len());
         for (n, d, s, _) in &st.copy.held.tensors {
-            let buf = st.copy.data.get(n).ok_or_else(|| PyRuntimeError::new_err(format!("tensor {n:?} is missing")))?;
-            let t = Tensor::new(TensorMeta::new(*d, s.clone()), Bytes::from_owner(Buf(buf.clone())))
+            let data =
+                st.copy.data.get_mut(n).ok_or_else(|| PyRuntimeError::new_err(format!("tensor {n:?} is missing")))?;
+            let bytes =
+                data.view().map_err(|e| PyRuntimeError::new_err(format!("tensor {n:?}: cannot map it: {e}")))?;
+            let t = Tensor::new(TensorMeta::new(*d, s.clone()), bytes)
                 .map_err(|e| PyRuntimeError::new_err(format!("tensor {n:?}: {e}")))?;
             out.push((n.clone(), TensorRef::new(t)));
         }

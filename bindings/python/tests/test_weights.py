@@ -293,6 +293,31 @@ def test_a_reader_writing_into_its_view_of_a_version_does_not_change_the_store(
     b.close()
 
 
+def test_a_subscriber_writing_into_its_state_dict_leaves_the_verified_copy_intact(
+    store: ferry.StoreServer,
+) -> None:
+    pub = fw.Publisher(store, "m")
+    sub = fw.subscribe(store.addr, "m")
+    v1 = make_state()
+    pub.publish(v1, version=1)
+    sub.wait_for(1, timeout=WAIT)
+    mine = sub.state_dict()
+    for t in mine.values():
+        t.reshape(-1).view(torch.uint8).fill_(0xA5)
+    assert not same(mine, v1), "the writes took"
+    assert same(sub.state_dict(), v1), "a write into a view reached the verified copy"
+    # Version 2 changes one tensor and keeps the rest: the changed one is built on the
+    # verified bytes (its digest checks), the kept ones claim version 2 with their bytes.
+    v2 = step(v1, 0.05, 2)
+    changed = next(n for n in v1 if not same({n: v1[n]}, {n: v2[n]}))
+    pub.publish({changed: v2[changed]}, version=2, changed=[changed])
+    v2 = {**v1, changed: v2[changed]}
+    got = sub._update(None, WAIT)
+    assert got["version"] == 2, got
+    assert same(sub.state_dict(), v2)
+    assert not same(mine, v1), "the reader's own pages keep its writes"
+
+
 def test_a_version_being_built_cannot_be_committed_while_an_array_can_still_write_into_it(
     store: ferry.StoreServer,
 ) -> None:

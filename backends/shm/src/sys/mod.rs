@@ -127,6 +127,12 @@ impl ExclusiveRange {
         unsafe { std::slice::from_raw_parts(self.0.seg.map.as_ptr().add(self.0.offset), self.0.len) }
     }
 
+    /// A duplicate of its segment's descriptor (to map the segment again, privately:
+    /// [`PeerSegment::open`]).
+    pub fn dup_fd(&self) -> io::Result<OwnedFd> {
+        self.0.seg.dup_fd()
+    }
+
     /// Ends writing: the range becomes read-only and shareable, still claimed.
     pub fn freeze(self) -> SharedRange {
         SharedRange(self.0)

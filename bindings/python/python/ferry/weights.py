@@ -351,9 +351,11 @@ class Subscriber:
     def state_dict(self, as_torch: bool = True) -> dict[str, Any]:
         """The version held, by name: views of the subscriber's verified copy (no copy
         made). They keep this version while held: a later update writes the next version
-        into new memory for the tensors still viewed. Do not write into them (torch has no
-        read-only tensors): a write changes the copy the next update builds on; use
-        `apply_to` for weights you may write."""
+        into new memory for the tensors still viewed. Each call maps the copy anew,
+        copy-on-write (Linux): a write into these tensors (torch has no read-only tensors)
+        copies the pages it touches into this dict's tensors alone, never into the verified
+        copy, another `state_dict` or a later version. For weights a model keeps and
+        updates in place, use `apply_to`."""
         conv = to_torch if as_torch else to_numpy
         return {n: conv(r) for n, r in self._n.tensors()}
 
