@@ -60,7 +60,7 @@ pub use spin::{BusyPoll, ListenerSpin, SpinStats};
 pub use tensor::{ALIGN, AlignedBuf, DeviceBuffer, Storage, Tensor, TensorMut, WritableStorage};
 pub use ticket::{SendTicket, Tickets};
 pub use transport::{
-    Address, ConnInfo, Connection, DirectRead, FdQueue, Listener, PeerLiveness, Readiness, Split, Transport,
+    Address, ConnInfo, Connection, DirectRead, FdQueue, Half, Listener, PeerLiveness, Readiness, Split, Transport,
     TransportHandle,
 };
 pub use wire::{Limits, PROTOCOL_VERSION, Refusal};

@@ -93,7 +93,8 @@ struct Shared {
     ring_closer: RingCloser,
     /// Whether the peer's end is closed ([`crate::PeerLiveness`]), when the transport tells.
     liveness: Option<Arc<dyn crate::PeerLiveness>>,
-    /// The reader's direct wait ([`direct`]), interrupted when the pipe closes.
+    /// The socket's direct wait ([`direct`], and a blocking caller's driven frames:
+    /// [`crate::DirectRead::drive`]), interrupted when the pipe closes.
     direct: Option<Arc<dyn crate::DirectRead>>,
     /// This side closed the pipe ([`Pipe::close`]).
     closed_here: AtomicBool,
@@ -184,7 +185,7 @@ impl Pipe {
         let ring_closer = writer.ring_closer();
         let liveness = writer.liveness();
         let shared = Arc::new(Shared {
-            direct: reader.direct().cloned(),
+            direct: reader.socket_direct().cloned(),
             ring_closer,
             liveness,
             closed_here: AtomicBool::new(false),

@@ -262,6 +262,15 @@ pub trait Connection: Send + 'static {
     }
 }
 
+/// A connection's half, driven by a blocking caller ([`DirectRead::drive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    /// The read half: the caller reads a frame.
+    Read,
+    /// The write half: the caller writes one.
+    Write,
+}
+
 /// What a [`DirectRead::wait_readable`] ended with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
@@ -297,6 +306,25 @@ pub trait DirectRead: Send + Sync + 'static {
     /// meanwhile are never slept through. `None`: cannot tell (the default).
     fn readable_now(&self) -> Option<bool> {
         None
+    }
+    /// Blocks this thread until the write half has room, `deadline` passes, or the waits
+    /// are interrupted (then [`Readiness::Readable`] means "room"). `None`: this transport
+    /// cannot wait for room on a caller's thread (the default).
+    fn wait_writable(&self, deadline: Option<std::time::Instant>) -> Option<std::io::Result<Readiness>> {
+        let _ = deadline;
+        None
+    }
+    /// While `yes`, the calling thread drives `half` itself, one frame at a time
+    /// (`crate::Pipe::send_blocking` and `recv_blocking` moving a frame larger than the
+    /// socket holds): a read or write made *on this thread* that finds the socket empty or
+    /// full returns `Pending` without asking the runtime to watch it, for the caller waits
+    /// with [`DirectRead::wait_readable`] / [`DirectRead::wait_writable`] and polls again.
+    /// Each socket buffer's worth then costs one wake-up of the caller's thread, by the
+    /// kernel, where the runtime's would cost two (its I/O thread, then the caller). Polls
+    /// from other threads (the pipe's tasks) are never affected. Default: nothing changes
+    /// (the runtime keeps watching, and the caller's waits still work).
+    fn drive(&self, half: Half, yes: bool) {
+        let _ = (half, yes);
     }
 }
 

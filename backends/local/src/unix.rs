@@ -17,7 +17,7 @@ use rustix::net::{
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::IpcStream;
 
@@ -96,14 +96,10 @@ impl Connection for LocalConnection {
                 busy: busy.clone(),
                 last_data: None,
                 spin: self.spin,
-                direct: self.direct,
+                direct: self.direct.clone(),
             }),
             liveness: Some(Arc::new(Liveness(self.stream.clone()))),
-            write: Box::new(WriteHalf {
-                stream: self.stream,
-                fds: fds.clone(),
-                reg: Reg::new(None, Interest::WRITABLE),
-            }),
+            write: Box::new(WriteHalf { stream: self.stream, fds: fds.clone(), direct: self.direct.clone() }),
             fds: Some(fds),
             busy_poll: Some(busy),
         }
@@ -226,6 +222,19 @@ impl AsyncRead for ReadHalf {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
+        // A blocking caller drives this read: it waits for the socket itself and polls
+        // again ([`ferry_core::DirectRead::drive`]), so the runtime is not asked to watch.
+        if this.direct.driven_here(ferry_core::Half::Read) {
+            return match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
+                Ok(n) => {
+                    buf.advance(n);
+                    this.last_data = Some(Instant::now());
+                    Poll::Ready(Ok(()))
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            };
+        }
         if let Some(r) = this.spin(cx, buf) {
             return r;
         }
@@ -244,9 +253,10 @@ impl AsyncRead for ReadHalf {
 struct WriteHalf {
     stream: Arc<UnixStream>,
     fds: Arc<FdQueue>,
-    /// Registered for room alone, on a duplicate of the socket, when a write first has to
-    /// wait for room (most never do).
-    reg: Reg<OwnedFd>,
+    /// The connection's direct wait, which keeps the write half's registration (for room
+    /// alone, on a duplicate of the socket, made when a write first has to wait for room:
+    /// most never do) and says when a blocking caller drives the write.
+    direct: Arc<Direct>,
 }
 
 fn send_with_fds(stream: &UnixStream, src: &[u8], fds: &[OwnedFd]) -> io::Result<usize> {
@@ -282,7 +292,12 @@ impl AsyncWrite for WriteHalf {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             r => return Poll::Ready(r),
         }
-        this.reg.poll_io(cx, || stream.as_fd().try_clone_to_owned(), send)
+        // A blocking caller drives this write: it waits for room itself and polls again
+        // ([`ferry_core::DirectRead::drive`]).
+        if this.direct.driven_here(ferry_core::Half::Write) {
+            return Poll::Pending;
+        }
+        this.direct.write().poll_io(cx, || stream.as_fd().try_clone_to_owned(), send)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {

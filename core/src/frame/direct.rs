@@ -22,6 +22,12 @@ impl FrameReader {
         self.sock.direct.as_ref()
     }
 
+    /// The byte stream's direct wait, link or not (a blocking caller moving a frame on the
+    /// socket drives it: [`crate::DirectRead::drive`]).
+    pub(crate) fn socket_direct(&self) -> Option<&Arc<dyn crate::DirectRead>> {
+        self.sock.direct.as_ref()
+    }
+
     /// True when bytes of the stream are buffered here already (a frame has begun).
     pub(crate) fn has_buffered(&self) -> bool {
         !self.sock.inner.buffer().is_empty()

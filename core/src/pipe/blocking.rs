@@ -34,6 +34,7 @@ use tokio::sync::mpsc::{self, error::TryRecvError};
 use crate::error::PipeError;
 use crate::frame::{FrameReader, WaitSpin};
 use crate::message::Message;
+use crate::transport::{Half, Readiness};
 
 use super::write::Now;
 use super::{Pipe, read};
@@ -209,25 +210,25 @@ impl Pipe {
             .recv_direct(&mut reader, deadline, timed_out)
             .or_else(|| reader.packed_now(deadline, control, |record| read::unpack(shared, record)));
         let got = now.unwrap_or_else(|| {
-            self.run_here(async {
-                loop {
+            loop {
+                let ready = self.run_here(async {
                     let waits_itself = reader.waits_for_deadlines();
                     let wait = reader.wait_readable(WaitSpin::Blocking(deadline));
-                    let ready = match deadline {
-                        Some(d) if !waits_itself => {
-                            tokio::time::timeout_at(d.into(), wait).await.unwrap_or(Ok(false))?
-                        }
-                        _ => wait.await?,
-                    };
-                    if !ready {
-                        return Err(timed_out());
+                    match deadline {
+                        Some(d) if !waits_itself => tokio::time::timeout_at(d.into(), wait).await.unwrap_or(Ok(false)),
+                        _ => wait.await,
                     }
-                    let read = reader.read_frame().await?;
-                    if let Some(msg) = read::handle_read(shared, read).await? {
-                        return Ok(msg);
-                    }
+                })?;
+                if !ready {
+                    return Err(timed_out());
                 }
-            })
+                // A frame the ring diverted to the socket (larger than a ring record) is
+                // read on this thread, driven ([`Pipe::run_driven`]).
+                let read = self.run_driven(Half::Read, reader.read_frame())?;
+                if let Some(msg) = self.run_here(read::handle_read(shared, read))? {
+                    return Ok(msg);
+                }
+            }
         });
         match got {
             Err(PipeError::Timeout(_, "recv_blocking")) | Ok(_) => {
@@ -271,7 +272,7 @@ impl Pipe {
     ) -> Result<(), PipeError> {
         self.check_send(&msg)?;
         let Some(mut order) = self.shared.send_order.try_lock() else {
-            return self.run_here(within(deadline, timeout, self.send_inner(msg)));
+            return self.run_driven(Half::Write, within(deadline, timeout, self.send_inner(msg)));
         };
         let scratch = &mut *order;
         let mut out = crate::channel::Outgoing::default();
@@ -285,12 +286,13 @@ impl Pipe {
             None => {
                 scratch.locs.clear();
                 drop(order);
-                return self.run_here(within(deadline, timeout, self.send_inner(msg)));
+                return self.run_driven(Half::Write, within(deadline, timeout, self.send_inner(msg)));
             }
         }
         if !self.shared.pack(&msg, &scratch.locs, &mut scratch.record) {
             let locs = std::mem::take(&mut scratch.locs);
-            return self.run_here(within(deadline, timeout, self.send_encoded(msg, locs, out, &mut scratch.record)));
+            let send = self.send_encoded(msg, locs, out, &mut scratch.record);
+            return self.run_driven(Half::Write, within(deadline, timeout, send));
         }
         // The frame (its payload parts) and the locations are freed after the record is
         // out, not before: off the way of the answer.
@@ -328,6 +330,60 @@ impl Pipe {
                 }
                 // A wake that came before this park is kept (the thread's token): none is lost.
                 std::thread::park();
+            }
+        })
+    }
+
+    /// [`Pipe::run_here`] for a future that moves a frame through the socket (reads one, or
+    /// writes one): while it waits, this thread waits for the socket itself
+    /// ([`crate::DirectRead::wait_readable`] / [`crate::DirectRead::wait_writable`]) with
+    /// the socket driven ([`crate::DirectRead::drive`]), so that each socket buffer's worth
+    /// of a large frame costs one wake-up of this thread by the kernel, not two (the
+    /// runtime's I/O thread, then this one).
+    ///
+    /// - The waits are [`DRIVEN_SLICE`]s: a timer the future also holds (a frame's time
+    ///   limit, a send's deadline) is seen at the next slice at the latest.
+    /// - A future that still waits although the socket is ready waits for something else
+    ///   (room in a ring or a pool): it is then polled undriven and this thread parks until
+    ///   it is woken, as [`Pipe::run_here`] does.
+    /// - Without a direct wait (no unix socket), a closed pipe's interrupted waits, or a
+    ///   failed one: [`Pipe::run_here`].
+    pub(super) fn run_driven<F: Future>(&self, half: Half, f: F) -> F::Output {
+        let Some(direct) = self.shared.direct.clone() else { return self.run_here(f) };
+        let _context = self.handle.enter();
+        let mut f = std::pin::pin!(f);
+        let undrive = Undrive(&*direct, half);
+        THREAD_WAKER.with(|waker| {
+            let mut cx = std::task::Context::from_waker(waker);
+            let mut driven = true;
+            loop {
+                direct.drive(half, driven);
+                if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                    drop(undrive);
+                    return v;
+                }
+                if !driven {
+                    std::thread::park();
+                    driven = true;
+                    continue;
+                }
+                let wait = |until: Instant| match half {
+                    Half::Read => Some(direct.wait_readable(Some(until))),
+                    Half::Write => direct.wait_writable(Some(until)),
+                };
+                // First a look (a deadline of now): a socket ready already, which the
+                // driven poll did not take, means the future waits for something else.
+                // Undriven, the socket's runtime registration is back for whatever it does
+                // next, and this thread parks until it is woken.
+                driven = match wait(Instant::now()) {
+                    Some(Ok(Readiness::Deadline)) => {
+                        matches!(
+                            wait(Instant::now() + DRIVEN_SLICE),
+                            Some(Ok(Readiness::Readable | Readiness::Deadline))
+                        )
+                    }
+                    _ => false,
+                };
             }
         })
     }
@@ -383,6 +439,20 @@ thread_local! {
     /// This thread's waker for [`Pipe::run_here`].
     static THREAD_WAKER: std::task::Waker =
         std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+}
+
+/// The longest one wait of [`Pipe::run_driven`] lasts before the future is polled again
+/// (for the timers it holds).
+const DRIVEN_SLICE: Duration = Duration::from_millis(5);
+
+/// Gives the socket back to the runtime's watch however a driven future ends (a panic
+/// included).
+struct Undrive<'a>(&'a dyn crate::DirectRead, Half);
+
+impl Drop for Undrive<'_> {
+    fn drop(&mut self) {
+        self.0.drive(self.1, false);
+    }
 }
 
 /// Counts a caller out of [`Handover::wanted`] however its call ends.

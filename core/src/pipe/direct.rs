@@ -50,11 +50,11 @@ impl Pipe {
                     Err(e) => break Err(e.into()),
                 }
             }
-            // The bytes are there: a small frame is read and handled at the first poll.
-            let got = self.run_here(async {
-                let frame = reader.read_frame().await?;
-                read::handle_read(shared, frame).await
-            });
+            // The bytes are there: a small frame is read at the first poll, a large one
+            // driven on this thread ([`Pipe::run_driven`]).
+            let got = self
+                .run_driven(crate::transport::Half::Read, reader.read_frame())
+                .and_then(|frame| self.run_here(read::handle_read(shared, frame)));
             match got {
                 Ok(Some(msg)) => break Ok(msg),
                 Ok(None) => {}

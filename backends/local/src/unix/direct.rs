@@ -10,11 +10,11 @@
 
 use std::io;
 use std::os::unix::net::{UnixStream, UnixStream as StdUnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use ferry_core::{DirectRead, Readiness};
+use ferry_core::{DirectRead, Half, Readiness};
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 
@@ -29,9 +29,17 @@ pub(crate) struct Direct {
     /// The read half's registration with the runtime, put away while a blocking caller
     /// waits here (the runtime's thread is then not woken by the bytes it takes).
     read: Reg<Arc<UnixStream>>,
+    /// The write half's registration with the runtime (for room), put away while a
+    /// blocking caller waits for room here.
+    write: Reg<OwnedFd>,
     /// A direct wait saw the socket readable: the read half reads it before asking the
     /// runtime (cleared at the first read that finds nothing).
     primed: AtomicBool,
+    /// The thread that drives the read half ([`DirectRead::drive`]; 0: none): a read made
+    /// on it that finds nothing returns `Pending` without registering with the runtime.
+    read_driver: AtomicU64,
+    /// The same for the write half.
+    write_driver: AtomicU64,
     wake: Mutex<Wake>,
 }
 
@@ -53,6 +61,31 @@ struct Waiter {
     epoll: OwnedFd,
 }
 
+/// The timeout of one wait until `deadline` (rounded up: a wait never ends before its
+/// deadline), and whether it is the last: past the deadline, a wait only looks (a zero
+/// timeout), so a deadline of now asks whether the socket is ready.
+fn until(deadline: Option<Instant>) -> (Option<Timespec>, bool) {
+    let Some(d) = deadline else { return (None, false) };
+    let left = d.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return (Some(Timespec { tv_sec: 0, tv_nsec: 0 }), true);
+    }
+    let left = left + std::time::Duration::from_nanos(999);
+    (
+        Some(Timespec { tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX), tv_nsec: left.subsec_nanos().into() }),
+        false,
+    )
+}
+
+/// This thread's key for [`Direct`]'s drivers (never 0).
+fn thread_key() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static KEY: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    KEY.with(|k| *k)
+}
+
 /// The socket's event data in [`Waiter::epoll`].
 const SOCKET: u64 = 0;
 /// The interrupt's.
@@ -72,8 +105,11 @@ impl Direct {
     pub(crate) fn new(stream: Arc<UnixStream>) -> Arc<Self> {
         Arc::new(Direct {
             read: Reg::new(Some(stream.clone()), Interest::READABLE),
+            write: Reg::new(None, Interest::WRITABLE),
             stream,
             primed: AtomicBool::new(false),
+            read_driver: AtomicU64::new(0),
+            write_driver: AtomicU64::new(0),
             wake: Mutex::default(),
         })
     }
@@ -81,6 +117,21 @@ impl Direct {
     /// The read half's registration with the runtime.
     pub(crate) fn read(&self) -> &Reg<Arc<UnixStream>> {
         &self.read
+    }
+
+    /// The write half's registration with the runtime (made at its first wait for room,
+    /// on a descriptor of its own: registrations are keyed by descriptor).
+    pub(crate) fn write(&self) -> &Reg<OwnedFd> {
+        &self.write
+    }
+
+    /// True when this thread drives `half` ([`DirectRead::drive`]).
+    pub(crate) fn driven_here(&self, half: Half) -> bool {
+        let driver = match half {
+            Half::Read => &self.read_driver,
+            Half::Write => &self.write_driver,
+        };
+        driver.load(Ordering::Acquire) == thread_key()
     }
 
     /// True when the read half should read the socket before asking the runtime.
@@ -95,6 +146,49 @@ impl Direct {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Wake> {
         self.wake.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Direct {
+    /// [`DirectRead::wait_writable`]: a `poll(2)` of the socket for room and of the
+    /// interrupt pair (a wait for room comes once per socket buffer's worth of a large
+    /// frame, not per message: no set kept for it).
+    fn wait_room(&self, deadline: Option<Instant>) -> io::Result<Readiness> {
+        use rustix::event::{PollFd, PollFlags};
+        let waiter = {
+            let mut w = self.lock();
+            if w.interrupted {
+                return Ok(Readiness::Interrupted);
+            }
+            match &w.waiter {
+                Some(p) => p.clone(),
+                None => {
+                    let p = Arc::new(Waiter::new(&self.stream)?);
+                    w.waiter = Some(p.clone());
+                    p
+                }
+            }
+        };
+        self.write.unregister();
+        loop {
+            let (timeout, last) = until(deadline);
+            let mut fds = [PollFd::new(&*self.stream, PollFlags::OUT), PollFd::new(&waiter.pair.0, PollFlags::IN)];
+            match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            if !fds[1].revents().is_empty() {
+                return Ok(Readiness::Interrupted);
+            }
+            // Room, the end (HUP), or an error: the write says which.
+            if !fds[0].revents().is_empty() {
+                return Ok(Readiness::Readable);
+            }
+            if last {
+                return Ok(Readiness::Deadline);
+            }
+        }
     }
 }
 
@@ -116,21 +210,7 @@ impl DirectRead for Direct {
         };
         self.read.unregister();
         loop {
-            let timeout = match deadline {
-                None => None,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(Readiness::Deadline);
-                    }
-                    // Rounded up: a wait never ends before its deadline.
-                    let left = left + std::time::Duration::from_nanos(999);
-                    Some(Timespec {
-                        tv_sec: left.as_secs().try_into().unwrap_or(i64::MAX),
-                        tv_nsec: left.subsec_nanos().into(),
-                    })
-                }
-            };
+            let (timeout, last) = until(deadline);
             let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 2];
             let events = match epoll::wait(&waiter.epoll, &mut buf, timeout.as_ref()) {
                 Ok((events, _)) => events,
@@ -145,6 +225,9 @@ impl DirectRead for Direct {
                 self.primed.store(true, Ordering::Release);
                 return Ok(Readiness::Readable);
             }
+            if last {
+                return Ok(Readiness::Deadline);
+            }
         }
     }
 
@@ -155,6 +238,18 @@ impl DirectRead for Direct {
             Ok(n) => Some(n > 0),
             Err(_) => None,
         }
+    }
+
+    fn wait_writable(&self, deadline: Option<Instant>) -> Option<io::Result<Readiness>> {
+        Some(self.wait_room(deadline))
+    }
+
+    fn drive(&self, half: Half, yes: bool) {
+        let driver = match half {
+            Half::Read => &self.read_driver,
+            Half::Write => &self.write_driver,
+        };
+        driver.store(if yes { thread_key() } else { 0 }, Ordering::Release);
     }
 
     fn interrupt(&self) {
