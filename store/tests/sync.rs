@@ -214,3 +214,42 @@ fn spare_buckets_are_made_after_a_publish_filled_by_the_next_and_let_go_under_th
     let v3 = store.publish("m", state(&|_| 0.25), Value::Null, None).unwrap();
     digests_true(&v3);
 }
+
+/// Publishes at once each make spares in the background; together they keep at most one
+/// publish's worth (the soak's "tokenless QUIC conns close" phase once found two where one
+/// publish's worth was due).
+#[test]
+fn concurrent_publishes_keep_at_most_one_publish_worth_of_spares() {
+    let v = 8 * 4 * N as u64; // one version: eight 16 KiB tensors in one bucket
+    let n = 16u64;
+    let store = Arc::new(Store::new(StoreOptions {
+        budget_bytes: 4 * n * v,
+        bucket_bytes: 1 << 20,
+        spare_buckets: true,
+        ..StoreOptions::default()
+    }));
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                store.publish(&format!("m{i}"), state(&|_| i as f32), Value::Null, None).unwrap()
+            })
+        })
+        .collect();
+    let versions: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // The spares are made in the background: wait until the figure holds still (bounded).
+    let (mut last, mut still) = (store.used_bytes(), 0);
+    for _ in 0..3000 {
+        std::thread::sleep(Duration::from_millis(1));
+        let now = store.used_bytes();
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+        if still >= 200 {
+            break;
+        }
+    }
+    assert!(still >= 200, "the spares settled");
+    let spare = store.used_bytes() - n * v;
+    assert!(spare <= v, "{spare} spare bytes kept by {n} publishes at once; one publish is {v}");
+    drop(versions);
+}

@@ -34,8 +34,11 @@ pub(super) fn make_spares(store: Arc<Store>, lens: Vec<usize>) {
                 *x = 0;
             }
             let mut st = lock(&store.state);
-            if st.used() + len as u64 > store.opts.budget_bytes {
-                return; // (a publish took the room meanwhile: `b` is freed)
+            // Checked again under the lock: publishes at once each make spares, and
+            // without this they would together keep more than one publish's worth.
+            let spare: u64 = st.spares.iter().map(|b| b.as_slice().len() as u64).sum();
+            if spare + len as u64 > total || st.used() + len as u64 > store.opts.budget_bytes {
+                return; // (another publish's spares, or a publish took the room: `b` is freed)
             }
             st.spares.push(b);
         }
