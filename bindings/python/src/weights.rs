@@ -77,20 +77,15 @@ impl Data {
     /// first view of this version), the shared heap buffer elsewhere.
     fn view(&mut self) -> std::io::Result<Bytes> {
         #[cfg(target_os = "linux")]
+        if let Data::Heap(b) = self
+            && !b.is_empty()
         {
-            if let Data::Heap(b) = self
-                && !b.is_empty()
-            {
-                *self = Data::Cow(Arc::new(ferry::ferry_shm::CowBuf::copy_from(b.as_ref().as_ref())?));
-            }
-            if let Data::Cow(b) = self {
-                return b.view();
-            }
+            *self = Data::Cow(Arc::new(ferry::ferry_shm::CowBuf::copy_from(b.as_ref().as_ref())?));
         }
         match self {
             Data::Heap(b) => Ok(Bytes::from_owner(Buf(b.clone()))),
             #[cfg(target_os = "linux")]
-            Data::Cow(_) => Err(std::io::Error::other("unreachable: a copy-on-write buffer was not viewed")),
+            Data::Cow(b) => b.view(),
         }
     }
 }

@@ -150,25 +150,24 @@ impl Direct {
 }
 
 impl Direct {
+    /// The waits' descriptors, made at the first wait; `None` once interrupted.
+    fn waiter(&self) -> io::Result<Option<Arc<Waiter>>> {
+        let mut w = self.lock();
+        if w.interrupted {
+            return Ok(None);
+        }
+        if w.waiter.is_none() {
+            w.waiter = Some(Arc::new(Waiter::new(&self.stream)?));
+        }
+        Ok(w.waiter.clone())
+    }
+
     /// [`DirectRead::wait_writable`]: a `poll(2)` of the socket for room and of the
     /// interrupt pair (a wait for room comes once per socket buffer's worth of a large
     /// frame, not per message: no set kept for it).
     fn wait_room(&self, deadline: Option<Instant>) -> io::Result<Readiness> {
         use rustix::event::{PollFd, PollFlags};
-        let waiter = {
-            let mut w = self.lock();
-            if w.interrupted {
-                return Ok(Readiness::Interrupted);
-            }
-            match &w.waiter {
-                Some(p) => p.clone(),
-                None => {
-                    let p = Arc::new(Waiter::new(&self.stream)?);
-                    w.waiter = Some(p.clone());
-                    p
-                }
-            }
-        };
+        let Some(waiter) = self.waiter()? else { return Ok(Readiness::Interrupted) };
         self.write.unregister();
         loop {
             let (timeout, last) = until(deadline);
@@ -194,20 +193,7 @@ impl Direct {
 
 impl DirectRead for Direct {
     fn wait_readable(&self, deadline: Option<Instant>) -> io::Result<Readiness> {
-        let waiter = {
-            let mut w = self.lock();
-            if w.interrupted {
-                return Ok(Readiness::Interrupted);
-            }
-            match &w.waiter {
-                Some(p) => p.clone(),
-                None => {
-                    let p = Arc::new(Waiter::new(&self.stream)?);
-                    w.waiter = Some(p.clone());
-                    p
-                }
-            }
-        };
+        let Some(waiter) = self.waiter()? else { return Ok(Readiness::Interrupted) };
         self.read.unregister();
         loop {
             let (timeout, last) = until(deadline);
