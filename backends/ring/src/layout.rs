@@ -22,9 +22,6 @@
 //! +256  consumer_sleeping: u32 futex word (consumer sets 1 before sleeping on an empty ring)
 //! +384  producer_sleeping: u32 futex word (producer sets 1 before sleeping on a full ring)
 //! +512  closed: u32, PRODUCER_CLOSED | CONSUMER_CLOSED (orderly close, either side)
-//! +640  consumer_cpu: u32, advisory: 1 + the CPU the consumer last began a wait on (0:
-//!       not said; a peer that does not know the word leaves it 0). Read only as a hint
-//!       for the wait policy, never for a length, an index or a decision about memory.
 //! ```
 //!
 //! A record in the data area is an 8-byte header (`len: u32` in the low half, `tag: u32`
@@ -70,8 +67,6 @@ pub struct RingLayout {
     pub consumer_sleeping: usize,
     /// `closed` word.
     pub closed: usize,
-    /// `consumer_cpu` word (advisory).
-    pub consumer_cpu: usize,
     /// First byte of the data area.
     pub data: usize,
     /// Bytes in the data area (a power of two).
@@ -89,7 +84,6 @@ impl RingLayout {
             consumer_sleeping: ctrl + 256,
             producer_sleeping: ctrl + 384,
             closed: ctrl + 512,
-            consumer_cpu: ctrl + 640,
             data: HEADER_LEN + index * capacity,
             capacity,
         }
@@ -125,8 +119,8 @@ mod tests {
         let (a, b) = (RingLayout::new(0, cap), RingLayout::new(1, cap));
         let mut words = vec![MAGIC_AT, VERSION_AT, CAPACITY_AT];
         for l in [a, b] {
-            words.extend([l.tail, l.producer_sleeping, l.head, l.consumer_sleeping, l.closed, l.consumer_cpu]);
-            assert!(l.consumer_cpu + 4 <= l.tail + 1024, "inside its control block");
+            words.extend([l.tail, l.producer_sleeping, l.head, l.consumer_sleeping, l.closed]);
+            assert!(l.closed + 4 <= HEADER_LEN);
         }
         let mut sorted = words.clone();
         sorted.sort();

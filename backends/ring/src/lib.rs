@@ -71,8 +71,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[cfg(target_os = "linux")]
-mod aside;
-#[cfg(target_os = "linux")]
 pub mod handoff;
 #[cfg(target_os = "linux")]
 mod layout;

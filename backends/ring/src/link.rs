@@ -96,19 +96,13 @@ struct RingWait {
     /// When the reader task's last spin began, having missed (its wait goes on behind the
     /// doorbell, and is recorded when that ends).
     missed_at: Option<Instant>,
-    /// Its steps off a CPU it shares with the peer ([`crate::aside`]).
-    aside: crate::aside::Aside,
 }
 
 impl RingRead {
     pub(crate) fn new(rx: Receiver, packed: bool) -> RingRead {
         RingRead {
             packed,
-            wait: Box::new(RingWait {
-                history: SpinHistory::new(rx.spin_max()),
-                missed_at: None,
-                aside: Default::default(),
-            }),
+            wait: Box::new(RingWait { history: SpinHistory::new(rx.spin_max()), missed_at: None }),
             rx,
             record: Vec::new(),
             at: 0,
@@ -151,7 +145,6 @@ impl RingRead {
         }
         let start = Instant::now();
         if let Spin::Poll(d) = spin::decide_alone(self.wait.history.window(), &self.wait.history, start)
-            && self.may_spin_here(start)
             && self.spin_for(d, start, Some(until))
         {
             return Ok(WaitEnd::Data);
@@ -159,22 +152,6 @@ impl RingRead {
         let end = self.rx.sleep_for_data_unless(until, || s.readable_now() == Some(true));
         self.wait.history.record(Waited::Slept(start.elapsed()));
         end
-    }
-
-    /// Whether a spin may run on this CPU ([`crate::aside`]): yes, unless this side is the
-    /// one that steps and the peer's last wait began on this CPU too; then only once it
-    /// stepped off (its new CPU said to the peer at once). The other side spins as usual:
-    /// were it to sleep, the peer's wake-up would place it beside the peer again.
-    fn may_spin_here(&mut self, now: Instant) -> bool {
-        use crate::aside::{Shared, this_cpu};
-        if !self.rx.shares_cpu_with_peer(this_cpu()) || !self.rx.steps_aside() {
-            return true;
-        }
-        if self.rx.steps_aside() && self.wait.aside.sharing(now) == Shared::Stepped {
-            self.rx.shares_cpu_with_peer(this_cpu());
-            return true;
-        }
-        false
     }
 
     /// The reader task's wait behind the doorbell ended: its history learns how long the

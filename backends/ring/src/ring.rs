@@ -71,24 +71,6 @@ impl Shared {
         Shared { map, tx, rx, state: AtomicU8::new(OPEN) }
     }
 
-    /// Publishes `cpu`, the CPU this side begins a wait on, for the peer (advisory:
-    /// [`crate::layout`]'s `consumer_cpu` of the ring this side consumes).
-    pub(crate) fn publish_cpu(&self, cpu: usize) {
-        if let Some(w) = self.map.u32_at(self.rx.consumer_cpu) {
-            let v = u32::try_from(cpu).map_or(0, |c| c.saturating_add(1));
-            if w.load(Ordering::Relaxed) != v {
-                w.store(v, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// The CPU the peer last said it began a wait on (`None`: not said). A hint: the peer
-    /// may have moved since, or may write anything there.
-    pub(crate) fn peer_cpu(&self) -> Option<usize> {
-        let v = self.map.u32_at(self.tx.consumer_cpu)?.load(Ordering::Relaxed);
-        v.checked_sub(1).map(|c| c as usize)
-    }
-
     fn check_state(&self) -> Result<(), RingError> {
         match self.state.load(Ordering::SeqCst) {
             OPEN => Ok(()),
@@ -458,20 +440,6 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// Publishes the CPU this side begins a wait on (advisory, for the peer's wait policy),
-    /// and says whether the peer's last wait began on the same one.
-    pub(crate) fn shares_cpu_with_peer(&self, cpu: usize) -> bool {
-        self.sh.publish_cpu(cpu);
-        self.sh.peer_cpu() == Some(cpu)
-    }
-
-    /// Whether this side is the one that steps off a CPU it shares with its peer
-    /// ([`crate::aside`]): one side only (the creator's, which consumes ring 1), or both
-    /// would step at once and land together again.
-    pub(crate) fn steps_aside(&self) -> bool {
-        self.sh.rx.tail > self.sh.tx.tail
-    }
-
     pub(crate) fn new(sh: Arc<Shared>, spin: Duration) -> Receiver {
         Receiver { sh, head: 0, spin: SpinHistory::new(spin), poisoned: None }
     }
@@ -682,20 +650,6 @@ mod tests {
         let (a, fd) = Ring::create(&opts).expect("create");
         let b = Ring::open(fd, 4096, &opts).expect("open");
         (a, b)
-    }
-
-    /// Each side's CPU hint reaches the other (advisory `consumer_cpu`), the peer's is
-    /// unknown until said, and exactly one side of a pair is the one that steps aside.
-    #[test]
-    fn cpu_hints_reach_the_peer_and_one_side_steps() {
-        let (a, b) = pair(Duration::ZERO);
-        assert_eq!(a.rx.sh.peer_cpu(), None, "not said yet");
-        assert!(!a.rx.shares_cpu_with_peer(3), "b said nothing yet");
-        assert_eq!(b.rx.sh.peer_cpu(), Some(3));
-        assert!(b.rx.shares_cpu_with_peer(3), "both began their waits on CPU 3");
-        assert!(!b.rx.shares_cpu_with_peer(1));
-        assert_eq!(a.rx.sh.peer_cpu(), Some(1));
-        assert_ne!(a.rx.steps_aside(), b.rx.steps_aside(), "one side steps, the other does not");
     }
 
     /// Something to read elsewhere (the socket) ends a sleep before it starts: a nudge
