@@ -65,7 +65,11 @@ impl LocalConnection {
             handle: None,
         };
         // Out of the runtime's hands: each half registers what it waits for itself ([`reg`]).
-        let stream = Arc::new(stream.into_std().map_err(|e| TransportError::Io(Arc::new(e)))?);
+        let stream = stream.into_std().map_err(|e| TransportError::Io(Arc::new(e)))?;
+        // Blocking, for the direct wait's blocking read; every other read and write says
+        // `MSG_DONTWAIT` ([`direct`]).
+        stream.set_nonblocking(false).map_err(|e| TransportError::Io(Arc::new(e)))?;
+        let stream = Arc::new(stream);
         Ok(LocalConnection { direct: Direct::new(stream.clone()), stream, info, spin: None })
     }
 
@@ -88,6 +92,7 @@ impl Connection for LocalConnection {
 
     fn split(self: Box<Self>) -> Split {
         let fds = FdQueue::new();
+        self.direct.set_fds(fds.clone());
         let busy = Arc::new(BusyPoll::default());
         Split {
             read: Box::new(ReadHalf {
@@ -189,12 +194,20 @@ fn recv_room<'a>(buf: &'a mut ReadBuf<'_>) -> &'a mut [u8] {
     buf.initialize_unfilled_to(n)
 }
 
+/// A receive that does not wait (the socket's file is blocking: [`direct`]).
 fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Result<usize> {
+    recv_with_fds_as(stream, dst, Some(fds), false)
+}
+
+/// A receive, waiting when `block` (up to the socket's `SO_RCVTIMEO`); descriptors that
+/// come with the bytes go to `fds` (`None`: closed, for a connection never split).
+fn recv_with_fds_as(stream: &UnixStream, dst: &mut [u8], fds: Option<&FdQueue>, block: bool) -> io::Result<usize> {
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_RECV))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-    let r = rustix::net::recvmsg(stream, &mut [IoSliceMut::new(dst)], &mut cmsg, RecvFlags::CMSG_CLOEXEC)?;
+    let flags = if block { RecvFlags::CMSG_CLOEXEC } else { RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT };
+    let r = rustix::net::recvmsg(stream, &mut [IoSliceMut::new(dst)], &mut cmsg, flags)?;
     for msg in cmsg.drain() {
-        if let RecvAncillaryMessage::ScmRights(received) = msg {
+        if let (RecvAncillaryMessage::ScmRights(received), Some(fds)) = (msg, fds) {
             fds.push_received(received);
         }
     }
@@ -210,8 +223,13 @@ fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Resu
 impl AsyncRead for ReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // A direct wait saw bytes the runtime may not have seen yet: take them now.
+        // A direct wait saw bytes the runtime may not have seen yet: take them now (first
+        // those it read itself).
         if this.direct.primed() {
+            if let Some(r) = this.direct.take_stash(buf) {
+                this.last_data = Some(Instant::now());
+                return Poll::Ready(r);
+            }
             match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
                 Ok(n) => {
                     buf.advance(n);
@@ -261,7 +279,7 @@ struct WriteHalf {
 
 fn send_with_fds(stream: &UnixStream, src: &[u8], fds: &[OwnedFd]) -> io::Result<usize> {
     if fds.is_empty() {
-        return Ok(rustix::net::send(stream, src, SendFlags::NOSIGNAL)?);
+        return Ok(rustix::net::send(stream, src, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)?);
     }
     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
     let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
@@ -269,7 +287,7 @@ fn send_with_fds(stream: &UnixStream, src: &[u8], fds: &[OwnedFd]) -> io::Result
     if !cmsg.push(SendAncillaryMessage::ScmRights(&borrowed)) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many file descriptors for one message"));
     }
-    Ok(rustix::net::sendmsg(stream, &[IoSlice::new(src)], &mut cmsg, SendFlags::NOSIGNAL)?)
+    Ok(rustix::net::sendmsg(stream, &[IoSlice::new(src)], &mut cmsg, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)?)
 }
 
 impl AsyncWrite for WriteHalf {

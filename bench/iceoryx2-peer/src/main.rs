@@ -47,6 +47,9 @@ const TMP_DIR: &str = "/tmp/iceoryx2";
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(kind) = flag(&args, "--peer") {
+        if let Ok(cpu) = std::env::var(CPU_VAR) {
+            pin(&[cpu.parse()?])?;
+        }
         return peer(&kind, flag(&args, "--arg").unwrap_or_default());
     }
     let iters: usize = flag(&args, "--iters").map(|s| s.parse()).transpose()?.unwrap_or(100_000);
@@ -73,11 +76,33 @@ fn main() -> Res<()> {
         ("ferry-ring spin off", slow, Box::new(|n| ring_rtt(Duration::ZERO, n))),
         ("iceoryx2 request-response", iters, Box::new(iceoryx_rtt)),
         ("unix socket (blocking)", slow, Box::new(socket_rtt)),
+        ("unix socket (blocking) 1 CPU", slow, Box::new(|n| Placed::run(Placement::OneCpu, || socket_rtt(n)))),
+        ("unix socket (blocking) 2 CPUs", slow, Box::new(|n| Placed::run(Placement::TwoCpus, || socket_rtt(n)))),
+        (
+            "unix socket (epoll) 1 CPU",
+            slow,
+            Box::new(|n| Placed::run(Placement::OneCpu, || socket_rtt_as(n, true))),
+        ),
+        (
+            "unix socket (epoll) 2 CPUs",
+            slow,
+            Box::new(|n| Placed::run(Placement::TwoCpus, || socket_rtt_as(n, true))),
+        ),
         ("pipe ring spin on", iters, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64, n))),
         ("pipe ring spin on +header", iters, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64Header, n))),
         ("pipe ring spin on 24.9MB", big, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Pool, n))),
         ("pipe ring spin off", slow, Box::new(|n| pipe::rtt(Path::Ring(Duration::ZERO), Load::Bytes64, n))),
         ("pipe socket blocking", slow, Box::new(|n| pipe::rtt(Path::SocketBlocking, Load::Bytes64, n))),
+        (
+            "pipe socket blocking 1 CPU",
+            slow,
+            Box::new(|n| Placed::run(Placement::OneCpu, || pipe::rtt(Path::SocketBlocking, Load::Bytes64, n))),
+        ),
+        (
+            "pipe socket blocking 2 CPUs",
+            slow,
+            Box::new(|n| Placed::run(Placement::TwoCpus, || pipe::rtt(Path::SocketBlocking, Load::Bytes64, n))),
+        ),
         ("pipe socket async", slow, Box::new(|n| pipe::rtt(Path::SocketAsync, Load::Bytes64, n))),
         ("pipe socket async 24.9MB", big, Box::new(|n| pipe::rtt(Path::SocketAsync, Load::Pool, n))),
     ];
@@ -88,6 +113,14 @@ fn main() -> Res<()> {
     let cases: Vec<_> = cases
         .into_iter()
         .filter(|(name, _, _)| only.as_deref().is_none_or(|o| if exact { *name == o } else { name.contains(o) }))
+        .filter(|(name, _, _)| {
+            // The two-CPU rows need two CPUs this process may use.
+            let fits = !name.ends_with("2 CPUs") || allowed_cpus().len() >= 2;
+            if !fits {
+                eprintln!("{name}: skipped, this process may use one CPU only");
+            }
+            fits
+        })
         .collect();
     let mut got: Vec<Res<Vec<Duration>>> = cases.iter().map(|_| Ok(Vec::new())).collect();
     for round in 0..rounds {
@@ -160,6 +193,16 @@ fn main() -> Res<()> {
             ratio("pipe ring spin on 24.9MB", "pipe ring spin on"),
         ),
         (
+            "pipe_socket_blocking_over_unix_socket_1cpu",
+            "pipe socket blocking / unix socket, both on 1 CPU",
+            ratio("pipe socket blocking 1 CPU", "unix socket (blocking) 1 CPU"),
+        ),
+        (
+            "pipe_socket_blocking_over_unix_socket_2cpus",
+            "pipe socket blocking / unix socket, each side on its own CPU",
+            ratio("pipe socket blocking 2 CPUs", "unix socket (blocking) 2 CPUs"),
+        ),
+        (
             "pipe_ring_spin_off_over_socket_async",
             "pipe ring spin off / pipe socket async",
             ratio("pipe ring spin off", "pipe socket async"),
@@ -199,6 +242,67 @@ impl Drop for Burners {
     }
 }
 
+/// Where a row's two processes run. A round trip through the kernel costs several times
+/// more between two CPUs (a wake-up across CPUs) than on one, and the scheduler picks either
+/// from run to run; the socket rows are also measured with the placement fixed, so that a
+/// ratio compares like with like.
+#[derive(Clone, Copy, Debug)]
+enum Placement {
+    /// Both processes on the first CPU this process may use.
+    OneCpu,
+    /// The timing process on the first, the peer on the second.
+    TwoCpus,
+}
+
+/// The environment variable that tells a peer which CPU to run on.
+const CPU_VAR: &str = "FERRY_BENCH_CPU";
+
+/// The CPU a spawned peer is pinned to (`usize::MAX`: none).
+static PEER_CPU: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(usize::MAX);
+
+/// A placement in force: this thread pinned (threads it starts inherit it, as a pipe's
+/// runtime does) and peers spawned pinned; undone on drop.
+struct Placed(Vec<usize>);
+
+impl Placed {
+    /// Runs `f` under `p`.
+    fn run<T>(p: Placement, f: impl FnOnce() -> Res<T>) -> Res<T> {
+        let all = allowed_cpus();
+        let (mine, theirs) = match (p, all.as_slice()) {
+            (Placement::OneCpu, [a, ..]) => (*a, *a),
+            (Placement::TwoCpus, [a, b, ..]) => (*a, *b),
+            _ => return Err(format!("{p:?}: not enough CPUs ({all:?})").into()),
+        };
+        pin(&[mine])?;
+        let _undo = Placed(all);
+        PEER_CPU.store(theirs, Ordering::Relaxed);
+        f()
+    }
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        PEER_CPU.store(usize::MAX, Ordering::Relaxed);
+        let _ = pin(&self.0);
+    }
+}
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    let set = rustix::thread::sched_getaffinity(None).unwrap_or_default();
+    (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
+}
+
+/// Lets this thread run on `cpus` only.
+fn pin(cpus: &[usize]) -> Res<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    for &c in cpus {
+        set.set(c);
+    }
+    rustix::thread::sched_setaffinity(None, &set)?;
+    Ok(())
+}
+
 /// A number for unique names within this run.
 pub(crate) fn next() -> usize {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -212,10 +316,13 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 /// Starts this binary as `--peer kind --arg arg`, its stdin a socket to the returned end.
 pub(crate) fn spawn(kind: &str, arg: &str) -> Res<(Child, UnixStream)> {
     let (mine, theirs) = UnixStream::pair()?;
-    let child = Command::new(std::env::current_exe()?)
-        .args(["--peer", kind, "--arg", arg])
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .spawn()?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["--peer", kind, "--arg", arg]).stdin(Stdio::from(OwnedFd::from(theirs)));
+    match PEER_CPU.load(Ordering::Relaxed) {
+        usize::MAX => cmd.env_remove(CPU_VAR),
+        cpu => cmd.env(CPU_VAR, cpu.to_string()),
+    };
+    let child = cmd.spawn()?;
     Ok((child, mine))
 }
 
@@ -321,14 +428,22 @@ fn iceoryx_rtt(iters: usize) -> Res<Vec<Duration>> {
 }
 
 fn socket_rtt(iters: usize) -> Res<Vec<Duration>> {
-    let (child, mut sock) = spawn("socket", "")?;
+    socket_rtt_as(iters, false)
+}
+
+/// The unix socket round trip; `epoll`: both sides' sockets non-blocking, each read waited
+/// for in an `epoll` set of the socket (what any program that multiplexes does, a runtime
+/// and ferry's direct wait among them).
+fn socket_rtt_as(iters: usize, epoll: bool) -> Res<Vec<Duration>> {
+    let (child, sock) = spawn(if epoll { "socket-epoll" } else { "socket" }, "")?;
+    let mut s = EpollSock::new(sock.try_clone()?, epoll)?;
     let msg = [7u8; SIZE];
     let mut buf = [0u8; SIZE];
     let mut times = Vec::with_capacity(iters);
     for i in 0..iters + iters / 10 {
         let t = Instant::now();
-        sock.write_all(&msg)?;
-        sock.read_exact(&mut buf)?;
+        s.write_all(&msg)?;
+        s.read_exact(&mut buf)?;
         if i >= iters / 10 {
             times.push(t.elapsed());
         }
@@ -395,8 +510,8 @@ fn peer(kind: &str, arg: String) -> Res<()> {
             Ok(())
         }
         "pipe" => pipe::peer(&arg, sock),
-        "socket" => {
-            let mut s = sock;
+        "socket" | "socket-epoll" => {
+            let mut s = EpollSock::new(sock, kind == "socket-epoll")?;
             let mut buf = [0u8; SIZE];
             loop {
                 match s.read_exact(&mut buf) {
@@ -407,6 +522,75 @@ fn peer(kind: &str, arg: String) -> Res<()> {
             }
         }
         _ => Err(format!("unknown peer {kind}").into()),
+    }
+}
+
+/// A unix socket read either blocking or, non-blocking, with each wait in an `epoll` set.
+struct EpollSock {
+    sock: UnixStream,
+    epoll: Option<OwnedFd>,
+}
+
+impl EpollSock {
+    fn new(sock: UnixStream, epoll: bool) -> Res<EpollSock> {
+        let epoll = if epoll {
+            sock.set_nonblocking(true)?;
+            let set = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?;
+            rustix::event::epoll::add(
+                &set,
+                &sock,
+                rustix::event::epoll::EventData::new_u64(0),
+                rustix::event::epoll::EventFlags::IN,
+            )?;
+            Some(set)
+        } else {
+            None
+        };
+        Ok(EpollSock { sock, epoll })
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        // 64 bytes always fit the socket's buffer in a round trip.
+        (&self.sock).write_all(buf)
+    }
+
+    fn read_exact(&mut self, mut buf: &mut [u8]) -> std::io::Result<()> {
+        if std::env::var_os("BENCH_PEEK").is_some() && self.epoll.is_some() {
+            self.sock.set_nonblocking(false)?;
+            while !buf.is_empty() {
+                let mut one = [0u8; 1];
+                let _ = rustix::net::recv(&self.sock, &mut one, rustix::net::RecvFlags::PEEK)?;
+                match rustix::net::recv(&self.sock, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
+                    Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Ok((n, _)) => buf = &mut buf[n..],
+                    Err(rustix::io::Errno::AGAIN) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(());
+        }
+        let Some(set) = &self.epoll else { return (&self.sock).read_exact(buf) };
+        while !buf.is_empty() {
+            match (&self.sock).read(buf) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => buf = &mut buf[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if std::env::var_os("BENCH_POLL").is_some() {
+                        let mut fds = [rustix::event::PollFd::new(&self.sock, rustix::event::PollFlags::IN)];
+                        let _ = rustix::event::poll(&mut fds, None);
+                        let _ = set;
+                        continue;
+                    }
+                    let mut ev = [std::mem::MaybeUninit::<rustix::event::epoll::Event>::uninit(); 1];
+                    match rustix::event::epoll::wait(set, &mut ev, None) {
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
