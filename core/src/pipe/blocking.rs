@@ -224,8 +224,8 @@ impl Pipe {
                 }
                 // A frame the ring diverted to the socket (larger than a ring record) is
                 // read on this thread, driven ([`Pipe::run_driven`]).
-                let read = self.run_driven(Half::Read, reader.read_frame())?;
-                if let Some(msg) = self.run_here(read::handle_read(shared, read))? {
+                let read = self.run_driven(Half::Read, std::pin::pin!(reader.read_frame()))?;
+                if let Some(msg) = self.run_here(std::pin::pin!(read::handle_read(shared, read)))? {
                     return Ok(msg);
                 }
             }
@@ -272,7 +272,7 @@ impl Pipe {
     ) -> Result<(), PipeError> {
         self.check_send(&msg)?;
         let Some(mut order) = self.shared.send_order.try_lock() else {
-            return self.run_driven(Half::Write, within(deadline, timeout, self.send_inner(msg)));
+            return self.run_driven(Half::Write, within(deadline, timeout, std::pin::pin!(self.send_inner(msg))));
         };
         let scratch = &mut *order;
         let mut out = crate::channel::Outgoing::default();
@@ -286,12 +286,13 @@ impl Pipe {
             None => {
                 scratch.locs.clear();
                 drop(order);
-                return self.run_driven(Half::Write, within(deadline, timeout, self.send_inner(msg)));
+                return self.run_driven(Half::Write, within(deadline, timeout, std::pin::pin!(self.send_inner(msg))));
             }
         }
         if !self.shared.pack(&msg, &scratch.locs, &mut scratch.record) {
             let locs = std::mem::take(&mut scratch.locs);
-            let send = self.send_encoded(msg, locs, out, &mut scratch.record);
+            // Pinned where it is made: the future (a few KiB) is not copied into each wrapper.
+            let send = std::pin::pin!(self.send_encoded(msg, locs, out, &mut scratch.record));
             return self.run_driven(Half::Write, within(deadline, timeout, send));
         }
         // The frame (its payload parts) and the locations are freed after the record is
@@ -304,7 +305,7 @@ impl Pipe {
         let r = match self.shared.try_write_packed_now(record, msg, tickets, run) {
             Now::Done(r) => r,
             Now::Busy(msg, tickets) => {
-                self.run_here(within(deadline, timeout, self.shared.write_packed(record, msg, tickets)))
+                self.run_here(within(deadline, timeout, std::pin::pin!(self.shared.write_packed(record, msg, tickets))))
             }
         };
         scratch.clear_and_trim();

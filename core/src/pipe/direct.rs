@@ -53,8 +53,8 @@ impl Pipe {
             // The bytes are there: a small frame is read at the first poll, a large one
             // driven on this thread ([`Pipe::run_driven`]).
             let got = self
-                .run_driven(crate::transport::Half::Read, reader.read_frame())
-                .and_then(|frame| self.run_here(read::handle_read(shared, frame)));
+                .run_driven(crate::transport::Half::Read, std::pin::pin!(reader.read_frame()))
+                .and_then(|frame| self.run_here(std::pin::pin!(read::handle_read(shared, frame))));
             match got {
                 Ok(Some(msg)) => break Ok(msg),
                 Ok(None) => {}
