@@ -141,6 +141,14 @@ struct ReadHalf {
 }
 
 impl ReadHalf {
+    /// Bytes came: a reader that may busy-poll notes when (its policy's input); others
+    /// skip the clock read.
+    fn got_data(&mut self) {
+        if self.spin.is_some() {
+            self.last_data = Some(Instant::now());
+        }
+    }
+
     /// Polls the socket (non-blocking `recvmsg`) for up to the window, when its listener's
     /// policy says so ([`ferry_core::spin::decide`]). `None`: it did not, or nothing came;
     /// read the ordinary way.
@@ -227,13 +235,13 @@ impl AsyncRead for ReadHalf {
         // those it read itself).
         if this.direct.primed() {
             if let Some(r) = this.direct.take_stash(buf) {
-                this.last_data = Some(Instant::now());
+                this.got_data();
                 return Poll::Ready(r);
             }
             match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
                 Ok(n) => {
                     buf.advance(n);
-                    this.last_data = Some(Instant::now());
+                    this.got_data();
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => this.direct.unprime(),
@@ -246,7 +254,7 @@ impl AsyncRead for ReadHalf {
             return match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
                 Ok(n) => {
                     buf.advance(n);
-                    this.last_data = Some(Instant::now());
+                    this.got_data();
                     Poll::Ready(Ok(()))
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
@@ -260,7 +268,7 @@ impl AsyncRead for ReadHalf {
         let (stream, fds) = (&this.stream, &this.fds);
         let n = ready!(this.direct.read().poll_io(cx, || Ok(Arc::clone(stream)), || recv_with_fds(stream, dst, fds)))?;
         buf.advance(n);
-        this.last_data = Some(Instant::now());
+        this.got_data();
         if let Some(r) = &this.spin {
             r.received();
         }

@@ -78,16 +78,8 @@ fn main() -> Res<()> {
         ("unix socket (blocking)", slow, Box::new(socket_rtt)),
         ("unix socket (blocking) 1 CPU", slow, Box::new(|n| Placed::run(Placement::OneCpu, || socket_rtt(n)))),
         ("unix socket (blocking) 2 CPUs", slow, Box::new(|n| Placed::run(Placement::TwoCpus, || socket_rtt(n)))),
-        (
-            "unix socket (epoll) 1 CPU",
-            slow,
-            Box::new(|n| Placed::run(Placement::OneCpu, || socket_rtt_as(n, true))),
-        ),
-        (
-            "unix socket (epoll) 2 CPUs",
-            slow,
-            Box::new(|n| Placed::run(Placement::TwoCpus, || socket_rtt_as(n, true))),
-        ),
+        ("unix socket (epoll) 1 CPU", slow, Box::new(|n| Placed::run(Placement::OneCpu, || socket_rtt_as(n, true)))),
+        ("unix socket (epoll) 2 CPUs", slow, Box::new(|n| Placed::run(Placement::TwoCpus, || socket_rtt_as(n, true)))),
         ("pipe ring spin on", iters, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64, n))),
         ("pipe ring spin on +header", iters, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Bytes64Header, n))),
         ("pipe ring spin on 24.9MB", big, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Pool, n))),

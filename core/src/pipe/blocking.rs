@@ -322,6 +322,12 @@ impl Pipe {
     /// of a thread-local.
     pub(super) fn run_here<F: Future>(&self, f: F) -> F::Output {
         let _context = self.handle.enter();
+        self.run_here_entered(f)
+    }
+
+    /// [`Pipe::run_here`] for a caller already in the runtime's context
+    /// (`self.handle.enter()`), which a caller running several futures enters once.
+    pub(super) fn run_here_entered<F: Future>(&self, f: F) -> F::Output {
         let mut f = std::pin::pin!(f);
         THREAD_WAKER.with(|waker| {
             let mut cx = std::task::Context::from_waker(waker);
@@ -350,10 +356,15 @@ impl Pipe {
     /// - Without a direct wait (no unix socket), a closed pipe's interrupted waits, or a
     ///   failed one: [`Pipe::run_here`].
     pub(super) fn run_driven<F: Future>(&self, half: Half, f: F) -> F::Output {
-        let Some(direct) = self.shared.direct.clone() else { return self.run_here(f) };
         let _context = self.handle.enter();
+        self.run_driven_entered(half, f)
+    }
+
+    /// [`Pipe::run_driven`] for a caller already in the runtime's context.
+    pub(super) fn run_driven_entered<F: Future>(&self, half: Half, f: F) -> F::Output {
+        let Some(direct) = self.shared.direct.as_deref() else { return self.run_here_entered(f) };
         let mut f = std::pin::pin!(f);
-        let undrive = Undrive(&*direct, half);
+        let undrive = Undrive(direct, half);
         THREAD_WAKER.with(|waker| {
             let mut cx = std::task::Context::from_waker(waker);
             let mut driven = true;

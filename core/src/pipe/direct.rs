@@ -41,6 +41,8 @@ impl Pipe {
     ) -> Option<Result<Message, PipeError>> {
         let direct = reader.direct()?.clone();
         let shared = &*self.shared;
+        // Once for every future this call runs.
+        let _context = self.handle.enter();
         Some(loop {
             if !reader.has_buffered() {
                 match direct.wait_readable(deadline) {
@@ -53,8 +55,8 @@ impl Pipe {
             // The bytes are there: a small frame is read at the first poll, a large one
             // driven on this thread ([`Pipe::run_driven`]).
             let got = self
-                .run_driven(crate::transport::Half::Read, std::pin::pin!(reader.read_frame()))
-                .and_then(|frame| self.run_here(std::pin::pin!(read::handle_read(shared, frame))));
+                .run_driven_entered(crate::transport::Half::Read, std::pin::pin!(reader.read_frame()))
+                .and_then(|frame| self.run_here_entered(std::pin::pin!(read::handle_read(shared, frame))));
             match got {
                 Ok(Some(msg)) => break Ok(msg),
                 Ok(None) => {}
