@@ -547,32 +547,12 @@ impl EpollSock {
     }
 
     fn read_exact(&mut self, mut buf: &mut [u8]) -> std::io::Result<()> {
-        if std::env::var_os("BENCH_PEEK").is_some() && self.epoll.is_some() {
-            self.sock.set_nonblocking(false)?;
-            while !buf.is_empty() {
-                let mut one = [0u8; 1];
-                let _ = rustix::net::recv(&self.sock, &mut one, rustix::net::RecvFlags::PEEK)?;
-                match rustix::net::recv(&self.sock, &mut *buf, rustix::net::RecvFlags::DONTWAIT) {
-                    Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                    Ok((n, _)) => buf = &mut buf[n..],
-                    Err(rustix::io::Errno::AGAIN) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            return Ok(());
-        }
         let Some(set) = &self.epoll else { return (&self.sock).read_exact(buf) };
         while !buf.is_empty() {
             match (&self.sock).read(buf) {
                 Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => buf = &mut buf[n..],
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if std::env::var_os("BENCH_POLL").is_some() {
-                        let mut fds = [rustix::event::PollFd::new(&self.sock, rustix::event::PollFlags::IN)];
-                        let _ = rustix::event::poll(&mut fds, None);
-                        let _ = set;
-                        continue;
-                    }
                     let mut ev = [std::mem::MaybeUninit::<rustix::event::epoll::Event>::uninit(); 1];
                     match rustix::event::epoll::wait(set, &mut ev, None) {
                         Ok(_) | Err(rustix::io::Errno::INTR) => {}
