@@ -406,14 +406,19 @@ pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&Row
         emit(memcpy_row(&t, &s.label, s.iters, &bar), &mut rows);
     }
 
+    // Every pipe is set up first; then the cases take turns in ROUNDS rounds (each case's
+    // round trips split among them), so that a change in the machine during the run (a
+    // noisy neighbour, the scheduler moving a process) falls on every row alike and a
+    // ratio of two rows compares like with like.
+    let mut setups = Vec::new();
     for (i, (t, c, ring)) in pairs.iter().enumerate() {
         if !c.devices().contains(&ferry_core::DeviceKind::Cpu) {
             continue; // device-only channels (cuda-ipc) have their own rows below
         }
         let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
         bar.set_message(format!("{} / {}", t.name(), c.name()));
-        let (_peer, ready) = start_echo_peer(exe, &addr)?;
-        let (addr, _sink) = split_ready(&ready);
+        let (peer, ready) = start_echo_peer(exe, &addr)?;
+        let (addr, sink) = split_ready(&ready);
         let client = with_ring(Endpoint::builder().transport(t.clone()).channel(c.clone()), *ring).build();
         let pipe = match client.connect(&addr).await {
             Ok(p) => p,
@@ -427,42 +432,56 @@ pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&Row
             }
             Err(e) => return Err(e).context(format!("connecting over {} / {}", t.name(), c.name())),
         };
-        let label = if *ring { format!("{}+ring", t.name()) } else { t.name().to_string() };
-        let (backend, channel) = (label.as_str(), pipe.channel().to_string());
-        checked(&pipe, &small, "64-byte message").await?;
-        time_round_trips(&pipe, &small, opts.warmup, &bar).await?;
-        let smp = time_round_trips(&pipe, &small, opts.small_iters, &bar).await?;
-        emit(row(backend, &channel, "rtt-64B", "u8[64]".into(), 64, 2.0, smp), &mut rows);
+        let backend = if *ring { format!("{}+ring", t.name()) } else { t.name().to_string() };
+        let channel = pipe.channel().to_string();
+        let mut cases = vec![Case::new("rtt-64B", "u8[64]".into(), 64, small.clone(), opts.small_iters)];
         // Channels with memory of their own: a tensor made there travels without a copy.
         let own_memory = matches!(channel.as_str(), "shm" | "cuda-ipc");
         for s in &sizes {
             let bytes = s.meta.byte_span()?;
-            bar.set_message(format!("{backend} / {channel}: {}", s.label));
             let heap = Message::with_tensors(serde_json::json!({"bench": "heap"}), vec![filled(s.meta.clone())?]);
             if own_memory {
                 let mut t = pipe.alloc(s.meta.clone()).await?;
                 t.as_bytes_mut().copy_from_slice(heap.tensors[0].as_bytes());
                 let pooled = Message::with_tensors(serde_json::json!({"bench": "pool"}), vec![t.freeze()]);
-                checked(&pipe, &pooled, "zero-copy tensor").await?;
-                time_round_trips(&pipe, &pooled, opts.warmup, &bar).await?;
-                let smp = time_round_trips(&pipe, &pooled, s.iters, &bar).await?;
-                emit(row(backend, &channel, "rtt-zero-copy", s.label.clone(), bytes, 2.0, smp), &mut rows);
+                cases.push(Case::new("rtt-zero-copy", s.label.clone(), bytes, pooled, s.iters));
             } else {
                 bar.inc((s.iters + opts.warmup) as u64);
             }
-            checked(&pipe, &heap, "tensor").await?;
-            time_round_trips(&pipe, &heap, opts.warmup, &bar).await?;
-            let smp = time_round_trips(&pipe, &heap, s.iters, &bar).await?;
             let case = if own_memory { "rtt-copy-in" } else { "rtt-tensor" };
-            emit(row(backend, &channel, case, s.label.clone(), bytes, 2.0, smp), &mut rows);
+            cases.push(Case::new(case, s.label.clone(), bytes, heap, s.iters));
+        }
+        for case in &cases {
+            checked(&pipe, &case.msg, case.name).await?;
+            time_round_trips(&pipe, &case.msg, opts.warmup, &bar).await?;
+        }
+        setups.push(Setup { backend, channel, pipe, _peer: peer, sink, cases });
+    }
+    for round in 0..ROUNDS {
+        for setup in &mut setups {
+            bar.set_message(format!("{} / {}: round {}", setup.backend, setup.channel, round + 1));
+            for case in &mut setup.cases {
+                // The first rounds take the remainder: the rounds add up to the case's count.
+                let share = case.iters / ROUNDS + usize::from(round < case.iters % ROUNDS);
+                if share > 0 {
+                    case.samples.extend(time_round_trips(&setup.pipe, &case.msg, share, &bar).await?);
+                }
+            }
+        }
+    }
+    for setup in setups {
+        for case in setup.cases {
+            let r = row(&setup.backend, &setup.channel, case.name, case.tensor, case.bytes, 2.0, case.samples);
+            emit(r, &mut rows);
         }
         #[cfg(feature = "quic")]
-        if channel == "quic" {
-            for r in quic_one_way(&pipe, &sizes, _sink.as_deref(), &bar).await? {
+        if setup.channel == "quic" {
+            for r in quic_one_way(&setup.pipe, &sizes, setup.sink.as_deref(), &bar).await? {
                 emit(r, &mut rows);
             }
         }
-        pipe.close().await;
+        let _ = &setup.sink;
+        setup.pipe.close().await;
     }
     #[cfg(feature = "cuda-ipc")]
     for r in cuda::rows(exe, opts, &sizes, &bar).await? {
@@ -470,6 +489,37 @@ pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&Row
     }
     bar.finish_and_clear();
     Ok(rows)
+}
+
+/// How many rounds the timed round trips of every row are split into ([`run`]).
+const ROUNDS: usize = 5;
+
+/// A connected pipe and the rows it measures.
+struct Setup {
+    backend: String,
+    channel: String,
+    pipe: Pipe,
+    /// The echo peer, killed on drop.
+    _peer: ChildProcess,
+    /// Where a QUIC peer takes one-way streams.
+    sink: Option<String>,
+    cases: Vec<Case>,
+}
+
+/// One row being measured: what it sends, and its samples so far.
+struct Case {
+    name: &'static str,
+    tensor: String,
+    bytes: u64,
+    msg: Message,
+    iters: usize,
+    samples: Vec<Duration>,
+}
+
+impl Case {
+    fn new(name: &'static str, tensor: String, bytes: u64, msg: Message, iters: usize) -> Case {
+        Case { name, tensor, bytes, msg, iters, samples: Vec::with_capacity(iters) }
+    }
 }
 
 /// A transport, a channel, and whether the client asks for the same-host ring.
