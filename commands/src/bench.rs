@@ -381,9 +381,9 @@ pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&Row
     if pairs.is_empty() {
         bail!("no compiled-in backend matches {:?}", opts.only);
     }
-    let per_size: u64 = sizes.iter().map(|s| 2 * (s.iters + opts.warmup) as u64).sum();
+    let per_size: u64 = sizes.iter().map(|s| 2 * (s.iters + opts.warmup * ROUNDS) as u64).sum();
     let total = sizes.iter().map(|s| s.iters as u64).sum::<u64>()
-        + pairs.len() as u64 * ((opts.small_iters + opts.warmup) as u64 + per_size);
+        + pairs.len() as u64 * ((opts.small_iters + opts.warmup * ROUNDS) as u64 + per_size);
     let bar = if opts.progress {
         let b = ProgressBar::new(total);
         b.set_style(
@@ -406,73 +406,41 @@ pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&Row
         emit(memcpy_row(&t, &s.label, s.iters, &bar), &mut rows);
     }
 
-    // Every pipe is set up first; then the cases take turns in ROUNDS rounds (each case's
-    // round trips split among them), so that a change in the machine during the run (a
-    // noisy neighbour, the scheduler moving a process) falls on every row alike and a
-    // ratio of two rows compares like with like.
-    let mut setups = Vec::new();
-    for (i, (t, c, ring)) in pairs.iter().enumerate() {
-        if !c.devices().contains(&ferry_core::DeviceKind::Cpu) {
-            continue; // device-only channels (cuda-ipc) have their own rows below
-        }
-        let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { continue };
-        bar.set_message(format!("{} / {}", t.name(), c.name()));
-        let (peer, ready) = start_echo_peer(exe, &addr)?;
-        let (addr, sink) = split_ready(&ready);
-        let client = with_ring(Endpoint::builder().transport(t.clone()).channel(c.clone()), *ring).build();
-        let pipe = match client.connect(&addr).await {
-            Ok(p) => p,
-            // The channel cannot work over this transport (shm over QUIC, quic over unix).
-            Err(PipeError::Refused(ferry_core::Refusal::NoCommonChannel { offered, .. })) if offered.is_empty() => {
-                continue;
-            }
-            Err(PipeError::Refused(r)) => {
-                bar.println(format!("skipping {} / {}: {r}", t.name(), c.name()));
-                continue;
-            }
-            Err(e) => return Err(e).context(format!("connecting over {} / {}", t.name(), c.name())),
-        };
-        let backend = if *ring { format!("{}+ring", t.name()) } else { t.name().to_string() };
-        let channel = pipe.channel().to_string();
-        let mut cases = vec![Case::new("rtt-64B", "u8[64]".into(), 64, small.clone(), opts.small_iters)];
-        // Channels with memory of their own: a tensor made there travels without a copy.
-        let own_memory = matches!(channel.as_str(), "shm" | "cuda-ipc");
-        for s in &sizes {
-            let bytes = s.meta.byte_span()?;
-            let heap = Message::with_tensors(serde_json::json!({"bench": "heap"}), vec![filled(s.meta.clone())?]);
-            if own_memory {
-                let mut t = pipe.alloc(s.meta.clone()).await?;
-                t.as_bytes_mut().copy_from_slice(heap.tensors[0].as_bytes());
-                let pooled = Message::with_tensors(serde_json::json!({"bench": "pool"}), vec![t.freeze()]);
-                cases.push(Case::new("rtt-zero-copy", s.label.clone(), bytes, pooled, s.iters));
-            } else {
-                bar.inc((s.iters + opts.warmup) as u64);
-            }
-            let case = if own_memory { "rtt-copy-in" } else { "rtt-tensor" };
-            cases.push(Case::new(case, s.label.clone(), bytes, heap, s.iters));
-        }
-        for case in &cases {
-            checked(&pipe, &case.msg, case.name).await?;
-            time_round_trips(&pipe, &case.msg, opts.warmup, &bar).await?;
-        }
-        setups.push(Setup { backend, channel, pipe, _peer: peer, sink, cases });
-    }
+    // The rows take turns in ROUNDS rounds (each row's round trips split among them), and
+    // every round connects anew, to a fresh echo peer: a change in the machine during the
+    // run (a noisy neighbour) falls on every row alike, and so does the scheduler's placing
+    // of the two processes (on one CPU or two, beside which other threads), which decides
+    // a round trip's cost more than anything the pipe does, and differs from one pair of
+    // processes to the next. A ratio of two rows then compares like with like.
+    let mut samples: Vec<Vec<Vec<Duration>>> = pairs.iter().map(|_| Vec::new()).collect();
+    let mut last: Vec<Option<Setup>> = pairs.iter().map(|_| None).collect();
     for round in 0..ROUNDS {
-        for setup in &mut setups {
-            bar.set_message(format!("{} / {}: round {}", setup.backend, setup.channel, round + 1));
-            for case in &mut setup.cases {
-                // The first rounds take the remainder: the rounds add up to the case's count.
-                let share = case.iters / ROUNDS + usize::from(round < case.iters % ROUNDS);
-                if share > 0 {
-                    case.samples.extend(time_round_trips(&setup.pipe, &case.msg, share, &bar).await?);
-                }
+        for (i, (t, c, ring)) in pairs.iter().enumerate() {
+            if !c.devices().contains(&ferry_core::DeviceKind::Cpu) {
+                continue; // device-only channels (cuda-ipc) have their own rows below
+            }
+            let Some(mut setup) = connect(exe, opts, (&sizes, &small), i, (t, c, *ring), round, &bar).await? else {
+                continue;
+            };
+            bar.set_message(format!("{} / {}: round {} of {ROUNDS}", setup.backend, setup.channel, round + 1));
+            let got = &mut samples[i];
+            got.resize_with(setup.cases.len(), Vec::new);
+            for (case, got) in setup.cases.iter_mut().zip(got.iter_mut()) {
+                checked(&setup.pipe, &case.msg, case.name).await?;
+                time_round_trips(&setup.pipe, &case.msg, opts.warmup, &bar).await?;
+                got.extend(time_round_trips(&setup.pipe, &case.msg, share(case.iters, round), &bar).await?);
+            }
+            if round + 1 < ROUNDS {
+                setup.pipe.close().await;
+            } else {
+                last[i] = Some(setup);
             }
         }
     }
-    for setup in setups {
-        for case in setup.cases {
-            let r = row(&setup.backend, &setup.channel, case.name, case.tensor, case.bytes, 2.0, case.samples);
-            emit(r, &mut rows);
+    for (setup, got) in last.into_iter().zip(samples) {
+        let Some(setup) = setup else { continue };
+        for (case, got) in setup.cases.iter().zip(got) {
+            emit(row(&setup.backend, &setup.channel, case.name, case.tensor.clone(), case.bytes, 2.0, got), &mut rows);
         }
         #[cfg(feature = "quic")]
         if setup.channel == "quic" {
@@ -491,8 +459,66 @@ pub async fn run(exe: &SelfExe, opts: &BenchOptions, mut on_row: impl FnMut(&Row
     Ok(rows)
 }
 
+/// Connects to a fresh echo peer over `t` / `c` (asking for the ring when `ring`) and
+/// makes the messages of its rows (the tensors of `sizes`, and `small`) for round `round`;
+/// `None` when the combination cannot work.
+async fn connect(
+    exe: &SelfExe,
+    opts: &BenchOptions,
+    (sizes, small): (&[Size], &Message),
+    i: usize,
+    (t, c, ring): (&Arc<dyn Transport>, &Arc<dyn Channel>, bool),
+    round: usize,
+    bar: &ProgressBar,
+) -> anyhow::Result<Option<Setup>> {
+    let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { return Ok(None) };
+    bar.set_message(format!("{} / {}", t.name(), c.name()));
+    let (peer, ready) = start_echo_peer(exe, &addr)?;
+    let (addr, sink) = split_ready(&ready);
+    let client = with_ring(Endpoint::builder().transport(t.clone()).channel(c.clone()), ring).build();
+    let pipe = match client.connect(&addr).await {
+        Ok(p) => p,
+        // The channel cannot work over this transport (shm over QUIC, quic over unix).
+        Err(PipeError::Refused(ferry_core::Refusal::NoCommonChannel { offered, .. })) if offered.is_empty() => {
+            return Ok(None);
+        }
+        Err(PipeError::Refused(r)) => {
+            bar.println(format!("skipping {} / {}: {r}", t.name(), c.name()));
+            return Ok(None);
+        }
+        Err(e) => return Err(e).context(format!("connecting over {} / {}", t.name(), c.name())),
+    };
+    let backend = if ring { format!("{}+ring", t.name()) } else { t.name().to_string() };
+    let channel = pipe.channel().to_string();
+    let mut cases = vec![Case::new("rtt-64B", "u8[64]".into(), 64, small.clone(), opts.small_iters)];
+    // Channels with memory of their own: a tensor made there travels without a copy.
+    let own_memory = matches!(channel.as_str(), "shm" | "cuda-ipc");
+    for s in sizes {
+        let bytes = s.meta.byte_span()?;
+        let heap = Message::with_tensors(serde_json::json!({"bench": "heap"}), vec![filled(s.meta.clone())?]);
+        if own_memory {
+            let mut t = pipe.alloc(s.meta.clone()).await?;
+            t.as_bytes_mut().copy_from_slice(heap.tensors[0].as_bytes());
+            let pooled = Message::with_tensors(serde_json::json!({"bench": "pool"}), vec![t.freeze()]);
+            cases.push(Case::new("rtt-zero-copy", s.label.clone(), bytes, pooled, s.iters));
+        } else {
+            // The zero-copy row's share of the progress (the bar counts it for every channel).
+            bar.inc((share(s.iters, round) + opts.warmup) as u64);
+        }
+        let case = if own_memory { "rtt-copy-in" } else { "rtt-tensor" };
+        cases.push(Case::new(case, s.label.clone(), bytes, heap, s.iters));
+    }
+    Ok(Some(Setup { backend, channel, pipe, _peer: peer, sink, cases }))
+}
+
 /// How many rounds the timed round trips of every row are split into ([`run`]).
 const ROUNDS: usize = 5;
+
+/// Round `round`'s share of `iters` round trips (the first rounds take the remainder: the
+/// rounds add up to `iters`).
+fn share(iters: usize, round: usize) -> usize {
+    iters / ROUNDS + usize::from(round < iters % ROUNDS)
+}
 
 /// A connected pipe and the rows it measures.
 struct Setup {
@@ -506,19 +532,18 @@ struct Setup {
     cases: Vec<Case>,
 }
 
-/// One row being measured: what it sends, and its samples so far.
+/// One row: what it sends, and how many timed round trips it takes in all.
 struct Case {
     name: &'static str,
     tensor: String,
     bytes: u64,
     msg: Message,
     iters: usize,
-    samples: Vec<Duration>,
 }
 
 impl Case {
     fn new(name: &'static str, tensor: String, bytes: u64, msg: Message, iters: usize) -> Case {
-        Case { name, tensor, bytes, msg, iters, samples: Vec::with_capacity(iters) }
+        Case { name, tensor, bytes, msg, iters }
     }
 }
 
