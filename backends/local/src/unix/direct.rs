@@ -417,6 +417,89 @@ impl DirectRead for Direct {
 mod tests {
     use super::*;
 
+    /// The stash's bytes, taken `n` at a time; `None` when it holds none.
+    fn take(direct: &Direct, n: usize) -> Option<Vec<u8>> {
+        let mut space = vec![0u8; n];
+        let mut buf = tokio::io::ReadBuf::new(&mut space);
+        direct.take_stash(&mut buf)?.expect("no error kept");
+        Some(buf.filled().to_vec())
+    }
+
+    /// A wait is a blocking read: what it read is kept, and the read half takes it in order,
+    /// however little it asks for at a time; then the socket again.
+    #[test]
+    fn a_wait_keeps_what_it_read_for_the_read_half_in_order() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let direct = Direct::new(Arc::new(a));
+        std::io::Write::write_all(&mut &b, b"hello").expect("write");
+        assert_eq!(direct.wait_readable(None).expect("wait"), Readiness::Readable);
+        assert_eq!(direct.readable_now(), Some(true), "kept bytes are readable");
+        assert_eq!(take(&direct, 3).as_deref(), Some(&b"hel"[..]));
+        assert_eq!(take(&direct, 3).as_deref(), Some(&b"lo"[..]));
+        assert_eq!(take(&direct, 3), None, "all taken");
+        assert_eq!(direct.readable_now(), Some(false));
+        // A wait with bytes kept returns at once, reading nothing more.
+        std::io::Write::write_all(&mut &b, b"ab").expect("write");
+        assert_eq!(direct.wait_readable(None).expect("wait"), Readiness::Readable);
+        std::io::Write::write_all(&mut &b, b"cd").expect("write");
+        assert_eq!(direct.wait_readable(None).expect("wait"), Readiness::Readable);
+        assert_eq!(take(&direct, 8).as_deref(), Some(&b"ab"[..]));
+        let mut rest = [0u8; 2];
+        std::io::Read::read_exact(&mut &*direct.stream, &mut rest).expect("read");
+        assert_eq!(&rest, b"cd", "the rest stayed in the socket");
+    }
+
+    /// An interrupt ends a blocking read that waits for bytes that never come, at once, and
+    /// every wait after it.
+    #[test]
+    fn an_interrupt_ends_a_blocking_read() {
+        let (a, _b) = UnixStream::pair().expect("pair");
+        let direct = Direct::new(Arc::new(a));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = direct.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiter.wait_readable(None).map_err(|e| e.to_string()));
+        });
+        // Most likely asleep in its read by then (else it finds the interrupt before it reads:
+        // the same outcome). Bounded: the wait reports within 100 ms of an interrupt or the
+        // loop interrupts again, 100 times at most.
+        std::thread::sleep(Duration::from_millis(50));
+        let mut got = None;
+        for _ in 0..100 {
+            direct.interrupt();
+            if let Ok(r) = rx.recv_timeout(Duration::from_millis(100)) {
+                got = Some(r);
+                break;
+            }
+        }
+        assert_eq!(got, Some(Ok(Readiness::Interrupted)));
+        assert_eq!(direct.wait_readable(None).expect("wait"), Readiness::Interrupted);
+    }
+
+    /// A deadline far enough for a blocking read (beyond `NEAR`) is kept: the wait ends with
+    /// `Deadline`, never before it.
+    #[test]
+    fn a_far_deadline_ends_the_wait_not_before_it() {
+        let (a, _b) = UnixStream::pair().expect("pair");
+        let direct = Direct::new(Arc::new(a));
+        let until = Instant::now() + NEAR + NEAR / 2;
+        assert_eq!(direct.wait_readable(Some(until)).expect("wait"), Readiness::Deadline);
+        assert!(Instant::now() >= until, "ended before its deadline");
+    }
+
+    /// The peer's end is readable: a wait returns, the stash keeps nothing, and the read
+    /// half's own read then finds the end.
+    #[test]
+    fn the_peers_end_ends_a_wait() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let direct = Direct::new(Arc::new(a));
+        drop(b);
+        assert_eq!(direct.wait_readable(None).expect("wait"), Readiness::Readable);
+        assert_eq!(take(&direct, 4), None);
+        let mut one = [0u8; 1];
+        assert_eq!(std::io::Read::read(&mut &*direct.stream, &mut one).expect("read"), 0);
+    }
+
     /// `readable_now` asks the kernel without waiting or reading: nothing, then bytes (which
     /// it leaves there), then the peer's end.
     #[test]
