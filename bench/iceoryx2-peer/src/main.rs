@@ -1,6 +1,7 @@
 //! 64-byte round trips between two processes, in one run: ferry-ring with spinning on and
 //! off, iceoryx2 request-response (busy-polling, the way its own benchmarks wait), and a
-//! bare unix stream socket (blocking read/write, the floor under today's socket path);
+//! bare unix stream socket (blocking read/write, the floor under today's socket path; and
+//! non-blocking with each read waited for in `epoll`, as a program that multiplexes waits);
 //! then the same through ferry's `Pipe` (`src/pipe.rs`): the blocking calls over the ring
 //! (spinning on and off; a 64-byte tensor, the same with a small JSON header, and a
 //! 24.9 MB shm tensor handed back and forth without a copy) and over the socket, and the
@@ -9,6 +10,12 @@
 //! ```sh
 //! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--rounds R] [--only CASE] [--json] [--load N]
 //! ```
+//!
+//! The socket rows also run with the two processes pinned (`... 1 CPU`: both on the first
+//! CPU this process may use; `... 2 CPUs`: one each on the first two): a round trip through
+//! the kernel costs several times more across two CPUs than on one, and the scheduler picks
+//! either from one pair of processes to the next, so only pinned rows compare like with
+//! like (`FERRY_BENCH_CPU` tells a peer its CPU).
 //!
 //! `--load N` measures on a busy machine: N CPU burners (this binary as `--peer burn`, at
 //! the default priority) spin beside the run; they are killed when it ends, and exit by
