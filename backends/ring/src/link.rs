@@ -245,6 +245,14 @@ impl LinkRead for RingRead {
     ) -> Option<Result<(), PipeError>> {
         self.ring_packed_now(s, deadline, control, unpack)
     }
+
+    fn controls_now(
+        &mut self,
+        s: &mut SocketReader,
+        control: &mut dyn FnMut(Frame) -> Result<(), PipeError>,
+    ) -> Result<(), PipeError> {
+        self.ring_controls_now(s, control)
+    }
 }
 
 impl RingRead {
@@ -457,6 +465,57 @@ impl RingRead {
                 }
                 Ok(None) => return None,
                 Err(e) => return Some(Err(ring_error(e))),
+            }
+        }
+    }
+
+    /// [`LinkRead::controls_now`]: the CONTROL frames at the head of the ring's order, now,
+    /// with no wait; stops at anything else (left for the ordinary path: a frames record
+    /// whose next frame is not CONTROL stays loaded, a packed message stays in the ring).
+    fn ring_controls_now(
+        &mut self,
+        s: &mut SocketReader,
+        control: &mut dyn FnMut(Frame) -> Result<(), PipeError>,
+    ) -> Result<(), PipeError> {
+        skip_doorbells(s);
+        if !s.stream().buffer().is_empty() {
+            return Ok(());
+        }
+        let limits = s.limits();
+        loop {
+            let ring = &mut *self;
+            if let Some(&kind) = ring.record.get(ring.at) {
+                if kind != FrameKind::Control as u8 {
+                    return Ok(());
+                }
+                match ring.next_in_record(&limits)? {
+                    Some(f) => {
+                        control(f)?;
+                        continue;
+                    }
+                    None => return Ok(()),
+                }
+            }
+            if !ring.early.is_empty() || ring.socket_ended || ring.divert_taken || ring.nudged {
+                return Ok(());
+            }
+            if ring.rx.next_tag() != Some(TAG_FRAMES) {
+                return Ok(());
+            }
+            ring.at = 0;
+            match ring.rx.try_recv(&mut ring.record) {
+                Ok(Some(TAG_FRAMES)) if ring.record.is_empty() => {
+                    return Err(ProtocolError::Ring("an empty frames record".into()).into());
+                }
+                Ok(Some(TAG_FRAMES)) => {}
+                Ok(Some(tag)) => {
+                    return Err(ProtocolError::Ring(format!("a ring record changed its tag to {tag}")).into());
+                }
+                Ok(None) => {
+                    ring.record.clear();
+                    return Ok(());
+                }
+                Err(e) => return Err(ring_error(e)),
             }
         }
     }

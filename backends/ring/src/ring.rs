@@ -507,6 +507,20 @@ impl Receiver {
         })
     }
 
+    /// The tag of the next record, without taking it; `None` when none is published (or
+    /// its header is not where a record's can be: [`Receiver::try_recv`] then says why).
+    pub fn next_tag(&self) -> Option<u32> {
+        let sh = &*self.sh;
+        let ring = sh.rx;
+        let tail = sh.u64(ring.tail).load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(self.head);
+        if avail == 0 || avail > ring.capacity as u64 || !avail.is_multiple_of(8) {
+            return None;
+        }
+        let at = (self.head % ring.capacity as u64) as usize;
+        Some((sh.u64(ring.data + at).load(Ordering::Relaxed) >> 32) as u32)
+    }
+
     /// Whether a record (or a close) is waiting, without taking it (for a caller that
     /// polls before it sleeps).
     pub fn has_data(&self) -> bool {

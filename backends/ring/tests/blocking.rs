@@ -197,6 +197,43 @@ async fn zero_copy_round_trips_from_plain_threads() {
     tokio::task::spawn_blocking(move || echo.join().unwrap()).await.unwrap();
 }
 
+/// Heap tensors copied into the pool by a caller that sends and receives in turn: the
+/// peer's release of each lease, written right behind its answer, is handled before the
+/// next send takes pool memory, so every round trip reuses the one slot (without it, the
+/// release waited in the ring for the next receive, and the sends took two slots in turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_handles_the_releases_behind_the_last_answer_first() {
+    let ep = endpoint(Some(RingOptions::default()), true);
+    let (s, c) = pair(&ep, "release").await;
+    assert!(has_ring(&c));
+    let (answered, answers) = std::sync::mpsc::channel();
+    let echo = std::thread::spawn(move || {
+        for _ in 0..20 {
+            let m = s.recv_blocking(LONG).unwrap();
+            s.send_blocking(m).unwrap();
+            // The send is done: its release went right behind the answer.
+            answered.send(()).unwrap();
+        }
+    });
+    let client = std::thread::spawn(move || {
+        let heap = bytes_tensor(1 << 20, 3);
+        let mut slots = std::collections::BTreeSet::new();
+        for i in 0..20u32 {
+            c.send_blocking(Message::with_tensors(json!(i), vec![heap.clone()])).unwrap();
+            let m = c.recv_blocking(LONG).unwrap();
+            check_bytes(&m.tensors[0], 1 << 20, 3);
+            // The answer names the pool slot the send copied into (it comes back by reference).
+            slots.insert(m.tensors[0].as_bytes().as_ptr() as usize);
+            drop(m);
+            answers.recv_timeout(Duration::from_secs(20)).unwrap();
+        }
+        slots
+    });
+    let slots = tokio::task::spawn_blocking(move || client.join().unwrap()).await.unwrap();
+    tokio::task::spawn_blocking(move || echo.join().unwrap()).await.unwrap();
+    assert_eq!(slots.len(), 1, "pool slots used by 20 round trips: {slots:x?}");
+}
+
 /// A peer lying in the ring while a blocking caller reads it: the caller gets the typed
 /// ring error, the pipe is closed for every later call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -104,6 +104,8 @@ fn main() -> Res<()> {
         ),
         ("pipe socket async", slow, Box::new(|n| pipe::rtt(Path::SocketAsync, Load::Bytes64, n))),
         ("pipe socket async 24.9MB", big, Box::new(|n| pipe::rtt(Path::SocketAsync, Load::Pool, n))),
+        ("pipe ring copy-in 24.9MB", big, Box::new(|n| pipe::rtt(Path::Ring(SPIN_ON), Load::Heap, n))),
+        ("pipe socket async copy-in 24.9MB", big, Box::new(|n| pipe::rtt(Path::SocketAsync, Load::Heap, n))),
     ];
     // `--only NAME`: the case of that exact name if there is one, else every case whose
     // name contains it.

@@ -6,8 +6,9 @@
 //!
 //! What a round trip carries ([`Load`]): a u8[64] tensor and nothing else (the 64 bytes
 //! the ring and iceoryx2 rows carry); the same with a small JSON header, to show what a
-//! header costs; and a 24.9 MB f32[1920,1080,3] tensor made in the shm pool that the peer
-//! sends back (the zero-copy handoff). The timer brackets `send` and the `recv` of the
+//! header costs; a 24.9 MB f32[1920,1080,3] tensor made in the shm pool that the peer
+//! sends back (the zero-copy handoff); and the same on the heap, copied into the pool on the
+//! way out (one copy; back by reference). The timer brackets `send` and the `recv` of the
 //! answer, as the iceoryx2 row brackets its send and receive: the message is made before
 //! (a clone of one made once; making it is the caller's work, not the pipe's).
 
@@ -71,6 +72,9 @@ pub enum Load {
     /// A 24.9 MB f32 tensor made in the shm pool, no header: it goes to the peer and comes
     /// back by reference.
     Pool,
+    /// A 24.9 MB f32 tensor on the heap, no header: copied into the shm pool on the way
+    /// out (one copy), back by reference.
+    Heap,
 }
 
 /// A u8[64] tensor with `header`.
@@ -82,6 +86,7 @@ fn small(header: serde_json::Value) -> Res<Message> {
 /// Times `iters` round trips of `load` over `path`, after a tenth as many untimed.
 pub fn rtt(path: Path, load: Load, iters: usize) -> Res<Vec<Duration>> {
     let big = load == Load::Pool;
+    let heap = load == Load::Heap;
     let rt = runtime()?;
     let addr = format!("unix:ferry-bench-ring-{}-{}", std::process::id(), crate::next());
     let (child, sock) = spawn("pipe", &format!("{addr} {}", path.arg()))?;
@@ -97,6 +102,10 @@ pub fn rtt(path: Path, load: Load, iters: usize) -> Res<Vec<Duration>> {
         let mut t = rt.block_on(pipe.alloc(meta))?;
         t.as_bytes_mut().fill(1);
         Message::with_tensors(serde_json::Value::Null, vec![t.freeze()])
+    } else if heap {
+        let data = vec![1.0f32; 1920 * 1080 * 3];
+        let t = Tensor::from_slice(vec![1920u64, 1080, 3], &data)?;
+        Message::with_tensors(serde_json::Value::Null, vec![t])
     } else if load == Load::Bytes64Header {
         small(serde_json::json!({"bench": "64B"}))?
     } else {

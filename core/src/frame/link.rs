@@ -61,6 +61,18 @@ pub trait LinkRead: Send + 'static {
         let _ = (sock, deadline, control, unpack);
         None
     }
+
+    /// The CONTROL frames at the head of the link's order, handed to `control` now, with
+    /// no wait; anything else stays for the ordinary reads. Default: nothing (a link whose
+    /// CONTROL frames the reader meets in order anyway).
+    fn controls_now(
+        &mut self,
+        sock: &mut SocketReader,
+        control: &mut dyn FnMut(Frame) -> Result<(), PipeError>,
+    ) -> Result<(), PipeError> {
+        let _ = (sock, control);
+        Ok(())
+    }
 }
 
 /// The writing half of a link ([`FrameWriter::attach_link`]).
@@ -161,6 +173,21 @@ impl FrameReader {
         match link.packed_now(&mut self.sock, deadline, &mut control, &mut take)? {
             Ok(()) => got.map(Ok),
             Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+impl FrameReader {
+    /// [`LinkRead::controls_now`] of this reader's link (nothing without one): the CONTROL
+    /// frames already waiting at the head, such as the peer's releases of leases, handled
+    /// now by a blocking caller that is about to send rather than read.
+    pub(crate) fn controls_now(
+        &mut self,
+        mut control: impl FnMut(Frame) -> Result<(), PipeError>,
+    ) -> Result<(), PipeError> {
+        match self.link.as_mut() {
+            Some(link) => link.controls_now(&mut self.sock, &mut control),
+            None => Ok(()),
         }
     }
 }

@@ -43,6 +43,11 @@ use super::{Pipe, read};
 /// it back (so the next blocking call within it takes it without a wake-up).
 pub(super) const LINGER: Duration = Duration::from_millis(10);
 
+/// A tensor this large may take a slot in a channel's pool (the shm channel sends smaller
+/// ones inline): a blocking send of one first handles the releases already waiting
+/// ([`Pipe::controls_now`]).
+const POOL_SIZED: usize = 16 << 10;
+
 /// The longest a waiting caller sleeps before it looks at the queue again (a backstop: the
 /// task wakes it when it queues a message or parks the reader).
 const RECHECK: Duration = Duration::from_millis(5);
@@ -271,6 +276,9 @@ impl Pipe {
         timeout: Option<Duration>,
     ) -> Result<(), PipeError> {
         self.check_send(&msg)?;
+        if msg.tensors.iter().any(|t| t.as_bytes().len() >= POOL_SIZED) {
+            self.controls_now();
+        }
         let Some(mut order) = self.shared.send_order.try_lock() else {
             return self.run_driven(Half::Write, within(deadline, timeout, std::pin::pin!(self.send_inner(msg))));
         };
@@ -311,6 +319,30 @@ impl Pipe {
         scratch.clear_and_trim();
         drop(frame);
         r
+    }
+
+    /// Before a blocking send that may take memory from a channel's pool: the CONTROL
+    /// frames already waiting in the parked reader's link (the peer's releases of the leases
+    /// the last answer named, which the peer writes right behind that answer) are handled
+    /// now. Otherwise they would wait for this caller's next receive (or the reader task,
+    /// after [`LINGER`]), and the send would find the memory they free still leased: a
+    /// caller that sends and receives in turn would use two pool slots where one does (on
+    /// a 2-vCPU VM, a 24.9 MB copy-in round trip over the ring took 1.1x the socket's). A
+    /// reader that is not parked (another caller or the task reads) is left alone.
+    fn controls_now(&self) {
+        let h = &self.shared.handover;
+        let shared = &*self.shared;
+        let r = {
+            let mut slot = h.lock();
+            let Some(reader) = slot.reader.as_mut() else { return };
+            reader.controls_now(|frame| read::control_frame(shared, frame))
+        };
+        if let Err(e) = r {
+            // As a blocking read that meets a bad frame: the pipe closes.
+            h.lock().reader = None;
+            self.run_here(read::end_with(shared, &e));
+            h.end();
+        }
     }
 
     /// Runs `f` to its end on this thread, in the pipe's runtime's context (its I/O and
