@@ -8,7 +8,7 @@
 //! async calls over the socket.
 //!
 //! ```sh
-//! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--rounds R] [--only CASE] [--json] [--load N]
+//! cargo run --release --manifest-path bench/iceoryx2-peer/Cargo.toml -- [--iters N] [--rounds R] [--only CASE] [--json] [--load N] [--placement one-cpu|two-cpus]
 //! ```
 //!
 //! The socket rows also run with the two processes pinned (`... 1 CPU`: both on the first
@@ -77,6 +77,18 @@ fn main() -> Res<()> {
     // run (a noisy neighbour, the host moving a vCPU) falls on every case alike, not on
     // the one that happened to be running.
     let rounds: usize = flag(&args, "--rounds").map(|s| s.parse()).transpose()?.unwrap_or(5).max(1);
+    // `--placement one-cpu|two-cpus`: every row with its two processes pinned so (the rows
+    // named for a placement keep theirs).
+    let placement = match flag(&args, "--placement").as_deref() {
+        None => None,
+        Some("one-cpu") => Some(Placement::OneCpu),
+        Some("two-cpus") => Some(Placement::TwoCpus),
+        Some(p) => return Err(format!("--placement {p}: one-cpu or two-cpus").into()),
+    };
+    if let Some(p) = placement {
+        let say = format!("every row pinned: {p:?}");
+        if json { eprintln!("{say}") } else { println!("{say}") }
+    }
     type Case<'a> = (&'a str, usize, Box<dyn Fn(usize) -> Res<Vec<Duration>>>);
     let cases: Vec<Case> = vec![
         ("ferry-ring spin on", iters, Box::new(|n| ring_rtt(SPIN_ON, n))),
@@ -125,13 +137,18 @@ fn main() -> Res<()> {
         .collect();
     let mut got: Vec<Res<Vec<Duration>>> = cases.iter().map(|_| Ok(Vec::new())).collect();
     for round in 0..rounds {
-        for ((_, n, run), acc) in cases.iter().zip(got.iter_mut()) {
+        for ((name, n, run), acc) in cases.iter().zip(got.iter_mut()) {
             // The first rounds take the remainder, so the rounds add up to the case's count.
             let share = n / rounds + usize::from(round < n % rounds);
             if let Ok(times) = acc
                 && share > 0
             {
-                match run(share) {
+                let placed = placement.filter(|_| !name.ends_with("CPU") && !name.ends_with("CPUs"));
+                let got = match placed {
+                    Some(p) => Placed::run(p, || run(share)),
+                    None => run(share),
+                };
+                match got {
                     Ok(t) => times.extend(t),
                     Err(e) => *acc = Err(e),
                 }
