@@ -68,3 +68,37 @@ fn more_burners_than_the_limit_are_refused_by_name() {
     assert!(err.to_string().contains("--load"), "{err}");
     assert!(Burners::start(&self_exe(), 0).unwrap().is_empty());
 }
+
+/// `ferry bench --placement`: an echo peer told a CPU (`FERRY_BENCH_CPU`) pins every thread
+/// it has to that CPU as it starts.
+#[test]
+#[cfg(target_os = "linux")]
+fn an_echo_peer_told_a_cpu_runs_there_with_every_thread() {
+    use ferry_commands::bench_place::CPU_VAR;
+    let allowed = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = allowed.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    // The first CPU this process may use ("0-1", "2,5", "3").
+    let cpu: usize = list.split([',', '-']).next().unwrap().parse().unwrap();
+    let addr = format!("unix:ferry-place-test-{}", std::process::id());
+    let mut child = Command::new(exe())
+        .args(["__echo", &addr])
+        .env(CPU_VAR, cpu.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.starts_with("ready"), "{line:?}");
+    let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap().flatten().collect();
+    assert!(!tasks.is_empty());
+    for t in &tasks {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let Some(mine) = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")) else { continue };
+        assert_eq!(mine.trim(), cpu.to_string(), "thread {:?} of the peer", t.file_name());
+    }
+    drop(child.stdin.take());
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -35,6 +35,9 @@ pub struct BenchOptions {
     pub only: Vec<String>,
     /// Show a progress bar on stderr.
     pub progress: bool,
+    /// The CPU each echo peer pins itself to (`--placement`); `None`: where the scheduler
+    /// puts it.
+    pub peer_cpu: Option<usize>,
 }
 
 impl Default for BenchOptions {
@@ -49,6 +52,7 @@ impl Default for BenchOptions {
             big_iters: 10,
             only: Vec::new(),
             progress: true,
+            peer_cpu: None,
         }
     }
 }
@@ -237,9 +241,20 @@ impl Drop for ChildProcess {
 /// Starts `exe args..` and waits for its first line, which must start with `ready`;
 /// returns the process and the rest of that line (trimmed).
 pub(crate) fn start_child(exe: &SelfExe, args: &[&str], ready: &str) -> anyhow::Result<(ChildProcess, String)> {
+    start_child_with(exe, args, ready, &[])
+}
+
+/// [`start_child`] with `env` added to the child's environment.
+fn start_child_with(
+    exe: &SelfExe,
+    args: &[&str],
+    ready: &str,
+    env: &[(&str, String)],
+) -> anyhow::Result<(ChildProcess, String)> {
     let mut child = exe
         .command()
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -259,6 +274,16 @@ pub(crate) fn start_child(exe: &SelfExe, args: &[&str], ready: &str) -> anyhow::
 /// it really listens on, then (with QUIC) a bare quinn sink.
 pub(crate) fn start_echo_peer(exe: &SelfExe, addr: &str) -> anyhow::Result<(ChildProcess, String)> {
     start_child(exe, &["__echo", addr], "ready")
+}
+
+/// [`start_echo_peer`] pinned to `cpu` when given ([`crate::bench_place`]).
+fn start_echo_peer_on(exe: &SelfExe, addr: &str, cpu: Option<usize>) -> anyhow::Result<(ChildProcess, String)> {
+    match cpu {
+        None => start_echo_peer(exe, addr),
+        Some(cpu) => {
+            start_child_with(exe, &["__echo", addr], "ready", &[(crate::bench_place::CPU_VAR, cpu.to_string())])
+        }
+    }
 }
 
 /// The peer's reported addresses: its ferry address, then (with QUIC) a bare quinn sink.
@@ -473,7 +498,7 @@ async fn connect(
 ) -> anyhow::Result<Option<Setup>> {
     let Some(addr) = address_for(t.as_ref(), &i.to_string()) else { return Ok(None) };
     bar.set_message(format!("{} / {}", t.name(), c.name()));
-    let (peer, ready) = start_echo_peer(exe, &addr)?;
+    let (peer, ready) = start_echo_peer_on(exe, &addr, opts.peer_cpu)?;
     let (addr, sink) = split_ready(&ready);
     let client = with_ring(Endpoint::builder().transport(t.clone()).channel(c.clone()), ring).build();
     let pipe = match client.connect(&addr).await {

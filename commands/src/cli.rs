@@ -70,6 +70,11 @@ enum Cmd {
         /// priority) beside the benchmark, killed when it ends. At most 256.
         #[arg(long, value_name = "N", default_value_t = 0)]
         load: usize,
+        /// Pin the benchmark and each echo peer: both on one CPU, or on two (the first two
+        /// this process may use), so that two rows compare like with like (the scheduler
+        /// otherwise places each pair of processes as it likes). Linux.
+        #[arg(long, value_enum)]
+        placement: Option<crate::bench_place::Placement>,
     },
     /// Serve the demo JSON-RPC API (add, echo, create_tensor, sum, matmul, sleep, weights,
     /// describe, whoami; tasks; rpc.discover) to ferry clients and plain JSON-RPC clients.
@@ -394,6 +399,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                 no_rpc,
                 shm_memory_mib,
                 load,
+                placement,
             } => {
                 let opts = BenchOptions {
                     shape,
@@ -405,6 +411,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                     big_iters: big_iters.max(1),
                     only,
                     progress: !json,
+                    peer_cpu: None,
                 };
                 let exe = self_exe.clone();
                 // Kept to the end of this arm: dropping it kills the burners.
@@ -416,6 +423,13 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                         burners.ids(),
                         ferry_core::spin::load::cpus()
                     );
+                    if json { eprintln!("{say}") } else { println!("{say}") }
+                }
+                let mut opts = opts;
+                if let Some(p) = placement {
+                    let theirs = crate::bench_place::pin_benchmark(p)?;
+                    opts.peer_cpu = Some(theirs);
+                    let say = format!("pinned ({p:?}): the benchmark on one CPU, each echo peer on CPU {theirs}");
                     if json { eprintln!("{say}") } else { println!("{say}") }
                 }
                 // `--only shm-memory`: those rows alone.
@@ -601,7 +615,10 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>, self_exe
                 }
                 Ok(())
             }
-            Cmd::Echo { addr } => bench::echo_peer(&addr).await,
+            Cmd::Echo { addr } => {
+                crate::bench_place::pin_peer_from_env()?;
+                bench::echo_peer(&addr).await
+            }
             Cmd::Burn => crate::bench_load::burn(),
             #[cfg(all(feature = "shm", target_os = "linux"))]
             Cmd::ShmMemoryPeer { addr } => crate::bench_shm_memory::peer(&addr).await,

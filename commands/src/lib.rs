@@ -26,6 +26,7 @@
 
 pub mod bench;
 pub mod bench_load;
+pub mod bench_place;
 #[cfg(feature = "rpc")]
 pub mod bench_rpc;
 #[cfg(all(feature = "shm", target_os = "linux"))]
