@@ -24,7 +24,11 @@ back), zero-copy where each contender allows, p50 and p99 in microseconds:
 - `echo-24.9MB`: `echo` of an f32[1920,1080,3] from `client.alloc` (shm, zero-copy both
   ways), Python-served and Rust-served.
 
-Contenders of one row run interleaved in rounds (a noisy neighbour hits all alike).
+Contenders of one row run interleaved in rounds (a noisy neighbour hits all alike), and
+`ferry.Pipe` and the stdlib pair start a fresh peer process for every turn: where the
+scheduler places two processes (on one CPU or two) decides a round trip's cost more than
+anything they do, and differs from one pair to the next, so a ratio of rows measured with
+one pair each would compare two placements.
 `--load N` starts N CPU burners at nice 0 (`ferry __burn`) beside the benchmark. Ratios and
 the issue's targets' verdicts are printed after the table.
 """
@@ -84,11 +88,14 @@ def interleave(case: str, cs: dict[str, Contender], n: int, rounds: int) -> list
         for k, c in cs.items():
             if c.begin:
                 c.begin()
-            for _ in range(max(1, per // 10) if r == 0 else per):
+            # Every turn starts with a tenth of its round trips untimed: a fresh peer maps
+            # the memory and warms up in them.
+            for _ in range(max(1, per // 10)):
+                c.run()
+            for _ in range(per if r else 0):
                 t = time.perf_counter()
                 c.run()
-                if r:
-                    rows[k].samples.append(time.perf_counter() - t)
+                rows[k].samples.append(time.perf_counter() - t)
             if c.end:
                 c.end()
     return list(rows.values())
@@ -268,6 +275,57 @@ def me(*args: str) -> list[str]:
     return [sys.executable, __file__, *args]
 
 
+class FerryPeer:
+    """`ferry.Pipe`'s peer, started afresh for every turn of its contender: where the
+    scheduler puts a pair of processes (one CPU, or two) decides a round trip's cost more
+    than anything either does, and differs from one pair to the next, so one pair for the
+    whole run would measure its placement. The stdlib pair gets the same (`StdlibPeer`)."""
+
+    def __init__(self, listener: Any, addr: str, procs: Procs) -> None:
+        self.listener, self.addr, self.procs = listener, addr, procs
+        self.proc: subprocess.Popen[str] | None = None
+        self.pipe: Any = None
+        self.big: np.ndarray[Any, Any] | None = None
+
+    def start(self) -> None:
+        self.proc = self.procs.start(me("--peer", "ferry", self.addr), "ready")
+        self.pipe = self.listener.accept(timeout=30)
+        self.big = self.pipe.alloc(SHAPE, "f32")
+        self.big[...] = 1.0
+
+    def stop(self) -> None:
+        if self.pipe is None:
+            return
+        pipe, proc = self.pipe, self.proc
+        self.pipe, self.big, self.proc = None, None, None
+        pipe.send({"bye": True})
+        pipe.recv(timeout=30)
+        pipe.close()
+        if proc is not None:
+            proc.wait(timeout=30)
+
+
+class StdlibPeer:
+    """The stdlib pair's peer (`stdlib_peer`), started afresh for every turn."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.conn: Any = None
+        self.proc: Any = None
+
+    def start(self) -> None:
+        self.conn, theirs = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=stdlib_peer, args=(theirs,), daemon=True)
+        self.proc.start()
+
+    def stop(self) -> None:
+        if self.conn is None:
+            return
+        self.conn.send(None)
+        self.proc.join(10)
+        self.conn, self.proc = None, None
+
+
 IOX_DIRS = ("/dev/shm", "/tmp/iceoryx2", "/tmp/iceoryx2/nodes", "/tmp/iceoryx2/services")
 
 
@@ -307,16 +365,15 @@ def pipes(a: argparse.Namespace, procs: Procs, tag: str, skipped: list[str]) -> 
     cases: dict[str, dict[str, Contender]] = {"rtt-64B": {}, "rtt-24.9MB": {}}
     cleanup: list[Callable[[], None]] = []
 
-    # ferry.Pipe
+    # ferry.Pipe: a fresh peer process for every turn (`FerryPeer`)
     addr = f"unix:ferry-bench-py-{tag}"
     listener = ferry.listen(addr)
-    procs.start(me("--peer", "ferry", addr), "ready")
-    pipe = listener.accept(timeout=30)
-    fbig = pipe.alloc(SHAPE, "f32")
-    fbig[...] = 1.0
+    fpeer = FerryPeer(listener, addr, procs)
 
-    def ferry_rtt(x: np.ndarray[Any, Any]) -> Case:
+    def ferry_rtt(big: bool) -> Case:
         def run() -> None:
+            pipe, x = fpeer.pipe, (fpeer.big if big else small)
+            assert pipe is not None and x is not None
             pipe.send({"n": 1}, [x])
             _, ts = pipe.recv(timeout=60)
             if ts[0].nbytes != x.nbytes:
@@ -324,21 +381,13 @@ def pipes(a: argparse.Namespace, procs: Procs, tag: str, skipped: list[str]) -> 
 
         return run
 
-    cases["rtt-64B"]["ferry.Pipe"] = Contender(ferry_rtt(small))
-    cases["rtt-24.9MB"]["ferry.Pipe"] = Contender(ferry_rtt(fbig))
+    cases["rtt-64B"]["ferry.Pipe"] = Contender(ferry_rtt(False), fpeer.start, fpeer.stop)
+    cases["rtt-24.9MB"]["ferry.Pipe"] = Contender(ferry_rtt(True), fpeer.start, fpeer.stop)
+    cleanup.append(fpeer.stop)
 
-    def ferry_bye() -> None:
-        pipe.send({"bye": True})
-        pipe.recv(timeout=30)
-        pipe.close()
-
-    cleanup.append(ferry_bye)
-
-    # multiprocessing.shared_memory + multiprocessing.Pipe
+    # multiprocessing.shared_memory + multiprocessing.Pipe: a fresh peer for every turn too
     ctx = mp.get_context("spawn")
-    mine, theirs = ctx.Pipe()
-    proc = ctx.Process(target=stdlib_peer, args=(theirs,), daemon=True)
-    proc.start()
+    speer = StdlibPeer(ctx)
     segs = {}
     for label, arr in (("rtt-64B", small), ("rtt-24.9MB", big)):
         seg = shared_memory.SharedMemory(create=True, size=arr.nbytes)
@@ -349,17 +398,18 @@ def pipes(a: argparse.Namespace, procs: Procs, tag: str, skipped: list[str]) -> 
         def std_rtt(
             seg: shared_memory.SharedMemory = seg, view: np.ndarray[Any, Any] = view
         ) -> None:
+            mine = speer.conn
+            assert mine is not None
             mine.send((seg.name, view.shape, view.dtype.str))
             _, shape, dtype = mine.recv()
             back: np.ndarray[Any, Any] = np.ndarray(shape, dtype, buffer=seg.buf)
             if back.nbytes != view.nbytes:
                 raise SystemExit("stdlib: the echo came back changed")
 
-        cases[label]["shm+mp.Pipe"] = Contender(std_rtt)
+        cases[label]["shm+mp.Pipe"] = Contender(std_rtt, speer.start, speer.stop)
 
     def std_bye() -> None:
-        mine.send(None)
-        proc.join(10)
+        speer.stop()
         for seg, view in segs.values():
             del view
             seg.close()
