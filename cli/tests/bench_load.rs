@@ -17,6 +17,22 @@ fn self_exe() -> SelfExe {
     SelfExe { program: exe().to_path_buf(), prefix: Vec::new() }
 }
 
+/// Starts `ferry args..` with `env` added, its stdin and stdout piped; returns it and its
+/// first line.
+fn spawn_first_line(args: &[&str], env: &[(&str, String)]) -> (std::process::Child, String) {
+    let mut child = Command::new(exe())
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    (child, line)
+}
+
 /// Dropping the burners (the benchmark's end, an error) kills and reaps every one.
 #[test]
 #[cfg(target_os = "linux")]
@@ -36,15 +52,7 @@ fn burners_are_killed_when_dropped() {
 /// A burner whose benchmark died without killing it (its stdin closed) exits by itself.
 #[test]
 fn a_burner_exits_when_its_stdin_closes() {
-    let mut child = Command::new(exe())
-        .arg("__burn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut child, line) = spawn_first_line(&["__burn"], &[]);
     assert_eq!(line.trim(), "burning");
     drop(child.stdin.take());
     // Hang guard only: the exit itself is what is asserted.
@@ -80,16 +88,7 @@ fn an_echo_peer_told_a_cpu_runs_there_with_every_thread() {
     // The first CPU this process may use ("0-1", "2,5", "3").
     let cpu: usize = list.split([',', '-']).next().unwrap().parse().unwrap();
     let addr = format!("unix:ferry-place-test-{}", std::process::id());
-    let mut child = Command::new(exe())
-        .args(["__echo", &addr])
-        .env(CPU_VAR, cpu.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut child, line) = spawn_first_line(&["__echo", &addr], &[(CPU_VAR, cpu.to_string())]);
     assert!(line.starts_with("ready"), "{line:?}");
     let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap().flatten().collect();
     assert!(!tasks.is_empty());

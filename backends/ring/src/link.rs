@@ -199,6 +199,9 @@ impl RingRead {
 
 /// The end of a blocking caller's next wait on the ring: a [`DEATH_CHECK`] slice, cut short
 /// by the caller's `deadline`; `None` when the deadline has passed.
+/// The most frames records one [`RingRead::ring_controls_now`] takes.
+const CONTROLS_NOW_RECORDS: usize = 16;
+
 fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
     let now = Instant::now();
     if deadline.is_some_and(|d| d <= now) {
@@ -482,6 +485,9 @@ impl RingRead {
             return Ok(());
         }
         let limits = s.limits();
+        // A peer that keeps writing CONTROL frames cannot hold a send here: at most this
+        // many records are taken per call (the rest wait for the reads).
+        let mut records = 0;
         loop {
             let ring = &mut *self;
             if let Some(&kind) = ring.record.get(ring.at) {
@@ -496,9 +502,15 @@ impl RingRead {
                     None => return Ok(()),
                 }
             }
-            if !ring.early.is_empty() || ring.socket_ended || ring.divert_taken || ring.nudged {
+            if records == CONTROLS_NOW_RECORDS
+                || !ring.early.is_empty()
+                || ring.socket_ended
+                || ring.divert_taken
+                || ring.nudged
+            {
                 return Ok(());
             }
+            records += 1;
             if ring.rx.next_tag() != Some(TAG_FRAMES) {
                 return Ok(());
             }

@@ -61,7 +61,8 @@ pub(crate) struct Direct {
     /// The connection's received descriptors (set when it is split): a blocking wait's
     /// `recvmsg` puts those it receives there, as the read half's own reads do.
     fds: OnceLock<Arc<FdQueue>>,
-    /// [`Wake::interrupted`], seen without the lock by a blocking wait about to read.
+    /// [`DirectRead::interrupt`] was called: every wait ends (set under the `wake` lock;
+    /// read without it by a blocking wait about to read).
     interrupted: AtomicBool,
     /// A blocking read is under way (or about to be): an interrupt must shut the reading.
     blocking: AtomicBool,
@@ -92,7 +93,6 @@ const NEAR: Duration = Duration::from_millis(20);
 /// How [`DirectRead::interrupt`] reaches a wait.
 #[derive(Default)]
 struct Wake {
-    interrupted: bool,
     /// What a wait waits on. Made at the first wait (most connections never wait
     /// directly: no descriptors spent on them).
     waiter: Option<Arc<Waiter>>,
@@ -257,14 +257,18 @@ impl Direct {
         self.blocking.store(true, Ordering::SeqCst);
         let mut got = None;
         if !self.interrupted.load(Ordering::SeqCst) {
-            let mut st = self.stash_lock();
-            if st.buf.len() < STASH {
-                st.buf.resize(STASH, 0);
-            }
-            st.taken = 0;
-            st.len = 0;
+            // The buffer is taken out for the read: the lock is not held while it blocks.
+            let mut buf = {
+                let mut st = self.stash_lock();
+                (st.taken, st.len) = (0, 0);
+                std::mem::take(&mut st.buf)
+            };
+            buf.resize(STASH, 0);
             let fds = self.fds.get().map(|q| &**q);
-            got = Some(match super::recv_with_fds_as(&self.stream, &mut st.buf, fds, true) {
+            let r = super::recv_with_fds_as(&self.stream, &mut buf, fds, true);
+            let mut st = self.stash_lock();
+            st.buf = buf;
+            got = Some(match r {
                 Ok(n) => {
                     st.len = n;
                     // An end read after an interrupt is the shutdown's, not the peer's.
@@ -289,7 +293,7 @@ impl Direct {
     /// The waits' descriptors, made at the first wait; `None` once interrupted.
     fn waiter(&self) -> io::Result<Option<Arc<Waiter>>> {
         let mut w = self.lock();
-        if w.interrupted {
+        if self.interrupted.load(Ordering::SeqCst) {
             return Ok(None);
         }
         if w.waiter.is_none() {
@@ -396,12 +400,10 @@ impl DirectRead for Direct {
     }
 
     fn interrupt(&self) {
-        let mut w = self.lock();
-        if w.interrupted {
+        let w = self.lock();
+        if self.interrupted.swap(true, Ordering::SeqCst) {
             return;
         }
-        w.interrupted = true;
-        self.interrupted.store(true, Ordering::SeqCst);
         if self.blocking.load(Ordering::SeqCst) {
             // Ends the blocking read under way (module docs).
             let _ = rustix::net::shutdown(&*self.stream, rustix::net::Shutdown::Read);
