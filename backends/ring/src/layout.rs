@@ -22,6 +22,9 @@
 //! +256  consumer_sleeping: u32 futex word (consumer sets 1 before sleeping on an empty ring)
 //! +384  producer_sleeping: u32 futex word (producer sets 1 before sleeping on a full ring)
 //! +512  closed: u32, PRODUCER_CLOSED | CONSUMER_CLOSED (orderly close, either side)
+//! +640  consumer_cpu: u32, the CPU the consumer ran on when its last wait ended, plus one
+//!       (0: not said). Advice only: the producer, waiting on the other ring for the
+//!       consumer's answer, stops spinning on the CPU the consumer needs to run on.
 //! ```
 //!
 //! A record in the data area is an 8-byte header (`len: u32` in the low half, `tag: u32`
@@ -67,6 +70,8 @@ pub struct RingLayout {
     pub consumer_sleeping: usize,
     /// `closed` word.
     pub closed: usize,
+    /// `consumer_cpu` word (advice: any value is harmless).
+    pub consumer_cpu: usize,
     /// First byte of the data area.
     pub data: usize,
     /// Bytes in the data area (a power of two).
@@ -84,6 +89,7 @@ impl RingLayout {
             consumer_sleeping: ctrl + 256,
             producer_sleeping: ctrl + 384,
             closed: ctrl + 512,
+            consumer_cpu: ctrl + 640,
             data: HEADER_LEN + index * capacity,
             capacity,
         }
@@ -119,8 +125,8 @@ mod tests {
         let (a, b) = (RingLayout::new(0, cap), RingLayout::new(1, cap));
         let mut words = vec![MAGIC_AT, VERSION_AT, CAPACITY_AT];
         for l in [a, b] {
-            words.extend([l.tail, l.producer_sleeping, l.head, l.consumer_sleeping, l.closed]);
-            assert!(l.closed + 4 <= HEADER_LEN);
+            words.extend([l.tail, l.producer_sleeping, l.head, l.consumer_sleeping, l.closed, l.consumer_cpu]);
+            assert!(l.consumer_cpu + 4 <= l.tail + 1024 && l.consumer_cpu + 4 <= HEADER_LEN, "in its control block");
         }
         let mut sorted = words.clone();
         sorted.sort();

@@ -117,22 +117,15 @@ impl RingRead {
     /// when one came (the history learns it).
     fn spin_for(&mut self, d: Duration, start: Instant, until: Option<Instant>) -> bool {
         let end = until.map_or(start + d, |u| u.min(start + d));
-        let mut polls = 0u32;
-        loop {
-            if self.rx.has_data() {
-                // (A warm history learns nothing from a caught spin: no clock read on the
-                // way to the record.)
-                if self.wait.history.learns_from_spins() {
-                    self.wait.history.record(Waited::Spun(start.elapsed()));
-                }
-                return true;
-            }
-            std::hint::spin_loop();
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(32) && Instant::now() >= end {
-                return false;
-            }
+        if !self.rx.spin_for_data(end) {
+            return false;
         }
+        // (A warm history learns nothing from a caught spin: no clock read on the way to
+        // the record.)
+        if self.wait.history.learns_from_spins() {
+            self.wait.history.record(Waited::Spun(start.elapsed()));
+        }
+        true
     }
 
     /// A blocking caller's wait for a record until `until`: the wait policy's spin (when

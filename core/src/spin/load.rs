@@ -11,8 +11,12 @@
 //!   last): one read of `/proc/loadavg` (its `running/total` field: the threads runnable
 //!   on every CPU now, the reader included), a few µs every 10 ms at most.
 //! - **Smoothed.** One sample is one instant; [`LoadState::next`] calls the machine
-//!   overloaded only after two samples in a row over the CPUs, and not any more at the
-//!   first sample that is not.
+//!   overloaded only after two samples in a row over the CPUs (no more than
+//!   [`IN_A_ROW`] apart), and not any more at the first sample that is not. Samples
+//!   further apart are two instants, not a load: a process whose waits come in bursts
+//!   (a benchmark's turns, a client's calls) samples at the start of each burst, when its
+//!   peer is often busy starting, and two such samples 160 ms apart once turned a
+//!   benchmark's spinning off for the whole of the next burst.
 //! - **Portable fallback.** Where there is no `/proc/loadavg` (not Linux, a sandbox) the
 //!   load is unknown and never gates a spin: waiters behave as they did without it.
 //!
@@ -25,6 +29,9 @@ use std::time::{Duration, Instant};
 
 /// The most often the load is sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// Two samples over the CPUs count as "in a row" (overloaded) when no further apart.
+pub const IN_A_ROW: Duration = Duration::from_millis(20);
 
 /// What the samples so far say about the machine's load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,14 +48,14 @@ pub enum LoadState {
 
 impl LoadState {
     /// The state after a sample of `runnable` threads (`None`: none could be taken) on
-    /// `cpus` CPUs.
-    pub fn next(self, runnable: Option<u32>, cpus: u32) -> LoadState {
+    /// `cpus` CPUs, taken `gap` after the sample that made this state.
+    pub fn next(self, runnable: Option<u32>, cpus: u32, gap: Duration) -> LoadState {
         match runnable {
             None => LoadState::Unknown,
             Some(n) if n <= cpus => LoadState::Fits,
             Some(_) => match self {
-                LoadState::OverOnce | LoadState::Overloaded => LoadState::Overloaded,
-                LoadState::Unknown | LoadState::Fits => LoadState::OverOnce,
+                LoadState::OverOnce | LoadState::Overloaded if gap <= IN_A_ROW => LoadState::Overloaded,
+                _ => LoadState::OverOnce,
             },
         }
     }
@@ -117,7 +124,10 @@ pub fn overloaded_at(now: Instant) -> bool {
         let next = at.saturating_add(SAMPLE_EVERY.as_nanos() as u64);
         if g.due_ns.compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
             let was = LoadState::from_u8(g.state.load(Ordering::Relaxed));
-            g.state.store(was.next(sample(), cpus()).to_u8(), Ordering::Relaxed);
+            // (`due` is the last sample's time plus SAMPLE_EVERY; before the first, the
+            // state is unknown and the gap does not matter.)
+            let gap = Duration::from_nanos(at.saturating_sub(due)) + SAMPLE_EVERY;
+            g.state.store(was.next(sample(), cpus(), gap).to_u8(), Ordering::Relaxed);
         }
     }
     LoadState::from_u8(g.state.load(Ordering::Relaxed)) == LoadState::Overloaded
@@ -151,10 +161,11 @@ mod tests {
     }
 
     /// Two samples in a row over the CPUs make it overloaded; one at or under ends it;
-    /// no sample makes it unknown.
+    /// no sample makes it unknown; samples more than `IN_A_ROW` apart are not in a row.
     #[test]
     fn state_table() {
         use LoadState::*;
+        let soon = SAMPLE_EVERY;
         let rows: &[(LoadState, Option<u32>, u32, LoadState)] = &[
             (Unknown, Some(1), 2, Fits),
             (Unknown, Some(3), 2, OverOnce),
@@ -170,8 +181,19 @@ mod tests {
             (OverOnce, Some(17), 16, Overloaded),
         ];
         for (before, sample, cpus, after) in rows {
-            assert_eq!(before.next(*sample, *cpus), *after, "{before:?}, {sample:?} runnable on {cpus} CPUs");
+            assert_eq!(before.next(*sample, *cpus, soon), *after, "{before:?}, {sample:?} runnable on {cpus} CPUs");
         }
+        let late: &[(LoadState, Duration, LoadState)] = &[
+            (OverOnce, IN_A_ROW, Overloaded),
+            (OverOnce, IN_A_ROW + Duration::from_millis(1), OverOnce),
+            (OverOnce, Duration::from_millis(160), OverOnce),
+            (Overloaded, Duration::from_millis(160), OverOnce),
+            (Fits, Duration::from_millis(160), OverOnce),
+        ];
+        for (before, gap, after) in late {
+            assert_eq!(before.next(Some(3), 2, *gap), *after, "{before:?}, 3 runnable on 2 CPUs {gap:?} later");
+        }
+        assert_eq!(Overloaded.next(Some(2), 2, Duration::from_secs(1)), Fits);
         for s in [Unknown, Fits, OverOnce, Overloaded] {
             assert_eq!(LoadState::from_u8(s.to_u8()), s);
         }

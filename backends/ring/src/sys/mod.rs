@@ -194,6 +194,31 @@ pub fn futex_wake(word: &AtomicU32) {
     let _ = futex::wake(word, futex::Flags::empty(), u32::MAX);
 }
 
+/// The CPU this thread runs on now, or `None` where the system cannot say. glibc reads it
+/// from the thread's rseq area (no system call), so a spinning waiter can ask often.
+pub fn current_cpu() -> Option<u32> {
+    // SAFETY: `sched_getcpu` takes no arguments, touches no memory of ours and only
+    // returns a number (or -1).
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).ok()
+}
+
+/// Moves this thread off CPU `cpu` now, to another CPU it may run on, and gives it back
+/// every CPU it had: the kernel migrates a thread at once when its mask leaves out the CPU
+/// it runs on, and a restored mask does not move it back. False when it may run on no
+/// other CPU, or the system refused.
+pub fn move_off_cpu(cpu: u32) -> bool {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity};
+    let Ok(mask) = sched_getaffinity(None) else { return false };
+    let mut others = mask;
+    others.unset(cpu as usize);
+    if others.count() == 0 || sched_setaffinity(None, &others).is_err() {
+        return false;
+    }
+    let _ = sched_setaffinity(None, &mask);
+    true
+}
+
 /// A memfd of `len` bytes without seals (for tests of the refusal path).
 #[cfg(any(test, feature = "__testing"))]
 pub fn unsealed_memfd(len: u64) -> io::Result<OwnedFd> {
