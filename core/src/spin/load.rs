@@ -9,7 +9,10 @@
 //! - **Sampled rarely.** The first waiter to find the last sample older than
 //!   [`SAMPLE_EVERY`] takes a new one (a compare-and-swap elects it; the others use the
 //!   last): one read of `/proc/loadavg` (its `running/total` field: the threads runnable
-//!   on every CPU now, the reader included), a few µs every 10 ms at most.
+//!   on every CPU now, the reader included), a few µs every 10 ms at most. While the
+//!   samples say "over", every [`RECHECK`]: a wrong "overloaded" costs every wait a
+//!   wake-up, a wrong "fits" only a spin (in a benchmark, a fresh peer's two samples at
+//!   its start, taken while its parent was busy, had kept it from spinning for 10 ms).
 //! - **Smoothed.** One sample is one instant; [`LoadState::next`] calls the machine
 //!   overloaded only after two samples in a row over the CPUs (no more than
 //!   [`IN_A_ROW`] apart), and not any more at the first sample that is not. Samples
@@ -29,6 +32,9 @@ use std::time::{Duration, Instant};
 
 /// The most often the load is sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// How soon the next sample is due while the last said "over" ([`LoadState::sample_every`]).
+pub const RECHECK: Duration = Duration::from_millis(1);
 
 /// Two samples over the CPUs count as "in a row" (overloaded) when no further apart.
 pub const IN_A_ROW: Duration = Duration::from_millis(20);
@@ -57,6 +63,14 @@ impl LoadState {
                 LoadState::OverOnce | LoadState::Overloaded if gap <= IN_A_ROW => LoadState::Overloaded,
                 _ => LoadState::OverOnce,
             },
+        }
+    }
+
+    /// How long a sample that left this state holds before the next is due.
+    pub fn sample_every(self) -> Duration {
+        match self {
+            LoadState::OverOnce | LoadState::Overloaded => RECHECK,
+            LoadState::Unknown | LoadState::Fits => SAMPLE_EVERY,
         }
     }
 
@@ -101,17 +115,20 @@ pub fn cpus() -> u32 {
     *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)))
 }
 
-/// The process-wide gauge: the last state and when the next sample is due.
+/// The process-wide gauge: the last state and when it was sampled.
 struct Gauge {
     start: Instant,
-    /// Nanoseconds after `start` when the next sample is due.
-    due_ns: AtomicU64,
+    /// Nanoseconds after `start` of the last sample ([`NEVER`]: none yet).
+    last_ns: AtomicU64,
     state: AtomicU8,
 }
 
+/// [`Gauge::last_ns`] before the first sample.
+const NEVER: u64 = u64::MAX;
+
 fn gauge() -> &'static Gauge {
     static G: OnceLock<Gauge> = OnceLock::new();
-    G.get_or_init(|| Gauge { start: Instant::now(), due_ns: AtomicU64::new(0), state: AtomicU8::new(0) })
+    G.get_or_init(|| Gauge { start: Instant::now(), last_ns: AtomicU64::new(NEVER), state: AtomicU8::new(0) })
 }
 
 /// Whether more threads are runnable than this process has CPUs, as of the last sample;
@@ -119,16 +136,12 @@ fn gauge() -> &'static Gauge {
 pub fn overloaded_at(now: Instant) -> bool {
     let g = gauge();
     let at = u64::try_from(now.saturating_duration_since(g.start).as_nanos()).unwrap_or(u64::MAX);
-    let due = g.due_ns.load(Ordering::Relaxed);
-    if at >= due {
-        let next = at.saturating_add(SAMPLE_EVERY.as_nanos() as u64);
-        if g.due_ns.compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-            let was = LoadState::from_u8(g.state.load(Ordering::Relaxed));
-            // (`due` is the last sample's time plus SAMPLE_EVERY; before the first, the
-            // state is unknown and the gap does not matter.)
-            let gap = Duration::from_nanos(at.saturating_sub(due)) + SAMPLE_EVERY;
-            g.state.store(was.next(sample(), cpus(), gap).to_u8(), Ordering::Relaxed);
-        }
+    let last = g.last_ns.load(Ordering::Relaxed);
+    let was = LoadState::from_u8(g.state.load(Ordering::Relaxed));
+    let due = last == NEVER || at >= last.saturating_add(was.sample_every().as_nanos() as u64);
+    if due && g.last_ns.compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        let gap = if last == NEVER { Duration::MAX } else { Duration::from_nanos(at.saturating_sub(last)) };
+        g.state.store(was.next(sample(), cpus(), gap).to_u8(), Ordering::Relaxed);
     }
     LoadState::from_u8(g.state.load(Ordering::Relaxed)) == LoadState::Overloaded
 }
@@ -194,6 +207,9 @@ mod tests {
             assert_eq!(before.next(Some(3), 2, *gap), *after, "{before:?}, 3 runnable on 2 CPUs {gap:?} later");
         }
         assert_eq!(Overloaded.next(Some(2), 2, Duration::from_secs(1)), Fits);
+        // "Over" is looked at again sooner than "fits".
+        assert_eq!((OverOnce.sample_every(), Overloaded.sample_every()), (RECHECK, RECHECK));
+        assert_eq!((Fits.sample_every(), Unknown.sample_every()), (SAMPLE_EVERY, SAMPLE_EVERY));
         for s in [Unknown, Fits, OverOnce, Overloaded] {
             assert_eq!(LoadState::from_u8(s.to_u8()), s);
         }
@@ -201,16 +217,17 @@ mod tests {
 
     /// The gauge takes a sample when one is due and answers from it until the next: on
     /// this machine the answer is whatever the samples say, but asking twice within
-    /// [`SAMPLE_EVERY`] reads the file once (the due time moves on by one interval).
+    /// [`RECHECK`] (the shorter interval) reads the file once.
     #[test]
     fn the_gauge_samples_at_most_once_per_interval() {
         let now = Instant::now();
         let _ = overloaded_at(now);
-        let due = gauge().due_ns.load(Ordering::Relaxed);
+        let last = gauge().last_ns.load(Ordering::Relaxed);
+        assert_ne!(last, NEVER, "sampled");
         let _ = overloaded_at(now);
-        assert_eq!(gauge().due_ns.load(Ordering::Relaxed), due, "no second sample within the interval");
+        assert_eq!(gauge().last_ns.load(Ordering::Relaxed), last, "no second sample within the interval");
         let later = now + SAMPLE_EVERY * 2;
         let _ = overloaded_at(later);
-        assert!(gauge().due_ns.load(Ordering::Relaxed) > due, "a sample once due");
+        assert!(gauge().last_ns.load(Ordering::Relaxed) > last, "a sample once due");
     }
 }
