@@ -91,10 +91,12 @@ impl Shared {
     fn say_cpu(&self) {
         let Some(cpu) = sys::current_cpu() else { return };
         let said = cpu.wrapping_add(1);
-        if self.cpu_said.swap(said, Ordering::Relaxed) != said
-            && let Some(w) = self.map.u32_at(self.rx.consumer_cpu)
-        {
-            w.store(said, Ordering::Relaxed);
+        // A load first: the common answer (the same CPU as last time) writes nothing.
+        if self.cpu_said.load(Ordering::Relaxed) != said {
+            self.cpu_said.store(said, Ordering::Relaxed);
+            if let Some(w) = self.map.u32_at(self.rx.consumer_cpu) {
+                w.store(said, Ordering::Relaxed);
+            }
         }
     }
 

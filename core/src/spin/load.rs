@@ -1,15 +1,26 @@
-//! Whether the machine has more runnable threads than CPUs: the signal that makes every
-//! waiter of the [policy](super::decide) wait in the kernel at once.
+//! Whether threads wait for a CPU on this machine: the signal that makes every waiter of
+//! the [policy](super::decide) wait in the kernel at once.
 //!
 //! A spinning thread is worth its CPU only while a CPU is free for the thread it waits
 //! for. When more threads are runnable than there are CPUs (CPU burners beside a
 //! benchmark, a build, other services), the spinner takes the CPU the answer needs, and the
 //! scheduler may leave the answering thread behind a whole time slice of somebody else.
 //!
+//! - **Measured as waiting, where the kernel says.** Linux's pressure stall information
+//!   (`/proc/pressure/cpu`, its `some` line's `total`: microseconds during which at least
+//!   one runnable thread waited for a CPU) gives, between two samples, the share of the
+//!   time that some thread waited ([`over_by_stall`]): over when it reaches
+//!   [`STALL_ENTER`], and still over until it falls below [`STALL_LEAVE`]. A count of
+//!   runnable threads at one instant cannot tell a burner from a kernel thread's few
+//!   microseconds: with two spinners on two CPUs, any third thread made it "over", and a
+//!   benchmark's fresh peer, sampling while its parent was busy starting it, stopped
+//!   spinning for a whole turn (12 µs round trips instead of 4.7). Without pressure
+//!   information (older kernels, `psi=0`, other systems), and for a process's first
+//!   sample, the runnable threads of `/proc/loadavg` (its `running/total` field, the
+//!   reader included) against the CPUs.
 //! - **Sampled rarely.** The first waiter to find the last sample older than
 //!   [`SAMPLE_EVERY`] takes a new one (a compare-and-swap elects it; the others use the
-//!   last): one read of `/proc/loadavg` (its `running/total` field: the threads runnable
-//!   on every CPU now, the reader included), a few µs every 10 ms at most. While the
+//!   last): one read of a small `/proc` file, a few µs every 10 ms at most. While the
 //!   samples say "over", every [`RECHECK`]: a wrong "overloaded" costs every wait a
 //!   wake-up, a wrong "fits" only a spin (in a benchmark, a fresh peer's two samples at
 //!   its start, taken while its parent was busy, had kept it from spinning for 10 ms).
@@ -20,8 +31,8 @@
 //!   (a benchmark's turns, a client's calls) samples at the start of each burst, when its
 //!   peer is often busy starting, and two such samples 160 ms apart once turned a
 //!   benchmark's spinning off for the whole of the next burst.
-//! - **Portable fallback.** Where there is no `/proc/loadavg` (not Linux, a sandbox) the
-//!   load is unknown and never gates a spin: waiters behave as they did without it.
+//! - **Portable fallback.** Where neither file exists (not Linux, a sandbox) the load is
+//!   unknown and never gates a spin: waiters behave as they did without it.
 //!
 //! The CPUs compared against are those this process may use
 //! ([`std::thread::available_parallelism`]: affinity and cgroup quota), counted once.
@@ -35,6 +46,15 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
 /// How soon the next sample is due while the last said "over" ([`LoadState::sample_every`]).
 pub const RECHECK: Duration = Duration::from_millis(1);
+
+/// The share of the time since the last sample during which some thread waited for a CPU
+/// that makes a sample "over" (pressure stall information).
+pub const STALL_ENTER: f64 = 0.5;
+
+/// The share below which a sample is no longer "over" once the state is (hysteresis: a
+/// waiter that stopped spinning beside busy CPUs still makes its own short waits for a
+/// CPU, and should not take them for a free machine).
+pub const STALL_LEAVE: f64 = 0.05;
 
 /// Two samples over the CPUs count as "in a row" (overloaded) when no further apart.
 pub const IN_A_ROW: Duration = Duration::from_millis(20);
@@ -53,13 +73,18 @@ pub enum LoadState {
 }
 
 impl LoadState {
-    /// The state after a sample of `runnable` threads (`None`: none could be taken) on
-    /// `cpus` CPUs, taken `gap` after the sample that made this state.
-    pub fn next(self, runnable: Option<u32>, cpus: u32, gap: Duration) -> LoadState {
-        match runnable {
+    /// Whether the samples so far say "over" (once or more).
+    pub fn is_over(self) -> bool {
+        matches!(self, LoadState::OverOnce | LoadState::Overloaded)
+    }
+
+    /// The state after a sample that found the machine `over` or not (`None`: none could be
+    /// taken), taken `gap` after the sample that made this state.
+    pub fn next(self, over: Option<bool>, gap: Duration) -> LoadState {
+        match over {
             None => LoadState::Unknown,
-            Some(n) if n <= cpus => LoadState::Fits,
-            Some(_) => match self {
+            Some(false) => LoadState::Fits,
+            Some(true) => match self {
                 LoadState::OverOnce | LoadState::Overloaded if gap <= IN_A_ROW => LoadState::Overloaded,
                 _ => LoadState::OverOnce,
             },
@@ -102,11 +127,47 @@ pub fn parse_loadavg(text: &str) -> Option<u32> {
     running.parse().ok()
 }
 
-/// One sample: the runnable threads now, if this system says.
-fn sample() -> Option<u32> {
+/// The `some` line's `total` (microseconds) in `/proc/pressure/cpu`'s text
+/// (`some avg10=0.00 avg60=0.00 avg300=0.00 total=123`); `None` when it has none.
+pub fn parse_psi_some_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_ascii_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
+}
+
+/// Whether `stalled` (the growth of the pressure total) out of `elapsed` makes a sample
+/// over, the state being `was`: [`STALL_ENTER`] to become over, [`STALL_LEAVE`] to stay.
+pub fn over_by_stall(was: LoadState, stalled: Duration, elapsed: Duration) -> bool {
+    if elapsed.is_zero() {
+        return was.is_over();
+    }
+    let share = stalled.as_secs_f64() / elapsed.as_secs_f64();
+    share >= if was.is_over() { STALL_LEAVE } else { STALL_ENTER }
+}
+
+/// The runnable threads now (`/proc/loadavg`), if this system says.
+fn runnable_now() -> Option<u32> {
     // A portable read: where the file does not exist the load is unknown.
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     parse_loadavg(&text)
+}
+
+/// The pressure total now (`/proc/pressure/cpu`), if this system says.
+fn stall_total_now() -> Option<u64> {
+    parse_psi_some_total(&std::fs::read_to_string("/proc/pressure/cpu").ok()?)
+}
+
+/// One sample, `elapsed` after the last (`None`: the first), the state being `was`:
+/// whether the machine is over, by the growth of the pressure total where there is one
+/// (and an earlier total), else by the runnable threads against the CPUs.
+fn sample(g: &Gauge, was: LoadState, elapsed: Option<Duration>) -> Option<bool> {
+    let total = stall_total_now();
+    let before = g.stall_us.swap(total.unwrap_or(NEVER), Ordering::Relaxed);
+    if let (Some(now), Some(elapsed)) = (total, elapsed)
+        && before != NEVER
+    {
+        return Some(over_by_stall(was, Duration::from_micros(now.saturating_sub(before)), elapsed));
+    }
+    runnable_now().map(|n| n > cpus())
 }
 
 /// The CPUs this process may use, counted once (it reads cgroup files).
@@ -120,18 +181,25 @@ struct Gauge {
     start: Instant,
     /// Nanoseconds after `start` of the last sample ([`NEVER`]: none yet).
     last_ns: AtomicU64,
+    /// The pressure total at the last sample ([`NEVER`]: none).
+    stall_us: AtomicU64,
     state: AtomicU8,
 }
 
-/// [`Gauge::last_ns`] before the first sample.
+/// [`Gauge::last_ns`] before the first sample; [`Gauge::stall_us`] without a total.
 const NEVER: u64 = u64::MAX;
 
 fn gauge() -> &'static Gauge {
     static G: OnceLock<Gauge> = OnceLock::new();
-    G.get_or_init(|| Gauge { start: Instant::now(), last_ns: AtomicU64::new(NEVER), state: AtomicU8::new(0) })
+    G.get_or_init(|| Gauge {
+        start: Instant::now(),
+        last_ns: AtomicU64::new(NEVER),
+        stall_us: AtomicU64::new(NEVER),
+        state: AtomicU8::new(0),
+    })
 }
 
-/// Whether more threads are runnable than this process has CPUs, as of the last sample;
+/// Whether threads wait for CPUs on this machine (module docs), as of the last sample;
 /// takes a new one when it is due at `now` (a clock the caller read anyway).
 pub fn overloaded_at(now: Instant) -> bool {
     let g = gauge();
@@ -140,8 +208,9 @@ pub fn overloaded_at(now: Instant) -> bool {
     let was = LoadState::from_u8(g.state.load(Ordering::Relaxed));
     let due = last == NEVER || at >= last.saturating_add(was.sample_every().as_nanos() as u64);
     if due && g.last_ns.compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-        let gap = if last == NEVER { Duration::MAX } else { Duration::from_nanos(at.saturating_sub(last)) };
-        g.state.store(was.next(sample(), cpus(), gap).to_u8(), Ordering::Relaxed);
+        let gap = (last != NEVER).then(|| Duration::from_nanos(at.saturating_sub(last)));
+        let over = sample(g, was, gap);
+        g.state.store(was.next(over, gap.unwrap_or(Duration::MAX)).to_u8(), Ordering::Relaxed);
     }
     LoadState::from_u8(g.state.load(Ordering::Relaxed)) == LoadState::Overloaded
 }
@@ -179,22 +248,20 @@ mod tests {
     fn state_table() {
         use LoadState::*;
         let soon = SAMPLE_EVERY;
-        let rows: &[(LoadState, Option<u32>, u32, LoadState)] = &[
-            (Unknown, Some(1), 2, Fits),
-            (Unknown, Some(3), 2, OverOnce),
-            (Fits, Some(2), 2, Fits),
-            (Fits, Some(3), 2, OverOnce),
-            (OverOnce, Some(3), 2, Overloaded),
-            (OverOnce, Some(2), 2, Fits),
-            (Overloaded, Some(9), 2, Overloaded),
-            (Overloaded, Some(2), 2, Fits),
-            (Overloaded, None, 2, Unknown),
-            (Fits, None, 2, Unknown),
-            (Fits, Some(16), 16, Fits),
-            (OverOnce, Some(17), 16, Overloaded),
+        let rows: &[(LoadState, Option<bool>, LoadState)] = &[
+            (Unknown, Some(false), Fits),
+            (Unknown, Some(true), OverOnce),
+            (Fits, Some(false), Fits),
+            (Fits, Some(true), OverOnce),
+            (OverOnce, Some(true), Overloaded),
+            (OverOnce, Some(false), Fits),
+            (Overloaded, Some(true), Overloaded),
+            (Overloaded, Some(false), Fits),
+            (Overloaded, None, Unknown),
+            (Fits, None, Unknown),
         ];
-        for (before, sample, cpus, after) in rows {
-            assert_eq!(before.next(*sample, *cpus, soon), *after, "{before:?}, {sample:?} runnable on {cpus} CPUs");
+        for (before, over, after) in rows {
+            assert_eq!(before.next(*over, soon), *after, "{before:?}, over: {over:?}");
         }
         let late: &[(LoadState, Duration, LoadState)] = &[
             (OverOnce, IN_A_ROW, Overloaded),
@@ -204,14 +271,58 @@ mod tests {
             (Fits, Duration::from_millis(160), OverOnce),
         ];
         for (before, gap, after) in late {
-            assert_eq!(before.next(Some(3), 2, *gap), *after, "{before:?}, 3 runnable on 2 CPUs {gap:?} later");
+            assert_eq!(before.next(Some(true), *gap), *after, "{before:?}, over {gap:?} later");
         }
-        assert_eq!(Overloaded.next(Some(2), 2, Duration::from_secs(1)), Fits);
+        assert_eq!(Overloaded.next(Some(false), Duration::from_secs(1)), Fits);
         // "Over" is looked at again sooner than "fits".
         assert_eq!((OverOnce.sample_every(), Overloaded.sample_every()), (RECHECK, RECHECK));
         assert_eq!((Fits.sample_every(), Unknown.sample_every()), (SAMPLE_EVERY, SAMPLE_EVERY));
         for s in [Unknown, Fits, OverOnce, Overloaded] {
             assert_eq!(LoadState::from_u8(s.to_u8()), s);
+        }
+    }
+
+    /// A sample is over when some thread waited for a CPU half the time since the last
+    /// one; once over, until that share falls below a twentieth.
+    #[test]
+    fn stall_table() {
+        use LoadState::*;
+        let ms = Duration::from_millis;
+        let us = Duration::from_micros;
+        let rows: &[(LoadState, Duration, Duration, bool)] = &[
+            (Fits, us(0), ms(1), false),
+            (Fits, us(10), ms(1), false), // a kernel thread's moment
+            (Fits, us(499), ms(1), false),
+            (Fits, us(500), ms(1), true),
+            (Unknown, ms(10), ms(10), true),
+            (OverOnce, us(100), ms(1), true), // stays over: 10 %
+            (Overloaded, us(60), ms(1), true),
+            (Overloaded, us(49), ms(1), false),
+            (Overloaded, us(0), ms(10), false),
+            (Fits, us(5), Duration::ZERO, false),
+            (Overloaded, us(5), Duration::ZERO, true),
+        ];
+        for (was, stalled, elapsed, over) in rows {
+            assert_eq!(over_by_stall(*was, *stalled, *elapsed), *over, "{was:?}: {stalled:?} of {elapsed:?}");
+        }
+    }
+
+    /// `/proc/pressure/cpu`'s `some` total, or nothing.
+    #[test]
+    fn psi_table() {
+        let rows: &[(&str, Option<u64>)] = &[
+            (
+                "some avg10=5.10 avg60=6.14 avg300=3.26 total=15890232502\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+                Some(15_890_232_502),
+            ),
+            ("full avg10=0.00 avg60=0.00 avg300=0.00 total=7\nsome avg10=0.00 avg60=0.00 avg300=0.00 total=9", Some(9)),
+            ("", None),
+            ("some avg10=0.00 avg60=0.00 avg300=0.00", None),
+            ("some total=x", None),
+            ("full avg10=0.00 total=3", None),
+        ];
+        for (text, want) in rows {
+            assert_eq!(parse_psi_some_total(text), *want, "{text:?}");
         }
     }
 
