@@ -16,8 +16,9 @@
 //! - its *history* ([`SpinHistory`]): a wait that the spin did not end, and that then
 //!   took long, makes the next one wait in the kernel at once (the peer is not answering
 //!   quickly now); a wait that ended soon warms it again;
-//! - the *machine's load* ([`load::overloaded_at`]): while more threads are runnable
-//!   than there are CPUs, nobody spins (the spinner would take the CPU the answer needs);
+//! - the *machine's load* ([`load::overloaded_at`]): while threads wait for CPUs (the
+//!   kernel's pressure stall information, else more runnable threads than CPUs), nobody
+//!   spins (the spinner would take the CPU the answer needs);
 //! - for a socket reader, the listener that accepted its connection ([`ListenerSpin`]):
 //!   whether another connection received bytes lately (then the readers take turns on
 //!   the workers and must not spin), and how many of its readers spin now.
@@ -80,7 +81,7 @@ pub enum NoSpin {
     Off,
     /// Its owner did not arm it: something else waits to run on its thread.
     Disarmed,
-    /// More threads are runnable than there are CPUs ([`load::overloaded_at`]): a spin
+    /// Threads wait for CPUs on this machine ([`load::overloaded_at`]): a spin
     /// would take the CPU the answer needs.
     Overloaded,
     /// Its history says the peer is not answering quickly now ([`SpinHistory`], or no

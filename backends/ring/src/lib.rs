@@ -16,8 +16,9 @@
 //!   [`RingError::TooLarge`], and the caller sends it over the socket.
 //! - **Waiting spins, then sleeps.** A waiting side polls the indices while ferry's one
 //!   wait policy allows (`ferry_core::spin::decide_alone`: at most [`RingOptions::spin`],
-//!   zero turns spinning off; not while the machine has more runnable threads than CPUs;
-//!   not while its history says the peer is not answering quickly), then sleeps on a futex
+//!   zero turns spinning off; not while threads wait for CPUs on the machine; not while
+//!   its history says the peer is not answering quickly; not on the CPU the peer runs on:
+//!   it moves to another, or stops), then sleeps on a futex
 //!   word in the shared memory; the other side issues `FUTEX_WAKE` only when that word says
 //!   someone sleeps, so a round trip between spinning sides makes no system call. A wait
 //!   that slept long turns the spin off until a wait ends soon again, so an idle

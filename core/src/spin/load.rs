@@ -2,8 +2,8 @@
 //! the [policy](super::decide) wait in the kernel at once.
 //!
 //! A spinning thread is worth its CPU only while a CPU is free for the thread it waits
-//! for. When more threads are runnable than there are CPUs (CPU burners beside a
-//! benchmark, a build, other services), the spinner takes the CPU the answer needs, and the
+//! for. When threads wait for CPUs (CPU burners beside spinning waiters, a build, other
+//! services), the spinner takes the CPU the answer needs, and the
 //! scheduler may leave the answering thread behind a whole time slice of somebody else.
 //!
 //! - **Measured as waiting, where the kernel says.** Linux's pressure stall information
