@@ -636,8 +636,8 @@ impl Receiver {
         self.wait_data(deadline, false, elsewhere)
     }
 
-    /// Polls for a record until `end` (a spin that finds the peer on its CPU moves off it,
-    /// or stops: [`Shared::spin_on`]); true when one came. For
+    /// Polls for a record until `end` (a spin that finds the peer on its CPU moves to
+    /// another CPU, or stops); true when one came. For
     /// a caller with a wait policy of its own (ferry's pipe), before
     /// [`Receiver::sleep_for_data`]. Looks at the clock every 32 polls only.
     pub fn spin_for_data(&mut self, end: Instant) -> bool {
