@@ -365,7 +365,7 @@ impl SpinReader {
             window,
             armed,
             learned,
-            // Read only when it could matter (a clock read and, every 10 ms, a file).
+            // Read only when it could matter (a clock read and, every 1-10 ms, a file).
             overloaded: !window.is_zero() && armed && learned.is_some() && load::overloaded(),
             others_active: l.others_active(self.id, l.now_us()),
             spinning: l.spinning.load(Ordering::Acquire),

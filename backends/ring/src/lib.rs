@@ -61,7 +61,7 @@
 //! PROTOCOL.md §22 and `src/link.rs` have the details.
 //!
 //! Unsafe code lives only in the `sys` module (the shared mapping and its atomic
-//! accesses).
+//! accesses, `sched_getcpu`).
 //!
 //! # Feature flags
 //! None (`__testing` is for this crate's tests: hostile writes to the shared words).
@@ -71,6 +71,8 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(target_os = "linux")]
+mod cpu;
 #[cfg(target_os = "linux")]
 pub mod handoff;
 #[cfg(target_os = "linux")]

@@ -18,12 +18,13 @@
 //! corrupt (the other half fails too) and tells the peer the rings are closed.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering, fence};
+use std::sync::atomic::{AtomicU8, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use ferry_core::spin::{self, Spin, SpinHistory, Waited};
 
 use crate::RingError;
+use crate::cpu::Cpus;
 use crate::layout::{self, CONSUMER_CLOSED, PRODUCER_CLOSED, RingLayout};
 use crate::sys::{self, SharedMap};
 
@@ -64,74 +65,20 @@ pub(crate) struct Shared {
     /// The ring this side consumes from.
     pub(crate) rx: RingLayout,
     state: AtomicU8,
-    /// The `consumer_cpu` value this side stored last: the word is written only when it
-    /// changes, so the cache line a spinning peer reads stays put.
-    cpu_said: AtomicU32,
-    /// When a waiter of this side last moved off the peer's CPU ([`Shared::leave_peer_cpu`]).
-    moved: std::sync::Mutex<Option<Instant>>,
+    /// Where the two sides run ([`crate::cpu`]).
+    cpus: Cpus,
 }
-
-/// A connection's waiters move off the peer's CPU at most once per this.
-const MOVE_EVERY: Duration = Duration::from_millis(1);
 
 impl Shared {
     pub(crate) fn new(map: SharedMap, tx: RingLayout, rx: RingLayout) -> Shared {
-        Shared {
-            map,
-            tx,
-            rx,
-            state: AtomicU8::new(OPEN),
-            cpu_said: AtomicU32::new(0),
-            moved: std::sync::Mutex::new(None),
-        }
+        Shared { map, tx, rx, state: AtomicU8::new(OPEN), cpus: Cpus::default() }
     }
 
-    /// Tells the peer where this side's consumer runs (`consumer_cpu`, see [`layout`]):
-    /// called when one of its waits ended, as it starts on what arrived.
-    fn say_cpu(&self) {
-        let Some(cpu) = sys::current_cpu() else { return };
-        let said = cpu.wrapping_add(1);
-        // A load first: the common answer (the same CPU as last time) writes nothing.
-        if self.cpu_said.load(Ordering::Relaxed) != said {
-            self.cpu_said.store(said, Ordering::Relaxed);
-            if let Some(w) = self.map.u32_at(self.rx.consumer_cpu) {
-                w.store(said, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Whether the peer (the consumer of this side's outgoing ring, which answers or makes
-    /// room) said it runs on the CPU this thread runs on now, and if so which.
-    fn peer_on_this_cpu(&self) -> Option<u32> {
-        let peer = self.map.u32_at(self.tx.consumer_cpu).map_or(0, |w| w.load(Ordering::Relaxed));
-        sys::current_cpu().filter(|c| peer != 0 && c.wrapping_add(1) == peer)
-    }
-
-    /// A spin's look at where the peer runs (every 32 polls): true when the spin may go on.
-    ///
-    /// A spin on the CPU the peer needs keeps its answer from coming: measured in Python
-    /// with both ends on one CPU, a 64 B round trip took 116 µs (each side spun its whole
-    /// window in turn), and the scheduler, which puts a waker and its wakee together,
-    /// parted them only after 15-30 ms; kept together and sleeping instead, 12 µs, against
-    /// 4.7 µs on two CPUs. So a waiter that finds the peer on its CPU moves itself to
-    /// another CPU of its own (at most once per [`MOVE_EVERY`] per connection; its mask is
-    /// given back at once) and spins on; where it cannot (one CPU), it stops spinning and
-    /// sleeps, and the peer gets the CPU.
-    fn spin_on(&self) -> bool {
-        let Some(cpu) = self.peer_on_this_cpu() else { return true };
-        let now = Instant::now();
-        {
-            let mut moved = self.moved.lock().unwrap_or_else(|e| e.into_inner());
-            if moved.is_some_and(|t| now.duration_since(t) < MOVE_EVERY) {
-                return false;
-            }
-            *moved = Some(now);
-        }
-        if !sys::move_off_cpu(cpu) {
-            return false;
-        }
-        self.say_cpu();
-        true
+    /// A spin's look at where the peer runs (every 32 polls), `sleeping` naming the wait:
+    /// true when the spin may go on ([`crate::cpu`]).
+    fn spin_on(&self, sleeping: usize) -> bool {
+        let (peer, mine) = (self.map.u32_at(self.tx.consumer_cpu), self.map.u32_at(self.rx.consumer_cpu));
+        self.cpus.spin_on(peer, mine, sleeping == self.rx.consumer_sleeping)
     }
 
     fn check_state(&self) -> Result<(), RingError> {
@@ -197,7 +144,7 @@ impl Shared {
     /// ([`spin::decide_alone`]: the window, what `history` learned, the machine's load),
     /// then sleeps on the futex word at `sleeping` until woken or `deadline`; `history`
     /// learns how the wait ended. A spin that finds the peer on its CPU moves off it, or
-    /// stops ([`Shared::spin_on`]). `ready` returns `Ok(true)` when done and an error for a
+    /// stops ([`crate::cpu`]). `ready` returns `Ok(true)` when done and an error for a
     /// closed or corrupt ring; the local state is checked too. With `stop_on_wake`, a
     /// wake-up that finds nothing (the peer nudged this side: [`Nudge`]) ends the wait with
     /// `Ok(false)`.
@@ -231,7 +178,7 @@ impl Shared {
                     if seen.duration_since(start) >= window || seen >= deadline {
                         break;
                     }
-                    if !self.spin_on() {
+                    if !self.spin_on(sleeping) {
                         break;
                     }
                 }
@@ -273,7 +220,7 @@ impl Shared {
     /// A wait on the futex word at `sleeping` ended: the consumer's waits say where it runs.
     fn ended_wait(&self, sleeping: usize) {
         if sleeping == self.rx.consumer_sleeping {
-            self.say_cpu();
+            self.cpus.say(self.map.u32_at(self.rx.consumer_cpu));
         }
     }
 }
@@ -653,7 +600,7 @@ impl Receiver {
                 if Instant::now() >= end {
                     return false;
                 }
-                if !self.sh.spin_on() {
+                if !self.sh.spin_on(self.sh.rx.consumer_sleeping) {
                     return false;
                 }
             }
@@ -767,82 +714,6 @@ mod tests {
         let (a, fd) = Ring::create(&opts).expect("create");
         let b = Ring::open(fd, 4096, &opts).expect("open");
         (a, b)
-    }
-
-    /// Runs `f` with this thread allowed on `cpus` only, then gives it its CPUs back.
-    fn on_cpus<T>(cpus: &[usize], f: impl FnOnce() -> T) -> T {
-        use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
-        let was = sched_getaffinity(None).expect("affinity");
-        let mut only = CpuSet::new();
-        cpus.iter().for_each(|&c| only.set(c));
-        sched_setaffinity(None, &only).expect("pin");
-        let out = f();
-        sched_setaffinity(None, &was).expect("unpin");
-        out
-    }
-
-    /// The CPUs this thread may use.
-    fn my_cpus() -> Vec<usize> {
-        let set = rustix::thread::sched_getaffinity(None).expect("affinity");
-        (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
-    }
-
-    /// A consumer whose wait ended says where it runs (`consumer_cpu`), and its producer
-    /// peer reads it: on that CPU, [`Shared::peer_on_this_cpu`] names it.
-    #[test]
-    fn a_consumer_says_where_it_runs() {
-        let cpu = my_cpus()[0];
-        on_cpus(&[cpu], || {
-            let (mut a, mut b) = pair(Duration::from_millis(1));
-            assert_eq!(a.tx.sh.peer_on_this_cpu(), None, "nothing said yet");
-            a.send(b"x", Instant::now() + Duration::from_secs(5)).expect("send");
-            assert!(b.rx.spin_for_data(Instant::now() + Duration::from_secs(5)), "the record is there");
-            let said = b.rx.sh.map.u32_at(b.rx.sh.rx.consumer_cpu).expect("word").load(Ordering::Relaxed);
-            assert_eq!(said, cpu as u32 + 1);
-            assert_eq!(a.tx.sh.peer_on_this_cpu(), Some(cpu as u32));
-            // A hostile value is only advice: no CPU has it.
-            b.rx.sh.map.u32_at(b.rx.sh.rx.consumer_cpu).expect("word").store(u32::MAX, Ordering::Relaxed);
-            assert_eq!(a.tx.sh.peer_on_this_cpu(), None);
-        });
-    }
-
-    /// A spin that finds the peer on its CPU moves to another CPU it may use and spins on
-    /// there, its CPUs given back; with one CPU it stops at once (the peer needs the CPU)
-    /// instead of spinning to its end.
-    #[test]
-    fn a_spin_moves_off_the_peers_cpu_or_stops() {
-        let cpus = my_cpus();
-        let cpu = cpus[0];
-        let (mut a, mut b) = pair(Duration::from_millis(1));
-        // The peer (b, consumer of a's outgoing ring) says it runs on `cpu`.
-        on_cpus(&[cpu], || {
-            a.send(b"x", Instant::now() + Duration::from_secs(5)).expect("send");
-            assert!(b.rx.spin_for_data(Instant::now() + Duration::from_secs(5)));
-        });
-        // Alone on that CPU, a's spin for an answer that is not coming stops long before
-        // its deadline of a minute.
-        let t = Instant::now();
-        let spun = on_cpus(&[cpu], || a.rx.spin_for_data(Instant::now() + Duration::from_secs(60)));
-        assert!(!spun && t.elapsed() < Duration::from_secs(30), "stopped: {:?}", t.elapsed());
-        assert!(a.tx.sh.moved.lock().expect("lock").is_some(), "it tried to move");
-        if cpus.len() < 2 {
-            eprintln!("one CPU here: the move itself is not tested");
-            return;
-        }
-        // With another CPU allowed (after the rate limit), it moves and spins to its end.
-        std::thread::sleep(MOVE_EVERY * 2);
-        *a.tx.sh.moved.lock().expect("lock") = None;
-        let (spun, kept) = on_cpus(&[cpu, cpus[1]], || {
-            let mask = rustix::thread::sched_getaffinity(None).expect("affinity");
-            on_cpus(&[cpu], || ()); // on `cpu` now, and allowed on both again
-            let spun = a.rx.spin_for_data(Instant::now() + Duration::from_millis(20));
-            (spun, mask == rustix::thread::sched_getaffinity(None).expect("affinity"))
-        });
-        assert!(!spun, "nothing came");
-        assert!(a.tx.sh.moved.lock().expect("lock").is_some(), "it moved");
-        let said = a.rx.sh.map.u32_at(a.rx.sh.rx.consumer_cpu).expect("word").load(Ordering::Relaxed);
-        assert_eq!(said, cpus[1] as u32 + 1, "it says where it went");
-        assert!(kept, "its CPUs are given back");
     }
 
     /// Something to read elsewhere (the socket) ends a sleep before it starts: a nudge

@@ -34,24 +34,25 @@
 //! - **Portable fallback.** Where neither file exists (not Linux, a sandbox) the load is
 //!   unknown and never gates a spin: waiters behave as they did without it.
 //!
-//! The CPUs compared against are those this process may use
+//! The fallback's CPUs are those this process may use
 //! ([`std::thread::available_parallelism`]: affinity and cgroup quota), counted once.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The most often the load is sampled.
+/// How soon the next sample is due while the last said "fits" (or nothing).
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
-/// How soon the next sample is due while the last said "over" ([`LoadState::sample_every`]).
+/// How soon the next sample is due while the last said "over" ([`LoadState::sample_every`]),
+/// and after a process's first pressure reading (a baseline, which says nothing yet).
 pub const RECHECK: Duration = Duration::from_millis(1);
 
 /// The share of the time since the last sample during which some thread waited for a CPU
 /// that makes a sample "over" (pressure stall information).
 pub const STALL_ENTER: f64 = 0.5;
 
-/// The share below which a sample is no longer "over" once the state is (hysteresis: a
+/// The share below which a sample is no longer "over" once overloaded (hysteresis: a
 /// waiter that stopped spinning beside busy CPUs still makes its own short waits for a
 /// CPU, and should not take them for a free machine).
 pub const STALL_LEAVE: f64 = 0.05;
@@ -59,16 +60,19 @@ pub const STALL_LEAVE: f64 = 0.05;
 /// Two samples over the CPUs count as "in a row" (overloaded) when no further apart.
 pub const IN_A_ROW: Duration = Duration::from_millis(20);
 
-/// What the samples so far say about the machine's load.
+/// What the samples so far say about the machine's load ("over": threads waited for CPUs,
+/// module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadState {
-    /// No sample could be taken (no `/proc/loadavg`): the load never gates a spin.
+    /// No sample says anything yet (none could be taken, or only a pressure baseline): the
+    /// load never gates a spin.
     Unknown,
-    /// The last sample had no more runnable threads than CPUs.
+    /// The last sample was not over.
     Fits,
-    /// The last sample had more runnable threads than CPUs, the one before did not.
+    /// The last sample was over, the one before was not (or was more than [`IN_A_ROW`]
+    /// earlier).
     OverOnce,
-    /// The last two samples (at least) had more runnable threads than CPUs.
+    /// The last two samples (at least), in a row, were over.
     Overloaded,
 }
 
@@ -135,13 +139,13 @@ pub fn parse_psi_some_total(text: &str) -> Option<u64> {
 }
 
 /// Whether `stalled` (the growth of the pressure total) out of `elapsed` makes a sample
-/// over, the state being `was`: [`STALL_ENTER`] to become over, [`STALL_LEAVE`] to stay.
+/// over, the state being `was`: [`STALL_ENTER`], or [`STALL_LEAVE`] to stay overloaded.
 pub fn over_by_stall(was: LoadState, stalled: Duration, elapsed: Duration) -> bool {
     if elapsed.is_zero() {
         return was.is_over();
     }
     let share = stalled.as_secs_f64() / elapsed.as_secs_f64();
-    share >= if was.is_over() { STALL_LEAVE } else { STALL_ENTER }
+    share >= if was == LoadState::Overloaded { STALL_LEAVE } else { STALL_ENTER }
 }
 
 /// The runnable threads now (`/proc/loadavg`), if this system says.
@@ -156,61 +160,64 @@ fn stall_total_now() -> Option<u64> {
     parse_psi_some_total(&std::fs::read_to_string("/proc/pressure/cpu").ok()?)
 }
 
-/// One sample, `elapsed` after the last (`None`: the first), the state being `was`:
-/// whether the machine is over, by the growth of the pressure total where there is one
-/// (and an earlier total), else by the runnable threads against the CPUs.
-fn sample(g: &Gauge, was: LoadState, elapsed: Option<Duration>) -> Option<bool> {
-    let total = stall_total_now();
-    let before = g.stall_us.swap(total.unwrap_or(NEVER), Ordering::Relaxed);
-    if let (Some(now), Some(elapsed)) = (total, elapsed)
-        && before != NEVER
-    {
-        return Some(over_by_stall(was, Duration::from_micros(now.saturating_sub(before)), elapsed));
-    }
-    runnable_now().map(|n| n > cpus())
-}
-
 /// The CPUs this process may use, counted once (it reads cgroup files).
 pub fn cpus() -> u32 {
     static CPUS: OnceLock<u32> = OnceLock::new();
     *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX)))
 }
 
-/// The process-wide gauge: the last state and when it was sampled.
+/// The process-wide gauge: the state and when the next sample is due (read by every
+/// waiter without a lock), and the last sample (taken by one sampler at a time).
 struct Gauge {
     start: Instant,
-    /// Nanoseconds after `start` of the last sample ([`NEVER`]: none yet).
-    last_ns: AtomicU64,
-    /// The pressure total at the last sample ([`NEVER`]: none).
-    stall_us: AtomicU64,
+    /// Nanoseconds after `start` when the next sample is due.
+    due_ns: AtomicU64,
     state: AtomicU8,
+    last: Mutex<Last>,
 }
 
-/// [`Gauge::last_ns`] before the first sample; [`Gauge::stall_us`] without a total.
-const NEVER: u64 = u64::MAX;
+/// The last sample: when, and the pressure total then.
+#[derive(Default)]
+struct Last {
+    at_ns: Option<u64>,
+    stall_us: Option<u64>,
+}
 
 fn gauge() -> &'static Gauge {
     static G: OnceLock<Gauge> = OnceLock::new();
     G.get_or_init(|| Gauge {
         start: Instant::now(),
-        last_ns: AtomicU64::new(NEVER),
-        stall_us: AtomicU64::new(NEVER),
+        due_ns: AtomicU64::new(0),
         state: AtomicU8::new(0),
+        last: Mutex::new(Last::default()),
     })
 }
 
 /// Whether threads wait for CPUs on this machine (module docs), as of the last sample;
-/// takes a new one when it is due at `now` (a clock the caller read anyway).
+/// takes a new one when it is due at `now` (a clock the caller read anyway). One waiter
+/// samples (`try_lock`); the others answer from the state as it is.
 pub fn overloaded_at(now: Instant) -> bool {
     let g = gauge();
     let at = u64::try_from(now.saturating_duration_since(g.start).as_nanos()).unwrap_or(u64::MAX);
-    let last = g.last_ns.load(Ordering::Relaxed);
-    let was = LoadState::from_u8(g.state.load(Ordering::Relaxed));
-    let due = last == NEVER || at >= last.saturating_add(was.sample_every().as_nanos() as u64);
-    if due && g.last_ns.compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-        let gap = (last != NEVER).then(|| Duration::from_nanos(at.saturating_sub(last)));
-        let over = sample(g, was, gap);
-        g.state.store(was.next(over, gap.unwrap_or(Duration::MAX)).to_u8(), Ordering::Relaxed);
+    if at >= g.due_ns.load(Ordering::Relaxed)
+        && let Ok(mut last) = g.last.try_lock()
+        && at >= g.due_ns.load(Ordering::Relaxed)
+    {
+        let was = LoadState::from_u8(g.state.load(Ordering::Relaxed));
+        let gap = last.at_ns.map(|t| Duration::from_nanos(at.saturating_sub(t)));
+        let total = stall_total_now();
+        let over = match (total, last.stall_us, gap) {
+            (Some(now), Some(before), Some(gap)) => {
+                Some(over_by_stall(was, Duration::from_micros(now.saturating_sub(before)), gap))
+            }
+            (Some(_), _, _) => None, // a baseline: the next sample says
+            (None, _, _) => runnable_now().map(|n| n > cpus()),
+        };
+        *last = Last { at_ns: Some(at), stall_us: total };
+        let state = was.next(over, gap.unwrap_or(Duration::MAX));
+        let every = if over.is_none() && total.is_some() { RECHECK } else { state.sample_every() };
+        g.state.store(state.to_u8(), Ordering::Relaxed);
+        g.due_ns.store(at.saturating_add(every.as_nanos() as u64), Ordering::Relaxed);
     }
     LoadState::from_u8(g.state.load(Ordering::Relaxed)) == LoadState::Overloaded
 }
@@ -283,7 +290,7 @@ mod tests {
     }
 
     /// A sample is over when some thread waited for a CPU half the time since the last
-    /// one; once over, until that share falls below a twentieth.
+    /// one; once overloaded, until that share falls below a twentieth.
     #[test]
     fn stall_table() {
         use LoadState::*;
@@ -295,7 +302,8 @@ mod tests {
             (Fits, us(499), ms(1), false),
             (Fits, us(500), ms(1), true),
             (Unknown, ms(10), ms(10), true),
-            (OverOnce, us(100), ms(1), true), // stays over: 10 %
+            (OverOnce, us(100), ms(1), false), // once is not yet overloaded: 50 % again
+            (OverOnce, us(600), ms(1), true),
             (Overloaded, us(60), ms(1), true),
             (Overloaded, us(49), ms(1), false),
             (Overloaded, us(0), ms(10), false),
@@ -331,14 +339,15 @@ mod tests {
     /// [`RECHECK`] (the shorter interval) reads the file once.
     #[test]
     fn the_gauge_samples_at_most_once_per_interval() {
+        let when = || gauge().last.lock().expect("lock").at_ns;
         let now = Instant::now();
         let _ = overloaded_at(now);
-        let last = gauge().last_ns.load(Ordering::Relaxed);
-        assert_ne!(last, NEVER, "sampled");
+        let first = when();
+        assert!(first.is_some(), "sampled");
         let _ = overloaded_at(now);
-        assert_eq!(gauge().last_ns.load(Ordering::Relaxed), last, "no second sample within the interval");
+        assert_eq!(when(), first, "no second sample at the same instant");
         let later = now + SAMPLE_EVERY * 2;
         let _ = overloaded_at(later);
-        assert!(gauge().last_ns.load(Ordering::Relaxed) > last, "a sample once due");
+        assert!(when() > first, "a sample once due");
     }
 }

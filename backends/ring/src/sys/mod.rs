@@ -1,5 +1,6 @@
-//! The only unsafe code of ferry-ring: the shared mapping of a ring file and the accesses to
-//! it, behind safe wrappers.
+//! The only unsafe code of ferry-ring, and its calls into the system: the shared mapping of
+//! a ring file and the accesses to it, behind safe wrappers; the futex; where this thread
+//! runs (`sched_getcpu`, and a move to another CPU).
 //!
 //! - [`SharedMap`]: a sealed memfd mapped shared and read-write, created here
 //!   ([`SharedMap::create`]) or received from the peer and checked first
@@ -194,8 +195,9 @@ pub fn futex_wake(word: &AtomicU32) {
     let _ = futex::wake(word, futex::Flags::empty(), u32::MAX);
 }
 
-/// The CPU this thread runs on now, or `None` where the system cannot say. glibc reads it
-/// from the thread's rseq area (no system call), so a spinning waiter can ask often.
+/// The CPU this thread runs on now, or `None` where the system cannot say. glibc 2.35 and
+/// later read it from the thread's rseq area, older ones from the vDSO: no system call
+/// either way on x86-64, so a spinning waiter can ask often.
 pub fn current_cpu() -> Option<u32> {
     // SAFETY: `sched_getcpu` takes no arguments, touches no memory of ours and only
     // returns a number (or -1).
@@ -203,19 +205,27 @@ pub fn current_cpu() -> Option<u32> {
     u32::try_from(cpu).ok()
 }
 
-/// Moves this thread off CPU `cpu` now, to another CPU it may run on, and gives it back
-/// every CPU it had: the kernel migrates a thread at once when its mask leaves out the CPU
-/// it runs on, and a restored mask does not move it back. False when it may run on no
-/// other CPU, or the system refused.
+/// Moves this thread off CPU `cpu` now, to another CPU it may run on (the kernel picks
+/// which), and gives it back every CPU it had: the kernel migrates a thread at once when
+/// its mask leaves out the CPU it runs on, and a restored mask does not move it back.
+/// False when it may run on no other CPU, or the system refused. (An affinity that
+/// somebody else sets for this thread between the two calls is undone.)
 pub fn move_off_cpu(cpu: u32) -> bool {
-    use rustix::thread::{sched_getaffinity, sched_setaffinity};
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    if cpu as usize >= CpuSet::MAX_CPU {
+        return false; // beyond what a mask here can name
+    }
     let Ok(mask) = sched_getaffinity(None) else { return false };
     let mut others = mask;
     others.unset(cpu as usize);
     if others.count() == 0 || sched_setaffinity(None, &others).is_err() {
         return false;
     }
-    let _ = sched_setaffinity(None, &mask);
+    // Given back, whatever happens: a thread left without one of its CPUs would stay so.
+    if sched_setaffinity(None, &mask).is_err() && sched_setaffinity(None, &mask).is_err() {
+        tracing::warn!("ferry-ring: could not give this thread its CPUs back after moving it off CPU {cpu}");
+        return false;
+    }
     true
 }
 
