@@ -428,7 +428,10 @@ impl RingRead {
             if !ring.early.is_empty() || ring.socket_ended || ring.divert_taken || ring.nudged {
                 return None;
             }
-            if !ring.rx.has_data() {
+            if ring.rx.has_data() {
+                // Found without a wait: say where this side runs all the same.
+                ring.rx.note_cpu();
+            } else {
                 let until = slice_end(deadline)?;
                 match ring.wait(s, until) {
                     Ok(WaitEnd::Data) => {}

@@ -76,7 +76,9 @@ impl Batcher {
         let wake = pending.ids.len() == 1 || (!was_due && self.due(&pending));
         drop(pending);
         if wake {
-            self.waker.wake();
+            // A release may wait for the next write or the control task's tick: a
+            // request-response caller's next send takes it along, with no wake-up.
+            self.waker.wake_soon();
         }
     }
 

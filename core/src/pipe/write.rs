@@ -221,7 +221,7 @@ impl Shared {
         self.close_if_torn(side, r).await?;
         // g. What the steps since the pull made due goes right behind (after a CLOSE, a wake
         // it noted goes to the control task as the guard drops).
-        if after && held.take_missed() {
+        if after && (held.take_missed() | self.control.soon_pending()) {
             self.pull(side);
             self.write_pulled_after(side).await;
         }
@@ -370,20 +370,42 @@ impl Shared {
 
 /// Writes the sessions' CONTROL frames when no message takes them along: when a session
 /// wakes it, or when the time one asked for comes. Ends when the pipe closes.
+///
+/// While [`crate::ControlWaker::wake_soon`]s keep coming it also looks every
+/// [`crate::channel::CONTROL_TICK`] (and such wakes then wake nobody); a tick that finds
+/// none came since the last stops that.
 pub(super) async fn control_task(shared: Arc<Shared>) {
     let mut closed = shared.closed_tx.subscribe();
     let mut next: Option<Instant> = None;
+    let mut tick: Option<Instant> = None;
     loop {
+        let at = match (next, tick) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let due = async {
-            match next {
+            match at {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            _ = shared.control.woken() => {}
-            _ = due => {}
+        let woken = tokio::select! {
+            _ = shared.control.woken() => true,
+            _ = due => false,
             _ = closed.wait_for(|c| *c) => return,
+        };
+        let now = Instant::now();
+        if woken || tick.is_some_and(|t| t <= now) {
+            if shared.control.take_soon() {
+                if tick.is_none() {
+                    shared.control.set_ticking(true);
+                }
+                tick = Some(now + crate::channel::CONTROL_TICK);
+            } else if tick.take().is_some() {
+                // Nothing came in a whole tick: stop. The pull below comes after the store,
+                // so a `wake_soon` that still saw the tick has its frames pulled.
+                shared.control.set_ticking(false);
+            }
         }
         match shared.write_controls().await {
             Ok(n) => next = n,
