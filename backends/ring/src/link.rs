@@ -128,15 +128,15 @@ impl RingRead {
         true
     }
 
-    /// A blocking caller's wait for a record until `until`: the wait policy's spin (when
-    /// [`spin::decide_alone`] allows one), then the ring's futex at once; a nudge ends it,
+    /// A blocking caller's wait for a record until `until`, from `start` (the clock as just
+    /// read): the wait policy's spin (when [`spin::decide_alone`] allows one), then the
+    /// ring's futex at once; a nudge ends it,
     /// and so do bytes on the socket (`s`) that are there when it would sleep: a nudge the
     /// writer sent while this side was still spinning (or not yet waiting) woke nobody.
-    fn wait(&mut self, s: &SocketReader, until: Instant) -> Result<WaitEnd, RingError> {
+    fn wait(&mut self, s: &SocketReader, start: Instant, until: Instant) -> Result<WaitEnd, RingError> {
         if self.rx.has_data() {
             return Ok(WaitEnd::Data);
         }
-        let start = Instant::now();
         if let Spin::Poll(d) = spin::decide_alone(self.wait.history.window(), &self.wait.history, start)
             && self.spin_for(d, start, Some(until))
         {
@@ -195,13 +195,15 @@ impl RingRead {
 /// The most frames records one [`RingRead::ring_controls_now`] takes.
 const CONTROLS_NOW_RECORDS: usize = 16;
 
-fn slice_end(deadline: Option<Instant>) -> Option<Instant> {
+/// Also the clock as read for it, which the wait then starts from (one clock read less per
+/// wait on the round trip's path).
+fn slice_end(deadline: Option<Instant>) -> Option<(Instant, Instant)> {
     let now = Instant::now();
     if deadline.is_some_and(|d| d <= now) {
         return None;
     }
     let slice = now + DEATH_CHECK;
-    Some(deadline.map_or(slice, |d| d.min(slice)))
+    Some((now, deadline.map_or(slice, |d| d.min(slice))))
 }
 
 /// A ring's finding as a pipe error: an orderly close or a death is the end of the pipe,
@@ -354,11 +356,11 @@ impl RingRead {
             }
             let ring = &mut *self;
             if let WaitSpin::Blocking(deadline) = spin {
-                let Some(until) = slice_end(deadline) else { return Ok(false) };
+                let Some((now, until)) = slice_end(deadline) else { return Ok(false) };
                 let end = if std::mem::take(&mut ring.nudged) {
                     WaitEnd::Nudged
                 } else {
-                    ring.wait(s, until).map_err(ring_error)?
+                    ring.wait(s, now, until).map_err(ring_error)?
                 };
                 match end {
                     WaitEnd::Data => return Ok(true),
@@ -432,8 +434,8 @@ impl RingRead {
                 // Found without a wait: say where this side runs all the same.
                 ring.rx.note_cpu();
             } else {
-                let until = slice_end(deadline)?;
-                match ring.wait(s, until) {
+                let (now, until) = slice_end(deadline)?;
+                match ring.wait(s, now, until) {
                     Ok(WaitEnd::Data) => {}
                     Ok(WaitEnd::Nudged) => {
                         ring.nudged = true;

@@ -38,7 +38,10 @@
 //!
 //! CONTROL frames have this one route. When no message goes out, the pipe's control task
 //! takes the write side and pulls them the same way, when a session wakes it
-//! ([`crate::ControlWaker`]) or when the time a session asked for comes.
+//! ([`crate::ControlWaker`]) or when the time a session asked for comes. Frames that may
+//! wait a little ([`crate::ControlWaker::wake_soon`]: a lease's release) are left to the next
+//! write, which pulls behind itself (step g), or to the control task's tick, which runs
+//! while such wakes keep coming: a request-response pair's releases then cost no wake-up.
 //!
 //! A dropped `send` future is safe at every step: before 4f its tickets abort; during 4f
 //! its tickets and pulled frames stay in the write side, and the next holder settles them
