@@ -1,8 +1,9 @@
 //! Where the two sides of a connection run: a waiter does not spin on the CPU its peer
 //! needs.
 //!
-//! Each side's consumer says which CPU it runs on when one of its waits ends (the ring's
-//! `consumer_cpu` word, see [`crate::layout`]); a spinning waiter looks at the peer's word
+//! Each side's consumer says which CPU it runs on when one of its waits ends, or when a
+//! blocking read finds its record without waiting (the ring's `consumer_cpu` word, see
+//! [`crate::layout`]); a spinning waiter looks at the peer's word
 //! every 32 polls. A spin on the CPU the peer needs keeps the answer from coming: measured
 //! in Python with both ends on one CPU, a 64 B round trip took 116 µs (each side spun its
 //! whole window in turn), and the scheduler, which puts a waker and its wakee together,

@@ -22,8 +22,9 @@
 //! +256  consumer_sleeping: u32 futex word (consumer sets 1 before sleeping on an empty ring)
 //! +384  producer_sleeping: u32 futex word (producer sets 1 before sleeping on a full ring)
 //! +512  closed: u32, PRODUCER_CLOSED | CONSUMER_CLOSED (orderly close, either side)
-//! +640  consumer_cpu: u32, the CPU the consumer ran on when its last wait ended, plus one
-//!       (0: not said). Advice only: the producer, waiting on the other ring for the
+//! +640  consumer_cpu: u32, the CPU the consumer ran on when its last wait ended (or it
+//!       last found a record without waiting), plus one (0: not said). Advice only: the
+//!       producer, waiting on the other ring for the
 //!       consumer's answer, stops spinning on the CPU the consumer needs to run on.
 //! ```
 //!
