@@ -607,7 +607,7 @@ impl Receiver {
         }
     }
 
-    /// Says where this consumer runs (its `consumer_cpu` word, [`crate::layout`]) after a read
+    /// Says where this consumer runs (its `consumer_cpu` word, PROTOCOL.md §22.1) after a read
     /// that found a record without waiting: a caller whose answers are always there when it
     /// looks never ends a wait, and would never say it (its peer then spun, on the CPU this
     /// caller needed, for its whole window every round trip: measured in Python, 64 µs
