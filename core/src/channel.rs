@@ -56,7 +56,8 @@ pub struct ControlWaker {
 }
 
 /// How often the pipe's control task looks for due CONTROL frames while
-/// [`ControlWaker::wake_soon`] leaves them to it (it stops after a tick with none).
+/// [`ControlWaker::wake_soon`] leaves them to it (it stops at a tick, or any other wake-up,
+/// that finds none came since the last).
 pub const CONTROL_TICK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A writer holds the waker: it pulls before it lets go.
@@ -93,8 +94,9 @@ impl ControlWaker {
 
     /// [`ControlWaker::wake`] for frames that may wait up to a [`CONTROL_TICK`] (a lease's
     /// release: the peer's memory comes back a little later at worst): while the control
-    /// task is ticking anyway, or a writer holds the waker, it wakes nobody. The next
-    /// write takes them along, or the next tick writes them.
+    /// task is ticking anyway it wakes nobody, and the next write takes them along (step g
+    /// of the send sequence) or the next tick writes them. Otherwise it is a
+    /// [`ControlWaker::wake`] (which starts the tick).
     ///
     /// Why: a request-response pair that drops each received tensor before its next send
     /// made every round trip wake the runtime for a release that the send would have taken

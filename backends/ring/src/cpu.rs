@@ -2,8 +2,8 @@
 //! needs.
 //!
 //! Each side's consumer says which CPU it runs on when one of its waits ends, or when a
-//! blocking read finds its record without waiting (the ring's `consumer_cpu` word, see
-//! [`crate::layout`]); a spinning waiter looks at the peer's word
+//! blocking caller's read of a packed message finds it without waiting (the ring's
+//! `consumer_cpu` word, see [`crate::layout`]); a spinning waiter looks at the peer's word
 //! every 32 polls. A spin on the CPU the peer needs keeps the answer from coming: measured
 //! in Python with both ends on one CPU, a 64 B round trip took 116 µs (each side spun its
 //! whole window in turn), and the scheduler, which puts a waker and its wakee together,
@@ -30,7 +30,7 @@ pub(crate) const MOVE_EVERY: Duration = Duration::from_millis(1);
 pub(crate) struct Cpus {
     /// The value this side stored last in its `consumer_cpu` word: the word is written
     /// only when it changes, so the cache line a spinning peer reads stays put. Only the
-    /// consumer's waits write it.
+    /// consumer writes it (its waits, and its blocking reads that found a record).
     said: AtomicU32,
     /// When a waiter of this side last moved off the peer's CPU.
     moved: Mutex<Option<Instant>>,
@@ -38,7 +38,8 @@ pub(crate) struct Cpus {
 
 impl Cpus {
     /// Says where this side's consumer runs: `mine` is its `consumer_cpu` word. Called when
-    /// one of the consumer's waits ended (it starts on what arrived), and after it moved.
+    /// one of the consumer's waits ended (it starts on what arrived), when a blocking
+    /// caller's read of a packed message found it without waiting, and after it moved.
     pub(crate) fn say(&self, mine: Option<&AtomicU32>) {
         let Some(cpu) = sys::current_cpu() else { return };
         let said = cpu.wrapping_add(1);

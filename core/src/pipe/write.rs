@@ -405,7 +405,8 @@ pub(super) async fn control_task(shared: Arc<Shared>) {
                 }
                 tick = Some(now + crate::channel::CONTROL_TICK);
             } else if tick.take().is_some() {
-                // Nothing came in a whole tick: stop. The pull below comes after the store,
+                // No `wake_soon` since the last look (at a tick, or another wake-up): stop.
+                // The pull below comes after the store,
                 // so a `wake_soon` that still saw the tick has its frames pulled.
                 shared.control.set_ticking(false);
             }
