@@ -95,7 +95,8 @@ impl Handover {
     /// reader, and every message took the task's wake-up and a hand-over through the queue
     /// (measured in Python: a fresh pair's 64 B round trips took 62-75 µs for their first
     /// 10-40 messages, against 5 µs once the caller read itself).
-    /// (A reader already parked needs no ask: the next call takes it from the slot.)
+    ///
+    /// A reader already parked needs no ask: the next call takes it from the slot.
     fn call_soon(&self) {
         if self.lock().reader.is_none() && !self.soon.swap(true, Ordering::AcqRel) {
             self.ask.notify_one();

@@ -382,10 +382,7 @@ pub(super) async fn control_task(shared: Arc<Shared>) {
     let mut next: Option<Instant> = None;
     let mut tick: Option<Instant> = None;
     loop {
-        let at = match (next, tick) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let at = [next, tick].into_iter().flatten().min();
         let due = async {
             match at {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -406,8 +403,8 @@ pub(super) async fn control_task(shared: Arc<Shared>) {
                 tick = Some(now + crate::channel::CONTROL_TICK);
             } else if tick.take().is_some() {
                 // No `wake_soon` since the last look (at a tick, or another wake-up): stop.
-                // The pull below comes after the store,
-                // so a `wake_soon` that still saw the tick has its frames pulled.
+                // The pull below comes after the store, so a `wake_soon` that still saw
+                // the tick has its frames pulled.
                 shared.control.set_ticking(false);
             }
         }
