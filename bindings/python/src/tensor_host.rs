@@ -11,6 +11,13 @@
 //! When the host process dies, its peers' pipes close and the kernel frees what nobody
 //! maps: nothing is named in `/dev/shm`.
 //!
+//! CUDA tensors (`TensorHost::put_device`) stay where their owner made them, held until
+//! freed: a peer whose pipe negotiated cuda-ipc (same host, a shared GPU) gets them over
+//! that channel (copied once, on the device, into the channel's exportable pool, then
+//! mapped by the peer without a copy); a peer without it (QUIC, another host) gets their
+//! bytes copied to the host, under `{"ok": ID, "host_copy": true}`, for it to move to its
+//! own device.
+//!
 //! Blocks a host hands out (`TensorHost::block`) come from its [`SharedPool`]: a segment
 //! whose id was freed and whose every peer lease was released is filled again (its pages are
 //! there already: a new segment costs the first touch of each page, most of a copy-in's
@@ -21,14 +28,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry::ferry_cuda_ipc::CudaIpcChannel;
 use ferry::ferry_shm::{SharedPool, SharedPoolOptions, SharedSegment, SharedSegmentMut};
-use ferry_core::{Message, Pipe, PipeError, Tensor};
+use bytes::Bytes;
+use ferry_core::{Device, DeviceKind, Message, Pipe, PipeError, Tensor};
 use pyo3::exceptions::{PyConnectionError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::device::DeviceTensor;
 use crate::runtime;
 use crate::tensors::meta_of;
 
@@ -139,6 +149,9 @@ impl SharedBlock {
 struct Objects {
     by_id: HashMap<String, (Vec<Tensor>, u64)>,
     bytes: u64,
+    /// Objects and bytes of device tensors copied to the host for peers without cuda-ipc.
+    host_copies: u64,
+    host_copy_bytes: u64,
 }
 
 /// Keeps tensors by id in shared memory and serves them on its addresses.
@@ -149,6 +162,15 @@ pub struct TensorHost {
     stop: CancellationToken,
     max_bytes: u64,
     pool: SharedPool,
+}
+
+/// What [`serve`] shares with the host.
+#[derive(Clone)]
+struct Shared {
+    objects: Arc<Mutex<Objects>>,
+    /// Copies device tensors to the host for peers without cuda-ipc (made with the host,
+    /// so that it uses the driver the host's own channels use).
+    cuda: Arc<CudaIpcChannel>,
 }
 
 #[pymethods]
@@ -178,13 +200,14 @@ impl TensorHost {
         let ep = crate::pipe::endpoint(token, None)?;
         let objects = Arc::new(Mutex::new(Objects::default()));
         let stop = CancellationToken::new();
+        let shared = Shared { objects: objects.clone(), cuda: Arc::new(CudaIpcChannel::new()) };
         let mut bound = Vec::with_capacity(addrs.len());
         for a in &addrs {
             let l = py
                 .detach(|| runtime().block_on(ep.listen(a)))
                 .map_err(|e| PyConnectionError::new_err(format!("listening on {a}: {e}")))?;
             bound.push(l.local_addr().to_string());
-            runtime().spawn(accept_loop(l, objects.clone(), stop.clone()));
+            runtime().spawn(accept_loop(l, shared.clone(), stop.clone()));
         }
         runtime().spawn(give_back_idle(pool.clone(), stop.clone()));
         Ok(TensorHost { objects, addrs: bound, stop, max_bytes, pool })
@@ -241,19 +264,7 @@ impl TensorHost {
             total += n;
             metas.push((off, meta, n as usize));
         }
-        {
-            let o = lock(&self.objects);
-            let replaced = o.by_id.get(&id).map_or(0, |(_, b)| *b);
-            if o.bytes - replaced + total > self.max_bytes {
-                return Err(PyMemoryError::new_err(format!(
-                    "holding {total} more bytes would pass max_bytes={} (this host holds {} bytes in {} objects): \
-                     free objects (drop their ObjectRefs) or raise ferry.ray.register(max_host_mib=...)",
-                    self.max_bytes,
-                    o.bytes,
-                    o.by_id.len()
-                )));
-            }
-        }
+        self.check_room(&id, total)?;
         let seg = block.freeze()?;
         let mut tensors = Vec::with_capacity(metas.len());
         for (off, meta, n) in metas {
@@ -261,11 +272,21 @@ impl TensorHost {
                 seg.bytes(off, n).ok_or_else(|| PyValueError::new_err("a tensor lies outside its shared segment"))?;
             tensors.push(Tensor::new(meta, bytes).map_err(|e| PyValueError::new_err(e.to_string()))?);
         }
-        let mut o = lock(&self.objects);
-        if let Some((_, b)) = o.by_id.insert(id, (tensors, total)) {
-            o.bytes -= b;
+        self.hold(id, tensors, total);
+        Ok(())
+    }
+
+    /// Holds, under `id`, CUDA tensors (`DeviceTensor`s: wrapped ones keep their owner,
+    /// a torch tensor say, until `id` is freed). Do not write them any more: a peer's copy
+    /// is taken when it asks. Putting an id again replaces what it held.
+    fn put_device(&self, id: String, tensors: Vec<PyRef<'_, DeviceTensor>>) -> PyResult<()> {
+        if self.stop.is_cancelled() {
+            return Err(PyRuntimeError::new_err("this TensorHost is closed"));
         }
-        o.bytes += total;
+        let tensors: Vec<Tensor> = tensors.iter().map(|t| t.tensor.clone()).collect();
+        let total = tensors.iter().map(|t| t.device_buffer().map_or(0, |b| b.len() as u64)).sum();
+        self.check_room(&id, total)?;
+        self.hold(id, tensors, total);
         Ok(())
     }
 
@@ -298,11 +319,44 @@ impl TensorHost {
         lock(&self.objects).bytes
     }
 
+    /// Copies of device tensors made for peers without cuda-ipc so far (objects, bytes).
+    #[getter]
+    fn host_copies(&self) -> (u64, u64) {
+        let o = lock(&self.objects);
+        (o.host_copies, o.host_copy_bytes)
+    }
+
     /// Stops serving, closes its peers' pipes and drops everything it holds and keeps.
     fn close(&self) {
         self.stop.cancel();
         *lock(&self.objects) = Objects::default();
         self.pool.close();
+    }
+}
+
+impl TensorHost {
+    /// Refuses `total` more bytes under `id` past `max_bytes`, in the words of `ferry.ray`.
+    fn check_room(&self, id: &str, total: u64) -> PyResult<()> {
+        let o = lock(&self.objects);
+        let replaced = o.by_id.get(id).map_or(0, |(_, b)| *b);
+        if o.bytes - replaced + total > self.max_bytes {
+            return Err(PyMemoryError::new_err(format!(
+                "holding {total} more bytes would pass max_bytes={} (this host holds {} bytes in {} objects): \
+                 free objects (drop their ObjectRefs) or raise ferry.ray.register(max_host_mib=...)",
+                self.max_bytes,
+                o.bytes,
+                o.by_id.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn hold(&self, id: String, tensors: Vec<Tensor>, total: u64) {
+        let mut o = lock(&self.objects);
+        if let Some((_, b)) = o.by_id.insert(id, (tensors, total)) {
+            o.bytes -= b;
+        }
+        o.bytes += total;
     }
 }
 
@@ -326,7 +380,7 @@ async fn give_back_idle(pool: SharedPool, stop: CancellationToken) {
     }
 }
 
-async fn accept_loop(mut l: ferry_core::PipeListener, objects: Arc<Mutex<Objects>>, stop: CancellationToken) {
+async fn accept_loop(mut l: ferry_core::PipeListener, shared: Shared, stop: CancellationToken) {
     loop {
         let p = tokio::select! {
             () = stop.cancelled() => return,
@@ -334,7 +388,7 @@ async fn accept_loop(mut l: ferry_core::PipeListener, objects: Arc<Mutex<Objects
         };
         match p {
             Ok(p) => {
-                tokio::spawn(serve(p, objects.clone(), stop.clone()));
+                tokio::spawn(serve(p, shared.clone(), stop.clone()));
             }
             Err(PipeError::Closed) => return,
             Err(e) => tracing::debug!(error = %e, "ferry.ray host: a connection's handshake failed"),
@@ -343,7 +397,8 @@ async fn accept_loop(mut l: ferry_core::PipeListener, objects: Arc<Mutex<Objects
 }
 
 /// Answers one peer's `{"get": ID}` requests until it hangs up or the host closes.
-async fn serve(p: Pipe, objects: Arc<Mutex<Objects>>, stop: CancellationToken) {
+async fn serve(p: Pipe, shared: Shared, stop: CancellationToken) {
+    let device_channel = p.info().channels.contains_key(&DeviceKind::Cuda);
     loop {
         let msg = tokio::select! {
             () = stop.cancelled() => break,
@@ -351,10 +406,16 @@ async fn serve(p: Pipe, objects: Arc<Mutex<Objects>>, stop: CancellationToken) {
         };
         let Ok(msg) = msg else { break };
         let reply = match msg.header.get("get").and_then(|v| v.as_str()) {
-            Some(id) => match lock(&objects).by_id.get(id) {
-                Some((ts, _)) => Message::with_tensors(json!({ "ok": id }), ts.clone()),
-                None => Message::new(json!({ "missing": id })),
-            },
+            Some(id) => {
+                let held = lock(&shared.objects).by_id.get(id).map(|(ts, _)| ts.clone());
+                match held {
+                    Some(ts) if !device_channel && ts.iter().any(|t| t.device() != Device::Cpu) => {
+                        host_copy(&shared, id, ts).await
+                    }
+                    Some(ts) => Message::with_tensors(json!({ "ok": id }), ts),
+                    None => Message::new(json!({ "missing": id })),
+                }
+            }
             None => Message::new(json!({ "error": "expected a header {\"get\": ID}" })),
         };
         if p.send(reply).await.is_err() {
@@ -362,4 +423,38 @@ async fn serve(p: Pipe, objects: Arc<Mutex<Objects>>, stop: CancellationToken) {
         }
     }
     p.close().await;
+}
+
+/// The answer to a peer without cuda-ipc: `ts` with every device tensor copied to the host
+/// (on a blocking thread), or an error header saying why it could not be.
+async fn host_copy(shared: &Shared, id: &str, ts: Vec<Tensor>) -> Message {
+    let cuda = shared.cuda.clone();
+    let copied = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::with_capacity(ts.len());
+        let mut bytes = 0u64;
+        for t in ts {
+            if t.device() == Device::Cpu {
+                out.push(t);
+                continue;
+            }
+            let v = cuda.copy_to_host(&t).map_err(|e| format!("copying a {} tensor to the host: {e}", t.device()))?;
+            bytes += v.len() as u64;
+            let meta = t.meta().clone().with_device(Device::Cpu);
+            out.push(Tensor::new(meta, Bytes::from(v)).map_err(|e| e.to_string())?);
+        }
+        Ok::<_, String>((out, bytes))
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    match copied {
+        Ok((out, bytes)) => {
+            let mut o = lock(&shared.objects);
+            o.host_copies += 1;
+            o.host_copy_bytes += bytes;
+            drop(o);
+            Message::with_tensors(json!({ "ok": id, "host_copy": true }), out)
+        }
+        Err(e) => Message::new(json!({ "error": format!("object {id}: {e}") })),
+    }
 }

@@ -264,6 +264,7 @@ _stats = {
     "put_ns_last": 0,
     "fetch_ns": 0,
     "fetch_ns_last": 0,
+    "fetched_to_device": 0,
 }
 
 
@@ -294,6 +295,8 @@ def host_stats() -> dict[str, int]:
     with _stats_lock:
         out = dict(_stats)
     out["objects"] = h.count if h is not None else 0
+    copies = h.host_copies if h is not None else (0, 0)
+    out["device_host_copies"], out["device_host_copy_bytes"] = copies
     out["bytes"] = h.nbytes if h is not None else 0
     p = h.pool_stats if h is not None else {}
     out["pool_segments"] = p.get("kept_segments", 0)
@@ -314,15 +317,21 @@ def _whole_block(t: Any) -> _native.SharedBlock | None:
 def _put(cfg: _Config, obj_id: str, tensors: list[Any]) -> list[dict[str, Any]]:
     """Puts `tensors` on this process's host under `obj_id`; their descriptors."""
     host, _ = _get_host(cfg)
-    arrays = []
-    for t in tensors:
-        if t.device.type != "cpu":
-            raise ValueError(
-                f"the ferry transport moves cpu tensors; this one is on {t.device} "
-                "(its tensor host keeps host memory): use .cpu(), or send CUDA tensors over a "
-                "ferry.Pipe (cuda-ipc)"
-            )
-        arrays.append(_tensors.host_numpy(t))
+    devices = {str(t.device) for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(
+            "the ferry transport moves the tensors of one object from one device; this object "
+            f"has tensors on {', '.join(sorted(devices))}: return them from separate methods, "
+            "or move them to one device first"
+        )
+    if tensors and tensors[0].device.type == "cuda":
+        return _put_device(host, obj_id, tensors)
+    if tensors and tensors[0].device.type != "cpu":
+        raise ValueError(
+            f"the ferry transport moves cpu and cuda tensors; these are on {tensors[0].device}: "
+            "move them with .cpu() first"
+        )
+    arrays = [_tensors.host_numpy(t) for t in tensors]
     shapes = [[int(n) for n in a.shape] for a, _ in arrays]
     descs: list[dict[str, Any]] = [
         {"dtype": d, "shape": s} for (_, d), s in zip(arrays, shapes, strict=True)
@@ -352,6 +361,24 @@ def _put(cfg: _Config, obj_id: str, tensors: list[Any]) -> list[dict[str, Any]]:
     host.put(obj_id, block, layout)
     _count("copied_bytes", sum(a.nbytes for a, _ in arrays))
     return descs
+
+
+def _put_device(host: _native.TensorHost, obj_id: str, tensors: list[Any]) -> list[dict[str, Any]]:
+    """Puts CUDA `tensors` on the host, where they are: each consumer on this node gets a
+    copy made on the device when it asks (cuda-ipc: a device-to-device copy into the
+    channel's exportable pool, which the consumer maps), one on another node their bytes
+    copied to the host (QUIC)."""
+    import torch
+
+    ts = [t.detach().contiguous() for t in tensors]
+    # ferry copies on the device's legacy default stream, later, when a consumer asks; the
+    # tensors may have been written on any stream (the method may have returned from a
+    # `torch.cuda.stream(...)` block, which Ray's call here no longer sees), and torch keeps
+    # no record of which: wait for all of the device's work.
+    torch.cuda.synchronize(ts[0].device)
+    dts = [_tensors.device_out(t, None) for t in ts]
+    host.put_device(obj_id, dts)
+    return [{"dtype": d.dtype, "shape": list(d.shape), "device": "cuda"} for d in dts]
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,7 +414,11 @@ def _drop_pipe(addr: str) -> None:
         got[0].close()
 
 
-def _fetch(cfg: _Config, obj_id: str, desc: dict[str, Any]) -> list[Any]:
+def _fetch(cfg: _Config, obj_id: str, desc: dict[str, Any], to_device: bool = True) -> list[Any]:
+    """The tensors of `obj_id`, from its producer. CUDA tensors: mapped from the producer's
+    GPU over cuda-ipc (same node), or copied to this process's current CUDA device from
+    the host copy another node sends (unless `to_device` is False: they stay on the cpu,
+    for target buffers to take)."""
     node_id, _ = _node()
     remote = cfg.force_remote or desc.get("node") != node_id
     addr = desc.get("quic") if remote else desc.get("unix")
@@ -433,7 +464,25 @@ def _fetch(cfg: _Config, obj_id: str, desc: dict[str, Any]) -> list[Any]:
             f"object {obj_id}: {len(m.tensors)} tensors arrived, the descriptor names {len(want)}"
         )
     _count("fetched_quic" if remote else "fetched_unix")
-    return [_tensors.to_torch(r) for r in m.tensors]
+    out = [_tensors.to_torch(r) for r in m.tensors]
+    if head.get("host_copy") and to_device:
+        out = _to_cuda(obj_id, out)
+    return out
+
+
+def _to_cuda(obj_id: str, tensors: list[Any]) -> list[Any]:
+    """Host copies of CUDA tensors, moved to this process's current CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise TransferError(
+            f"object {obj_id} holds CUDA tensors and this process cannot use CUDA (an actor "
+            "without num_gpus?): fetch it onto the cpu with "
+            "ray.experimental.set_target_device_for_ref(ref, 'cpu')"
+        )
+    dev = torch.device("cuda", torch.cuda.current_device())
+    _count("fetched_to_device")
+    return [t.to(dev) for t in tensors]
 
 
 # ---------------------------------------------------------------------------------------
@@ -473,7 +522,7 @@ class FerryTransport(TensorTransportManager):
         descriptor = json.dumps({"v": 1, "id": obj_id, **where, "tensors": descs})
         meta = FerryTransportMetadata(
             tensor_meta=[(t.shape, t.dtype) for t in rdt_object],
-            tensor_device="cpu" if rdt_object else None,
+            tensor_device=rdt_object[0].device.type if rdt_object else None,
             descriptor=descriptor,
         )
         _timed("put_ns", t0)
@@ -508,7 +557,7 @@ class FerryTransport(TensorTransportManager):
         desc = json.loads(tensor_transport_metadata.descriptor)
         if not desc.get("tensors"):
             return []
-        tensors = _fetch(self._config, obj_id, desc)
+        tensors = _fetch(self._config, obj_id, desc, to_device=not target_buffers)
         if target_buffers:
             for dst, src in zip(target_buffers, tensors, strict=True):
                 dst.copy_(src)
@@ -603,7 +652,7 @@ def register(
     # A class of its own carrying the configuration: Ray constructs managers without
     # arguments, and ships the class (by value: it is not importable by name) to actors.
     cls = type("FerryTransportConfigured", (FerryTransport,), {"_config": cfg})
-    ray.experimental.register_tensor_transport(TRANSPORT, ["cpu"], cls, _torch_type())
+    ray.experimental.register_tensor_transport(TRANSPORT, ["cpu", "cuda"], cls, _torch_type())
     _registered = cls
     return cls
 

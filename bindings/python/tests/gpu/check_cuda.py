@@ -34,6 +34,12 @@ import time
 import traceback
 from typing import Any
 
+# At the top level: the served functions' type hints name torch.Tensor, and ferry resolves
+# hints in the module's namespace (ferry.Context too).
+import torch
+
+import ferry
+
 WAIT = 60.0
 
 
@@ -192,8 +198,6 @@ def consumer(addr: str, out: Any) -> None:
 
 def serve_app(addr: str, out: Any) -> None:
     try:
-        import torch
-
         import ferry
 
         app = ferry.App("gpu-check")
