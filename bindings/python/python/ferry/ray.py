@@ -39,6 +39,14 @@ How it moves tensors:
   (copy-on-write: torch has no read-only tensors, so a write stays in the consumer) with
   no copy. On another node, or with `force_remote=True`, it uses QUIC, pinned to the
   producer's certificate fingerprint, with the configured token.
+- CUDA tensors stay where the producer made it (held, with the torch tensor, until
+  garbage-collected): a consumer on the node gets a copy made on the device when it asks
+  (cuda-ipc: into the channel's exportable pool, which it maps without a copy, so its
+  writes reach no one else); a consumer on another node (or `force_remote=True`) gets
+  their bytes copied to the host and sent over QUIC, and moves them to its current CUDA
+  device (or keeps them on the cpu for target buffers there). The put waits for all of
+  the device's work (`torch.cuda.synchronize`): torch keeps no record of which stream
+  wrote a tensor.
 - `garbage_collect` (Ray: the ObjectRef went out of scope) drops the producer's hold; the
   memory goes back to the pool when the last consumer view dies too, and the pool gives it
   back to the system after `pool_idle` seconds unused. A dead producer's memory is freed by
@@ -47,10 +55,8 @@ How it moves tensors:
 
 Ray's alpha API forces some compromises, each documented where it is made: torch tensors
 only (a transport has one data type, and registering `np.ndarray` would replace Ray's
-numpy serializer in every process using it); `cpu` only (its tensor host keeps host
-memory; CUDA tensors go between processes over `ferry.Pipe` / `ferry.Client`, cuda-ipc);
-the configuration travels with the transport's class (Ray constructs
-managers without arguments).
+numpy serializer in every process using it); the configuration travels with the
+transport's class (Ray constructs managers without arguments).
 """
 
 from __future__ import annotations
@@ -605,7 +611,7 @@ def register(
     pool_mib: int = DEFAULT_POOL_MIB,
     pool_idle: float = DEFAULT_POOL_IDLE,
 ) -> type[FerryTransport]:
-    """Registers the `ferry` tensor transport (`cpu`, torch tensors) with Ray. Call it in
+    """Registers the `ferry` tensor transport (`cpu` and `cuda`, torch tensors) with Ray. Call it in
     the process that creates the actors, before creating them (Ray then registers it on
     each actor declared with `enable_tensor_transport=True`).
 
