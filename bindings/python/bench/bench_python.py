@@ -28,7 +28,11 @@ Contenders of one row run interleaved in rounds (a noisy neighbour hits all alik
 `ferry.Pipe` and the stdlib pair start a fresh peer process for every turn: where the
 scheduler places two processes (on one CPU or two) decides a round trip's cost more than
 anything they do, and differs from one pair to the next, so a ratio of rows measured with
-one pair each would compare two placements.
+one pair each would compare two placements. Each turn's first round trips are untimed
+(a tenth of the turn's, at least `WARMUP`): a fresh pair's first few are its start-up
+(mapping the memory, the wait policy learning the machine), which the table does not mix
+into the steady state's p99; the `start-up` lines after the table give them apart, for
+the contenders that start a peer per turn.
 `--load N` starts N CPU burners at nice 0 (`ferry __burn`) beside the benchmark. Ratios and
 the issue's targets' verdicts are printed after the table.
 """
@@ -40,6 +44,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -60,12 +65,18 @@ PARK, STOP = 0xFE, 0xFF
 Case = Callable[[], None]
 
 
+WARMUP = 10
+"""The fewest untimed round trips that start each turn (module docs)."""
+
+
 class Row:
     """Samples of one contender of one case."""
 
     def __init__(self, case: str, who: str) -> None:
         self.case, self.who = case, who
         self.samples: list[float] = []
+        self.startup: list[list[float]] = []
+        """Each timed turn's untimed first round trips, in order."""
         self.note = ""
 
     def p(self, q: float) -> float:
@@ -88,10 +99,15 @@ def interleave(case: str, cs: dict[str, Contender], n: int, rounds: int) -> list
         for k, c in cs.items():
             if c.begin:
                 c.begin()
-            # Every turn starts with a tenth of its round trips untimed: a fresh peer maps
-            # the memory and warms up in them.
-            for _ in range(max(1, per // 10)):
+            # Every turn starts with a tenth of its round trips untimed, at least WARMUP: a
+            # fresh peer maps the memory and warms up in them (module docs).
+            first = []
+            for _ in range(max(WARMUP, per // 10)):
+                t = time.perf_counter()
                 c.run()
+                first.append(time.perf_counter() - t)
+            if r:
+                rows[k].startup.append(first)
             for _ in range(per if r else 0):
                 t = time.perf_counter()
                 c.run()
@@ -642,10 +658,26 @@ def main() -> None:
     print(f"{'case':<12} {'contender':<24} {'p50 us':>10} {'p99 us':>10} {'n':>6}")
     for r in rows:
         print(f"{r.case:<12} {r.who:<24} {r.p(0.5):10.1f} {r.p(0.99):10.1f} {len(r.samples):6d}")
+    for r in rows:
+        if r.case.startswith("rtt-") and r.startup:
+            print(startup_line(r))
     for s in skipped:
         print(f"skipped: {s}")
     for line in verdicts(rows, a.load):
         print(line)
+
+
+def startup_line(r: Row) -> str:
+    """A fresh pair's first round trips (untimed in the table): the median of each
+    position over the turns, the first five, and the slowest of all."""
+    n = min(len(t) for t in r.startup)
+    med = [statistics.median(t[i] for t in r.startup) * 1e6 for i in range(min(n, 5))]
+    worst = max(max(t) for t in r.startup) * 1e6
+    firsts = " ".join(f"{x:.0f}" for x in med)
+    return (
+        f"start-up {r.case:<11} {r.who:<22} first round trips, median of {len(r.startup)} "
+        f"turns: {firsts} us; slowest {worst:.0f} us"
+    )
 
 
 if __name__ == "__main__":
