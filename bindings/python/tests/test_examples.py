@@ -92,6 +92,7 @@ def test_async_task() -> None:
     assert "result: {'loss': 0.015625, 'steps': 6}" in out
 
 
+@pytest.mark.timeout(400 + TIMEOUT + 60)  # Ray's import check (test_ray.TIMEOUT), the example
 def test_ray_weights() -> None:
     from tests.test_ray import ray_import_error
 
