@@ -28,9 +28,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ferry::ferry_cuda_ipc::CudaIpcChannel;
 use ferry::ferry_shm::{SharedPool, SharedPoolOptions, SharedSegment, SharedSegmentMut};
-use bytes::Bytes;
 use ferry_core::{Device, DeviceKind, Message, Pipe, PipeError, Tensor};
 use pyo3::exceptions::{PyConnectionError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
