@@ -16,7 +16,8 @@
 //! that channel (copied once, on the device, into the channel's exportable pool, then
 //! mapped by the peer without a copy); a peer without it (QUIC, another host) gets their
 //! bytes copied to the host, under `{"ok": ID, "host_copy": true}`, for it to move to its
-//! own device.
+//! own device; one such copy at a time per host, so that requests cost the host at most one
+//! object's bytes, whatever peers ask.
 //!
 //! Blocks a host hands out (`TensorHost::block`) come from its [`SharedPool`]: a segment
 //! whose id was freed and whose every peer lease was released is filled again (its pages are
@@ -171,6 +172,10 @@ struct Shared {
     /// Copies device tensors to the host for peers without cuda-ipc (made with the host,
     /// so that it uses the driver the host's own channels use).
     cuda: Arc<CudaIpcChannel>,
+    /// One host copy at a time, held from the copy until its answer is sent: a peer's
+    /// 20-byte request must not make the host hold one object's bytes per connection (a
+    /// peer that never reads keeps its answer until the send's deadline).
+    host_copying: Arc<tokio::sync::Semaphore>,
 }
 
 #[pymethods]
@@ -200,7 +205,11 @@ impl TensorHost {
         let ep = crate::pipe::endpoint(token, None)?;
         let objects = Arc::new(Mutex::new(Objects::default()));
         let stop = CancellationToken::new();
-        let shared = Shared { objects: objects.clone(), cuda: Arc::new(CudaIpcChannel::new()) };
+        let shared = Shared {
+            objects: objects.clone(),
+            cuda: Arc::new(CudaIpcChannel::new()),
+            host_copying: Arc::new(tokio::sync::Semaphore::new(1)),
+        };
         let mut bound = Vec::with_capacity(addrs.len());
         for a in &addrs {
             let l = py
@@ -405,11 +414,17 @@ async fn serve(p: Pipe, shared: Shared, stop: CancellationToken) {
             m = p.recv() => m,
         };
         let Ok(msg) = msg else { break };
+        let mut _copying = None;
         let reply = match msg.header.get("get").and_then(|v| v.as_str()) {
             Some(id) => {
                 let held = lock(&shared.objects).by_id.get(id).map(|(ts, _)| ts.clone());
                 match held {
                     Some(ts) if !device_channel && ts.iter().any(|t| t.device() != Device::Cpu) => {
+                        let permit = tokio::select! {
+                            () = stop.cancelled() => break,
+                            p = shared.host_copying.clone().acquire_owned() => p,
+                        };
+                        _copying = permit.ok();
                         host_copy(&shared, id, ts).await
                     }
                     Some(ts) => Message::with_tensors(json!({ "ok": id }), ts),
