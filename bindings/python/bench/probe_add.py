@@ -20,19 +20,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 import timeit
+from pathlib import Path
 
 import ferry
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_server import start, stop  # noqa: E402  (a sibling script, found through HERE)
 
 
 def python_work(n: int) -> float:
     """Seconds of Python work per served `add` call, in-process."""
-    sys.path.insert(0, HERE)
     import bench_app
 
     f = bench_app.app._functions["add"]
@@ -41,15 +43,6 @@ def python_work(n: int) -> float:
     out = f.call_sync(params, [], stand_in)  # type: ignore[arg-type]
     assert out == ("3.0", []), out
     return timeit.timeit(lambda: f.call_sync(params, [], stand_in), number=n) / n  # type: ignore[arg-type]
-
-
-def started(cmd: list[str], cwd: str | None = None) -> subprocess.Popen[str]:
-    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert p.stdout is not None
-    for line in p.stdout:
-        if "listening on" in line:
-            return p
-    raise SystemExit(f"{cmd[0]} ended before it listened (exit {p.wait()})")
 
 
 def main() -> None:
@@ -65,9 +58,10 @@ def main() -> None:
     tag = str(os.getpid())
     rs_addr, py_addr = f"unix:ferry-probe-rs-{tag}", f"unix:ferry-probe-py-{tag}"
     procs = [
-        started([ferry_bin, "serve", rs_addr]),
-        started(
+        start([ferry_bin, "serve", rs_addr], "listening on"),
+        start(
             [sys.executable, "-m", "ferry", "serve", "bench_app:app", py_addr, *a.server_args],
+            "listening on",
             cwd=HERE,
         ),
     ]
@@ -89,8 +83,7 @@ def main() -> None:
             c.close()
     finally:
         for p in procs:
-            p.terminate()
-            p.wait()
+            stop(p)
     rs, py = (statistics.median(times[k]) * 1e6 for k in ("rust-served", "python-served"))
     print(f"python work per call, in-process: {work * 1e6:.2f} us")
     print(f"add p50: rust-served {rs:.1f} us, python-served {py:.1f} us, ratio {py / rs:.2f}")
