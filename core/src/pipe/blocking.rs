@@ -65,6 +65,9 @@ pub(super) struct Handover {
     wanted: AtomicUsize,
     /// A blocking caller took a message the task had queued ([`Handover::call_soon`]).
     soon: AtomicBool,
+    /// The task waits for something other than a CPU before its next wait (room in the
+    /// queue, its handler): a caller must not wait for it to park the reader.
+    stuck: AtomicBool,
 }
 
 #[derive(Default)]
@@ -76,6 +79,8 @@ struct Slot {
     returns: u64,
     /// The task ended, or a caller's read closed the pipe: no reader will come.
     ended: bool,
+    /// A blocking caller has the reader (neither parked nor the task's).
+    lent: bool,
 }
 
 impl Handover {
@@ -128,7 +133,13 @@ impl Handover {
             Err(TryRecvError::Disconnected) => return None,
             Err(TryRecvError::Empty) => {}
         }
-        slot.reader.take().map(Took::Reader)
+        slot.lend().map(Took::Reader)
+    }
+
+    /// The task may wait for something other than a CPU before its next wait (`true`), or
+    /// not any more.
+    pub(super) fn set_stuck(&self, stuck: bool) {
+        self.stuck.store(stuck, Ordering::Release);
     }
 
     /// The task ended: waiting callers stop waiting for the reader.
@@ -140,14 +151,22 @@ impl Handover {
     }
 
     /// The task parks its reader for the callers that want it, and takes it back once it
-    /// has lain unused for [`LINGER`]; `None`: the pipe ended meanwhile.
-    pub(super) async fn park(&self, reader: FrameReader) -> Option<FrameReader> {
+    /// has lain unused for [`LINGER`]; `None`: the pipe ended meanwhile. `drain` handles
+    /// the CONTROL frames already in the link as the task takes it back, under the lock a
+    /// blocking send's [`Pipe::controls_now`] takes: a release that came while it lay parked
+    /// is handled before that send can look (or the error it met, to end the pipe with).
+    pub(super) async fn park(
+        &self,
+        reader: FrameReader,
+        mut drain: impl FnMut(&mut FrameReader) -> Result<(), PipeError>,
+    ) -> Option<Result<FrameReader, PipeError>> {
         let mut seen = {
             let mut slot = self.lock();
             if slot.ended {
                 return None;
             }
             slot.reader = Some(reader);
+            slot.lent = false;
             self.soon.store(false, Ordering::Release);
             self.parked.notify_all();
             slot.returns
@@ -165,9 +184,26 @@ impl Handover {
             seen = slot.returns;
             if self.wanted.load(Ordering::Acquire) == 0 && idle && slot.reader.is_some() {
                 self.soon.store(false, Ordering::Release);
-                return slot.reader.take();
+                let mut reader = slot.reader.take()?;
+                return Some(drain(&mut reader).map(|()| reader));
             }
         }
+    }
+}
+
+impl Slot {
+    /// The parked reader, for a blocking caller.
+    fn lend(&mut self) -> Option<FrameReader> {
+        let r = self.reader.take();
+        self.lent |= r.is_some();
+        r
+    }
+
+    /// A blocking caller parks the reader again.
+    fn give_back(&mut self, reader: FrameReader) {
+        self.reader = Some(reader);
+        self.lent = false;
+        self.returns = self.returns.wrapping_add(1);
     }
 }
 
@@ -262,9 +298,7 @@ impl Pipe {
         });
         match got {
             Err(PipeError::Timeout(_, "recv_blocking")) | Ok(_) => {
-                let mut slot = h.lock();
-                slot.reader = Some(reader);
-                slot.returns = slot.returns.wrapping_add(1);
+                h.lock().give_back(reader);
                 got
             }
             Err(e) => {
@@ -302,7 +336,7 @@ impl Pipe {
     ) -> Result<(), PipeError> {
         self.check_send(&msg)?;
         if msg.tensors.iter().any(|t| t.as_bytes().len() >= POOL_SIZED) {
-            self.controls_now();
+            self.controls_now(deadline);
         }
         let Some(mut order) = self.shared.send_order.try_lock() else {
             return self.run_driven(Half::Write, within(deadline, timeout, std::pin::pin!(self.send_inner(msg))));
@@ -352,14 +386,36 @@ impl Pipe {
     /// now. Otherwise they would wait for this caller's next receive (or the reader task,
     /// after [`LINGER`]), and the send would find the memory they free still leased: a
     /// caller that sends and receives in turn would use two pool slots where one does (on
-    /// a 2-vCPU VM, a 24.9 MB copy-in round trip over the ring took 1.1x the socket's). A
-    /// reader that is not parked (another caller or the task reads) is left alone.
-    fn controls_now(&self) {
+    /// a 2-vCPU VM, a 24.9 MB copy-in round trip over the ring took 1.1x the socket's).
+    ///
+    /// A reader the task was asked to park ([`Handover::call_soon`]: this caller's last
+    /// receive took a message the task had queued) is waited for, up to `deadline`, while
+    /// the task needs only a CPU to park it; on a busy machine the task may not have run
+    /// since it queued the answer, with the release behind it still in the link. A reader
+    /// another caller has, or the task keeps (nobody asked, or it waits for room in the
+    /// queue or for its handler) is left alone: the task handles what it reads.
+    fn controls_now(&self, deadline: Option<Instant>) {
         let h = &self.shared.handover;
         let shared = &*self.shared;
         let r = {
             let mut slot = h.lock();
-            let Some(reader) = slot.reader.as_mut() else { return };
+            let reader = loop {
+                if let Some(reader) = slot.reader.as_mut() {
+                    break reader;
+                }
+                if slot.ended || slot.lent || !h.soon.load(Ordering::Acquire) || h.stuck.load(Ordering::Acquire) {
+                    return;
+                }
+                let mut wait = RECHECK;
+                if let Some(d) = deadline {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return;
+                    }
+                    wait = wait.min(left);
+                }
+                slot = h.parked.wait_timeout(slot, wait).unwrap_or_else(|e| e.into_inner()).0;
+            };
             reader.controls_now(|frame| read::control_frame(shared, frame))
         };
         if let Err(e) = r {
@@ -472,7 +528,7 @@ impl Pipe {
                 Err(TryRecvError::Disconnected) => return Some(Took::Queued(Err(self.shared.closed_error()))),
                 Err(TryRecvError::Empty) => {}
             }
-            if let Some(r) = slot.reader.take() {
+            if let Some(r) = slot.lend() {
                 return Some(Took::Reader(r));
             }
             if slot.ended {
@@ -574,7 +630,7 @@ mod tests {
         h.call_soon(); // a second take before the task parked: no second ask needed
         let task = {
             let h = h.clone();
-            tokio::spawn(async move { h.park(reader()).await.is_some() })
+            tokio::spawn(async move { h.park(reader(), |_| Ok(())).await.is_some_and(|r| r.is_ok()) })
         };
         // Parked: the caller's next call finds it there (bounded wait for the task to run).
         let (tx, mut rx) = mpsc::channel(1);
@@ -594,9 +650,7 @@ mod tests {
         // The caller parks it again when done (as `recv_blocking` does); unused for a
         // LINGER, the task takes it back.
         {
-            let mut slot = h.lock();
-            slot.reader = Some(r);
-            slot.returns += 1;
+            h.lock().give_back(r);
         }
         let back = tokio::time::timeout(Duration::from_secs(10), task).await.expect("the task ends").expect("join");
         assert!(back, "the task has its reader back");

@@ -48,7 +48,14 @@ async fn read_frames(
             None => {
                 if shared.handover.wanted() {
                     reader.arm_busy_poll(false);
-                    reader = shared.handover.park(reader).await?;
+                    let drain = |r: &mut FrameReader| r.controls_now(|frame| control_frame(shared, frame));
+                    match shared.handover.park(reader, drain).await? {
+                        Ok(r) => reader = r,
+                        Err(e) => {
+                            end_with(shared, &e).await;
+                            return Some(e);
+                        }
+                    }
                 }
                 continue;
             }
@@ -67,12 +74,24 @@ async fn read_frames(
                 };
                 let Some(mut handler) = handler else {
                     reader.arm_busy_poll(false);
-                    if tx.send(Ok(msg)).await.is_err() {
+                    let sent = match tx.try_send(Ok(msg)) {
+                        Ok(()) => true,
+                        Err(mpsc::error::TrySendError::Closed(_)) => false,
+                        Err(mpsc::error::TrySendError::Full(msg)) => {
+                            // Waits for a receiver: a blocking send must not wait for it.
+                            shared.handover.set_stuck(true);
+                            let sent = tx.send(msg).await.is_ok();
+                            shared.handover.set_stuck(false);
+                            sent
+                        }
+                    };
+                    if !sent {
                         return None;
                     }
                     shared.handover.queued();
                     continue;
                 };
+                shared.handover.set_stuck(true);
                 let pause = match handler(msg) {
                     Handled::Done => {
                         reader.arm_busy_poll(true);
@@ -100,6 +119,7 @@ async fn read_frames(
                 if let Some(until) = pause {
                     until.await;
                 }
+                shared.handover.set_stuck(false);
             }
             Ok(None) => {}
             Err(e) => {
