@@ -1,5 +1,6 @@
 //! Handlers that compute: [`crate::Methods::register_blocking`] runs a plain synchronous
-//! function on tokio's blocking pool, never on a runtime worker, so one client's CPU-bound
+//! function on ferry's compute threads ([`ferry_core::compute::spawn`], a blocking pool of
+//! their own), never on a runtime worker, so one client's CPU-bound
 //! call cannot delay another client's `add`.
 //!
 //! - The call is answered `cancelled` the moment it is cancelled (`ferry.cancel`, a client
@@ -13,10 +14,15 @@
 //! - On Linux the function runs under `SCHED_IDLE` ([`ComputePriority`]): where the CPUs
 //!   are all busy, the runtime's workers (reading requests, answering cheap calls) and other
 //!   processes take the CPU first, at once. The parse of a big plain-JSON request (1 MiB
-//!   and more, on the blocking pool too) runs under the same policy, and so do the count
+//!   and more, on the compute threads too) runs under the same policy, and so do the count
 //!   and parse of a big ferry message header (ferry-core's
-//!   [`ferry_core::compute::set_compute_thread_setup`], set when a server is built). The blocking pool's
-//!   threads keep it for whatever else they run later (file reads).
+//!   [`ferry_core::compute::set_compute_thread_setup`], set when a server is built).
+//! - Only the compute threads get it. Tokio's blocking pool (file reads, a weight store's
+//!   deltas) keeps the normal policy: a thread cannot leave `SCHED_IDLE` without privilege,
+//!   and one on the shared pool once made every later job on it wait for idle CPU (a store's
+//!   `update` beside two CPU burners went unanswered for 30 s). A thread a handler starts
+//!   inherits its policy, and a lock a handler holds while it waits for CPU holds up
+//!   whoever else needs it: take the server's shared locks outside such handlers.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -75,7 +81,7 @@ pub(crate) fn apply_priority() {
     }
 }
 
-/// A synchronous handler run on the blocking pool.
+/// A synchronous handler run on the compute threads.
 pub(crate) struct Blocking<P, R, F> {
     pub(crate) f: Arc<F>,
     pub(crate) _types: PhantomData<fn(P) -> R>,
@@ -90,7 +96,7 @@ where
     fn call(&self, params: Option<Value>, tensors: &[Tensor], ctx: CallContext) -> Result<HandlerFuture, ErrorObject> {
         let p: P = decode_params(params, tensors)?;
         let f = self.f.clone();
-        let job = tokio::task::spawn_blocking(move || {
+        let job = ferry_core::compute::spawn(move || {
             apply_priority();
             let r = f(p, ctx);
             r.and_then(|r| encode_result(&r))

@@ -117,8 +117,8 @@ impl CallContext {
     }
 
     /// [`CallContext::alloc`] for handlers registered with
-    /// [`Methods::register_blocking`], which run on the blocking pool (outside it, on a
-    /// runtime worker, this panics: use `alloc().await` there).
+    /// [`Methods::register_blocking`], which run on the compute threads (on a runtime
+    /// worker this panics: use `alloc().await` there).
     pub fn alloc_blocking(&self, meta: TensorMeta) -> Result<TensorMut, ErrorObject> {
         tokio::runtime::Handle::current().block_on(self.alloc(meta))
     }
@@ -521,8 +521,8 @@ impl Methods {
     }
 
     /// Registers `f(params, ctx)`, a plain synchronous function that computes (a `matmul`,
-    /// a checksum over a tensor, a model's forward pass on the CPU). It runs on tokio's
-    /// blocking pool, never on a runtime worker, so other calls and connections go on while
+    /// a checksum over a tensor, a model's forward pass on the CPU). It runs on ferry's
+    /// compute threads, never on a runtime worker, so other calls and connections go on while
     /// it computes. A cancelled call is answered `cancelled` at once; the function should
     /// check `ctx.is_cancelled()` in its loops to stop early (see [`crate::blocking`]).
     /// Result tensors: `ctx.alloc_blocking(meta)`.

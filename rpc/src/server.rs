@@ -100,7 +100,7 @@ impl ServerBuilder {
 
     /// The server.
     pub fn build(self) -> Server {
-        // A big ferry header is counted and parsed on the blocking pool by ferry-core:
+        // A big ferry header is counted and parsed on a compute thread by ferry-core:
         // under the policy of this crate's compute, like a big plain-JSON request.
         ferry_core::compute::set_compute_thread_setup(crate::blocking::apply_priority);
         Server {
@@ -464,7 +464,7 @@ impl Server {
     }
 }
 
-/// Requests at least this long are parsed on the blocking pool, not on the reader (whose
+/// Requests at least this long are parsed on a compute thread, not on the reader (whose
 /// runtime worker other connections need).
 const PARSE_OFF_READER_BYTES: usize = 1 << 20;
 
@@ -482,16 +482,16 @@ async fn parse_room(shared: &Shared, len: usize) -> Option<tokio::sync::OwnedSem
 }
 
 /// Parses one plain JSON-RPC text (a request or a batch) after checking its shape
-/// ([`crate::shape::check`]: batch length, depth, values) on the bytes; a big one on the
-/// blocking pool. A small `text` is handed back as it was (its buffer is reused); a big
-/// one is freed on the blocking pool and `text` left empty, so a connection does not keep
+/// ([`crate::shape::check`]: batch length, depth, values) on the bytes; a big one on a
+/// compute thread. A small `text` is handed back as it was (its buffer is reused); a big
+/// one is freed on that thread and `text` left empty, so a connection does not keep
 /// the memory of its biggest request and the reader does not pay for unmapping it.
 async fn parse_request(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Value, ErrorObject> {
     parse_text(text, limits, false).await?.ok_or_else(|| ErrorObject::parse_error("the request is empty"))
 }
 
 /// [`parse_request`] for a line of a plain-JSON connection: `None` when it holds only
-/// whitespace (skipped, like an empty line). A big line is looked at on the blocking pool
+/// whitespace (skipped, like an empty line). A big line is looked at on a compute thread
 /// too, and freed there, whatever it holds.
 async fn parse_line(text: &mut Vec<u8>, limits: RpcLimits) -> Result<Option<Value>, ErrorObject> {
     parse_text(text, limits, true).await
@@ -509,7 +509,7 @@ async fn parse_text(text: &mut Vec<u8>, limits: RpcLimits, skip_blank: bool) -> 
         return parse(text);
     }
     let owned = std::mem::take(text);
-    tokio::task::spawn_blocking(move || {
+    ferry_core::compute::spawn(move || {
         // Parsing is compute: scheduled as blocking handlers are (SCHED_IDLE by default),
         // so the runtime's workers, and other clients' small calls, take the CPU first.
         crate::blocking::apply_priority();

@@ -150,3 +150,21 @@ async fn blocking_handlers_compute_under_sched_idle() {
     set_compute_priority(ComputePriority::Idle);
     assert_eq!(normal, 0, "back to the normal policy when asked");
 }
+
+/// Only the compute threads take SCHED_IDLE: after blocking handlers ran, every job on
+/// Tokio's blocking pool (a store's deltas, file reads) still runs under the normal policy.
+/// (On the shared pool, a thread once used for compute kept SCHED_IDLE, and a store's
+/// `update` beside two CPU burners went unanswered for 30 s.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_leaves_tokios_blocking_pool_at_the_normal_policy() {
+    let (_server, a) = serve(Arc::default()).await;
+    let c = client(&a).await;
+    for _ in 0..8 {
+        assert_eq!(t(c.call::<_, u32>("policy", &())).await.unwrap(), 5, "SCHED_IDLE");
+    }
+    for _ in 0..8 {
+        let on_the_pool = t(tokio::task::spawn_blocking(policy)).await.unwrap();
+        assert_eq!(on_the_pool, 0, "a job on Tokio's blocking pool after compute ran");
+    }
+}

@@ -204,23 +204,13 @@ fn opened(m: &Manifest, buckets: Vec<RpcTensor>, digest: Option<String>) -> Open
 pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
     let mut m = Methods::new();
     let s = store.clone();
-    m.register_blocking("store.publish", move |p: PublishParams, ctx: CallContext| {
-        let tensors = p.tensors.into_iter().map(|(n, t)| (n, t.into_inner())).collect();
-        let who = ctx.peer().identity.clone();
-        let v = match p.base {
-            Some(base) => s.publish_delta(&p.name, base, tensors, &p.removed, p.metadata, Some(who.clone())),
-            None if !p.removed.is_empty() => {
-                return Err(ErrorObject::invalid_params("removed", "`removed` needs `base`"));
-            }
-            None => s.publish(&p.name, tensors, p.metadata, Some(who.clone())),
-        }
-        .map_err(error)?;
-        if matches!(who, Identity::Connection(_)) && ctx.connection_closed() {
-            // Its connection ended while this ran, after the store let go of its bundles.
-            s.owner_gone(&who);
-        }
-        let m = v.manifest();
-        Ok(Published { name: m.name.clone(), version: m.version, bytes: m.bytes, tensors: m.entries.len() as u64 })
+    // The store's own work runs at the normal policy (Tokio's blocking pool), not as a
+    // handler's compute (SCHED_IDLE by default): it takes the store's lock, and a publish
+    // waiting for idle CPU under it would hold up every reader on a busy machine.
+    m.register_ctx("store.publish", move |p: PublishParams, ctx: CallContext| {
+        let s = s.clone();
+        let job = tokio::task::spawn_blocking(move || publish(&s, p, &ctx));
+        async move { job.await.map_err(|e| ErrorObject::internal(format!("the publish failed: {e}")))? }
     })?
     .summary("Publish tensors as the next version of a bundle")
     .description(
@@ -356,4 +346,24 @@ pub fn methods(store: Arc<Store>) -> Result<Methods, RegisterError> {
     })?
     .summary("Drop a bundle's latest version (readers keep what they hold)");
     Ok(m)
+}
+
+/// `store.publish`, on a blocking-pool thread.
+fn publish(s: &Arc<Store>, p: PublishParams, ctx: &CallContext) -> Result<Published, ErrorObject> {
+    let tensors = p.tensors.into_iter().map(|(n, t)| (n, t.into_inner())).collect();
+    let who = ctx.peer().identity.clone();
+    let v = match p.base {
+        Some(base) => s.publish_delta(&p.name, base, tensors, &p.removed, p.metadata, Some(who.clone())),
+        None if !p.removed.is_empty() => {
+            return Err(ErrorObject::invalid_params("removed", "`removed` needs `base`"));
+        }
+        None => s.publish(&p.name, tensors, p.metadata, Some(who.clone())),
+    }
+    .map_err(error)?;
+    if matches!(who, Identity::Connection(_)) && ctx.connection_closed() {
+        // Its connection ended while this ran, after the store let go of its bundles.
+        s.owner_gone(&who);
+    }
+    let m = v.manifest();
+    Ok(Published { name: m.name.clone(), version: m.version, bytes: m.bytes, tensors: m.entries.len() as u64 })
 }

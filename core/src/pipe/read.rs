@@ -216,7 +216,8 @@ const COUNT_HEADER_FROM: usize = 64 << 10;
 const PARSE_OFF_WORKER_FROM: usize = 1 << 20;
 
 /// Parses a MESSAGE frame's header, after counting its values when it is big; a header of
-/// [`PARSE_OFF_WORKER_FROM`] bytes or more is counted and parsed on the blocking pool.
+/// [`PARSE_OFF_WORKER_FROM`] bytes or more is counted and parsed on a compute thread
+/// ([`crate::compute::spawn`]).
 async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHeader, PipeError> {
     let max = shared.max_header_values;
     if frame.header.len() < PARSE_OFF_WORKER_FROM {
@@ -224,8 +225,7 @@ async fn message_header(shared: &Shared, frame: &mut Frame) -> Result<MessageHea
         return Ok(frame.parse()?);
     }
     let header = std::mem::take(&mut frame.header);
-    tokio::task::spawn_blocking(move || {
-        crate::compute::enter();
+    crate::compute::spawn(move || {
         count_header_values(&header, max)?;
         Ok(crate::frame::parse_header::<MessageHeader>(&header)?)
     })

@@ -300,10 +300,15 @@ pub(crate) fn register(m: &mut Methods, store: &Arc<Store>) -> Result<(), Regist
     .summary("The store's placement of tensor references: policy, per-tier budgets, usage and counts")
     .inline();
     let s = store.clone();
-    m.register_blocking("store.placement.set", move |p: PlacementSetParams, _ctx: CallContext| {
-        let placed = s.placement().ok_or_else(|| no_tiers("policy"))?;
-        placed.configure(p.policy.as_deref(), p.cpu_budget_bytes, p.disk_budget_bytes, p.device_budget_bytes)?;
-        Ok(info(Some(placed)))
+    // At the normal policy, as `store.publish` (the store's own work takes its locks).
+    m.register("store.placement.set", move |p: PlacementSetParams| {
+        let s = s.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let placed = s.placement().ok_or_else(|| no_tiers("policy"))?;
+            placed.configure(p.policy.as_deref(), p.cpu_budget_bytes, p.disk_budget_bytes, p.device_budget_bytes)?;
+            Ok(info(Some(placed)))
+        });
+        async move { job.await.map_err(|e| ErrorObject::internal(format!("the placement change failed: {e}")))? }
     })?
     .summary("Change the store's placement policy and per-tier budgets")
     .description(
