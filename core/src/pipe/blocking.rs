@@ -66,7 +66,8 @@ pub(super) struct Handover {
     /// A blocking caller took a message the task had queued ([`Handover::call_soon`]).
     soon: AtomicBool,
     /// The task waits for something other than a CPU before its next wait (room in the
-    /// queue, its handler): a caller must not wait for it to park the reader.
+    /// queue, its handler, the rest of a frame from the peer): a caller must not wait for
+    /// it to park the reader.
     stuck: AtomicBool,
 }
 
@@ -393,7 +394,8 @@ impl Pipe {
     /// the task needs only a CPU to park it; on a busy machine the task may not have run
     /// since it queued the answer, with the release behind it still in the link. A reader
     /// another caller has, or the task keeps (nobody asked, or it waits for room in the
-    /// queue or for its handler) is left alone: the task handles what it reads.
+    /// queue, for its handler or for the rest of a frame) is left alone: the task handles
+    /// what it reads.
     fn controls_now(&self, deadline: Option<Instant>) {
         let h = &self.shared.handover;
         let shared = &*self.shared;

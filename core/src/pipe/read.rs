@@ -60,7 +60,7 @@ async fn read_frames(
                 continue;
             }
             Some(Err(e)) => Err(e),
-            Some(Ok(())) => match reader.read_frame().await {
+            Some(Ok(())) => match read_frame_marked(&mut reader, shared).await {
                 Err(e) => Err(e),
                 Ok(read) => handle_read(shared, read).await,
             },
@@ -127,6 +127,25 @@ async fn read_frames(
                 end_with(shared, &e).await;
                 return Some(e);
             }
+        }
+    }
+}
+
+/// Reads the next frame; while it waits for the peer's bytes (a frame not all here yet),
+/// the task is marked stuck, so that a blocking send does not wait for it to park the
+/// reader ([`super::Pipe`]'s `controls_now`): a peer that trickles a frame holds up only
+/// the reads. A frame already here (a ring record, bytes in the buffer) is read at the first
+/// poll, unmarked.
+async fn read_frame_marked(reader: &mut FrameReader, shared: &Shared) -> Result<Received, PipeError> {
+    let mut read = std::pin::pin!(reader.read_frame());
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await;
+    match first {
+        std::task::Poll::Ready(r) => r,
+        std::task::Poll::Pending => {
+            shared.handover.set_stuck(true);
+            let r = read.await;
+            shared.handover.set_stuck(false);
+            r
         }
     }
 }
