@@ -45,6 +45,7 @@ pub(crate) struct Config {
     pub(crate) recv_queue: usize,
     pub(crate) accept_foreign: bool,
     pub(crate) busy_poll: Duration,
+    pub(crate) blocking_spin: Duration,
     pub(crate) max_header_values: usize,
     /// What makes and opens the link beside the socket (`ferry-ring`'s same-host ring).
     #[cfg(unix)]
@@ -79,6 +80,7 @@ impl Default for EndpointBuilder {
                 recv_queue: 16,
                 accept_foreign: false,
                 busy_poll: Duration::ZERO,
+                blocking_spin: crate::spin::default_busy_poll(),
                 max_header_values: DEFAULT_MAX_HEADER_VALUES,
                 #[cfg(unix)]
                 ring: None,
@@ -174,6 +176,21 @@ impl EndpointBuilder {
     /// answering a request-response peer (`ferry serve --busy-poll-us`).
     pub fn busy_poll(mut self, window: Duration) -> Self {
         self.cfg.busy_poll = window;
+        self
+    }
+
+    /// How long a blocking caller ([`crate::Pipe::recv_blocking`]) on a bare unix socket
+    /// polls it before it sleeps in the kernel (zero: never). Default: 50 µs where this
+    /// process may use 2 or more CPUs, else none ([`crate::spin::default_busy_poll`]).
+    ///
+    /// An answer that comes within the poll costs no wake-up of the caller (on a 2-vCPU VM,
+    /// a 64-byte round trip between two processes took 10.5-12 µs so, 23-29 µs sleeping). The wait
+    /// policy ([`crate::spin`]) keeps the poll from costing: no poll while threads wait for
+    /// CPUs, and a caller whose polls miss (a peer on its own CPU, or slower than the
+    /// window) polls rarely until one catches an answer again ([`crate::spin::caller`]).
+    /// A same-host ring has its own (`ferry_ring::RingOptions::spin`).
+    pub fn blocking_spin(mut self, window: Duration) -> Self {
+        self.cfg.blocking_spin = window;
         self
     }
 
@@ -393,7 +410,8 @@ fn halves(conn: Box<dyn Connection>, cfg: &Config) -> (crate::transport::ConnInf
     let reader = FrameReader::new(read, fds.clone(), crate::frame::HANDSHAKE_LIMITS)
         .with_busy_poll(busy_poll)
         .with_frame_timeout(frame_timeout)
-        .with_direct(direct);
+        .with_direct(direct)
+        .with_caller_spin(cfg.blocking_spin);
     (info, reader, FrameWriter::new(write, fds).with_liveness(liveness))
 }
 

@@ -276,6 +276,9 @@ pub struct SocketReader {
     frame_timeout: Option<Duration>,
     /// The read half waited on from a blocking caller's thread, when the transport can.
     direct: Option<Arc<dyn crate::DirectRead>>,
+    /// A blocking caller's spins before its direct waits ([`crate::spin::caller`]): kept
+    /// with the reader, which only its holder uses.
+    caller_spin: crate::spin::caller::CallerSpin,
 }
 
 impl FrameReader {
@@ -288,6 +291,7 @@ impl FrameReader {
             busy_poll: None,
             frame_timeout: None,
             direct: None,
+            caller_spin: crate::spin::caller::CallerSpin::new(Duration::ZERO),
         };
         r.cap_unclaimed_fds();
         FrameReader { sock: r, link: None }

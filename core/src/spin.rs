@@ -5,7 +5,8 @@
 //! tens of µs on a virtual machine) or polls for a while (and spends a CPU). The waiters:
 //! a socket's read half (`ferry-local`), the pipe's reader task and blocking callers on a
 //! same-host ring (`ferry-ring`'s link), the bare ring API's senders and receivers
-//! (`ferry_ring::Ring`), a writer waiting for room in a full ring, and the Python binding's `recv` and handler threads. Each asks [`decide`], a pure function
+//! (`ferry_ring::Ring`), a writer waiting for room in a full ring, a blocking caller on a
+//! bare unix socket ([`caller`]), and the Python binding's `recv` and handler threads. Each asks [`decide`], a pure function
 //! tested as a table, what its next wait does. What it looks at:
 //!
 //! - the *window* ([`BusyPoll::set_window`], from [`crate::EndpointBuilder::busy_poll`],
@@ -27,6 +28,7 @@
 //! or two tests, never see each other's spinners; the load is process-wide (it is the
 //! machine's).
 
+pub mod caller;
 pub mod load;
 
 use std::sync::Arc;

@@ -307,6 +307,15 @@ pub trait DirectRead: Send + Sync + 'static {
     fn readable_now(&self) -> Option<bool> {
         None
     }
+    /// Takes what the read half has now without waiting, as [`DirectRead::wait_readable`]'s
+    /// read would (a blocking caller's spin polls with it): [`Readiness::Readable`] when
+    /// bytes, the end or an error are there for the read half's next read,
+    /// [`Readiness::Deadline`] when nothing is yet, [`Readiness::Interrupted`] after
+    /// [`DirectRead::interrupt`]. `None`: this transport cannot (the default; the caller
+    /// waits without spinning).
+    fn read_now(&self) -> Option<std::io::Result<Readiness>> {
+        None
+    }
     /// Blocks this thread until the write half has room, `deadline` passes, or the waits
     /// are interrupted (then [`Readiness::Readable`] means "room"). `None`: this transport
     /// cannot wait for room on a caller's thread (the default).

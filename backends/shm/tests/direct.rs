@@ -311,3 +311,53 @@ async fn a_deadline_on_the_socket_loses_nothing() {
     assert_eq!(m.header, json!("late"));
     check_bytes(&m.tensors[0], SHM_BYTES, 9);
 }
+
+/// A blocking caller that spins before it sleeps ([`ferry_core::EndpointBuilder::blocking_spin`],
+/// here with a window far longer than anything the test waits for, so that its waits end
+/// within the spin): a deadline inside the spin is kept, every message comes in order and
+/// whole (shm tensors and their releases too), and a close ends a spinning call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_caller_keeps_its_deadline_its_order_and_sees_a_close() {
+    let ep = Endpoint::builder()
+        .transport(Arc::new(ferry_local::LocalTransport::new()))
+        .channel(Arc::new(ferry_shm::ShmChannel::with_options(ShmOptions::default())))
+        .channel(Arc::new(ferry_core::InlineChannel))
+        .blocking_spin(Duration::from_secs(5))
+        .build();
+    let a = Fx.addr("spin");
+    let mut l = ep.listen(&a).await.unwrap();
+    let (s, c) = tokio::join!(l.accept(), ep.connect(&a));
+    let (s, c) = (Arc::new(s.unwrap()), Arc::new(c.unwrap()));
+    let c2 = c.clone();
+    let (idle_tx, idle_rx) = tokio::sync::oneshot::channel();
+    let reader = tokio::task::spawn_blocking(move || {
+        // Nothing comes (the sender waits for this): the deadline ends the spin.
+        let idle = c2.recv_blocking(Some(Duration::from_millis(5)));
+        let _ = idle_tx.send(());
+        assert!(matches!(idle, Err(PipeError::Timeout(_, "recv_blocking"))), "{idle:?}");
+        let mut got = Vec::new();
+        for _ in 0..200 {
+            let m = c2.recv_blocking(LONG).unwrap();
+            let i = m.header.as_u64().unwrap();
+            let n = if i % 10 == 0 { SHM_BYTES } else { 64 };
+            check_bytes(&m.tensors[0], n, i as u8);
+            got.push(i);
+        }
+        (got, c2.recv_blocking(None))
+    });
+    tokio::time::timeout(T, idle_rx).await.expect("the idle call ends").unwrap();
+    for i in 0..200u64 {
+        let n = if i % 10 == 0 { SHM_BYTES } else { 64 };
+        s.send(Message::with_tensors(json!(i), vec![bytes_tensor(n, i as u8)])).await.unwrap();
+        if i % 7 == 0 {
+            // Now and then the caller waits (and spins) for the next one.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    // The caller spins for the 201st, which never comes, until the close.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.close().await;
+    let (got, r) = tokio::time::timeout(T, reader).await.expect("the close ends the spinning call").unwrap();
+    assert_eq!(got, (0..200).collect::<Vec<u64>>(), "every message, in order");
+    assert!(matches!(r, Err(PipeError::Closed)), "{r:?}");
+}

@@ -13,6 +13,18 @@ impl FrameReader {
         self
     }
 
+    /// With a blocking caller's spin of at most `window` before each direct wait
+    /// ([`crate::spin::caller`]; zero: none).
+    pub fn with_caller_spin(mut self, window: std::time::Duration) -> Self {
+        self.sock.caller_spin = crate::spin::caller::CallerSpin::new(window);
+        self
+    }
+
+    /// The blocking caller's spin state ([`crate::spin::caller`]).
+    pub(crate) fn caller_spin(&mut self) -> &mut crate::spin::caller::CallerSpin {
+        &mut self.sock.caller_spin
+    }
+
     /// The direct wait a blocking caller uses ([`crate::DirectRead`]): only on the bare
     /// byte stream (a link such as the ring has its own).
     pub(crate) fn direct(&self) -> Option<&Arc<dyn crate::DirectRead>> {

@@ -14,6 +14,10 @@
 //! - **Waits.** Only at a frame boundary with nothing buffered does the caller wait
 //!   directly, bounded by its deadline; a frame that has begun is read through the runtime
 //!   (its bytes are coming: the frame time limit applies as in the task).
+//! - **Spins.** Before it sleeps, the caller polls the socket for a while
+//!   ([`crate::EndpointBuilder::blocking_spin`], [`DirectRead::read_now`]) where the wait
+//!   policy allows ([`crate::spin::caller`]: not while threads wait for CPUs, rarely while
+//!   its spins miss): an answer within the spin costs no wake-up.
 //! - **Close.** Closing the pipe interrupts a direct wait ([`crate::DirectRead::interrupt`]
 //!   from [`super::Shared::mark_closed`]): the call ends with the pipe's error at once.
 //! - **Hand-back.** The reader goes back to the slot as after any blocking call; whatever
@@ -25,7 +29,8 @@ use std::time::Instant;
 use crate::error::PipeError;
 use crate::frame::FrameReader;
 use crate::message::Message;
-use crate::transport::Readiness;
+use crate::spin::{Spin, Waited};
+use crate::transport::{DirectRead, Readiness};
 
 use super::{Pipe, read};
 
@@ -45,7 +50,17 @@ impl Pipe {
         let _context = self.handle.enter();
         Some(loop {
             if !reader.has_buffered() {
-                match direct.wait_readable(deadline) {
+                let ready = match spin(reader, &*direct, deadline) {
+                    Ok(r) => r,
+                    Err(start) => {
+                        let r = direct.wait_readable(deadline);
+                        if let Some(start) = start {
+                            reader.caller_spin().record(Waited::Slept(start.elapsed()));
+                        }
+                        r
+                    }
+                };
+                match ready {
                     Ok(Readiness::Readable) => {}
                     Ok(Readiness::Deadline) => break Err(timed_out()),
                     Ok(Readiness::Interrupted) => break Err(shared.closed_error()),
@@ -63,5 +78,40 @@ impl Pipe {
                 Err(e) => break Err(e),
             }
         })
+    }
+}
+
+/// A blocking caller's spin before its direct wait, as the wait policy allows
+/// ([`crate::spin::caller`]): polls the socket with [`DirectRead::read_now`] for up to the
+/// window (never past `deadline`). `Ok`: what the spin found (bytes, the end, an interrupt
+/// or an error), recorded as a hit. `Err`: nothing came within it, or it did not spin; the
+/// caller waits in the kernel and records how long that took from the time given (`None`:
+/// no spinning here, nothing to record).
+fn spin(
+    reader: &mut FrameReader,
+    direct: &dyn DirectRead,
+    deadline: Option<Instant>,
+) -> Result<std::io::Result<Readiness>, Option<Instant>> {
+    let policy = reader.caller_spin();
+    if policy.window().is_zero() {
+        return Err(None);
+    }
+    let start = Instant::now();
+    let Spin::Poll(d) = policy.next(crate::spin::load::overloaded_at(start)) else { return Err(Some(start)) };
+    let until = deadline.map_or(start + d, |dl| dl.min(start + d));
+    loop {
+        match direct.read_now() {
+            None => return Err(None),
+            Some(Ok(Readiness::Deadline)) => {}
+            Some(r) => {
+                policy.record(Waited::Spun(start.elapsed()));
+                return Ok(r);
+            }
+        }
+        if Instant::now() >= until {
+            // Missed: the wait goes on in the kernel (a deadline passed is its to say).
+            return Err(Some(start));
+        }
+        std::hint::spin_loop();
     }
 }

@@ -252,6 +252,14 @@ impl Direct {
     /// interrupted.
     fn read_blocking(&self, left: Option<Duration>) -> io::Result<Option<bool>> {
         self.limit_read(left)?;
+        Ok(self.read_into_stash(true))
+    }
+
+    /// One read into the stash (all taken when called): blocking (within the socket's
+    /// `SO_RCVTIMEO`) or not. `Some(true)`: bytes, the end or an error are there for the
+    /// read half; `Some(false)`: nothing came (the time limit passed, a signal came, or
+    /// nothing was there); `None`: interrupted.
+    fn read_into_stash(&self, block: bool) -> Option<bool> {
         // Said before looking at the interrupt, which looks at it after saying it
         // interrupts: one of the two sees the other (both `SeqCst`).
         self.blocking.store(true, Ordering::SeqCst);
@@ -265,7 +273,7 @@ impl Direct {
             };
             buf.resize(STASH, 0);
             let fds = self.fds.get().map(|q| &**q);
-            let r = super::recv_with_fds_as(&self.stream, &mut buf, fds, true);
+            let r = super::recv_with_fds_as(&self.stream, &mut buf, fds, block);
             let mut st = self.stash_lock();
             st.buf = buf;
             got = Some(match r {
@@ -285,7 +293,7 @@ impl Direct {
             }
         }
         self.blocking.store(false, Ordering::SeqCst);
-        Ok(got)
+        got
     }
 }
 
@@ -373,6 +381,21 @@ impl DirectRead for Direct {
                 return Ok(Readiness::Deadline);
             }
         }
+    }
+
+    fn read_now(&self) -> Option<io::Result<Readiness>> {
+        if self.stashed() {
+            return Some(Ok(Readiness::Readable));
+        }
+        self.read.unregister();
+        Some(Ok(match self.read_into_stash(false) {
+            Some(true) => {
+                self.primed.store(true, Ordering::Release);
+                Readiness::Readable
+            }
+            Some(false) => Readiness::Deadline,
+            None => Readiness::Interrupted,
+        }))
     }
 
     fn readable_now(&self) -> Option<bool> {
@@ -500,6 +523,25 @@ mod tests {
         assert_eq!(take(&direct, 4), None);
         let mut one = [0u8; 1];
         assert_eq!(std::io::Read::read(&mut &*direct.stream, &mut one).expect("read"), 0);
+    }
+
+    /// `read_now` (a blocking caller's spin) reads what is there without waiting, into the
+    /// stash the read half takes first: nothing yet, then bytes, then an interrupt.
+    #[test]
+    fn read_now_takes_what_is_there_and_never_waits() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let mut b = b;
+        let direct = Direct::new(Arc::new(a));
+        assert_eq!(direct.read_now().expect("a unix socket can").expect("read"), Readiness::Deadline);
+        std::io::Write::write_all(&mut b, b"xyz").expect("write");
+        assert_eq!(direct.read_now().expect("can").expect("read"), Readiness::Readable);
+        assert!(direct.primed(), "the read half reads before asking the runtime");
+        assert_eq!(direct.read_now().expect("can").expect("read"), Readiness::Readable, "kept until taken");
+        assert_eq!(take(&direct, 2).as_deref(), Some(&b"xy"[..]));
+        assert_eq!(take(&direct, 8).as_deref(), Some(&b"z"[..]));
+        assert_eq!(direct.read_now().expect("can").expect("read"), Readiness::Deadline);
+        direct.interrupt();
+        assert_eq!(direct.read_now().expect("can").expect("read"), Readiness::Interrupted);
     }
 
     /// `readable_now` asks the kernel without waiting or reading: nothing, then bytes (which
