@@ -186,8 +186,9 @@ impl EndpointBuilder {
     /// An answer that comes within the poll costs no wake-up of the caller (on a 2-vCPU VM,
     /// a 64-byte round trip between two processes took 10.5-12 µs so, 23-29 µs sleeping). The wait
     /// policy ([`crate::spin`]) keeps the poll from costing: no poll while threads wait for
-    /// CPUs, and a caller whose polls miss (a peer on its own CPU, or slower than the
-    /// window) polls rarely until one catches an answer again ([`crate::spin::caller`]).
+    /// CPUs, at most half the process's CPUs' worth of callers polling at once, and a
+    /// caller whose polls miss (a peer on its own CPU, or slower than the window) polls
+    /// rarely until one catches an answer again ([`crate::spin::caller`]).
     /// A same-host ring has its own (`ferry_ring::RingOptions::spin`).
     pub fn blocking_spin(mut self, window: Duration) -> Self {
         self.cfg.blocking_spin = window;

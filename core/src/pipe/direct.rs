@@ -29,6 +29,7 @@ use std::time::Instant;
 use crate::error::PipeError;
 use crate::frame::FrameReader;
 use crate::message::Message;
+use crate::spin::caller::Place;
 use crate::spin::{Spin, Waited};
 use crate::transport::{DirectRead, Readiness};
 
@@ -97,7 +98,10 @@ fn spin(
         return Err(None);
     }
     let start = Instant::now();
-    let Spin::Poll(d) = policy.next(crate::spin::load::overloaded_at(start)) else { return Err(Some(start)) };
+    let place = Place::take();
+    let Spin::Poll(d) = policy.next(crate::spin::load::overloaded_at(start), place.is_some()) else {
+        return Err(Some(start));
+    };
     let until = deadline.map_or(start + d, |dl| dl.min(start + d));
     loop {
         match direct.read_now() {

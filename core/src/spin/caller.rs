@@ -10,10 +10,15 @@
 //! the window keeps every wait spinning; a peer that shares the caller's CPU, or that
 //! takes longer than the window, costs one wasted spin per [`CallerSpin::MAX_SIT_OUT`]
 //! waits, plus one.
+//!
+//! However many callers wait, on however many sockets, at most half the CPUs this process
+//! may use spin at once ([`Place`]): the rest wait in the kernel, leaving the CPUs to the
+//! peers that answer them.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{NoSpin, Spin, SpinHistory, SpinInputs, Waited, decide};
+use super::{ListenerSpin, NoSpin, Spin, SpinHistory, SpinInputs, Waited, decide};
 
 /// A blocking caller's spin state on one socket: its [`SpinHistory`] and its back-off. A
 /// pure state machine (times are passed in), tested as a table.
@@ -46,10 +51,11 @@ impl CallerSpin {
         self.history.window()
     }
 
-    /// What the next wait does: [`decide`] for a waiter alone on its thread (`overloaded`:
-    /// [`super::load::overloaded_at`]), unless the caller sits this wait out
+    /// What the next wait does: [`decide`] for a waiter on its own thread (`overloaded`:
+    /// [`super::load::overloaded_at`]; `place`: whether it holds one of the process's
+    /// places to spin, [`Place::take`]), unless the caller sits this wait out
     /// ([`NoSpin::Cold`]: its last spins missed).
-    pub fn next(&mut self, overloaded: bool) -> Spin {
+    pub fn next(&mut self, overloaded: bool, place: bool) -> Spin {
         self.spinning = false;
         let window = self.history.window();
         if window.is_zero() {
@@ -65,7 +71,7 @@ impl CallerSpin {
             learned: self.history.learned(),
             overloaded,
             others_active: false,
-            spinning: 0,
+            spinning: usize::from(!place),
             max_spinning: 1,
         });
         self.spinning = matches!(d, Spin::Poll(_));
@@ -91,6 +97,36 @@ impl CallerSpin {
     }
 }
 
+/// Blocking callers spinning now, in this process.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the process's places for a blocking caller's spin: at most
+/// [`ListenerSpin::max_spinning`] callers (half the CPUs this process may use, at least one)
+/// spin at once, whatever their sockets, so that many callers waiting together leave CPUs
+/// to the peers that answer them. Given back when dropped.
+#[derive(Debug)]
+pub struct Place(());
+
+impl Place {
+    /// A place, if one is free now.
+    pub fn take() -> Option<Place> {
+        Self::take_of(ListenerSpin::max_spinning())
+    }
+
+    fn take_of(max: usize) -> Option<Place> {
+        SPINNING
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Place(()))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,7 +138,7 @@ mod tests {
     fn spins(caller: &mut CallerSpin, waits: usize, hit: bool) -> usize {
         let mut n = 0;
         for _ in 0..waits {
-            match caller.next(false) {
+            match caller.next(false, true) {
                 Spin::Poll(_) => {
                     n += 1;
                     caller.record(if hit { Waited::Spun(Duration::from_micros(5)) } else { Waited::Slept(W * 2) });
@@ -139,7 +175,7 @@ mod tests {
         // Sit out what is left, then the next spin catches the answer.
         let mut now_spins = 0;
         for _ in 0..200 {
-            if let Spin::Poll(_) = c.next(false) {
+            if let Spin::Poll(_) = c.next(false, true) {
                 c.record(Waited::Spun(Duration::from_micros(5)));
                 now_spins += 1;
                 break;
@@ -154,19 +190,43 @@ mod tests {
     #[test]
     fn overloaded_waits_do_not_spin() {
         let mut c = CallerSpin::new(W);
-        assert_eq!(c.next(true), Spin::Wait(NoSpin::Overloaded));
+        assert_eq!(c.next(true, true), Spin::Wait(NoSpin::Overloaded));
         c.record(Waited::Slept(W * 2));
-        assert!(matches!(c.next(false), Spin::Poll(_)), "no miss was counted");
+        assert!(matches!(c.next(false, true), Spin::Poll(_)), "no miss was counted");
+    }
+
+    /// No place free among the process's spinners: no spin, and no miss counted for it.
+    #[test]
+    fn a_caller_without_a_place_does_not_spin() {
+        let mut c = CallerSpin::new(W);
+        assert_eq!(c.next(false, false), Spin::Wait(NoSpin::Full));
+        c.record(Waited::Slept(W * 2));
+        assert!(matches!(c.next(false, true), Spin::Poll(_)), "no miss was counted");
+    }
+
+    /// The places are counted: no more than the most are taken, and a dropped one is free
+    /// again. (Other tests of this binary may hold a place meanwhile: the count starts from
+    /// whatever they hold.)
+    #[test]
+    fn places_are_counted_and_given_back() {
+        let held = SPINNING.load(Ordering::Acquire);
+        let max = held + 2;
+        let a = Place::take_of(max).expect("a first place");
+        let b = Place::take_of(max).expect("a second place");
+        assert!(Place::take_of(max).is_none(), "no third");
+        drop(a);
+        let c = Place::take_of(max).expect("a place given back is free");
+        drop((b, c));
     }
 
     /// A wait that did not spin (sat out) teaches the back-off nothing.
     #[test]
     fn waits_sat_out_are_not_misses() {
         let mut c = CallerSpin::new(W);
-        assert!(matches!(c.next(false), Spin::Poll(_)));
+        assert!(matches!(c.next(false, true), Spin::Poll(_)));
         c.record(Waited::Slept(W * 2)); // one miss: sit out 1
-        assert_eq!(c.next(false), Spin::Wait(NoSpin::Cold));
+        assert_eq!(c.next(false, true), Spin::Wait(NoSpin::Cold));
         c.record(Waited::Slept(W * 2)); // slept without spinning: no second miss
-        assert!(matches!(c.next(false), Spin::Poll(_)), "one wait sat out after one miss");
+        assert!(matches!(c.next(false, true), Spin::Poll(_)), "one wait sat out after one miss");
     }
 }
