@@ -186,22 +186,18 @@ mod tests {
         assert_eq!(spins(&mut c, 50, true), 50, "and at every wait after a hit");
     }
 
-    /// A busy machine: no spin, and no miss counted for it.
+    /// A wait that may not spin (a busy machine; no place free among the process's
+    /// spinners) does not, and no miss is counted for it: the next wait that may, spins.
     #[test]
-    fn overloaded_waits_do_not_spin() {
-        let mut c = CallerSpin::new(W);
-        assert_eq!(c.next(true, true), Spin::Wait(NoSpin::Overloaded));
-        c.record(Waited::Slept(W * 2));
-        assert!(matches!(c.next(false, true), Spin::Poll(_)), "no miss was counted");
-    }
-
-    /// No place free among the process's spinners: no spin, and no miss counted for it.
-    #[test]
-    fn a_caller_without_a_place_does_not_spin() {
-        let mut c = CallerSpin::new(W);
-        assert_eq!(c.next(false, false), Spin::Wait(NoSpin::Full));
-        c.record(Waited::Slept(W * 2));
-        assert!(matches!(c.next(false, true), Spin::Poll(_)), "no miss was counted");
+    fn waits_that_may_not_spin_count_no_miss() {
+        // (what, overloaded, place, why not)
+        let rows = [("overloaded", true, true, NoSpin::Overloaded), ("no place", false, false, NoSpin::Full)];
+        for (what, overloaded, place, why) in rows {
+            let mut c = CallerSpin::new(W);
+            assert_eq!(c.next(overloaded, place), Spin::Wait(why), "{what}");
+            c.record(Waited::Slept(W * 2));
+            assert!(matches!(c.next(false, true), Spin::Poll(_)), "{what}: no miss was counted");
+        }
     }
 
     /// The places are counted: no more than the most are taken, and a dropped one is free
