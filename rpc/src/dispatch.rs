@@ -68,7 +68,7 @@ pub(crate) struct Shared {
     /// Runs answers instead of `tokio::spawn` ([`crate::ServerBuilder::spawner`]).
     pub(crate) spawner: Option<crate::server::Spawner>,
     /// Room for big requests parsed and being answered, in KiB
-    /// ([`RpcLimits::max_parse_bytes_in_flight`]; `crate::server::parse_room`).
+    /// ([`RpcLimits::max_parse_bytes_in_flight`]; `crate::server::lines::parse_room`).
     pub(crate) parse_room: Arc<tokio::sync::Semaphore>,
 }
 
