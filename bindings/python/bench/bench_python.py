@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -592,9 +593,8 @@ def rpc(a: argparse.Namespace, procs: Procs, tag: str, ferry_bin: str) -> list[R
         rs.close()
         py.close()
         std.close()
-        with contextlib.suppress(OSError):
-            os.unlink(std_path)
-            os.rmdir(os.path.dirname(std_path))
+        # The socket file, whether or not its server unlinked it yet, and its directory.
+        shutil.rmtree(os.path.dirname(std_path), ignore_errors=True)
 
 
 def loadavg() -> str:
