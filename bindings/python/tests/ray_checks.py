@@ -424,7 +424,7 @@ def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
+    except FileNotFoundError:
         return True
     return state in ("Z", "X")
 
