@@ -32,10 +32,10 @@ Contenders of one row run interleaved in rounds (a noisy neighbour hits all alik
 scheduler places two processes (on one CPU or two) decides a round trip's cost more than
 anything they do, and differs from one pair to the next, so a ratio of rows measured with
 one pair each would compare two placements. Each turn's first round trips are untimed
-(a tenth of the turn's, at least `WARMUP`): a fresh pair's first few are its start-up
-(mapping the memory, the wait policy learning the machine), which the table does not mix
-into the steady state's p99; the `start-up` lines after the table give them apart, for
-the contenders that start a peer per turn.
+(a tenth of the turn's, at least `WARMUP`, so that every row leaves out the same start-up):
+a fresh pair's first few are its start-up (mapping the memory, the wait policy learning
+the machine), which the table does not mix into the steady state's p99; the `start-up`
+lines after the table give them apart, for the contenders that start a peer per turn.
 `--load N` starts N CPU burners at nice 0 (`ferry __burn`) beside the benchmark. Ratios and
 the issue's targets' verdicts are printed after the table.
 """
@@ -70,8 +70,11 @@ PARK, STOP = 0xFE, 0xFF
 Case = Callable[[], None]
 
 
-WARMUP = 10
-"""The fewest untimed round trips that start each turn (module docs)."""
+WARMUP = 30
+"""The fewest untimed round trips that start each turn (module docs). The same for every
+row by default (the 64 B row's tenth of 300): with 10, the 24.9 MB row (30 timed round
+trips a turn) measured a fresh pipe's round trips 10-40, still about 1 us slower than
+its 40th-200th (the wait policy still learning), against the 64 B row's 30-330."""
 
 
 class Row:
