@@ -29,6 +29,12 @@ pub trait SendTicket: Any + Send {
     /// follow the message. Runs once, before [`SendTicket::sent`] or
     /// [`SendTicket::aborted`].
     fn placed(&mut self) {}
+    /// Whether the message gives the peer back memory the peer lent, so that dropping it
+    /// may make a release of that memory due at once: the writer then drops it before the
+    /// write and sends the release with it (`crate::pipe::write`).
+    fn returns_peer_memory(&self) -> bool {
+        false
+    }
     /// The frame was handed to the transport whole. E.g. start sending bytes that travel
     /// apart from it; count an announced segment as known to the peer.
     fn sent(self: Box<Self>) {}
@@ -72,6 +78,11 @@ impl Tickets {
     /// True when no session holds a ticket.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+
+    /// Whether any session's ticket says [`SendTicket::returns_peer_memory`].
+    pub fn returns_peer_memory(&self) -> bool {
+        self.list.iter().any(|t| t.returns_peer_memory())
     }
 
     /// Step 1: the message holds the write side. Later calls do nothing.

@@ -334,6 +334,43 @@ impl Sender {
         r
     }
 
+    /// Publishes several records at once (each `(tag, parts)` as [`Sender::try_send_parts`]
+    /// makes one), if there is room for them all now: the consumer sees all of them or
+    /// none. E.g. an answer and the release of the memory it returns, so that a peer which
+    /// loses its CPU between the two never leaves the answer's receiver without the
+    /// release. [`Pushed::Full`]: nothing was written.
+    pub fn try_send_records(&mut self, records: &[(u32, &[&[u8]])]) -> Result<Pushed, RingError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let r = (|| {
+            let mut sized = Vec::with_capacity(records.len());
+            let mut total = 0u64;
+            for &(tag, parts) in records {
+                let (len32, need) = self.check_send(parts.iter().map(|p| p.len()).sum())?;
+                total += need;
+                sized.push((tag, len32, need, parts));
+            }
+            let cap = self.sh.tx.capacity as u64;
+            if cap - (self.tail - self.head_seen) < total {
+                self.head_seen = Sender::free(&self.sh, self.tail)?;
+                if cap - (self.tail - self.head_seen) < total {
+                    return Ok(Pushed::Full);
+                }
+            }
+            let start = self.tail;
+            for (tag, len32, need, parts) in sized {
+                self.write_record(tag, len32, parts);
+                self.tail += need;
+            }
+            Ok(Pushed::Sent { doorbell: self.commit(start) })
+        })();
+        if let Err(e @ RingError::Corrupt(_)) = &r {
+            self.poisoned = Some(e.clone());
+        }
+        r
+    }
+
     /// Checks that a record of `len` bytes may be sent now; returns its length as written
     /// and the ring bytes it takes.
     fn check_send(&self, len: usize) -> Result<(u32, u64), RingError> {
@@ -351,6 +388,14 @@ impl Sender {
     /// Writes the record at the tail (room is checked), publishes it and wakes the
     /// consumer; returns true when the consumer waits for its doorbell.
     fn publish(&mut self, tag: u32, len32: u32, need: u64, parts: &[&[u8]]) -> bool {
+        let start = self.tail;
+        self.write_record(tag, len32, parts);
+        self.tail += need;
+        self.commit(start)
+    }
+
+    /// Writes a record at the tail (room is checked), unpublished.
+    fn write_record(&self, tag: u32, len32: u32, parts: &[&[u8]]) {
         let (sh, ring) = (&*self.sh, self.sh.tx);
         let at = (self.tail % ring.capacity as u64) as usize;
         let header = u64::from(len32) | (u64::from(tag) << 32);
@@ -363,11 +408,17 @@ impl Sender {
             debug_assert!(ok.is_some(), "record inside the data area");
             pos = (pos + part.len()) % ring.capacity;
         }
-        self.tail += need;
+    }
+
+    /// Publishes what was written since the tail was `start` (the tail is past it now) and
+    /// wakes the consumer; returns true when the consumer waits for its doorbell.
+    fn commit(&mut self, start: u64) -> bool {
+        let (sh, ring) = (&*self.sh, self.sh.tx);
         sh.u64(ring.tail).store(self.tail, Ordering::Release);
         fence(Ordering::SeqCst);
-        // The consumer reads the record and the tail next: from the shared cache, not ours.
-        sh.map.demote(ring.data + at, (need as usize).min(ring.capacity - at));
+        // The consumer reads the records and the tail next: from the shared cache, not ours.
+        let at = (start % ring.capacity as u64) as usize;
+        sh.map.demote(ring.data + at, ((self.tail - start) as usize).min(ring.capacity - at));
         sh.map.demote(ring.tail, 8);
         sh.wake(ring.consumer_sleeping)
     }

@@ -126,14 +126,13 @@ pub struct ShmOptions {
     pub release_batch: usize,
     /// Pending releases that cover this many bytes of the peer's memory are due at once
     /// (default 16 MiB), so that a peer allocating a large tensor per call gets its memory
-    /// back with the answer instead of growing its pool. A lease the peer granted with
-    /// `lazy_release` (memory it keeps using: a buffer it sends again and again) counts
-    /// zero bytes.
+    /// back with the answer instead of growing its pool (over a ring, in the same publish
+    /// as an answer that returns it: PROTOCOL.md §11.5). Leases the peer granted with
+    /// `lazy_release` (memory it keeps using: a buffer it sends again and again) count
+    /// their bytes too; their releases only go behind the answer, not with it.
     pub release_batch_bytes: u64,
     /// The longest a release of the peer's lease waits to be batched (default 1 ms; zero:
     /// every release goes out at once, behind the next message or in a frame of its own).
-    /// Releases of `lazy_release` leases, which no size makes due, wait for the count or
-    /// this delay: keep it short.
     pub release_delay: Duration,
     /// A segment of the pool no slot of which has been in use for this long is given back:
     /// unmapped and closed here, and the peer told to unmap it (default 250 ms; zero: as soon

@@ -467,9 +467,16 @@ pub(crate) struct SlotCore {
     len: usize,
     /// Always `Some` until drop (taken there to release the claim before the space).
     range: Option<SharedRange>,
+    /// It was granted to the peer before ([`SlotCore::mark_sent`]).
+    sent: AtomicBool,
 }
 
 impl SlotCore {
+    /// Marks it as sent to the peer; whether it had been sent before.
+    pub(crate) fn mark_sent(&self) -> bool {
+        self.sent.swap(true, Ordering::Relaxed)
+    }
+
     /// Segment id.
     pub(crate) fn segment(&self) -> u32 {
         self.seg
@@ -535,7 +542,13 @@ impl PoolSlotMut {
     /// Freezes into a registered slot.
     pub(crate) fn into_core(mut self) -> Option<Arc<SlotCore>> {
         let range = self.range.take()?.freeze();
-        let core = Arc::new(SlotCore { pool: self.pool.clone(), seg: self.seg, len: self.len, range: Some(range) });
+        let core = Arc::new(SlotCore {
+            pool: self.pool.clone(),
+            seg: self.seg,
+            len: self.len,
+            range: Some(range),
+            sent: AtomicBool::new(false),
+        });
         if let Some(p) = self.pool.upgrade() {
             p.register(&core);
         }

@@ -73,15 +73,15 @@ struct PeerState {
     segs: HashMap<u64, Arc<PeerSegment>>,
     /// Segment id by mapping address.
     by_addr: BTreeMap<usize, u64>,
-    /// Leases held: (segment, start, lease) -> len.
-    held: BTreeMap<(u64, usize, u64), usize>,
+    /// Leases held: (segment, start, lease) -> (len, granted with `lazy_release`).
+    held: BTreeMap<(u64, usize, u64), (usize, bool)>,
     /// The ids of `held`.
     held_ids: HashSet<u64>,
     mapped: u64,
     /// Leases named (`shm_return`) by messages whose place on the wire is not fixed yet, and
     /// by how many: a release of one must wait, or it could overtake the message.
     named: HashMap<u64, u32>,
-    /// Leases dropped while named: (lease, weight), released once no message names them.
+    /// Leases dropped while named: (lease, len), released once no message names them.
     deferred: HashMap<u64, usize>,
 }
 
@@ -135,6 +135,7 @@ impl ShmSession {
             pool_announced: Vec::new(),
             shared_announced: Vec::new(),
             named: SmallVec::new(),
+            returns_urgent: false,
         })
     }
 
@@ -199,6 +200,11 @@ impl ShmSession {
             let idx = out.attach_fd(fd);
             Some(SegmentAnnounce { fd: idx as u32, size: seg.len() as u64 })
         };
+        // A slot sent before is a buffer sent again and again: this side keeps using it,
+        // and the peer's release of it frees nothing this side waits for (PROTOCOL.md
+        // §11.5). A slot sent for the first time (a copy made for this message) may be
+        // waited for: its release is due at once when large.
+        let lazy_release = core.mark_sent();
         self.record_grant(lease, Granted { core: Source::Slot(core), start, len, settled: false }, out);
         Ok(Location::Shm(ShmRef {
             segment: u64::from(segment),
@@ -206,7 +212,7 @@ impl ShmSession {
             len: len as u64,
             lease,
             announce,
-            lazy_release: false,
+            lazy_release,
         }))
     }
 
@@ -219,23 +225,27 @@ impl ShmSession {
             return None;
         }
         let mut peer = lock(&self.peer);
-        let (lease, offset) = Self::find_held(&peer, ptr, len)?;
+        let (lease, offset, lazy) = Self::find_held(&peer, ptr, len)?;
         *peer.named.entry(lease).or_insert(0) += 1;
         drop(peer);
-        self.ticket(out).named.push(lease);
+        let ticket = self.ticket(out);
+        ticket.named.push(lease);
+        ticket.returns_urgent |= !lazy;
         Some((lease, offset))
     }
 
-    /// The lease (and offset in it) through which `[ptr, ptr+len)` is the peer's memory.
-    fn find_held(peer: &PeerState, ptr: usize, len: usize) -> Option<(u64, u64)> {
+    /// The lease (and offset in it) through which `[ptr, ptr+len)` is the peer's memory,
+    /// and whether the peer granted it with `lazy_release`.
+    fn find_held(peer: &PeerState, ptr: usize, len: usize) -> Option<(u64, u64, bool)> {
         let (&base, &seg_id) = peer.by_addr.range(..=ptr).next_back()?;
         let seg = peer.segs.get(&seg_id)?;
         let off = ptr - base;
         if off + len > seg.len() {
             return None;
         }
-        let (&(s, start, lease), &llen) = peer.held.range((seg_id, 0, 0)..=(seg_id, off, u64::MAX)).next_back()?;
-        (s == seg_id && off >= start && off + len <= start + llen).then_some((lease, (off - start) as u64))
+        let (&(s, start, lease), &(llen, lazy)) =
+            peer.held.range((seg_id, 0, 0)..=(seg_id, off, u64::MAX)).next_back()?;
+        (s == seg_id && off >= start && off + len <= start + llen).then_some((lease, (off - start) as u64, lazy))
     }
 
     fn open_segment(
@@ -295,17 +305,9 @@ impl ShmSession {
         if !peer.held_ids.insert(r.lease) {
             return Err(bad(format!("lease {} granted twice", r.lease)));
         }
-        peer.held.insert((r.segment, start, r.lease), len);
+        peer.held.insert((r.segment, start, r.lease), (len, r.lazy_release));
         drop(peer);
-        let owner = LeaseBytes {
-            seg,
-            seg_id: r.segment,
-            start,
-            len,
-            weight: if r.lazy_release { 0 } else { len },
-            lease: r.lease,
-            session: self.me.clone(),
-        };
+        let owner = LeaseBytes { seg, seg_id: r.segment, start, len, lease: r.lease, session: self.me.clone() };
         Ok(Tensor::new(meta, Bytes::from_owner(owner))?)
     }
 
@@ -534,6 +536,9 @@ struct ShmTicket {
     shared_announced: Vec<(u64, Weak<SharedSegment>)>,
     /// The peer's leases it names (`shm_return`): their release waits until it is placed.
     named: SmallVec<[u64; 2]>,
+    /// One of `named` was granted without `lazy_release`: the peer may wait for its
+    /// memory (a slot it copied into for one message).
+    returns_urgent: bool,
 }
 
 impl SendTicket for ShmTicket {
@@ -545,6 +550,10 @@ impl SendTicket for ShmTicket {
         for &lease in &self.named {
             s.unname(lease);
         }
+    }
+
+    fn returns_peer_memory(&self) -> bool {
+        self.returns_urgent
     }
 
     fn sent(self: Box<Self>) {
@@ -584,10 +593,9 @@ struct LeaseBytes {
     seg: Arc<PeerSegment>,
     seg_id: u64,
     start: usize,
+    /// Bytes; its release counts them toward [`ShmOptions::release_batch_bytes`], whether
+    /// or not the peer granted it with `lazy_release` (PROTOCOL.md §11.5).
     len: usize,
-    /// Bytes its release counts toward [`ShmOptions::release_batch_bytes`]: `len`, or 0
-    /// when the peer said it keeps the memory in use (`lazy_release`).
-    weight: usize,
     lease: u64,
     session: Weak<ShmSession>,
 }
@@ -607,11 +615,11 @@ impl Drop for LeaseBytes {
             p.held.remove(&(self.seg_id, self.start, self.lease));
             p.held_ids.remove(&self.lease);
             if p.named.contains_key(&self.lease) {
-                p.deferred.insert(self.lease, self.weight);
+                p.deferred.insert(self.lease, self.len);
                 return; // released by `unname`, after the message that names it
             }
         }
-        s.batcher.push(self.lease, self.weight);
+        s.batcher.push(self.lease, self.len);
     }
 }
 
@@ -626,9 +634,9 @@ impl ShmSession {
             return;
         }
         p.named.remove(&lease);
-        let Some(weight) = p.deferred.remove(&lease) else { return };
+        let Some(len) = p.deferred.remove(&lease) else { return };
         drop(p);
-        self.batcher.push(lease, weight);
+        self.batcher.push(lease, len);
     }
 }
 

@@ -114,6 +114,19 @@ pub trait LinkWrite: Send + 'static {
         None
     }
 
+    /// [`LinkWrite::try_write_packed_now`] with CONTROL frames (their headers) right
+    /// behind the record, made visible to the peer together with it: `Some(doorbell)`
+    /// when both went out, `None` when nothing was written (the link cannot, or not now).
+    fn try_write_packed_with_controls_now(
+        &mut self,
+        sock: &mut SocketWriter,
+        record: &[u8],
+        controls: &[Vec<u8>],
+    ) -> Option<bool> {
+        let _ = (sock, record, controls);
+        None
+    }
+
     /// Writes what the peer is owed to wake up (a doorbell), if anything.
     async fn pay_doorbell(&mut self, sock: &mut SocketWriter) -> Result<(), PipeError> {
         let _ = sock;
@@ -236,6 +249,12 @@ impl FrameWriter {
     /// (no link, the ring is full or broken, or a doorbell is owed from before).
     pub(crate) fn try_write_packed_now(&mut self, record: &[u8]) -> Option<bool> {
         self.link.as_mut()?.try_write_packed_now(&mut self.sock, record)
+    }
+
+    /// [`FrameWriter::try_write_packed_now`] with CONTROL frames made visible together
+    /// with the record ([`LinkWrite::try_write_packed_with_controls_now`]).
+    pub(crate) fn try_write_packed_with_controls_now(&mut self, record: &[u8], controls: &[Vec<u8>]) -> Option<bool> {
+        self.link.as_mut()?.try_write_packed_with_controls_now(&mut self.sock, record, controls)
     }
 
     /// Writes the doorbell the link's peer is owed, if any.

@@ -64,6 +64,15 @@ impl LinkWrite for RingWrite {
         self.try_ring_packed_now(s, record)
     }
 
+    fn try_write_packed_with_controls_now(
+        &mut self,
+        s: &mut SocketWriter,
+        record: &[u8],
+        controls: &[Vec<u8>],
+    ) -> Option<bool> {
+        self.try_ring_packed_with_controls_now(s, record, controls)
+    }
+
     async fn pay_doorbell(&mut self, s: &mut SocketWriter) -> Result<(), PipeError> {
         self.pay_doorbell(s).await
     }
@@ -170,6 +179,37 @@ impl RingWrite {
         match ring.tx.try_send_parts(TAG_MESSAGE, &[record]) {
             Ok(Pushed::Sent { doorbell }) => {
                 ring.doorbell_owed = doorbell;
+                s.count_write();
+                Some(doorbell)
+            }
+            Ok(Pushed::Full) | Err(_) => None,
+        }
+    }
+
+    /// [`RingWrite::try_ring_packed_now`] with a frames record of CONTROL frames behind the
+    /// message record, both published at once (`Sender::try_send_records`).
+    fn try_ring_packed_with_controls_now(
+        &mut self,
+        s: &mut SocketWriter,
+        record: &[u8],
+        controls: &[Vec<u8>],
+    ) -> Option<bool> {
+        if self.doorbell_owed || controls.is_empty() {
+            return None;
+        }
+        let mut frames = std::mem::take(&mut self.scratch);
+        frames.clear();
+        for header in controls {
+            let header_len = u32::try_from(header.len()).ok()?;
+            let p = FramePrefix { kind: FrameKind::Control as u8, flags: 0, fds: 0, header_len, payload_len: 0 };
+            frames.extend_from_slice(&p.encode());
+            frames.extend_from_slice(header);
+        }
+        let r = self.tx.try_send_records(&[(TAG_MESSAGE, &[record]), (TAG_FRAMES, &[&frames])]);
+        self.scratch = frames;
+        match r {
+            Ok(Pushed::Sent { doorbell }) => {
+                self.doorbell_owed = doorbell;
                 s.count_write();
                 Some(doorbell)
             }

@@ -93,3 +93,31 @@ fn a_read_without_a_wait_says_where_the_consumer_runs() {
     sched_setaffinity(None, &was).expect("unpin");
     assert_eq!(said, cpu as u32 + 1, "the consumer's CPU, plus one");
 }
+
+/// Records published together are seen together: the consumer reads both or neither,
+/// never the first alone; without room for all, none is written and the ring is as it
+/// was (the first record alone would fit).
+#[test]
+fn records_sent_together_are_seen_together() {
+    let (mut a, mut b) = pair(Duration::ZERO);
+    let first = [7u8; 100];
+    let second = [9u8; 20];
+    let sent = a.tx.try_send_records(&[(3, &[&first[..50], &first[50..]]), (5, &[&second])]).expect("send");
+    assert_eq!(sent, Pushed::Sent { doorbell: false });
+    let mut buf = Vec::new();
+    assert_eq!(b.rx.try_recv(&mut buf).expect("recv"), Some(3));
+    assert_eq!(buf, first);
+    assert_eq!(b.rx.try_recv(&mut buf).expect("recv"), Some(5));
+    assert_eq!(buf, second);
+    assert_eq!(b.rx.try_recv(&mut buf).expect("recv"), None);
+    // Room for the first (3,000 bytes of 4,096) but not for both.
+    let big = vec![1u8; 3000];
+    let more = vec![2u8; 2000];
+    let full = a.tx.try_send_records(&[(3, &[&big]), (5, &[&more])]).expect("send");
+    assert_eq!(full, Pushed::Full);
+    assert_eq!(b.rx.try_recv(&mut buf).expect("recv"), None, "a record of a batch that did not fit was published");
+    // The ring still works, from where it was.
+    assert!(matches!(a.tx.try_send_parts(4, &[&big]), Ok(Pushed::Sent { .. })));
+    assert_eq!(b.rx.try_recv(&mut buf).expect("recv"), Some(4));
+    assert_eq!(buf, big);
+}
