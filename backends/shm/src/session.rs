@@ -225,18 +225,22 @@ impl ShmSession {
             return None;
         }
         let mut peer = lock(&self.peer);
-        let (lease, offset, lazy) = Self::find_held(&peer, ptr, len)?;
+        let (lease, offset, lease_len, lazy) = Self::find_held(&peer, ptr, len)?;
         *peer.named.entry(lease).or_insert(0) += 1;
         drop(peer);
+        // The peer may wait for this memory, and its release is due as soon as it is
+        // dropped (it fills a batch alone): send the release with the message. A smaller
+        // lease's release waits for its batch whatever order this takes.
+        let urgent = !lazy && lease_len as u64 >= self.opts.release_batch_bytes;
         let ticket = self.ticket(out);
         ticket.named.push(lease);
-        ticket.returns_urgent |= !lazy;
+        ticket.returns_urgent |= urgent;
         Some((lease, offset))
     }
 
     /// The lease (and offset in it) through which `[ptr, ptr+len)` is the peer's memory,
-    /// and whether the peer granted it with `lazy_release`.
-    fn find_held(peer: &PeerState, ptr: usize, len: usize) -> Option<(u64, u64, bool)> {
+    /// the lease's length, and whether the peer granted it with `lazy_release`.
+    fn find_held(peer: &PeerState, ptr: usize, len: usize) -> Option<(u64, u64, usize, bool)> {
         let (&base, &seg_id) = peer.by_addr.range(..=ptr).next_back()?;
         let seg = peer.segs.get(&seg_id)?;
         let off = ptr - base;
@@ -245,7 +249,7 @@ impl ShmSession {
         }
         let (&(s, start, lease), &(llen, lazy)) =
             peer.held.range((seg_id, 0, 0)..=(seg_id, off, u64::MAX)).next_back()?;
-        (s == seg_id && off >= start && off + len <= start + llen).then_some((lease, (off - start) as u64, lazy))
+        (s == seg_id && off >= start && off + len <= start + llen).then_some((lease, (off - start) as u64, llen, lazy))
     }
 
     fn open_segment(
@@ -536,8 +540,9 @@ struct ShmTicket {
     shared_announced: Vec<(u64, Weak<SharedSegment>)>,
     /// The peer's leases it names (`shm_return`): their release waits until it is placed.
     named: SmallVec<[u64; 2]>,
-    /// One of `named` was granted without `lazy_release`: the peer may wait for its
-    /// memory (a slot it copied into for one message).
+    /// One of `named` was granted without `lazy_release` (the peer may wait for its
+    /// memory: a slot it copied into for one message) and covers at least
+    /// [`ShmOptions::release_batch_bytes`] (its release is due once it is dropped).
     returns_urgent: bool,
 }
 

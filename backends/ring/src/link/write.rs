@@ -134,13 +134,7 @@ impl RingWrite {
                 record.extend_from_slice(p);
             }
         }
-        for (kind, header) in trailing {
-            let header_len =
-                u32::try_from(header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
-            let p = FramePrefix { kind: *kind as u8, flags: 0, fds: 0, header_len, payload_len: 0 };
-            record.extend_from_slice(&p.encode());
-            record.extend_from_slice(header);
-        }
+        append_headers(&mut record, trailing.iter().copied())?;
         let r = if small {
             self.push(s, TAG_FRAMES, Some(&[&record])).await
         } else {
@@ -175,15 +169,8 @@ impl RingWrite {
         if self.doorbell_owed {
             return None;
         }
-        let ring = &mut *self;
-        match ring.tx.try_send_parts(TAG_MESSAGE, &[record]) {
-            Ok(Pushed::Sent { doorbell }) => {
-                ring.doorbell_owed = doorbell;
-                s.count_write();
-                Some(doorbell)
-            }
-            Ok(Pushed::Full) | Err(_) => None,
-        }
+        let r = self.tx.try_send_parts(TAG_MESSAGE, &[record]);
+        self.published_now(s, r)
     }
 
     /// [`RingWrite::try_ring_packed_now`] with a frames record of CONTROL frames behind the
@@ -199,14 +186,16 @@ impl RingWrite {
         }
         let mut frames = std::mem::take(&mut self.scratch);
         frames.clear();
-        for header in controls {
-            let header_len = u32::try_from(header.len()).ok()?;
-            let p = FramePrefix { kind: FrameKind::Control as u8, flags: 0, fds: 0, header_len, payload_len: 0 };
-            frames.extend_from_slice(&p.encode());
-            frames.extend_from_slice(header);
-        }
-        let r = self.tx.try_send_records(&[(TAG_MESSAGE, &[record]), (TAG_FRAMES, &[&frames])]);
+        let r = append_headers(&mut frames, controls.iter().map(|h| (FrameKind::Control, &h[..])))
+            .ok()
+            .map(|()| self.tx.try_send_records(&[(TAG_MESSAGE, &[record]), (TAG_FRAMES, &[&frames])]));
         self.scratch = frames;
+        self.published_now(s, r?)
+    }
+
+    /// What [`RingWrite::try_ring_packed_now`] says of a try to publish without waiting
+    /// (no doorbell was owed before it).
+    fn published_now(&mut self, s: &mut SocketWriter, r: Result<Pushed, crate::RingError>) -> Option<bool> {
         match r {
             Ok(Pushed::Sent { doorbell }) => {
                 self.doorbell_owed = doorbell;
@@ -270,4 +259,20 @@ impl RingWrite {
 async fn ring_doorbell(s: &mut SocketWriter) -> Result<(), PipeError> {
     let p = FramePrefix { kind: FrameKind::Ring as u8, flags: 0, fds: 0, header_len: 0, payload_len: 0 };
     s.write_bytes(&p.encode()).await
+}
+
+/// Appends frames without a payload (a kind and a header each: CONTROL frames behind a
+/// message) to a frames record.
+fn append_headers<'a>(
+    record: &mut Vec<u8>,
+    frames: impl Iterator<Item = (FrameKind, &'a [u8])>,
+) -> Result<(), PipeError> {
+    for (kind, header) in frames {
+        let header_len =
+            u32::try_from(header.len()).map_err(|_| PipeError::ApiMisuse("frame header over 4 GiB".into()))?;
+        let p = FramePrefix { kind: kind as u8, flags: 0, fds: 0, header_len, payload_len: 0 };
+        record.extend_from_slice(&p.encode());
+        record.extend_from_slice(header);
+    }
+    Ok(())
 }
