@@ -22,7 +22,9 @@
 //!   itself: the wait policy's spin, then its futex, which the writer wakes directly (no
 //!   doorbell, one wake-up), in slices of [`DEATH_CHECK`] between which they look at the
 //!   socket for its end. A writer whose diverted frame does not fit the socket at once
-//!   nudges them (`ferry_ring::Nudge`): they then wait on the socket behind the doorbell.
+//!   nudges them (`ferry_ring::Nudge`): they then wait on the socket behind the doorbell,
+//!   on their own thread where the transport offers a direct wait
+//!   (`SocketReader::wait_readable_here`), else through the runtime.
 //! - **Death and close.** The socket is the death notice: its end of stream, once the
 //!   ring is empty, ends the pipe ([`PipeError::Closed`]). A peer's orderly close of its
 //!   ring is the same.
@@ -47,7 +49,7 @@ use ferry_core::frame::{
 };
 use ferry_core::spin::{self, Spin, SpinHistory, SpinInputs, Waited};
 use ferry_core::wire::Limits;
-use ferry_core::{PipeError, ProtocolError};
+use ferry_core::{PipeError, ProtocolError, Readiness};
 pub use provider::{RingExt, RingLink};
 pub(crate) use write::RingWrite;
 
@@ -375,11 +377,19 @@ impl RingRead {
                         }
                     }
                     // A frame is coming on the socket, ahead of its divert record: wait for
-                    // its bytes there, behind the doorbell (a publish wakes it too).
-                    WaitEnd::Nudged => match self.wait_behind_doorbell(s, Some(until)).await? {
-                        Woke::Read => return Ok(true),
-                        Woke::LookAgain => continue,
-                    },
+                    // its bytes there, behind the doorbell (a publish wakes it too); on
+                    // this thread where the transport lets it.
+                    WaitEnd::Nudged => {
+                        let woke = if s.can_wait_here() {
+                            self.wait_here_behind_doorbell(s, until)?
+                        } else {
+                            self.wait_behind_doorbell(s, Some(until)).await?
+                        };
+                        match woke {
+                            Woke::Read => return Ok(true),
+                            Woke::LookAgain => continue,
+                        }
+                    }
                 }
             }
             if self.spin_on_ring(s) {
@@ -552,6 +562,29 @@ impl RingRead {
             Some(Ok([])) => Ok(Woke::Read),
             Some(Err(e)) => Err(e.into()),
             Some(Ok(_)) | None => Ok(Woke::LookAgain),
+        }
+    }
+
+    /// [`RingRead::wait_behind_doorbell`] for a blocking caller whose transport has a
+    /// direct wait ([`SocketReader::wait_readable_here`]): the kernel wakes this thread
+    /// when the bytes come. Through the runtime, a nudged caller took three wake-ups in a
+    /// row (this thread by the nudge, the runtime's I/O thread by the socket, this
+    /// thread again), at the start of every frame larger than a ring record; under load
+    /// each waits for a CPU.
+    fn wait_here_behind_doorbell(&mut self, s: &SocketReader, until: Instant) -> Result<Woke, PipeError> {
+        let ring = &mut *self;
+        if !ring.rx.arm_doorbell().map_err(ring_error)? {
+            return Ok(Woke::Read);
+        }
+        let armed = Armed(&mut ring.rx);
+        let got = s.wait_readable_here(until);
+        drop(armed);
+        self.woke();
+        match got {
+            // The end, or a close here (`Interrupted`): the read says which.
+            Some(Ok(Readiness::Readable | Readiness::Interrupted)) => Ok(Woke::Read),
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(Readiness::Deadline)) | None => Ok(Woke::LookAgain),
         }
     }
 
