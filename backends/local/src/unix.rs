@@ -1,7 +1,7 @@
 //! Unix sockets: peer credentials and descriptor passing (SCM_RIGHTS with rustix on the
 //! tokio socket).
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,10 +10,7 @@ use std::time::Instant;
 
 use ferry_core::spin::{ListenerSpin, Spin, SpinReader};
 use ferry_core::{Address, BusyPoll, ConnInfo, Connection, FdQueue, Split, TransportError};
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
-    SendFlags,
-};
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
@@ -25,9 +22,6 @@ mod direct;
 mod reg;
 use direct::Direct;
 use reg::Reg;
-
-/// Most descriptors one `recvmsg` can return (Linux `SCM_MAX_FD`).
-const MAX_FDS_PER_RECV: usize = 253;
 
 /// A unix-socket connection.
 pub(crate) struct LocalConnection {
@@ -164,10 +158,9 @@ impl ReadHalf {
         };
         let until = Instant::now() + window;
         loop {
-            match recv_with_fds(&self.stream, recv_room(buf), &self.fds) {
-                Ok(n) => {
+            match recv_with_fds(&self.stream, buf, &self.fds) {
+                Ok(_) => {
                     coop.made_progress();
-                    buf.advance(n);
                     place.hit();
                     reader.received();
                     self.last_data = Some(Instant::now());
@@ -191,41 +184,29 @@ impl ReadHalf {
     }
 }
 
-/// The most of a caller's unfilled buffer one receive initializes (zeroes) and offers the
-/// kernel: about what a unix socket holds at once. A caller reading a 4 GiB frame into its
-/// reserved room then commits a step of it per receive, not all 4 GiB before a byte.
+/// The most of a caller's unfilled buffer one receive offers the kernel: about what a unix
+/// socket holds at once. (The room is not zeroed first: [`crate::sys::recv_into`].)
 const RECV_ROOM: usize = 256 << 10;
 
-/// The part of `buf` one receive writes into, initialized.
-fn recv_room<'a>(buf: &'a mut ReadBuf<'_>) -> &'a mut [u8] {
-    let n = buf.remaining().min(RECV_ROOM);
-    buf.initialize_unfilled_to(n)
-}
-
-/// A receive that does not wait (the socket's file is blocking: [`direct`]).
-fn recv_with_fds(stream: &UnixStream, dst: &mut [u8], fds: &FdQueue) -> io::Result<usize> {
-    recv_with_fds_as(stream, dst, Some(fds), false)
+/// A receive into `buf`'s unfilled room that does not wait (the socket's file is blocking:
+/// [`direct`]); the bytes are marked filled.
+fn recv_with_fds(stream: &UnixStream, buf: &mut ReadBuf<'_>, fds: &FdQueue) -> io::Result<usize> {
+    recv_with_fds_as(stream, buf, Some(fds), false)
 }
 
 /// A receive, waiting when `block` (up to the socket's `SO_RCVTIMEO`); descriptors that
 /// come with the bytes go to `fds` (`None`: closed, for a connection never split).
-fn recv_with_fds_as(stream: &UnixStream, dst: &mut [u8], fds: Option<&FdQueue>, block: bool) -> io::Result<usize> {
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_RECV))];
-    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-    let flags = if block { RecvFlags::CMSG_CLOEXEC } else { RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT };
-    let r = rustix::net::recvmsg(stream, &mut [IoSliceMut::new(dst)], &mut cmsg, flags)?;
-    for msg in cmsg.drain() {
-        if let (RecvAncillaryMessage::ScmRights(received), Some(fds)) = (msg, fds) {
-            fds.push_received(received);
+fn recv_with_fds_as(
+    stream: &UnixStream,
+    buf: &mut ReadBuf<'_>,
+    fds: Option<&FdQueue>,
+    block: bool,
+) -> io::Result<usize> {
+    crate::sys::recv_into(stream, buf, RECV_ROOM, block, &mut |fd| {
+        if let Some(q) = fds {
+            q.push_received(std::iter::once(fd));
         }
-    }
-    if r.flags.contains(ReturnFlags::CTRUNC) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "peer sent more file descriptors than fit in one message",
-        ));
-    }
-    Ok(r.bytes)
+    })
 }
 
 impl AsyncRead for ReadHalf {
@@ -238,9 +219,8 @@ impl AsyncRead for ReadHalf {
                 this.got_data();
                 return Poll::Ready(r);
             }
-            match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
-                Ok(n) => {
-                    buf.advance(n);
+            match recv_with_fds(&this.stream, buf, &this.fds) {
+                Ok(_) => {
                     this.got_data();
                     return Poll::Ready(Ok(()));
                 }
@@ -251,9 +231,8 @@ impl AsyncRead for ReadHalf {
         // A blocking caller drives this read: it waits for the socket itself and polls
         // again ([`ferry_core::DirectRead::drive`]), so the runtime is not asked to watch.
         if this.direct.driven_here(ferry_core::Half::Read) {
-            return match recv_with_fds(&this.stream, recv_room(buf), &this.fds) {
-                Ok(n) => {
-                    buf.advance(n);
+            return match recv_with_fds(&this.stream, buf, &this.fds) {
+                Ok(_) => {
                     this.got_data();
                     Poll::Ready(Ok(()))
                 }
@@ -264,10 +243,8 @@ impl AsyncRead for ReadHalf {
         if let Some(r) = this.spin(cx, buf) {
             return r;
         }
-        let dst = recv_room(buf);
         let (stream, fds) = (&this.stream, &this.fds);
-        let n = ready!(this.direct.read().poll_io(cx, || Ok(Arc::clone(stream)), || recv_with_fds(stream, dst, fds)))?;
-        buf.advance(n);
+        ready!(this.direct.read().poll_io(cx, || Ok(Arc::clone(stream)), || recv_with_fds(stream, buf, fds)))?;
         this.got_data();
         if let Some(r) = &this.spin {
             r.received();

@@ -273,7 +273,7 @@ impl Direct {
             };
             buf.resize(STASH, 0);
             let fds = self.fds.get().map(|q| &**q);
-            let r = super::recv_with_fds_as(&self.stream, &mut buf, fds, block);
+            let r = super::recv_with_fds_as(&self.stream, &mut tokio::io::ReadBuf::new(&mut buf), fds, block);
             let mut st = self.stash_lock();
             st.buf = buf;
             got = Some(match r {
