@@ -404,17 +404,11 @@ impl SocketReader {
         self.direct.as_ref()?.readable_now()
     }
 
-    /// Whether a blocking caller can wait for this socket on its own thread
-    /// ([`SocketReader::wait_readable_here`]): the transport offers a direct wait.
-    pub fn can_wait_here(&self) -> bool {
-        self.direct.is_some()
-    }
-
     /// Waits on this thread (a blocking caller's) until the socket has bytes this reader
     /// has not taken, its end, or `until`, through the transport's direct wait
     /// ([`crate::DirectRead::wait_readable`]: the kernel wakes this thread, no runtime
     /// thread first). Bytes buffered here end it at once. `None`: the transport has no
-    /// direct wait ([`SocketReader::can_wait_here`]).
+    /// direct wait (the caller waits through the runtime).
     pub fn wait_readable_here(&self, until: std::time::Instant) -> Option<std::io::Result<crate::Readiness>> {
         if !self.inner.buffer().is_empty() {
             return Some(Ok(crate::Readiness::Readable));

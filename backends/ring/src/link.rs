@@ -379,23 +379,16 @@ impl RingRead {
                     // A frame is coming on the socket, ahead of its divert record: wait for
                     // its bytes there, behind the doorbell (a publish wakes it too); on
                     // this thread where the transport lets it.
-                    WaitEnd::Nudged => {
-                        let woke = if s.can_wait_here() {
-                            self.wait_here_behind_doorbell(s, until)?
-                        } else {
-                            self.wait_behind_doorbell(s, Some(until)).await?
-                        };
-                        match woke {
-                            Woke::Read => return Ok(true),
-                            Woke::LookAgain => continue,
-                        }
-                    }
+                    WaitEnd::Nudged => match self.wait_behind_doorbell(s, Some(until), true).await? {
+                        Woke::Read => return Ok(true),
+                        Woke::LookAgain => continue,
+                    },
                 }
             }
             if self.spin_on_ring(s) {
                 return Ok(true);
             }
-            if let Woke::Read = self.wait_behind_doorbell(s, None).await? {
+            if let Woke::Read = self.wait_behind_doorbell(s, None, false).await? {
                 return Ok(true);
             }
         }
@@ -542,50 +535,52 @@ impl RingRead {
 
     /// Arms the doorbell and waits on the socket (until `until`, if given); the doorbell
     /// is taken down however the wait ends. [`Woke::Read`]: something is there to read (a
-    /// record or a close that kept the doorbell from arming, or the socket's end);
-    /// [`Woke::LookAgain`]: socket bytes (a doorbell is skipped at the next look, anything
-    /// else is read) or the time is up.
-    async fn wait_behind_doorbell(&mut self, s: &mut SocketReader, until: Option<Instant>) -> Result<Woke, PipeError> {
+    /// record or a close that kept the doorbell from arming, or the socket's end, or with
+    /// a direct wait its bytes); [`Woke::LookAgain`]: socket bytes in the reader's buffer
+    /// (a doorbell is skipped at the next look, anything else is read) or the time is up.
+    ///
+    /// A blocking caller (`here`, with `until`) waits on its own thread where the transport
+    /// has a direct wait ([`SocketReader::wait_readable_here`]): the kernel wakes this
+    /// thread when the bytes come. Through the runtime, a nudged caller took three wake-ups
+    /// in a row (this thread by the nudge, the runtime's I/O thread by the socket, this
+    /// thread again), at the start of every frame larger than a ring record; under load
+    /// each waits for a CPU.
+    async fn wait_behind_doorbell(
+        &mut self,
+        s: &mut SocketReader,
+        until: Option<Instant>,
+        here: bool,
+    ) -> Result<Woke, PipeError> {
         let ring = &mut *self;
         if !ring.rx.arm_doorbell().map_err(ring_error)? {
             return Ok(Woke::Read);
         }
         let armed = Armed(&mut ring.rx);
-        let fill = tokio::io::AsyncBufReadExt::fill_buf(s.stream());
-        let got = match until {
-            Some(t) => tokio::time::timeout_at(t.into(), fill).await.ok(),
-            None => Some(fill.await),
+        let direct = match until {
+            Some(t) if here => s.wait_readable_here(t),
+            _ => None,
+        };
+        let woke = match direct {
+            // The end, or a close here (`Interrupted`): the read says which.
+            Some(Ok(Readiness::Readable | Readiness::Interrupted)) => Ok(Woke::Read),
+            Some(Ok(Readiness::Deadline)) => Ok(Woke::LookAgain),
+            Some(Err(e)) => Err(e.into()),
+            None => {
+                let fill = tokio::io::AsyncBufReadExt::fill_buf(s.stream());
+                let got = match until {
+                    Some(t) => tokio::time::timeout_at(t.into(), fill).await.ok(),
+                    None => Some(fill.await),
+                };
+                match got {
+                    Some(Ok([])) => Ok(Woke::Read),
+                    Some(Err(e)) => Err(e.into()),
+                    Some(Ok(_)) | None => Ok(Woke::LookAgain),
+                }
+            }
         };
         drop(armed);
         self.woke();
-        match got {
-            Some(Ok([])) => Ok(Woke::Read),
-            Some(Err(e)) => Err(e.into()),
-            Some(Ok(_)) | None => Ok(Woke::LookAgain),
-        }
-    }
-
-    /// [`RingRead::wait_behind_doorbell`] for a blocking caller whose transport has a
-    /// direct wait ([`SocketReader::wait_readable_here`]): the kernel wakes this thread
-    /// when the bytes come. Through the runtime, a nudged caller took three wake-ups in a
-    /// row (this thread by the nudge, the runtime's I/O thread by the socket, this
-    /// thread again), at the start of every frame larger than a ring record; under load
-    /// each waits for a CPU.
-    fn wait_here_behind_doorbell(&mut self, s: &SocketReader, until: Instant) -> Result<Woke, PipeError> {
-        let ring = &mut *self;
-        if !ring.rx.arm_doorbell().map_err(ring_error)? {
-            return Ok(Woke::Read);
-        }
-        let armed = Armed(&mut ring.rx);
-        let got = s.wait_readable_here(until);
-        drop(armed);
-        self.woke();
-        match got {
-            // The end, or a close here (`Interrupted`): the read says which.
-            Some(Ok(Readiness::Readable | Readiness::Interrupted)) => Ok(Woke::Read),
-            Some(Err(e)) => Err(e.into()),
-            Some(Ok(Readiness::Deadline)) | None => Ok(Woke::LookAgain),
-        }
+        woke
     }
 
     /// Skips the doorbells at the front of the socket's buffer; true when a frame can be
@@ -674,7 +669,7 @@ fn doorbell_or_frame(f: Frame) -> Result<Frame, PipeError> {
     Ok(f)
 }
 
-/// How a wait behind the doorbell ended ([`FrameReader::wait_behind_doorbell`]).
+/// How a wait behind the doorbell ended ([`RingRead::wait_behind_doorbell`]).
 enum Woke {
     Read,
     LookAgain,
