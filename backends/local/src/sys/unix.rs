@@ -91,15 +91,17 @@ pub(crate) fn recv_into(
         // SAFETY: as for `CMSG_FIRSTHDR`; `c` is a message of this walk.
         c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
     }
-    // SAFETY: the kernel wrote `got` bytes (at most `len`) at the start of the room.
-    unsafe { buf.assume_init(got) };
-    buf.advance(got);
+    // A receive that fails fills nothing (bytes that came with too many descriptors are
+    // not the caller's: its connection fails).
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "peer sent more file descriptors than fit in one message",
         ));
     }
+    // SAFETY: the kernel wrote `got` bytes (at most `len`) at the start of the room.
+    unsafe { buf.assume_init(got) };
+    buf.advance(got);
     Ok(got)
 }
 
