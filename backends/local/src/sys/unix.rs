@@ -72,6 +72,8 @@ pub(crate) fn recv_into(
     // SAFETY: `msg` is as the kernel left it: its control length covers only the messages
     // it wrote into `control`, which `CMSG_FIRSTHDR`/`CMSG_NXTHDR` walk within.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // Every descriptor is owned (closed on drop) before any goes to the caller.
+    let mut received = Vec::new();
     while !c.is_null() {
         // SAFETY: `c` points at a whole `cmsghdr` within `control` (the walk checks it),
         // aligned (the kernel aligns them, and `control` is 8-aligned).
@@ -85,12 +87,13 @@ pub(crate) fn recv_into(
             for i in 0..n {
                 // SAFETY: descriptor `i` lies within the message's data (`n` counts them);
                 // the kernel opened it for this process, and nothing else owns it.
-                fds(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
+                received.push(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
             }
         }
         // SAFETY: as for `CMSG_FIRSTHDR`; `c` is a message of this walk.
         c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
     }
+    received.into_iter().for_each(fds);
     // A receive that fails fills nothing (bytes that came with too many descriptors are
     // not the caller's: its connection fails).
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
