@@ -185,7 +185,9 @@ impl ReadHalf {
 }
 
 /// The most of a caller's unfilled buffer one receive offers the kernel: about what a unix
-/// socket holds at once. (The room is not zeroed first: [`crate::sys::recv_into`].)
+/// socket holds at once. A caller reading a 4 GiB frame into its reserved room then
+/// commits a step of it per receive, not all 4 GiB before a byte (the room is not zeroed
+/// first: [`crate::sys::recv_into`]).
 const RECV_ROOM: usize = 256 << 10;
 
 /// A receive into `buf`'s unfilled room that does not wait (the socket's file is blocking:
@@ -202,11 +204,11 @@ fn recv_with_fds_as(
     fds: Option<&FdQueue>,
     block: bool,
 ) -> io::Result<usize> {
-    crate::sys::recv_into(stream, buf, RECV_ROOM, block, &mut |fd| {
-        if let Some(q) = fds {
-            q.push_received(std::iter::once(fd));
-        }
-    })
+    let (n, received) = crate::sys::recv_into(stream, buf, RECV_ROOM, block)?;
+    if let (Some(q), false) = (fds, received.is_empty()) {
+        q.push_received(received);
+    }
+    Ok(n)
 }
 
 impl AsyncRead for ReadHalf {
