@@ -55,7 +55,7 @@ pub use error::{ChannelError, CodecError, LimitError, MetaError, PipeError, Prot
 pub use inline::InlineChannel;
 pub use message::Message;
 pub use meta::{MAX_DIMS, TensorMeta};
-pub use pipe::{Handled, MessageHandler, Pipe, PipeInfo};
+pub use pipe::{FOLLOW_LINGER, Handled, MessageHandler, Pipe, PipeInfo, Served};
 pub use spin::{BusyPoll, ListenerSpin, SpinStats};
 pub use tensor::{ALIGN, AlignedBuf, DeviceBuffer, Storage, Tensor, TensorMut, WritableStorage};
 pub use ticket::{SendTicket, Tickets};

@@ -34,10 +34,13 @@ use crate::wire::{Close, Limits, Location, TensorDesc};
 
 mod blocking;
 mod direct;
+mod follow;
+mod handover;
 pub mod packed;
 mod read;
 mod shared;
 mod write;
+pub use follow::{FOLLOW_LINGER, Served};
 use write::WriteSide;
 
 /// What was negotiated for a pipe.
@@ -84,7 +87,7 @@ struct Shared {
     /// The peer takes compact tensor descriptors ([`crate::compact`]).
     compact: bool,
     /// The reader's hand-over to blocking callers ([`blocking`]).
-    handover: blocking::Handover,
+    handover: handover::Handover,
     /// The largest packed message record ([`packed`]) the ring takes; 0 when messages are
     /// not packed (no ring, or the peer did not grant [`crate::wire::FEATURE_RING_MESSAGES`]).
     pack_room: usize,
@@ -203,7 +206,7 @@ impl Pipe {
             has_handler: AtomicBool::new(false),
             control,
             compact: info.features.iter().any(|f| f == FEATURE_COMPACT_TENSORS),
-            handover: blocking::Handover::default(),
+            handover: handover::Handover::default(),
             pack_room,
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue);

@@ -40,6 +40,7 @@ pub mod client;
 pub mod codes;
 mod dispatch;
 mod finite;
+mod follow;
 #[cfg(feature = "http")]
 mod http;
 pub mod inline;
@@ -90,6 +91,7 @@ pub mod tensor;
 pub use client::{CallError, Client};
 pub use codes::{ERROR_CODES, ErrorCode, ErrorObject};
 pub use dispatch::{CancelParams, CancelResult};
+pub use follow::Follower;
 #[cfg(feature = "http")]
 pub use http::HttpOptions;
 pub use limits::RpcLimits;

@@ -180,6 +180,7 @@ impl ErasedHandler for PyHandler {
         let call = self.call.clone();
         if !self.is_async {
             let mut admission = self.gate.admit(&ctx)?;
+            let follower = ctx.follower();
             return Ok(Box::pin(async move {
                 let room = admission.params(params.size()).await;
                 let Some(slot) = admission.run_slot().await else {
@@ -205,6 +206,10 @@ impl ErasedHandler for PyHandler {
                     drop(held);
                     // The call may be gone (cancelled): then nobody waits for its answer.
                     let _ = crate::answer::delivering(|| tx.send(r));
+                    // Once the answer is out, this thread reads the connection's next request.
+                    if let Some(f) = follower {
+                        crate::pool::follow_after(f);
+                    }
                 });
                 rx.await.unwrap_or_else(|_| Err(ErrorObject::internal("the handler's thread ended without an answer")))
             }));

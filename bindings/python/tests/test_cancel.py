@@ -4,6 +4,7 @@ must not hold up other calls. What a handler saw is read back through `record`."
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -130,6 +131,29 @@ def test_uncapped_calls_run_together(served: Served, key: str) -> None:
     finally:
         for c in clients:
             c.close()
+
+
+def test_calls_on_one_connection_run_together_after_a_followed_call(
+    served: Served, key: str
+) -> None:
+    """A handler thread that answered a call reads its connection's next request itself
+    (after plain calls, the first `gather` is read there); while that call runs, a request
+    sent later on the same connection is still read and run beside it (the two wait for
+    each other on a barrier of 2)."""
+    c = ferry.Client.connect(served.addr, timeout=WAIT)
+    probe = ferry.Client.connect(served.addr, timeout=WAIT)
+    try:
+        for r in range(5):
+            for _ in range(20):
+                assert c.call("add", [1, 2]) == 3
+            k = f"{key}-{r}"
+            first = Background(c, "gather", [k, 2])
+            wait_until(partial(probe.call, "max_seen", [k]), "the first call to start")
+            second = Background(c, "gather", [k, 2])
+            assert [first.result(), second.result()] == [True, True]
+    finally:
+        c.close()
+        probe.close()
 
 
 def test_hung_handler_does_not_block_others(served: Served, client: ferry.Client, key: str) -> None:

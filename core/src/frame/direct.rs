@@ -44,4 +44,12 @@ impl FrameReader {
     pub(crate) fn has_buffered(&self) -> bool {
         !self.sock.inner.buffer().is_empty()
     }
+
+    /// True when the next frame has begun to arrive: bytes buffered here, or waiting in a
+    /// bare socket with a direct wait (the end or an error too). False when nothing is
+    /// there, or this reader cannot look without reading (a link).
+    pub(crate) fn more_now(&self) -> bool {
+        self.has_buffered()
+            || self.direct().and_then(|d| d.read_now()).is_some_and(|r| !matches!(r, Ok(crate::Readiness::Deadline)))
+    }
 }

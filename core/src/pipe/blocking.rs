@@ -19,16 +19,14 @@
 //!   received in order.
 //! - **Lingering.** A caller parks the reader in the slot, not back in the task: the next
 //!   call takes it from there without a wake-up. The task takes it back once it has lain
-//!   unused for [`LINGER`] (so CONTROL frames, a CLOSE or the peer's death are read then,
+//!   unused for [`super::handover::LINGER`] (so CONTROL frames, a CLOSE or the peer's death are read then,
 //!   when no caller is reading), and waits as before.
 //! - **Ending.** An error a caller reads closes the pipe as the task would (with a CLOSE
 //!   to a peer at fault); the task then ends too. A task that ends wakes waiting callers.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex as StdMutex, MutexGuard};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
 use tokio::sync::mpsc::{self, error::TryRecvError};
 
 use crate::error::PipeError;
@@ -36,183 +34,14 @@ use crate::frame::{FrameReader, WaitSpin};
 use crate::message::Message;
 use crate::transport::{Half, Readiness};
 
+use super::handover::{RECHECK, Took, Unwant};
 use super::write::Now;
 use super::{Pipe, read};
-
-/// How long a reader parked by a blocking caller lies unused before the reader task takes
-/// it back (so the next blocking call within it takes it without a wake-up).
-pub(super) const LINGER: Duration = Duration::from_millis(10);
 
 /// A tensor this large may take a slot in a channel's pool (the shm channel sends smaller
 /// ones inline): a blocking send of one first handles the releases already waiting
 /// ([`Pipe::controls_now`]).
 const POOL_SIZED: usize = 16 << 10;
-
-/// The longest a waiting caller sleeps before it looks at the queue again (a backstop: the
-/// task wakes it when it queues a message or parks the reader).
-const RECHECK: Duration = Duration::from_millis(5);
-
-/// Where the pipe's reader goes between its task and blocking callers.
-#[derive(Default)]
-pub(super) struct Handover {
-    slot: StdMutex<Slot>,
-    /// Wakes a blocking caller: the reader is parked, a message was queued, or the task
-    /// ended.
-    parked: Condvar,
-    /// Wakes the reader task: a caller asks for the reader.
-    ask: Notify,
-    /// Blocking callers waiting for the reader or reading with it.
-    wanted: AtomicUsize,
-    /// A blocking caller took a message the task had queued ([`Handover::call_soon`]).
-    soon: AtomicBool,
-    /// The task waits for something other than a CPU before its next wait (room in the
-    /// queue, its handler, the rest of a frame from the peer): a caller must not wait for
-    /// it to park the reader.
-    stuck: AtomicBool,
-}
-
-#[derive(Default)]
-struct Slot {
-    /// The reader, when parked.
-    reader: Option<FrameReader>,
-    /// How many times a caller parked it (the task takes it back after a [`LINGER`] in
-    /// which this did not change: counting costs a caller no clock read).
-    returns: u64,
-    /// The task ended, or a caller's read closed the pipe: no reader will come.
-    ended: bool,
-    /// A blocking caller has the reader (neither parked nor the task's).
-    lent: bool,
-}
-
-impl Handover {
-    fn lock(&self) -> MutexGuard<'_, Slot> {
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// True while a blocking caller wants the reader, or will soon (the task: give it up at
-    /// the next wait).
-    pub(super) fn wanted(&self) -> bool {
-        self.wanted.load(Ordering::Acquire) > 0 || self.soon.load(Ordering::Acquire)
-    }
-
-    /// A blocking caller took a message that the task had read and queued: the task parks
-    /// the reader at its next wait, so that the caller's next call reads on its own thread.
-    /// Without this, a caller that always found the next message queued never asked for the
-    /// reader, and every message took the task's wake-up and a hand-over through the queue
-    /// (measured in Python: a fresh pair's 64 B round trips took 62-75 µs for their first
-    /// 10-40 messages, against 5 µs once the caller read itself).
-    ///
-    /// A reader already parked needs no ask: the next call takes it from the slot.
-    fn call_soon(&self) {
-        if self.lock().reader.is_none() && !self.soon.swap(true, Ordering::AcqRel) {
-            self.ask.notify_one();
-        }
-    }
-
-    /// Resolves when a caller asks for the reader (maybe one that no longer wants it:
-    /// check [`Handover::wanted`]).
-    pub(super) async fn asked(&self) {
-        self.ask.notified().await;
-    }
-
-    /// The task queued a message: a waiting caller takes it.
-    pub(super) fn queued(&self) {
-        if self.wanted() {
-            let _slot = self.lock();
-            self.parked.notify_all();
-        }
-    }
-
-    /// The parked reader if it is there now, or what the queue holds first (a message the
-    /// task queued before it parked the reader comes before anything the reader reads);
-    /// `None`: neither (the caller asks for the reader and waits).
-    fn take_parked(&self, rx: &mut mpsc::Receiver<Result<Message, PipeError>>) -> Option<Took> {
-        let mut slot = self.lock();
-        slot.reader.as_ref()?;
-        match rx.try_recv() {
-            Ok(r) => return Some(Took::Queued(r)),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) => {}
-        }
-        slot.lend().map(Took::Reader)
-    }
-
-    /// The task may wait for something other than a CPU before its next wait (`true`), or
-    /// not any more.
-    pub(super) fn set_stuck(&self, stuck: bool) {
-        self.stuck.store(stuck, Ordering::Release);
-    }
-
-    /// The task ended: waiting callers stop waiting for the reader.
-    pub(super) fn end(&self) {
-        let mut slot = self.lock();
-        slot.ended = true;
-        slot.reader = None;
-        self.parked.notify_all();
-    }
-
-    /// The task parks its reader for the callers that want it, and takes it back once it
-    /// has lain unused for [`LINGER`]; `None`: the pipe ended meanwhile. `drain` handles
-    /// the CONTROL frames already in the link as the task takes it back, under the lock a
-    /// blocking send's [`Pipe::controls_now`] takes: a release that came while it lay parked
-    /// is handled before that send can look (or the error it met, to end the pipe with).
-    pub(super) async fn park(
-        &self,
-        reader: FrameReader,
-        mut drain: impl FnMut(&mut FrameReader) -> Result<(), PipeError>,
-    ) -> Option<Result<FrameReader, PipeError>> {
-        let mut seen = {
-            let mut slot = self.lock();
-            if slot.ended {
-                return None;
-            }
-            slot.reader = Some(reader);
-            slot.lent = false;
-            self.soon.store(false, Ordering::Release);
-            self.parked.notify_all();
-            slot.returns
-        };
-        loop {
-            tokio::time::sleep(LINGER).await;
-            let mut slot = self.lock();
-            if slot.ended {
-                return None;
-            }
-            // Unused for a whole LINGER: no caller parked it since the last look. (Only
-            // callers that wait count here: a `soon` set while the reader lay parked asked
-            // for what was already there.)
-            let idle = slot.returns == seen;
-            seen = slot.returns;
-            if self.wanted.load(Ordering::Acquire) == 0 && idle && slot.reader.is_some() {
-                self.soon.store(false, Ordering::Release);
-                let mut reader = slot.reader.take()?;
-                return Some(drain(&mut reader).map(|()| reader));
-            }
-        }
-    }
-}
-
-impl Slot {
-    /// The parked reader, for a blocking caller.
-    fn lend(&mut self) -> Option<FrameReader> {
-        let r = self.reader.take();
-        self.lent |= r.is_some();
-        r
-    }
-
-    /// A blocking caller parks the reader again.
-    fn give_back(&mut self, reader: FrameReader) {
-        self.reader = Some(reader);
-        self.lent = false;
-        self.returns = self.returns.wrapping_add(1);
-    }
-}
-
-/// What a blocking caller got while it waited for the reader.
-enum Took {
-    Reader(FrameReader),
-    Queued(Result<Message, PipeError>),
-}
 
 impl Pipe {
     /// [`Pipe::recv`] for a plain thread: waits on this thread (up to `timeout`; `None`:
@@ -271,12 +100,36 @@ impl Pipe {
             }
         };
         let shared = &*self.shared;
+        let got = self.read_message_here(&mut reader, deadline, timed_out);
+        match got {
+            Err(PipeError::Timeout(_, "recv_blocking")) | Ok(_) => {
+                h.lock().give_back(reader);
+                got
+            }
+            Err(e) => {
+                drop(reader);
+                self.run_here(read::end_with(shared, &e));
+                h.end();
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads with `reader` (lent to this thread) until a message comes, handling CONTROL
+    /// frames on the way, or `deadline` passes (`timed_out`'s error).
+    pub(super) fn read_message_here(
+        &self,
+        reader: &mut FrameReader,
+        deadline: Option<Instant>,
+        timed_out: impl Fn() -> PipeError,
+    ) -> Result<Message, PipeError> {
+        let shared = &*self.shared;
         // A packed message within the first slice is read here, with no future at all.
         let control = |frame| read::control_frame(shared, frame);
         let now = self
-            .recv_direct(&mut reader, deadline, timed_out)
+            .recv_direct(reader, deadline, &timed_out)
             .or_else(|| reader.packed_now(deadline, control, |record| read::unpack(shared, record)));
-        let got = now.unwrap_or_else(|| {
+        now.unwrap_or_else(|| {
             loop {
                 let ready = self.run_here(async {
                     let waits_itself = reader.waits_for_deadlines();
@@ -296,19 +149,7 @@ impl Pipe {
                     return Ok(msg);
                 }
             }
-        });
-        match got {
-            Err(PipeError::Timeout(_, "recv_blocking")) | Ok(_) => {
-                h.lock().give_back(reader);
-                got
-            }
-            Err(e) => {
-                drop(reader);
-                self.run_here(read::end_with(shared, &e));
-                h.end();
-                Err(e)
-            }
-        }
+        })
     }
 
     /// [`Pipe::send`] for a plain thread: sends on this thread (a write into a same-host
@@ -599,15 +440,6 @@ impl Drop for Undrive<'_> {
     }
 }
 
-/// Counts a caller out of [`Handover::wanted`] however its call ends.
-struct Unwant<'a>(&'a Handover);
-
-impl Drop for Unwant<'_> {
-    fn drop(&mut self) {
-        self.0.wanted.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// `f`, given up at `deadline` with [`PipeError::Timeout`] (`timeout` is what it says).
 async fn within<F: Future<Output = Result<(), PipeError>>>(
     deadline: Option<Instant>,
@@ -624,55 +456,4 @@ async fn within<F: Future<Output = Result<(), PipeError>>>(
 
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(365 * 24 * 3600)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A reader over nothing (the hand-over never reads it).
-    fn reader() -> FrameReader {
-        FrameReader::new(Box::new(tokio::io::empty()), None, crate::wire::Limits::default())
-    }
-
-    /// A caller that took a message the task had queued asks for the reader without
-    /// waiting for it: the task, asked, parks the reader at its next wait (the caller's
-    /// next call takes it from the slot), and takes it back after a [`LINGER`] unused.
-    #[tokio::test]
-    async fn a_caller_served_from_the_queue_gets_the_reader_next_time() {
-        let h = std::sync::Arc::new(Handover::default());
-        assert!(!h.wanted(), "nobody asked");
-        h.call_soon();
-        assert!(h.wanted(), "the task gives the reader up at its next wait");
-        // The task's wait ends: it was asked.
-        tokio::time::timeout(Duration::from_secs(10), h.asked()).await.expect("the task is asked");
-        h.call_soon(); // a second take before the task parked: no second ask needed
-        let task = {
-            let h = h.clone();
-            tokio::spawn(async move { h.park(reader(), |_| Ok(())).await.is_some_and(|r| r.is_ok()) })
-        };
-        // Parked: the caller's next call finds it there (bounded wait for the task to run).
-        let (tx, mut rx) = mpsc::channel(1);
-        let mut took = None;
-        for _ in 0..1000 {
-            match h.take_parked(&mut rx) {
-                Some(Took::Reader(r)) => {
-                    took = Some(r);
-                    break;
-                }
-                Some(Took::Queued(_)) => panic!("nothing was queued"),
-                None => tokio::time::sleep(Duration::from_millis(1)).await,
-            }
-        }
-        let r = took.expect("the task parked the reader for the caller");
-        assert!(!h.wanted(), "parking answered the ask");
-        // The caller parks it again when done (as `recv_blocking` does); unused for a
-        // LINGER, the task takes it back.
-        {
-            h.lock().give_back(r);
-        }
-        let back = tokio::time::timeout(Duration::from_secs(10), task).await.expect("the task ends").expect("join");
-        assert!(back, "the task has its reader back");
-        drop(tx);
-    }
 }

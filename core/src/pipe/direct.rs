@@ -14,7 +14,8 @@
 //! - **Waits.** Only at a frame boundary with nothing buffered does the caller wait
 //!   directly, bounded by its deadline; a frame that has begun is read through the runtime
 //!   (its bytes are coming: the frame time limit applies as in the task).
-//! - **Spins.** Before it sleeps, the caller polls the socket for a while
+//! - **Spins.** Before it sleeps, the caller polls the socket for a while, yielding its
+//!   CPU between looks
 //!   ([`crate::EndpointBuilder::blocking_spin`], [`DirectRead::read_now`]) where the wait
 //!   policy allows ([`crate::spin::caller`]: not while threads wait for CPUs, rarely while
 //!   its spins miss): an answer within the spin costs no wake-up.
@@ -116,6 +117,8 @@ fn spin(
             // Missed: the wait goes on in the kernel (a deadline passed is its to say).
             return Err(Some(start));
         }
-        std::hint::spin_loop();
+        // A thread that shares this CPU (on a small or busy machine, often the peer this
+        // spin waits for) runs meanwhile; alone on its CPU, this returns at once.
+        std::thread::yield_now();
     }
 }

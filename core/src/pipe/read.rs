@@ -46,18 +46,33 @@ async fn read_frames(
         };
         let result = match ready {
             None => {
+                let mut held = None;
                 if shared.handover.wanted() {
                     reader.arm_busy_poll(false);
                     let drain = |r: &mut FrameReader| r.controls_now(|frame| control_frame(shared, frame));
                     match shared.handover.park(reader, drain).await? {
-                        Ok(r) => reader = r,
+                        Ok(r) => {
+                            reader = r;
+                            // What a follower's thread left ([`super::follow`]): reads its
+                            // handler paused, or a message it read for no handler.
+                            let (pause, msg) = shared.handover.take_returned();
+                            if let Some(pause) = pause {
+                                shared.handover.set_stuck(true);
+                                pause.await;
+                                shared.handover.set_stuck(false);
+                            }
+                            held = msg;
+                        }
                         Err(e) => {
                             end_with(shared, &e).await;
                             return Some(e);
                         }
                     }
                 }
-                continue;
+                match held {
+                    Some(msg) => Ok(Some(msg)),
+                    None => continue,
+                }
             }
             Some(Err(e)) => Err(e),
             Some(Ok(())) => match read_frame_marked(&mut reader, shared).await {
