@@ -19,7 +19,8 @@
 //!   takes it back and reads (requests that come meanwhile wait at most that long).
 //! - **More than one request waiting** (a client with several calls out): the reader goes
 //!   back to the task at once, which gives them to the handler as they come (on as many
-//!   threads as the handler uses), not one after another on this thread.
+//!   threads as the handler uses), not one after another on this thread. (Over a bare
+//!   socket; a ring's records are not looked at, and wait for the linger.)
 //! - **Nothing by the deadline:** the reader goes back to the task at once (woken).
 //! - **The handler paused reads** ([`Handled::Pause`]): the reader goes back to the task,
 //!   which waits for the pause first, as when it called the handler itself.
@@ -99,6 +100,8 @@ impl Pipe {
         let more = reader.more_now();
         let handled = {
             let _context = self.handle.enter();
+            // A handler that panics here ends the pipe, as it would end the reader task.
+            let _ending = EndOnPanic(self);
             handler(msg)
         };
         {
@@ -117,5 +120,20 @@ impl Pipe {
             Handled::Done | Handled::Started => h.lock().give_back_for(reader, FOLLOW_LINGER),
         }
         Served::Handled
+    }
+}
+
+/// Ends the pipe when a handler called on a follower's thread unwinds: its reader is lost
+/// with the unwinding, and nothing would read the pipe again.
+struct EndOnPanic<'a>(&'a Pipe);
+
+impl Drop for EndOnPanic<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let shared = &self.0.shared;
+        shared.mark_closed(PipeError::Closed);
+        shared.handover.end();
     }
 }

@@ -57,8 +57,12 @@ pub(super) struct Slot {
     /// How long the parked reader may lie unused before the task takes it back (zero:
     /// [`LINGER`]); set by whoever parked it.
     linger: Duration,
-    /// Given back for the task to read at once ([`Handover::give_back_now`]).
+    /// Given back for the task to read at once ([`Handover::give_back_now`]): not lent
+    /// again before the task has taken it.
     back_now: bool,
+    /// A follower asked for the reader ([`Handover::lend_to_follower`]): parked for it
+    /// with [`super::FOLLOW_LINGER`].
+    follower_asked: bool,
     /// What the task waits for before it reads again: a handler called on a follower's
     /// thread paused the reads ([`super::Handled::Pause`]).
     pause: Option<Pause>,
@@ -135,6 +139,7 @@ impl Handover {
     pub(super) fn give_back_now(&self, reader: FrameReader, pause: Option<Pause>, held: Option<Message>) {
         let mut slot = self.lock();
         slot.give_back_for(reader, LINGER);
+        // Nobody takes it before the task (`lend`): nothing here is overwritten.
         slot.back_now = true;
         slot.pause = pause;
         slot.held = held;
@@ -163,6 +168,7 @@ impl Handover {
             return Err(Served::Busy);
         }
         self.wanted.fetch_add(1, Ordering::AcqRel);
+        slot.follower_asked = true;
         self.ask.notify_one();
         let got = loop {
             if let Some(r) = slot.lend() {
@@ -184,6 +190,9 @@ impl Handover {
         // Under the lock: a task that parks the reader after this sees that nobody wants it
         // and keeps it ([`Handover::park`]).
         self.wanted.fetch_sub(1, Ordering::AcqRel);
+        if got.is_err() {
+            slot.follower_asked = false;
+        }
         got
     }
 
@@ -217,7 +226,9 @@ impl Handover {
             }
             slot.reader = Some(reader);
             slot.lent = false;
-            slot.linger = LINGER;
+            // Parked for a follower: its requests' jobs run while it lies here, and
+            // requests that come meanwhile wait for the task to take it back.
+            slot.linger = if std::mem::take(&mut slot.follower_asked) { super::FOLLOW_LINGER } else { LINGER };
             self.soon.store(false, Ordering::Release);
             self.parked.notify_all();
             slot.returns
@@ -235,9 +246,11 @@ impl Handover {
             // Unused for a whole linger: no caller parked it since the last look. (Only
             // callers that wait count here: a `soon` set while the reader lay parked asked
             // for what was already there.) Or given back for the task to read now.
-            let idle = std::mem::take(&mut slot.back_now) || slot.returns == seen;
+            let now = std::mem::take(&mut slot.back_now);
+            let idle = slot.returns == seen;
             seen = slot.returns;
-            if self.wanted.load(Ordering::Acquire) == 0 && idle && slot.reader.is_some() {
+            // A reader given back for the task is its own, whoever waits (they ask again).
+            if (now || (self.wanted.load(Ordering::Acquire) == 0 && idle)) && slot.reader.is_some() {
                 self.soon.store(false, Ordering::Release);
                 let mut reader = slot.reader.take()?;
                 return Some(drain(&mut reader).map(|()| reader));
@@ -248,9 +261,13 @@ impl Handover {
 
 impl Slot {
     /// The parked reader, for a blocking caller.
+    /// Not one given back for the task ([`Handover::give_back_now`]): that one goes to the
+    /// task first, with the pause or message left for it.
     pub(super) fn lend(&mut self) -> Option<FrameReader> {
+        if self.back_now {
+            return None;
+        }
         let r = self.reader.take();
-        self.back_now &= r.is_none();
         self.lent |= r.is_some();
         r
     }
