@@ -92,3 +92,65 @@ def test_only_plain_signatures_take_the_fast_path() -> None:
 def test_plain_results_encode_as_json(kind: str, value: object, text: str | None) -> None:
     sig = dataclasses.replace(_schema.signature(plain, ferry.Context), fast_result=kind)
     assert sig.encode_fast(value) == text
+
+
+wrapped = ferry.App("plain-wrapper")
+
+
+@wrapped.function
+def add(a: float, b: float) -> float:
+    return a + b
+
+
+@wrapped.function
+def label(n: int, on: bool, s: str) -> str:
+    return f"{s}{n}" if on else s
+
+
+@wrapped.function
+def fails(a: float) -> float:
+    raise ValueError(f"no {a}")
+
+
+@wrapped.function
+def lies(a: float) -> float:
+    return "not a float"  # type: ignore[return-value]
+
+
+@wrapped.function
+def keyword_only(a: float, *, b: float) -> float:
+    return a
+
+
+WRAPPER_CASES: list[tuple[str, object]] = [
+    ("add", {"a": 1.5, "b": 2.5}),
+    ("add", {"a": 1, "b": 2}),  # ints for floats
+    ("add", {"a": True, "b": 2}),
+    ("add", {"a": 1.5}),
+    ("add", {"a": 1.5, "b": 2, "c": 3}),
+    ("add", {"a": 1.5, "c": 2}),
+    ("add", None),
+    ("add", b'{"a": 1, "b": 2}'),
+    ("label", {"n": 3, "on": True, "s": "x"}),
+    ("label", {"n": 3, "on": 1, "s": "x"}),
+    ("label", {"n": 3.0, "on": True, "s": "x"}),
+    ("label", {"n": 3, "on": False, "s": 7}),
+    ("fails", {"a": 1.5}),
+    ("lies", {"a": 1.5}),
+    ("keyword_only", {"a": 1.5, "b": 2.0}),
+]
+
+
+@pytest.mark.parametrize(("name", "params"), WRAPPER_CASES)
+def test_the_plain_wrapper_answers_as_call_sync(name: str, params: object) -> None:
+    """The wrapper Rust calls for plain signatures (`_Function.sync_wrapper`) checks and
+    encodes params and results itself: its outcome, ok or error, is `call_sync`'s."""
+    f = wrapped._functions[name]
+    assert f.sync_wrapper()(params, [], None) == f.call_sync(params, [], None)
+
+
+def test_only_plain_positional_signatures_get_the_plain_wrapper() -> None:
+    fs = wrapped._functions
+    for name in ("add", "label", "fails", "lies"):
+        assert fs[name].sync_wrapper() != fs[name].call_sync, name
+    assert fs["keyword_only"].sync_wrapper() == fs["keyword_only"].call_sync

