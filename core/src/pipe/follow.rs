@@ -86,11 +86,7 @@ impl Pipe {
                 return Served::Ended;
             }
         };
-        let (handler, generation) = {
-            let mut slot = shared.handler_slot();
-            (slot.handler.take(), slot.generation)
-        };
-        let Some(mut handler) = handler else {
+        let Some((mut handler, generation)) = shared.take_handler() else {
             // Cleared meanwhile: the task gives the message on as it would have.
             h.give_back_now(reader, None, Some(msg));
             return Served::Ended;
@@ -104,16 +100,7 @@ impl Pipe {
             let _ending = EndOnPanic(self);
             handler(msg)
         };
-        {
-            let mut slot = shared.handler_slot();
-            // Unless it was replaced or cleared meanwhile.
-            if slot.generation == generation && slot.handler.is_none() {
-                slot.handler = Some(handler);
-            } else {
-                drop(slot);
-                drop(handler);
-            }
-        }
+        shared.put_handler_back(handler, generation);
         match handled {
             Handled::Pause(until) => h.give_back_now(reader, Some(until), None),
             Handled::Done | Handled::Started if more => h.give_back_now(reader, None, None),

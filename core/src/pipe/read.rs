@@ -83,11 +83,7 @@ async fn read_frames(
         match result {
             Ok(Some(msg)) => {
                 // The handler is taken out while it runs, so that it may use the pipe freely.
-                let (handler, generation) = {
-                    let mut slot = shared.handler_slot();
-                    (slot.handler.take(), slot.generation)
-                };
-                let Some(mut handler) = handler else {
+                let Some((mut handler, generation)) = shared.take_handler() else {
                     reader.arm_busy_poll(false);
                     let sent = match tx.try_send(Ok(msg)) {
                         Ok(()) => true,
@@ -121,16 +117,7 @@ async fn read_frames(
                         Some(until)
                     }
                 };
-                {
-                    let mut slot = shared.handler_slot();
-                    // Unless it was replaced or cleared meanwhile.
-                    if slot.generation == generation && slot.handler.is_none() {
-                        slot.handler = Some(handler);
-                    } else {
-                        drop(slot);
-                        drop(handler);
-                    }
-                }
+                shared.put_handler_back(handler, generation);
                 if let Some(until) = pause {
                     until.await;
                 }

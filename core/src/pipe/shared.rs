@@ -31,6 +31,26 @@ impl Shared {
         self.handler.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Takes the handler out to call it (so that it may use the pipe freely), with the
+    /// slot's generation for [`Shared::put_handler_back`]; `None`: there is none.
+    pub(super) fn take_handler(&self) -> Option<(MessageHandler, u64)> {
+        let mut slot = self.handler_slot();
+        let generation = slot.generation;
+        slot.handler.take().map(|h| (h, generation))
+    }
+
+    /// Puts a handler taken out by [`Shared::take_handler`] back, unless it was replaced
+    /// or cleared meanwhile (then it is dropped, outside the lock).
+    pub(super) fn put_handler_back(&self, handler: MessageHandler, generation: u64) {
+        let mut slot = self.handler_slot();
+        if slot.generation == generation && slot.handler.is_none() {
+            slot.handler = Some(handler);
+        } else {
+            drop(slot);
+            drop(handler);
+        }
+    }
+
     /// Replaces the handler (`None`: clears it); the old one is dropped outside the lock.
     pub(super) fn replace_handler(&self, new: Option<MessageHandler>) {
         let old = {
