@@ -112,7 +112,7 @@ thread_local! {
 }
 
 /// Called by a job on a pool thread once its answer is given: the thread then reads the
-/// connection's next request itself ([`follow`]).
+/// connection's next request itself (`follow`).
 pub fn follow_after(f: ferry_rpc::Follower) {
     FOLLOW.with(|c| *c.borrow_mut() = Some(f));
 }
@@ -131,7 +131,7 @@ fn follow(py: Python<'_>) -> Option<Job> {
 
 /// Runs `job` with the GIL on a pool thread: the one idle last, else a new one, else
 /// (at [`MAX_THREADS`]) the first to finish its job. On a pool thread reading a request
-/// ([`follow`]), the first job it starts runs on that thread next.
+/// (`follow`), the first job it starts runs on that thread next.
 pub fn run(job: impl FnOnce(Python<'_>) + Send + 'static) {
     let p = pool();
     let job: Job = Box::new(job);
