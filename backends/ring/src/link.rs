@@ -199,6 +199,18 @@ const CONTROLS_NOW_RECORDS: usize = 16;
 
 /// Also the clock as read for it, which the wait then starts from (one clock read less per
 /// wait on the round trip's path).
+/// Takes what the socket has into its buffer without waiting: `Some` when that ends a
+/// blocking wait (the socket's end: the read says so; or its error), `None` to look again.
+fn socket_now(s: &mut SocketReader) -> Option<Result<bool, PipeError>> {
+    let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(s.stream()));
+    let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
+    match fill.as_mut().poll(cx) {
+        std::task::Poll::Ready(Ok([])) => Some(Ok(true)),
+        std::task::Poll::Ready(Err(e)) => Some(Err(e.into())),
+        std::task::Poll::Ready(Ok(_)) | std::task::Poll::Pending => None,
+    }
+}
+
 fn slice_end(deadline: Option<Instant>) -> Option<(Instant, Instant)> {
     let now = Instant::now();
     if deadline.is_some_and(|d| d <= now) {
@@ -366,21 +378,23 @@ impl RingRead {
                 };
                 match end {
                     WaitEnd::Data => return Ok(true),
-                    WaitEnd::Deadline => {
-                        // The socket, without waiting: its end (or bytes) ends the wait.
-                        let mut fill = std::pin::pin!(tokio::io::AsyncBufReadExt::fill_buf(s.stream()));
-                        let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
-                        match fill.as_mut().poll(cx) {
-                            std::task::Poll::Ready(Ok([])) => return Ok(true),
-                            std::task::Poll::Ready(Err(e)) => return Err(e.into()),
-                            std::task::Poll::Ready(Ok(_)) | std::task::Poll::Pending => continue,
-                        }
-                    }
+                    // The socket, without waiting: its end ends the wait, bytes are looked
+                    // at above (doorbells skipped).
+                    WaitEnd::Deadline => match socket_now(s) {
+                        Some(r) => return r,
+                        None => continue,
+                    },
                     // A frame is coming on the socket, ahead of its divert record: wait for
                     // its bytes there, behind the doorbell (a publish wakes it too); on
-                    // this thread where the transport lets it.
+                    // this thread where the transport lets it. What woke it is looked at
+                    // above too: a doorbell left in the socket (a writer that rang while
+                    // this side spun, or a wake-up that was no nudge) is no frame, and a
+                    // wait that took it for one would read on past its deadline.
                     WaitEnd::Nudged => match self.wait_behind_doorbell(s, Some(until), true).await? {
-                        Woke::Read => return Ok(true),
+                        Woke::Read => match socket_now(s) {
+                            Some(r) => return r,
+                            None => continue,
+                        },
                         Woke::LookAgain => continue,
                     },
                 }
