@@ -24,18 +24,30 @@ use crate::wire::{ChannelOffer, InlineRef, Location};
 
 /// A CONTROL frame a session has for its peer session, pulled by the pipe's writer
 /// ([`ChannelSession::poll_control`]). CONTROL frames carry no descriptors.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The body is JSON text already (a session serializes its typed body once, with no
+/// `serde_json::Value` between: a shm release goes out on every large round trip).
+#[derive(Debug, Clone)]
 pub struct ControlOut {
     /// The sending channel's name.
     pub channel: &'static str,
-    /// Channel-specific body.
-    pub body: serde_json::Value,
+    /// Channel-specific body, as JSON text.
+    pub body: Box<serde_json::value::RawValue>,
 }
 
 impl ControlOut {
-    /// A CONTROL body of channel `channel`.
-    pub fn new(channel: &'static str, body: serde_json::Value) -> Self {
+    /// A CONTROL body of channel `channel`: `body` turned into JSON text (`null` for a
+    /// value JSON cannot hold, such as a map with keys that are not strings).
+    pub fn new(channel: &'static str, body: &impl serde::Serialize) -> Self {
+        let body =
+            serde_json::value::to_raw_value(body).unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned());
         ControlOut { channel, body }
+    }
+}
+
+impl PartialEq for ControlOut {
+    fn eq(&self, other: &Self) -> bool {
+        self.channel == other.channel && self.body.get() == other.body.get()
     }
 }
 
@@ -270,8 +282,9 @@ pub trait ChannelSession: Send + Sync + 'static {
     fn stats(&self) -> serde_json::Value {
         serde_json::Value::Null
     }
-    /// Handles a CONTROL frame (body and attached descriptors) from the peer's session.
-    fn control(&self, body: serde_json::Value, incoming: &mut Incoming) -> Result<(), ChannelError> {
+    /// Handles a CONTROL frame (its body as JSON text, checked to be JSON, and attached
+    /// descriptors) from the peer's session.
+    fn control(&self, body: &serde_json::value::RawValue, incoming: &mut Incoming) -> Result<(), ChannelError> {
         let _ = (body, incoming);
         Err(ChannelError::BadDescriptor {
             channel: self.name(),

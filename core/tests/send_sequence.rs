@@ -114,20 +114,20 @@ impl ChannelSession for ProbeSession {
         Ok(t)
     }
 
-    fn control(&self, body: Value, _: &mut Incoming) -> Result<(), ChannelError> {
-        let text = body.to_string();
+    fn control(&self, body: &serde_json::value::RawValue, _: &mut Incoming) -> Result<(), ChannelError> {
+        let text = body.get();
         self.0.note(format!("control {}", if text.len() > 40 { "(long)" } else { &text }));
         Ok(())
     }
 
     fn poll_control(&self, now: Instant, out: &mut Vec<ControlOut>) -> Option<Instant> {
         for body in self.0.due.lock().unwrap().drain(..) {
-            out.push(ControlOut::new("probe", body));
+            out.push(ControlOut::new("probe", &body));
         }
         let mut at = self.0.at.lock().unwrap();
         if at.is_some_and(|t| t <= now) {
             *at = None;
-            out.push(ControlOut::new("probe", json!({"timed": true})));
+            out.push(ControlOut::new("probe", &json!({"timed": true})));
         }
         *at
     }

@@ -145,8 +145,8 @@ pub(crate) fn decode_return(r: &CudaIpcReturnRef) -> Result<ReturnDesc, String> 
 }
 
 /// Parses a CONTROL body.
-pub(crate) fn decode_control(body: serde_json::Value) -> Result<Control, String> {
-    let c: Control = serde_json::from_value(body).map_err(|e| format!("control message: {e}"))?;
+pub(crate) fn decode_control(body: &serde_json::value::RawValue) -> Result<Control, String> {
+    let c: Control = serde_json::from_str(body.get()).map_err(|e| format!("control message: {e}"))?;
     if !c.release.is_empty() {
         match (&c.device, &c.event) {
             (Some(d), Some(_)) if valid_uuid(d) => {}
@@ -244,12 +244,16 @@ mod tests {
         assert!(valid_uuid("MIG-12345678-9abc-def0-1234-56789abcdef0"));
     }
 
+    fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
+        serde_json::value::to_raw_value(&v).unwrap()
+    }
+
     #[test]
     fn control_bodies() {
-        let c = decode_control(serde_json::json!({"retire": [5]})).unwrap();
+        let c = decode_control(&raw(serde_json::json!({"retire": [5]}))).unwrap();
         assert_eq!(c.retire, [5]);
         let ok = serde_json::json!({"release": [1, 2], "device": "GPU-00", "event": handle_to_b64(&h(3))});
-        assert_eq!(decode_control(ok).unwrap().release, [1, 2]);
+        assert_eq!(decode_control(&raw(ok)).unwrap().release, [1, 2]);
         for bad in [
             serde_json::json!({"release": [1]}),
             serde_json::json!({"release": [1], "device": "nope", "event": "x"}),
@@ -260,7 +264,7 @@ mod tests {
             serde_json::json!({"retire": [1u64 << 53]}),
             serde_json::json!([1]),
         ] {
-            assert!(decode_control(bad.clone()).is_err(), "{bad}");
+            assert!(decode_control(&raw(bad.clone())).is_err(), "{bad}");
         }
         let out = serde_json::to_value(Control { retire: vec![9], ..Default::default() }).unwrap();
         assert_eq!(out, serde_json::json!({"retire": [9]}));

@@ -38,7 +38,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn control_out(body: &Control) -> ControlOut {
-    ControlOut::new(NAME, serde_json::to_value(body).unwrap_or_default())
+    ControlOut::new(NAME, body)
 }
 
 /// An event created or opened through the driver; destroyed on drop.
@@ -488,7 +488,7 @@ impl ChannelSession for CudaSession {
         self.core.close();
     }
 
-    fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
+    fn control(&self, body: &serde_json::value::RawValue, _: &mut Incoming) -> Result<(), ChannelError> {
         let c = descriptor::decode_control(body).map_err(bad)?;
         if !c.release.is_empty() {
             self.handle_release(&c)?;

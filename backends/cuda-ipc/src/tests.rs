@@ -78,9 +78,14 @@ async fn pump(from: &mut End, to: &End) -> Result<usize, ChannelError> {
     let n = due.len();
     for c in due {
         assert_eq!(c.channel, "cuda-ipc");
-        to.session.control(c.body, &mut incoming())?;
+        to.session.control(&c.body, &mut incoming())?;
     }
     Ok(n)
+}
+
+/// A CONTROL body as the pipe hands it to a session: JSON text.
+fn raw(v: &serde_json::Value) -> Box<serde_json::value::RawValue> {
+    serde_json::value::to_raw_value(v).expect("JSON")
 }
 
 fn stat(e: &End, key: &str) -> u64 {
@@ -338,7 +343,7 @@ async fn hostile_control_and_returns_are_refused() {
         (json!({"bogus": 1}), "unknown field"),
     ];
     for (body, needle) in bad_controls {
-        let e = a.session.control(body.clone(), &mut incoming()).unwrap_err();
+        let e = a.session.control(&raw(&body), &mut incoming()).unwrap_err();
         assert!(e.to_string().contains(needle), "{e} for {body}");
     }
     assert_eq!(stat(&a, "leases_granted"), 1, "a refused release releases nothing");
@@ -352,7 +357,7 @@ async fn hostile_control_and_returns_are_refused() {
     let e = decode_raw(&a, t.meta().clone(), back).await.unwrap_err();
     assert!(e.to_string().contains("outside lease"), "{e}");
     // Retiring an allocation that is not mapped is harmless.
-    a.session.control(json!({"retire": [123_456]}), &mut incoming()).unwrap();
+    a.session.control(&raw(&json!({"retire": [123_456]})), &mut incoming()).unwrap();
 }
 
 #[tokio::test]

@@ -488,8 +488,7 @@ impl ChannelSession for ShmSession {
         let mut forget = self.forgets.take();
         forget.extend(self.pool.take_forgets());
         if !release.is_empty() || !forget.is_empty() {
-            let body = serde_json::to_value(ShmControl { release, forget }).unwrap_or_default();
-            out.push(ControlOut::new(NAME, body));
+            out.push(ControlOut::new(NAME, &ShmControl { release, forget }));
         }
         next
     }
@@ -505,8 +504,8 @@ impl ChannelSession for ShmSession {
         drop(peer);
     }
 
-    fn control(&self, body: serde_json::Value, _: &mut Incoming) -> Result<(), ChannelError> {
-        let c: ShmControl = serde_json::from_value(body).map_err(|e| bad(format!("control message: {e}")))?;
+    fn control(&self, body: &serde_json::value::RawValue, _: &mut Incoming) -> Result<(), ChannelError> {
+        let c: ShmControl = serde_json::from_str(body.get()).map_err(|e| bad(format!("control message: {e}")))?;
         if !c.forget.is_empty() {
             self.forget(&c.forget)?;
         }

@@ -10,7 +10,7 @@ use crate::channel::Incoming;
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
 use crate::frame::{Frame, FrameKind, FrameReader, Received, WaitSpin};
 use crate::message::Message;
-use crate::wire::{Close, ControlHeader, MessageHeader};
+use crate::wire::{Close, ControlFrame, MessageHeader};
 
 use super::{Handled, Shared};
 
@@ -191,7 +191,8 @@ async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, 
 
 /// Hands a CONTROL frame to its channel's session.
 pub(super) fn control_frame(shared: &Shared, frame: Frame) -> Result<(), PipeError> {
-    let c: ControlHeader = frame.parse()?;
+    let c: ControlFrame<'_> =
+        serde_json::from_slice(&frame.header).map_err(|e| ProtocolError::BadHeader(e.to_string()))?;
     let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
         ProtocolError::BadHeader(format!("control frame for channel {:?}, which this pipe does not use", c.channel))
     })?;

@@ -60,7 +60,7 @@ use crate::error::PipeError;
 use crate::frame::{FrameKind, FrameWriter, OutFrame};
 use crate::message::Message;
 use crate::ticket::Tickets;
-use crate::wire::ControlHeader;
+use crate::wire::ControlFrame;
 
 use super::Shared;
 
@@ -347,7 +347,7 @@ impl Shared {
             }
         }
         for c in due {
-            let header = ControlHeader { channel: c.channel.to_string(), body: c.body };
+            let header = ControlFrame { channel: c.channel.into(), body: &c.body };
             side.pulled.push(serde_json::to_vec(&header).unwrap_or_default());
         }
         // A sooner time than the control task waits for: it must look again.

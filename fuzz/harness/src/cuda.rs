@@ -66,7 +66,9 @@ pub fn cuda_descriptor(data: &[u8]) {
                     }
                 }
                 Step::Control { control } => {
-                    let _ = session.control(control, &mut Incoming::new(Bytes::new(), Vec::new()));
+                    if let Ok(control) = serde_json::value::to_raw_value(&control) {
+                        let _ = session.control(&control, &mut Incoming::new(Bytes::new(), Vec::new()));
+                    }
                 }
             }
         }

@@ -79,7 +79,9 @@ pub fn shm_descriptor(data: &[u8]) {
             match step {
                 Step::Message { tensors } => message(&*session, tensors).await,
                 Step::Control { control } => {
-                    let _ = session.control(control, &mut Incoming::new(Bytes::new(), Vec::new()));
+                    if let Ok(control) = serde_json::value::to_raw_value(&control) {
+                        let _ = session.control(&control, &mut Incoming::new(Bytes::new(), Vec::new()));
+                    }
                 }
             }
         }
