@@ -51,6 +51,17 @@ impl PartialEq for ControlOut {
     }
 }
 
+/// [`crate::wire::ControlHeader`] as the pipe writes and reads it: the body kept as JSON text, parsed
+/// only by its channel's session into that channel's own type (no `serde_json::Value`
+/// between, on a frame that goes out on every large round trip). The same bytes on the wire.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ControlFrame<'a> {
+    #[serde(borrow)]
+    pub channel: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    pub body: &'a serde_json::value::RawValue,
+}
+
 /// Tells the pipe's writer that a session has CONTROL frames due (or a new time to be asked
 /// again): the writer then pulls them ([`ChannelSession::poll_control`]) as soon as it
 /// holds the write side. Waking is cheap and idempotent. Cheap to clone.

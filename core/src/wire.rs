@@ -451,17 +451,6 @@ pub struct ControlHeader {
     pub body: serde_json::Value,
 }
 
-/// [`ControlHeader`] as the pipe writes and reads it: the body kept as JSON text, parsed
-/// only by its channel's session into that channel's own type (no `serde_json::Value`
-/// between, on a frame that goes out on every large round trip). The same bytes on the wire.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct ControlFrame<'a> {
-    #[serde(borrow)]
-    pub channel: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    pub body: &'a serde_json::value::RawValue,
-}
-
 /// The CONTROL body of the shm channel (`ControlHeader::body` when `channel` is `"shm"`,
 /// PROTOCOL.md §11.5). Parsed strictly: an unknown field is an error.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

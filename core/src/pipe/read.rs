@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::channel::Incoming;
+use crate::channel::{ControlFrame, Incoming};
 use crate::error::{ChannelError, LimitError, PipeError, ProtocolError};
 use crate::frame::{Frame, FrameKind, FrameReader, Received, WaitSpin};
 use crate::message::Message;
-use crate::wire::{Close, ControlFrame, MessageHeader};
+use crate::wire::{Close, MessageHeader};
 
 use super::{Handled, Shared};
 

@@ -55,12 +55,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::channel::ControlOut;
+use crate::channel::{ControlFrame, ControlOut};
 use crate::error::PipeError;
 use crate::frame::{FrameKind, FrameWriter, OutFrame};
 use crate::message::Message;
 use crate::ticket::Tickets;
-use crate::wire::ControlFrame;
 
 use super::Shared;
 

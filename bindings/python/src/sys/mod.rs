@@ -12,6 +12,8 @@
 #![allow(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+pub mod array;
+
 use std::ffi::{CStr, c_void};
 
 use ferry_core::Tensor;
