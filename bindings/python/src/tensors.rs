@@ -153,13 +153,18 @@ pub enum Whole<'py> {
 
 /// See [`Whole`].
 pub fn whole_view<'py>(x: &Bound<'py, PyAny>) -> PyResult<Option<Whole<'py>>> {
+    use numpy::{PyUntypedArray, PyUntypedArrayMethods};
     let py = x.py();
     let np = numpy(py)?;
     if !x.get_type().is(np.ndarray.bind(py)) {
         return Ok(None);
     }
-    let base = x.getattr(intern!(py, "base"))?;
+    let Ok(a) = x.cast::<PyUntypedArray>() else { return Ok(None) };
+    let (Some(base), writeable) = crate::sys::array::base_and_writeable(a) else { return Ok(None) };
     let (meta, nbytes, found) = if let Ok(r) = base.cast::<TensorRef>() {
+        if writeable {
+            return Ok(None);
+        }
         let t = &r.get().tensor;
         (t.meta().clone(), t.host_bytes().map(<[u8]>::len), Whole::Received(r.clone()))
     } else if let Ok(o) = base.cast::<OutTensor>() {
@@ -173,24 +178,11 @@ pub fn whole_view<'py>(x: &Bound<'py, PyAny>) -> PyResult<Option<Whole<'py>>> {
     if nbytes == 0 || !meta.is_contiguous() || meta.byte_span().ok() != Some(nbytes as u64) {
         return Ok(None);
     }
-    if !x.getattr(intern!(py, "dtype"))?.is(dtype.bind(py)) {
+    if !a.dtype().is(dtype.bind(py)) || !a.is_c_contiguous() {
         return Ok(None);
     }
-    let shape = x.getattr(intern!(py, "shape"))?;
-    let shape = shape.cast::<PyTuple>()?;
-    if shape.len() != meta.shape.len() {
-        return Ok(None);
-    }
-    for (d, want) in shape.iter().zip(&meta.shape) {
-        if d.extract::<u64>()? != *want {
-            return Ok(None);
-        }
-    }
-    let flags = x.getattr(intern!(py, "flags"))?;
-    if !flags.getattr(intern!(py, "c_contiguous"))?.is_truthy()? {
-        return Ok(None);
-    }
-    if matches!(found, Whole::Received(_)) && flags.getattr(intern!(py, "writeable"))?.is_truthy()? {
+    let shape = a.shape();
+    if shape.len() != meta.shape.len() || shape.iter().zip(&meta.shape).any(|(&d, &want)| d as u64 != want) {
         return Ok(None);
     }
     Ok(Some(found))
