@@ -287,6 +287,18 @@ impl TensorRef {
         self.writable.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// A read-only numpy array viewing this tensor (no copy, this object its base), as
+    /// `np.asarray(self)` makes it (a dtype numpy lacks as the unsigned integer of its
+    /// size), made through numpy's C API where it can ([`numpy_view`]: 0.2 µs against
+    /// 1.4 µs).
+    fn _numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(a) = numpy_view(slf)? {
+            return Ok(a);
+        }
+        let py = slf.py();
+        numpy(py)?.asarray.bind(py).call1((slf,))
+    }
+
     /// numpy's array interface (host tensors only): read-only, no copy.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

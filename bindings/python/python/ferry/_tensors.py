@@ -97,7 +97,7 @@ def to_numpy(ref: _native.TensorRef | _native.DeviceTensor) -> Any:
     tensor stays the `DeviceTensor` it is (numpy has no device arrays)."""
     if isinstance(ref, _native.DeviceTensor):
         return ref
-    a: np.ndarray[Any, Any] = np.asarray(ref)
+    a: np.ndarray[Any, Any] = ref._numpy()  # np.asarray(ref), through numpy's C API
     view = _NUMPY_VIEW.get(ref.dtype)
     if view is not None:
         a = a.view(view)
@@ -118,7 +118,7 @@ def to_torch(ref: _native.TensorRef | _native.DeviceTensor) -> Any:
     from torch.utils.dlpack import from_dlpack
 
     ref._mark_writable()
-    return torch_view(np.asarray(ref), ref.dtype, from_dlpack)
+    return torch_view(ref._numpy(), ref.dtype, from_dlpack)
 
 
 def host_numpy(x: object) -> tuple[np.ndarray[Any, Any], str]:
