@@ -120,7 +120,7 @@ fn numpy_dtype(np: &Numpy, d: DType) -> Option<&Py<PyAny>> {
 /// A read-only numpy array viewing `r` whole (no copy), made here when numpy has the
 /// tensor's dtype; `None` for the others (the caller's Python hook views them).
 ///
-/// Made through numpy's C API ([`crate::sys::array::readonly_view`], about 0.2 µs), or for
+/// Made through numpy's C API (`sys::array::readonly_view`, about 0.2 µs), or for
 /// what that does not view (an empty tensor) by `np.asarray` through
 /// `__array_interface__` (1.4 µs), with the same result: base `r`, read-only.
 pub fn numpy_view<'py>(r: &Bound<'py, TensorRef>) -> PyResult<Option<Bound<'py, PyAny>>> {

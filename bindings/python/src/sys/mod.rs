@@ -1,6 +1,6 @@
 //! The only unsafe code of the Python binding: DLPack capsules, for `__dlpack__` of
 //! [`crate::device::DeviceTensor`] (here), and numpy arrays over received tensors through
-//! numpy's C API ([`array`]).
+//! numpy's C API ([`mod@array`]).
 //!
 //! A DLPack capsule is a `PyCapsule` named `"dltensor"` holding a `DLManagedTensor` (the
 //! C structs of `dlpack.h`, v0.8 / legacy, unversioned). The consumer (torch, CuPy, JAX)
