@@ -203,6 +203,12 @@ impl Ci {
             let t = Instant::now();
             let result = (step.run)(sh);
             let secs = t.elapsed().as_secs_f64();
+            // A full disk fails a later step in its own words (a linker error, Wine's
+            // "could not load kernel32.dll"): the free space after each step says when.
+            let dir = crate::target_dir(sh).ok().filter(|d| d.exists()).unwrap_or_else(crate::project_root);
+            if let Some(free) = crate::free_disk(sh, &dir) {
+                eprintln!("==> {} free on the build's disk", crate::gib(free));
+            }
             match result {
                 Ok(()) => {
                     eprintln!("==> {}: ok in {secs:.1}s", step.name);

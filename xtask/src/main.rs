@@ -209,6 +209,19 @@ pub fn target_dir(sh: &Shell) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(dir))
 }
 
+/// Bytes free for an unprivileged user on the filesystem holding `dir` (`df -Pk`), or
+/// `None` where `df` cannot say.
+pub fn free_disk(sh: &Shell, dir: &Path) -> Option<u64> {
+    let out = cmd!(sh, "df -Pk {dir}").quiet().ignore_stderr().read().ok()?;
+    let kib: u64 = out.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// `bytes` in GiB, for messages.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
 /// `path` relative to `root` (when it is inside), with `/` separators, for messages.
 pub fn relative(root: &Path, path: &Path) -> String {
     let Ok(rel) = path.strip_prefix(root) else {

@@ -187,14 +187,51 @@ fn wine_prefix(sh: &Shell) -> anyhow::Result<PathBuf> {
         std::fs::create_dir_all(&prefix)?;
         let _env = [sh.push_env("WINEPREFIX", &prefix), sh.push_env("WINEDEBUG", "-all")];
         eprintln!("windows: making a Wine prefix in {} (once; about a minute)", prefix.display());
-        cmd!(sh, "wineboot --init").quiet().ignore_stdout().ignore_stderr().run().context("wineboot --init")?;
+        let out = cmd!(sh, "wineboot --init").quiet().ignore_status().output().context("running wineboot --init")?;
         cmd!(sh, "wineserver -w").quiet().run()?;
-        anyhow::ensure!(system32.join("kernel32.dll").exists(), "wineboot made no prefix in {}", prefix.display());
+        if !out.status.success() || !system32.join("kernel32.dll").exists() {
+            let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+            // Half a prefix would be taken for a whole one by the next run.
+            let _ = std::fs::remove_dir_all(&prefix);
+            bail!("{}", boot_failure(sh, &prefix, out.status.code(), &text));
+        }
     }
     let shim = build_shim(sh, &dir)?;
     std::fs::copy(&shim, system32.join("bcryptprimitives.dll"))
         .with_context(|| format!("copying the ProcessPrng shim into {}", system32.display()))?;
     Ok(prefix)
+}
+
+/// Room a Wine prefix takes (about 700 MiB for Wine 8), with a margin.
+const PREFIX_BYTES: u64 = 1 << 30;
+
+/// Why `wineboot --init` made no prefix, in words: what it exited with, the end of what
+/// it printed, and the free disk, the usual cause. Wine exits with the low byte of an
+/// NTSTATUS: 53 is `0xc0000135` (a DLL not found), which a full disk gives as "could not
+/// load kernel32.dll" (checked on a 20 MiB tmpfs).
+fn boot_failure(sh: &Shell, prefix: &Path, code: Option<i32>, text: &str) -> String {
+    let tail: Vec<&str> = text.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+    let dir = prefix.parent().unwrap_or(prefix);
+    let code = code.map_or_else(|| "was killed by a signal".to_owned(), |c| format!("exited with {c}"));
+    let mut msg = format!("wineboot --init {code} and made no Wine prefix in {}", prefix.display());
+    match crate::free_disk(sh, dir) {
+        Some(free) if free < PREFIX_BYTES || text.contains("No space left on device") => {
+            msg += &format!(
+                "\nthe disk is full: {} free in {} and a prefix takes about 700 MiB; free some space \
+             (`cargo clean` removes the build)",
+                crate::gib(free),
+                dir.display()
+            )
+        }
+        Some(free) => msg += &format!(" ({} free there)", crate::gib(free)),
+        None => {}
+    }
+    if tail.is_empty() {
+        msg += "\nit printed nothing";
+    } else {
+        msg += &format!("\nthe last lines it printed:\n  {}", tail.join("\n  "));
+    }
+    msg
 }
 
 /// Builds `xtask/wine/bcryptprimitives.c` into `dir/bcryptprimitives.dll`.
@@ -204,4 +241,26 @@ fn build_shim(sh: &Shell, dir: &Path) -> anyhow::Result<PathBuf> {
     let out = dir.join("bcryptprimitives.dll");
     cmd!(sh, "x86_64-w64-mingw32-gcc -O2 -shared -o {out} {c} {def} -lbcrypt").run()?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What Wine 8 printed making a prefix on a full 20 MiB tmpfs (exit code 53).
+    const FULL_DISK: &str = "wine: configuration in L\"/mnt/tiny/p\" has been updated.\n\
+                             wine: could not load kernel32.dll, status c0000135\n\
+                             wineserver: could not save registry branch to system.reg : No space left on device\n";
+
+    #[test]
+    fn a_failed_boot_says_the_disk_is_full_and_what_wine_printed() {
+        let sh = Shell::new().unwrap();
+        let dir = std::env::temp_dir();
+        let msg = boot_failure(&sh, &dir.join("prefix"), Some(53), FULL_DISK);
+        assert!(msg.starts_with("wineboot --init exited with 53 and made no Wine prefix in "), "{msg}");
+        assert!(msg.contains("the disk is full: "), "{msg}");
+        assert!(msg.contains("could not load kernel32.dll, status c0000135"), "{msg}");
+        let quiet = boot_failure(&sh, &dir.join("prefix"), None, "");
+        assert!(quiet.contains("was killed by a signal") && quiet.ends_with("it printed nothing"), "{quiet}");
+    }
 }
