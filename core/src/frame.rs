@@ -23,7 +23,7 @@ mod writer;
 pub use link::LinkProvider;
 pub(crate) use link::RingCloser;
 pub use link::{Link, LinkRead, LinkWrite};
-pub use writer::{FrameWriter, OutFrame, SocketWriter};
+pub use writer::{FrameWriter, OutFrame, SocketWriter, WriteStarted};
 
 /// The first six bytes each side sends: `89 46 45 52 52 59` ("\x89FERRY"). The first byte
 /// is not ASCII, so it can never be `{` or `[` (plain JSON-RPC) or any text protocol.
@@ -223,8 +223,9 @@ impl Frame {
     }
 }
 
-/// Parses a frame's header bytes as `T`.
-pub(crate) fn parse_header<T: serde::de::DeserializeOwned>(header: &[u8]) -> Result<T, ProtocolError> {
+/// Parses a frame's header bytes as `T` (which may borrow from them, as a CONTROL frame's
+/// raw body does).
+pub(crate) fn parse_header<'a, T: serde::Deserialize<'a>>(header: &'a [u8]) -> Result<T, ProtocolError> {
     serde_json::from_slice(header).map_err(|e| ProtocolError::BadHeader(e.to_string()))
 }
 

@@ -8,9 +8,10 @@
 //! - **One ordered path.** A writer puts each write (a frame and the CONTROL frames that
 //!   trail it) into one ring record ([`TAG_FRAMES`]). A frame the ring cannot carry (it
 //!   has descriptors, or it is larger than the ring's largest record) is written to the
-//!   socket first, then a [`TAG_DIVERT`] record per frame takes its place in the ring. The
-//!   reader reads the ring in order and, at a divert record, takes the next frame from the
-//!   socket. No sequence numbers, nothing to merge.
+//!   socket, and a [`TAG_DIVERT`] record per frame takes its place in the ring as soon as
+//!   the frame's first byte is on the socket (behind the frame when the ring is full then).
+//!   The reader reads the ring in order and, at a divert record, takes the next frame from
+//!   the socket, while it is still being written. No sequence numbers, nothing to merge.
 //! - **The doorbell.** A reader with nothing to read arms its doorbell (the ring's sleeping
 //!   word, `ferry_ring::Receiver::arm_doorbell`) and waits on the socket as it would without
 //!   a ring, so an idle connection costs no CPU and no thread. A writer that finds the
@@ -21,8 +22,9 @@
 //! - **Blocking callers** (`Pipe::recv_blocking`, on their own thread) wait on the ring
 //!   itself: the wait policy's spin, then its futex, which the writer wakes directly (no
 //!   doorbell, one wake-up), in slices of [`DEATH_CHECK`] between which they look at the
-//!   socket for its end. A writer whose diverted frame does not fit the socket at once
-//!   nudges them (`ferry_ring::Nudge`): they then wait on the socket behind the doorbell,
+//!   socket for its end. A divert record wakes them like any record; a writer whose
+//!   diverted frame does not fit the socket at once, and whose ring had no room for its
+//!   divert, nudges them (`ferry_ring::Nudge`): they then wait on the socket behind the doorbell,
 //!   on their own thread where the transport offers a direct wait
 //!   (`SocketReader::wait_readable_here`), else through the runtime.
 //! - **Death and close.** The socket is the death notice: its end of stream, once the
@@ -61,7 +63,8 @@ pub(crate) const TAG_DIVERT: u32 = 1;
 pub(crate) const TAG_MESSAGE: u32 = 2;
 
 /// Frames a peer may put on the socket ahead of their divert records (a writer publishes
-/// the divert right after the frame, so one is the most an honest peer gets ahead).
+/// the divert once the frame starts, or right after it when its ring is full, so one is the
+/// most an honest peer gets ahead).
 pub(crate) const MAX_EARLY: usize = 4;
 
 /// How long a blocking caller sleeps on the ring before it looks at the socket for the

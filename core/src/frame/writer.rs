@@ -36,15 +36,27 @@ impl OutFrame {
     }
 }
 
+/// Called once, right after the first byte of a write is on the stream
+/// ([`SocketWriter::write_parts_started`]).
+pub type WriteStarted<'a> = Option<&'a mut (dyn FnMut() + Send)>;
+
 /// Writes all of `buf`, marking the writer `torn` from its first byte on (the caller clears
-/// it once the last byte of its frames is written).
-async fn put(inner: &mut Box<dyn AsyncWrite + Send + Unpin>, torn: &mut bool, mut buf: &[u8]) -> std::io::Result<()> {
+/// it once the last byte of its frames is written) and calling `started` then.
+async fn put(
+    inner: &mut Box<dyn AsyncWrite + Send + Unpin>,
+    torn: &mut bool,
+    started: &mut WriteStarted<'_>,
+    mut buf: &[u8],
+) -> std::io::Result<()> {
     while !buf.is_empty() {
         let n = inner.write(buf).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         *torn = true;
+        if let Some(f) = started.take() {
+            f();
+        }
         buf = &buf[n..];
     }
     Ok(())
@@ -198,6 +210,19 @@ impl SocketWriter {
         frame: &OutFrame,
         trailing: &[(FrameKind, &[u8])],
     ) -> Result<(), PipeError> {
+        self.write_parts_started(prefix, frame, trailing, None).await
+    }
+
+    /// [`SocketWriter::write_parts`], calling `started` once its first byte is on the
+    /// stream: from then on the frames are committed (a cut tears the stream), and a link
+    /// may say where they are before their last byte is written.
+    pub async fn write_parts_started(
+        &mut self,
+        prefix: FramePrefix,
+        frame: &OutFrame,
+        trailing: &[(FrameKind, &[u8])],
+        mut started: WriteStarted<'_>,
+    ) -> Result<(), PipeError> {
         self.scratch.clear();
         self.scratch.extend_from_slice(&prefix.encode());
         self.scratch.extend_from_slice(&frame.header);
@@ -207,9 +232,9 @@ impl SocketWriter {
                 self.scratch.extend_from_slice(p);
             }
         } else {
-            put(&mut self.inner, &mut self.torn, &self.scratch).await?;
+            put(&mut self.inner, &mut self.torn, &mut started, &self.scratch).await?;
             for p in &frame.payload {
-                put(&mut self.inner, &mut self.torn, p).await?;
+                put(&mut self.inner, &mut self.torn, &mut started, p).await?;
             }
             self.scratch.clear();
         }
@@ -221,7 +246,7 @@ impl SocketWriter {
             self.scratch.extend_from_slice(header);
         }
         if !self.scratch.is_empty() {
-            put(&mut self.inner, &mut self.torn, &self.scratch).await?;
+            put(&mut self.inner, &mut self.torn, &mut started, &self.scratch).await?;
         }
         // Every byte is the transport's now: the frames are whole on the stream.
         self.torn = false;
@@ -234,7 +259,7 @@ impl SocketWriter {
     /// flushes. Torn while part-way; whole, the torn mark is what it was before.
     pub async fn write_bytes(&mut self, bytes: &[u8]) -> Result<(), PipeError> {
         let was = self.torn;
-        put(&mut self.inner, &mut self.torn, bytes).await?;
+        put(&mut self.inner, &mut self.torn, &mut None, bytes).await?;
         self.torn = was;
         self.inner.flush().await?;
         Ok(())

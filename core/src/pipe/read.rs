@@ -191,8 +191,7 @@ async fn handle_frame(shared: &Shared, frame: Frame) -> Result<Option<Message>, 
 
 /// Hands a CONTROL frame to its channel's session.
 pub(super) fn control_frame(shared: &Shared, frame: Frame) -> Result<(), PipeError> {
-    let c: ControlFrame<'_> =
-        serde_json::from_slice(&frame.header).map_err(|e| ProtocolError::BadHeader(e.to_string()))?;
+    let c: ControlFrame<'_> = crate::frame::parse_header(&frame.header)?;
     let session = shared.sessions.values().find(|s| s.name() == c.channel).ok_or_else(|| {
         ProtocolError::BadHeader(format!("control frame for channel {:?}, which this pipe does not use", c.channel))
     })?;

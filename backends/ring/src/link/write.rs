@@ -2,6 +2,8 @@
 //! socket and divert records for what the ring cannot carry, the doorbell, and a full
 //! ring's wait, which gives up when the peer is gone or this side closed.
 
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use ferry_core::PipeError;
@@ -99,26 +101,49 @@ impl RingWrite {
         let len = (PREFIX_LEN + frame.header.len()) as u64 + prefix.payload_len + trailing_len as u64;
         if prefix.fds != 0 || len > ring.tx.max_frame() as u64 {
             // The socket carries the frames; a divert record per frame keeps their place.
-            // Until the last divert is published the stream is torn: a cut here would
-            // leave frames on the socket that the ring never points to.
-            // A blocking reader sleeping on the ring's futex would see nothing until the
-            // divert record, which comes after the whole frame: when the socket cannot take
-            // the frame at once, nudge it to read the socket meanwhile.
+            // The diverts go out as soon as the frames' first byte is on the socket (a cut
+            // from then on tears the stream), so that a reader sleeping on the ring's
+            // futex starts reading the socket at once and has the frame at its last byte,
+            // not when this side next runs (on a busy machine, a scheduler's time slice
+            // later). A doorbell they find armed is paid behind the frames: the reader may
+            // have read them from the socket already and be waiting for their diverts.
+            let diverts = 1 + trailing.len();
+            // (Atomics only because the write's future must be `Send`: one thread uses them.)
+            let published = AtomicUsize::new(0);
+            let rang = AtomicBool::new(false);
             let nudge = ring.tx.nudger();
             {
-                let mut write = std::pin::pin!(s.write_parts(prefix, frame, trailing));
+                let tx = &mut ring.tx;
+                let mut started = || {
+                    while published.load(Relaxed) < diverts {
+                        match tx.try_send_parts(TAG_DIVERT, &[]) {
+                            Ok(Pushed::Sent { doorbell }) => {
+                                published.fetch_add(1, Relaxed);
+                                rang.fetch_or(doorbell, Relaxed);
+                            }
+                            // A full (or broken) ring: the rest go out behind the frames.
+                            Ok(Pushed::Full) | Err(_) => break,
+                        }
+                    }
+                };
+                let mut write = std::pin::pin!(s.write_parts_started(prefix, frame, trailing, Some(&mut started)));
                 let mut first = true;
                 std::future::poll_fn(|cx| {
                     let r = write.as_mut().poll(cx);
-                    if std::mem::take(&mut first) && r.is_pending() {
+                    // A full ring kept a divert back, and the socket cannot take the frames
+                    // at once: nudge a reader sleeping on the futex to read them meanwhile.
+                    if std::mem::take(&mut first) && r.is_pending() && published.load(Relaxed) < diverts {
                         nudge.nudge();
                     }
                     r
                 })
                 .await?;
             }
+            self.doorbell_owed |= rang.into_inner();
+            // Until the last divert is published the stream is torn: a cut here would
+            // leave frames on the socket that the ring never points to.
             s.set_torn(true);
-            for _ in 0..=trailing.len() {
+            for _ in published.into_inner()..diverts {
                 self.push(s, TAG_DIVERT, None).await?;
             }
             s.set_torn(false);
@@ -275,4 +300,81 @@ fn append_headers<'a>(
         record.extend_from_slice(header);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use ferry_core::frame::{FrameKind, FramePrefix, FrameWriter, OutFrame, PREFIX_LEN};
+    use tokio::io::AsyncReadExt;
+
+    use super::{RingWrite, TAG_DIVERT};
+    use crate::{Ring, RingOptions};
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    /// A frame writer with a ring of 4 KiB over one end of a socket pair; the other end's
+    /// socket and ring receiver.
+    fn setup() -> (FrameWriter, tokio::net::UnixStream, crate::Receiver) {
+        let opts = RingOptions::default().capacity(4096);
+        let (creator, fd) = Ring::create(&opts).unwrap();
+        let opener = Ring::open(fd, creator.capacity(), &opts).unwrap();
+        let (tx, _) = creator.into_split();
+        let (_, rx) = opener.into_split();
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let mut w = FrameWriter::new(Box::new(a), None);
+        w.attach_link(Box::new(RingWrite::new(tx, false)));
+        (w, b, rx)
+    }
+
+    /// A frame with a 2-byte header and `n` bytes of 7s, too large for the ring.
+    fn big(n: usize) -> OutFrame {
+        OutFrame { header: b"{}".to_vec(), payload: vec![Bytes::from(vec![7u8; n])], ..Default::default() }
+    }
+
+    /// The divert record is in the ring while the frame is still being written (a reader
+    /// asleep on the ring reads the socket at once), not only after its last byte.
+    #[tokio::test]
+    async fn a_diverted_frame_is_pointed_to_while_it_is_written() {
+        let (mut w, mut far, mut rx) = setup();
+        // Far more than a socket pair buffers: the write waits for the reader.
+        let n = 16 << 20;
+        let mut write = std::pin::pin!(w.write_frame(FrameKind::Message, big(n)));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(write.as_mut().poll(&mut cx).is_pending(), "nothing reads the socket yet");
+        assert!(rx.has_data(), "the divert is published once the frame's first byte is out");
+        let mut record = Vec::new();
+        assert_eq!(rx.try_recv(&mut record).unwrap(), Some(TAG_DIVERT));
+        // The reader takes the frame from the socket while it is written.
+        let reader = tokio::spawn(async move {
+            let mut got = vec![0u8; PREFIX_LEN + 2 + n];
+            far.read_exact(&mut got).await.unwrap();
+            assert!(got[PREFIX_LEN + 2..].iter().all(|&b| b == 7));
+        });
+        tokio::time::timeout(LONG, write).await.expect("the write ends").unwrap();
+        tokio::time::timeout(LONG, reader).await.expect("the frame is read").unwrap();
+        assert!(!rx.has_data(), "one divert for one frame");
+    }
+
+    /// A reader that took the frame off the socket before its divert was published, and
+    /// then armed its doorbell to wait for the divert, gets the doorbell behind the frame.
+    #[tokio::test]
+    async fn a_doorbell_armed_before_an_early_divert_is_rung_behind_the_frame() {
+        let (mut w, mut far, mut rx) = setup();
+        assert!(rx.arm_doorbell().unwrap());
+        let n = 8 << 10;
+        tokio::time::timeout(LONG, w.write_frame(FrameKind::Message, big(n)))
+            .await
+            .expect("the socket takes 8 KiB at once")
+            .unwrap();
+        rx.disarm();
+        let mut got = vec![0u8; PREFIX_LEN + 2 + n + PREFIX_LEN];
+        tokio::time::timeout(LONG, far.read_exact(&mut got)).await.expect("the frame and a doorbell").unwrap();
+        let bell = FramePrefix::decode(got[got.len() - PREFIX_LEN..].try_into().unwrap());
+        assert_eq!((bell.kind, bell.header_len, bell.payload_len), (FrameKind::Ring as u8, 0, 0));
+        let mut record = Vec::new();
+        assert_eq!(rx.try_recv(&mut record).unwrap(), Some(TAG_DIVERT));
+    }
 }
